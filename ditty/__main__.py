@@ -1,0 +1,3 @@
+from ditty.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: logging, rank queries, timers."""

@@ -1,0 +1,290 @@
+"""The recipe sections: one frozen dataclass per TOML table.
+
+Every field has a type, a default where one makes sense, and an attribute docstring. The docstrings
+are the single source of help text: tyro shows them in `--help`, `ditty init` writes them as
+comments. A choice is a Literal `kind`; the options of every kind are plain fields of the same
+section, and the compiler warns about an option the chosen kind ignores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "ditty"
+    """A short name for the run, used in logs and model cards."""
+    output_dir: str = "runs/ditty"
+    """Run directory: resolved recipe, metrics, checkpoints and the final model go here."""
+    seed: int = 0
+    """Seed for model initialisation, data order and dropout."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: "auto" takes CUDA when available, else the CPU."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: Optional[str] = None
+    """Hugging Face hub id or local directory of a pretrained model (or of the architecture for random init)."""
+    init: Literal["pretrained", "random"] = "pretrained"
+    """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights."""
+    architecture: Optional[str] = None
+    """For random init without `path`: a transformers model type such as "llama", "mistral", "gpt_neox", "qwen2"."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Overrides applied to the model's config, e.g. {hidden_size = 128, num_hidden_layers = 4}."""
+    dtype: Dtype = "auto"
+    """How weights are stored: "auto" keeps fp32 on CPU and the checkpoint's dtype on GPU."""
+    factory: Optional[str] = None
+    """"package.module:function" returning an nn.Module, for custom (non Hugging Face) models."""
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to `factory`."""
+    trust_remote_code: bool = False
+    """Allow code shipped with a hub model to run. Off unless you trust the repository."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    kind: Literal["auto", "byte"] = "auto"
+    """"auto" loads the model's tokenizer (or `path`); "byte" is a built-in byte-level tokenizer needing no files."""
+    path: Optional[str] = None
+    """Tokenizer hub id or directory; defaults to `model.path`."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["builtin", "file", "hub"] = "builtin"
+    """Where samples come from: a built-in generated dataset, local files, or a hub dataset."""
+    name: str = "addition"
+    """Built-in dataset name ("addition", "reverse") or hub dataset id (source = "hub")."""
+    path: Optional[str] = None
+    """Local file or glob (.jsonl, .json, .csv, .parquet, .txt) for source = "file"."""
+    split: str = "train"
+    """Split of a hub dataset to train on."""
+    format: Literal["text", "prompt_completion", "chat"] = "prompt_completion"
+    """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant turns."""
+    text_column: str = "text"
+    """Column holding the text (format = "text")."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt (format = "prompt_completion")."""
+    completion_column: str = "completion"
+    """Column holding the completion (format = "prompt_completion")."""
+    messages_column: str = "messages"
+    """Column holding the list of {role, content} messages (format = "chat")."""
+    max_seq_len: int = 512
+    """Longest sample in tokens; longer samples are truncated from the right (the end is cut)."""
+    packing: bool = False
+    """Pack several samples into each row; attention never crosses sample boundaries."""
+    group_by_length: bool = False
+    """Without packing: batch samples of similar length to waste less padding."""
+    num_samples: int = 20000
+    """Size of a built-in dataset (training and validation together)."""
+    val_fraction: float = 0.05
+    """Fraction of the data held out for validation when no `val_path` is given (0 disables)."""
+    val_path: Optional[str] = None
+    """A separate validation file, in the same format as the training data."""
+    shuffle_seed: Optional[int] = None
+    """Seed of the data order; defaults to `run.seed`."""
+    cache_dir: Optional[str] = None
+    """Where tokenized data is cached; defaults to the datasets library's cache."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: Optional[int] = 1000
+    """Optimizer steps to run. Set to None (omit) and use `epochs` to train by passes over the data."""
+    epochs: Optional[float] = None
+    """Passes over the training data; used only when `steps` is omitted."""
+    global_batch_size: int = 32
+    """Samples per optimizer step across all ranks; accumulation is derived from it."""
+    micro_batch_size: int = 8
+    """Samples per forward pass on each rank."""
+    max_grad_norm: Optional[float] = 1.0
+    """Clip the gradient norm to this value; omit to disable clipping (the norm is still logged)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute precision: autocast (or FSDP mixed precision) dtype. fp16 uses dynamic loss scaling."""
+    log_every: int = 10
+    """Log metrics every this many steps."""
+    eval_every: int = 0
+    """Evaluate every this many steps (0: only at the end)."""
+    eval_samples: int = 256
+    """Validation samples used for the task metric (exact match by greedy generation)."""
+    max_skipped_steps: int = 10
+    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    compile: bool = False
+    """torch.compile the model (see `compile_scope`)."""
+    compile_scope: Literal["blocks", "model"] = "blocks"
+    """Compile each transformer block ("blocks") or the whole model ("model")."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in the backward pass to save memory."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: Literal["adamw", "adamw8bit", "sgd"] = "adamw"
+    """Optimizer algorithm."""
+    backend: Literal["default", "torch", "torchao", "bnb"] = "default"
+    """Implementation: "default" is torch for adamw and sgd, torchao for adamw8bit."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    momentum: float = 0.0
+    """SGD momentum (kind = "sgd")."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kind: Literal["constant", "linear", "cosine", "wsd"] = "cosine"
+    """Learning-rate shape after warmup: constant, linear decay, cosine decay, or warmup-stable-decay."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from zero."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of the peak (linear, cosine, wsd)."""
+    decay_fraction: float = 0.2
+    """For wsd: fraction of the steps spent in the final decay."""
+
+
+@dataclass(frozen=True)
+class PeftConfig:
+    kind: Literal["none", "lora", "dora"] = "none"
+    """Parameter-efficient finetuning method."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """Adapter scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: Union[str, list[str]] = "all-linear"
+    """Module names to adapt, or "all-linear"."""
+    modules_to_save: list[str] = field(default_factory=list)
+    """Modules trained fully next to the adapter, e.g. ["embed_tokens", "lm_head"]."""
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    kind: Literal["none", "bnb-4bit", "bnb-8bit"] = "none"
+    """Load the base weights quantized with bitsandbytes (needs an adapter: QLoRA)."""
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type."""
+    double_quant: bool = True
+    """Quantize the 4-bit quantization constants too."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the 4-bit layers compute in."""
+    storage_dtype: Literal["uint8", "float32", "bfloat16", "float16"] = "uint8"
+    """Dtype the packed 4-bit weights are stored as; under FSDP it must equal the parameter dtype."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    kind: Literal["none", "ddp", "fsdp", "hsdp", "deepspeed"] = "none"
+    """Data parallelism: none, DDP, FSDP2, HSDP (replicate x shard) or DeepSpeed ZeRO."""
+    replicate_size: int = 1
+    """hsdp: size of the replicate dimension of the mesh."""
+    shard_size: int = -1
+    """hsdp: size of the shard dimension (-1: world size / replicate_size)."""
+    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """fsdp/hsdp mixed precision: dtype of gathered parameters (default: from train.precision)."""
+    reduce_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """fsdp/hsdp mixed precision: dtype of gradient reduction (default: float32)."""
+    output_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """fsdp/hsdp mixed precision: dtype of module outputs."""
+    cast_forward_inputs: bool = True
+    """fsdp/hsdp: cast floating forward inputs to the parameter dtype."""
+    reshard_after_forward: Union[bool, int] = True
+    """fsdp/hsdp: free gathered parameters after forward (or reshard to a group of this size)."""
+    cpu_offload: bool = False
+    """fsdp/hsdp: keep sharded parameters on the CPU."""
+    pin_memory: bool = True
+    """fsdp/hsdp with cpu_offload: pin the offloaded memory."""
+    sync_grad_accum: bool = False
+    """fsdp/hsdp: reduce gradients on every micro-batch instead of only the last one."""
+    block_classes: list[str] = field(default_factory=list)
+    """fsdp/hsdp: class names of blocks to shard (default: the model's _no_split_modules)."""
+    find_unused_parameters: bool = False
+    """ddp: search for parameters that got no gradient."""
+    gradient_as_bucket_view: bool = True
+    """ddp: gradients as views into the communication buckets (saves memory)."""
+    static_graph: bool = False
+    """ddp: the graph is the same every step."""
+    zero_stage: Literal[2, 3] = 2
+    """deepspeed: ZeRO stage."""
+    offload_optimizer: bool = False
+    """deepspeed: keep optimizer state on the CPU."""
+    offload_params: bool = False
+    """deepspeed (stage 3): keep parameters on the CPU."""
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    enabled: bool = False
+    """Train linear layers in FP8."""
+    backend: Literal["torchao", "te"] = "torchao"
+    """torchao float8 training, or NVIDIA Transformer Engine."""
+    emulate: bool = False
+    """torchao: emulate FP8 so it runs without FP8 hardware (for tests, on CPU)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = 2
+    """Keep this many newest checkpoints (0 keeps all)."""
+    async_save: bool = False
+    """Write checkpoints in the background."""
+    resume: str = "auto"
+    """"auto" (newest complete checkpoint in the run directory), "never", or a checkpoint path."""
+    final_format: Literal["auto", "merged"] = "auto"
+    """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    repo_id: Optional[str] = None
+    """Hub repository to push to, e.g. "me/my-model"."""
+    private: bool = True
+    """Create the repository as private."""
+    push: Literal["never", "end", "checkpoints"] = "never"
+    """When to push: never, at the end, or at every checkpoint."""
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = False
+    """Write TensorBoard event files into the run directory."""
+    wandb: bool = False
+    """Log to Weights & Biases (extra `wandb`)."""
+    wandb_project: Optional[str] = None
+    """Weights & Biases project name."""
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    use: str
+    """"package.module:Class" of the component."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for its constructor."""
+    weight: float = 1.0
+    """Weight of this part when it is one term of a composite loss."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    preprocessors: list[ComponentSpec] = field(default_factory=list)
+    """Preprocessors applied to each batch before model.forward, in order."""
+    postprocessors: list[ComponentSpec] = field(default_factory=list)
+    """Postprocessors applied to the model output, in order."""
+    loss: list[ComponentSpec] = field(default_factory=list)
+    """Loss calculator(s); several entries form a weighted composite loss. Empty: causal-LM loss."""
