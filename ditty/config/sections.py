@@ -96,16 +96,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: Optional[int] = 1000
-    """Optimizer steps to run. Set to None (omit) and use `epochs` to train by passes over the data."""
-    epochs: Optional[float] = None
-    """Passes over the training data; used only when `steps` is omitted."""
+    steps: Optional[int] = None
+    """Optimizer steps to run; when set it wins over `epochs`."""
+    epochs: float = 1.0
+    """Passes over the training data, used when `steps` is not set."""
     global_batch_size: int = 32
     """Samples per optimizer step across all ranks; accumulation is derived from it."""
     micro_batch_size: int = 8
     """Samples per forward pass on each rank."""
-    max_grad_norm: Optional[float] = 1.0
-    """Clip the gradient norm to this value; omit to disable clipping (the norm is still logged)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision: autocast (or FSDP mixed precision) dtype. fp16 uses dynamic loss scaling."""
     log_every: int = 10

@@ -1,0 +1,267 @@
+"""The `ditty` command line: run, check, init, ls, plot, generate.
+
+Every user error (a bad recipe, flag, path or data) is a `RecipeError`: printed as a short list,
+exit code 2, never a traceback. Exit code 1 is left for bugs and failed training.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ditty.config import RecipeError, TrainerConfig
+from ditty.config.bundled import bundled_recipes
+from ditty.config.loader import LoadedRecipe, from_config, load_any
+from ditty.config.overrides import apply_overrides
+from ditty.config.schema import walk_leaves
+from ditty.recipe import Plan, compile_recipe
+
+USAGE = """\
+usage: ditty COMMAND [ARGS]
+
+commands:
+  run RECIPE [--section.field VALUE ...]      compile the recipe, then train
+  check RECIPE [flags] [--explain]            compile only and print the plan
+  init [--section.field VALUE ...] [-o FILE]  write a complete, commented recipe
+  ls                                          list the bundled recipes
+  plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
+  generate RUN_DIR PROMPT [--max-new-tokens N] [--sample]
+                                              text from a run's final model
+
+RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
+package.module:function returning a Trainer.Config. `ditty run --help` lists every field.
+"""
+
+LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from ditty import __version__
+
+        print(f"ditty {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    handler = COMMANDS.get(command)
+    try:
+        if handler is None:
+            close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+            raise RecipeError.single(f"unknown command {command!r}",
+                                     fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`")
+        return handler(rest)
+    except RecipeError as error:
+        print(error.format(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# --- shared pieces -----------------------------------------------------------------------------
+
+def _take_option(args: list[str], names: tuple[str, ...], has_value: bool = True) -> tuple[str | None, list[str]]:
+    """Remove `--name VALUE` (or `--name=VALUE`, or a bare switch) from args."""
+    rest: list[str] = []
+    found: str | None = None
+    position = 0
+    while position < len(args):
+        token = args[position]
+        name, equals, value = token.partition("=")
+        if name in names:
+            if not has_value:
+                found = "true"
+            elif equals:
+                found = value
+            elif position + 1 < len(args):
+                found = args[position + 1]
+                position += 1
+            else:
+                raise RecipeError.single(f"{name} needs a value")
+        else:
+            rest.append(token)
+        position += 1
+    return found, rest
+
+
+def _launch_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    options = {}
+    for flag in LAUNCH_FLAGS:
+        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        if value is not None:
+            options[flag.lstrip("-")] = value
+    return options, args
+
+
+def _world_size(options: dict[str, str]) -> int:
+    try:
+        return int(options.get("nproc-per-node", "1")) * int(options.get("nnodes", "1"))
+    except ValueError:
+        raise RecipeError.single("--nproc-per-node and --nnodes take whole numbers", fix="e.g. --nproc-per-node 2") from None
+
+
+def _recipe_and_flags(args: list[str], command: str) -> tuple[str, list[str]]:
+    if not args or args[0].startswith("-"):
+        raise RecipeError.single(f"`ditty {command}` needs a recipe", fix=f"ditty {command} RECIPE (see `ditty ls`)")
+    return args[0], args[1:]
+
+
+def _load(ref: str, flags: list[str]) -> LoadedRecipe:
+    return apply_overrides(load_any(ref), flags)
+
+
+def _print_warnings(plan: Plan) -> None:
+    for problem in plan.warnings:
+        print(f"warning: {problem.format(plan.source)}", file=sys.stderr)
+
+
+def _print_help(schema: type, prog: str) -> int:
+    import tyro
+
+    try:
+        tyro.cli(schema, args=["--help"], prog=prog, config=(tyro.conf.FlagConversionOff,),
+                 description="Every field of the recipe, as --section.field VALUE (values are TOML: "
+                             "true/false, numbers, \"strings\", [lists], {tables}).")
+    except SystemExit:
+        pass
+    return 0
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def cmd_run(args: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in args):
+        return _print_help(TrainerConfig, "ditty run RECIPE")
+    launch, args = _launch_options(args)
+    ref, flags = _recipe_and_flags(args, "run")
+    loaded = _load(ref, flags)
+    world_size = _world_size(launch)
+    plan = compile_recipe(loaded, world_size=world_size)
+    _print_warnings(plan)
+    plan.raise_for_errors()
+    if world_size > 1:
+        raise RecipeError.single("multi-process launch (--nproc-per-node > 1) is not available in this build yet",
+                                 fix="run with one process, or launch the workers with torchrun -m ditty run ...")
+    from ditty.train.entry import run_training
+
+    run_training(loaded)
+    return 0
+
+
+def cmd_check(args: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in args):
+        return _print_help(TrainerConfig, "ditty check RECIPE")
+    explain, args = _take_option(args, ("--explain",), has_value=False)
+    launch, args = _launch_options(args)
+    ref, flags = _recipe_and_flags(args, "check")
+    loaded = _load(ref, flags)
+    plan = compile_recipe(loaded, world_size=_world_size(launch))
+    print(f"recipe {plan.source or ref}" + (f" (trainer {loaded.trainer})" if loaded.trainer else ""))
+    print(plan.summary())
+    if explain:
+        print(explain_values(loaded))
+    _print_warnings(plan)
+    if plan.errors:
+        raise RecipeError(plan.errors, source=plan.source)
+    print("ok: the recipe is valid" + (f" ({len(plan.warnings)} warning(s))" if plan.warnings else ""))
+    return 0
+
+
+def explain_values(loaded: LoadedRecipe) -> str:
+    """Every field with its value and where the value came from."""
+    from ditty.config.writer import format_value
+
+    rows = []
+    for leaf in walk_leaves(type(loaded.config)):
+        value = loaded.config
+        for part in leaf.path.split("."):
+            value = getattr(value, part)
+        origin = loaded.provenance.get(leaf.path, "default")
+        if origin == "toml":
+            line = loaded.lines.line_of(leaf.path)
+            origin = f"toml, line {line}" if line else "toml"
+        shown = "(not set)" if value is None else format_value(value)
+        rows.append((leaf.path, shown, origin))
+    width = max(len(path) for path, _, _ in rows)
+    value_width = min(40, max(len(shown) for _, shown, _ in rows))
+    return "\n".join(f"  {path.ljust(width)} = {shown.ljust(value_width)}  [{origin}]" for path, shown, origin in rows)
+
+
+def cmd_init(args: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in args):
+        return _print_help(TrainerConfig, "ditty init [-o FILE]")
+    output, args = _take_option(args, ("-o", "--output"))
+    force, args = _take_option(args, ("--force",), has_value=False)
+    loaded = apply_overrides(from_config(TrainerConfig()), args)
+    plan = compile_recipe(loaded)
+    from ditty.config.writer import recipe_to_toml
+
+    text = recipe_to_toml(loaded.config, header="ditty recipe written by `ditty init`.\nCheck it with `ditty check FILE`, train with `ditty run FILE`.")
+    if output is None:
+        print(text, end="")
+    else:
+        path = Path(output)
+        if path.exists() and not force:
+            raise RecipeError.single(f"{output} already exists", fix="choose another -o FILE, or add --force to replace it")
+        if path.parent and not path.parent.exists():
+            raise RecipeError.single(f"directory {path.parent} does not exist", fix="create it first")
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {output}")
+    _print_warnings(plan)
+    if plan.errors:
+        print("note: the recipe has problems to fix before it can run:", file=sys.stderr)
+        print(RecipeError(plan.errors).format(), file=sys.stderr)
+    return 0
+
+
+def cmd_ls(args: list[str]) -> int:
+    recipes = bundled_recipes()
+    width = max((len(r.name) for r in recipes), default=0)
+    for recipe in recipes:
+        print(f"{recipe.name.ljust(width)}  {recipe.description}")
+    return 0
+
+
+def cmd_plot(args: list[str]) -> int:
+    if len(args) != 1:
+        raise RecipeError.single("`ditty plot` takes one run directory", fix="ditty plot runs/tiny_sft")
+    run_dir = Path(args[0])
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise RecipeError.single(f"{run_dir} holds no metrics.jsonl", fix="name the output_dir of a ditty run")
+    from ditty.metrics.plot import plot_run
+
+    print(f"wrote {plot_run(run_dir)}")
+    return 0
+
+
+def cmd_generate(args: list[str]) -> int:
+    max_new, args = _take_option(args, ("--max-new-tokens",))
+    sample, args = _take_option(args, ("--sample",), has_value=False)
+    if len(args) != 2:
+        raise RecipeError.single("`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="')
+    run_dir, prompt = args
+    if not (Path(run_dir) / "final").is_dir():
+        raise RecipeError.single(f"{run_dir} has no final/ model", fix="name the output_dir of a finished run")
+    try:
+        max_new_tokens = int(max_new) if max_new else 32
+    except ValueError:
+        raise RecipeError.single("--max-new-tokens takes a whole number") from None
+    from ditty.train.generate import generate
+
+    print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample)))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "run": cmd_run,
+    "check": cmd_check,
+    "init": cmd_init,
+    "ls": cmd_ls,
+    "plot": cmd_plot,
+    "generate": cmd_generate,
+}

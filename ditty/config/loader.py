@@ -1,0 +1,194 @@
+"""Loading a recipe: a TOML file (or a bundled recipe's name) into a frozen config tree.
+
+The loader is strict: unknown keys, wrong types and bad files are `RecipeError`s that name the
+dotted key, the TOML line and a fix, and every problem in a file is reported at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ditty.config import coerce
+from ditty.config.bundled import find_bundled
+from ditty.config.errors import Problem, RecipeError
+from ditty.config.lines import LineIndex, index_lines
+from ditty.config.root import TrainerConfig
+from ditty.config.schema import is_config_class, walk_leaves
+
+TRAINER_KEY = "trainer"
+"""Top-level key naming a Trainer subclass whose `Config` is the schema of the whole file."""
+
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of text; anything larger is not one
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    config: Any
+    """The frozen config tree (a `TrainerConfig` or the named trainer's subclass of it)."""
+    source: str | None = None
+    """Where it came from: a file path, or None when built in code."""
+    trainer: str | None = None
+    """The `trainer = "pkg.mod:Class"` reference, when the recipe names one."""
+    provenance: dict[str, str] = field(default_factory=dict)
+    """Dotted leaf path -> "default", "toml" or "flag"."""
+    lines: LineIndex = field(default_factory=LineIndex)
+
+
+def resolve_recipe_path(ref: str) -> Path:
+    """A path to a file, or the name of a bundled recipe."""
+    path = Path(ref)
+    if path.exists():
+        if path.is_dir():
+            raise RecipeError.single(f"{ref} is a directory, not a recipe file", fix="name a .toml file")
+        return path
+    bundled = find_bundled(ref)
+    if bundled is not None:
+        return bundled
+    raise RecipeError.single(
+        f"no recipe file or bundled recipe named {ref!r}",
+        fix="give a path to a .toml file, or a name from `ditty ls`",
+    )
+
+
+def load_recipe(ref: str) -> LoadedRecipe:
+    path = resolve_recipe_path(ref)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise RecipeError.single(f"cannot read {path}: {error.strerror}", fix="check the path and permissions")
+    return parse_recipe(raw, source=str(path))
+
+
+def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
+    text = _decode(raw, source)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError([Problem("", f"is not valid TOML: {error}", fix="check the syntax near that line",
+                                   line=_line_of_decode_error(error))], source=source) from None
+    if not data:
+        raise RecipeError.single("the recipe is empty", fix="start from `ditty init -o recipe.toml`", source=source)
+    lines = index_lines(text)
+    problems: list[Problem] = []
+    trainer_ref = data.pop(TRAINER_KEY, None)
+    schema = TrainerConfig
+    if trainer_ref is not None:
+        schema = _trainer_schema(trainer_ref, problems)
+    config = coerce.build(schema, data, problems)
+    problems = [_with_line(p, lines) for p in problems]
+    if problems:
+        raise RecipeError(problems, source=source)
+    return LoadedRecipe(
+        config=config,
+        source=source,
+        trainer=trainer_ref,
+        provenance=_provenance(schema, data),
+        lines=lines,
+    )
+
+
+def from_config(config: Any, trainer: str | None = None) -> LoadedRecipe:
+    """Wrap a config built in code (Python recipes, the Pipeline API): every value is a default."""
+    return LoadedRecipe(config=config, trainer=trainer, provenance={leaf.path: "default" for leaf in walk_leaves(type(config))})
+
+
+def _decode(raw: bytes | str, source: str | None) -> str:
+    if isinstance(raw, str):
+        return raw
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError.single(f"is {len(raw)} bytes, too large for a recipe", source=source,
+                                 fix="a recipe is a small TOML file; check that you named the right file")
+    if b"\x00" in raw:
+        raise RecipeError.single("is a binary file, not a TOML recipe", source=source, fix="name a .toml text file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError.single(f"is not UTF-8 text (byte {error.start})", source=source,
+                                 fix="save the recipe as UTF-8") from None
+
+
+def _line_of_decode_error(error: tomllib.TOMLDecodeError) -> int | None:
+    return getattr(error, "lineno", None)
+
+
+def _with_line(problem: Problem, lines: LineIndex) -> Problem:
+    if problem.line is not None or not problem.key:
+        return problem
+    from dataclasses import replace
+
+    return replace(problem, line=lines.line_of(problem.key))
+
+
+def _trainer_schema(ref: Any, problems: list[Problem]) -> type:
+    """The `Config` of the trainer class a recipe names; TrainerConfig when it cannot be used."""
+    if not isinstance(ref, str) or ":" not in ref:
+        problems.append(Problem(TRAINER_KEY, f"must be \"package.module:TrainerClass\", got {ref!r}",
+                                fix='for example trainer = "my_experiments.trainer:MyTrainer"'))
+        return TrainerConfig
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        problems.append(Problem(TRAINER_KEY, f"cannot import module {module_name!r}: {error}",
+                                fix="check the name and that the package is importable (PYTHONPATH)"))
+        return TrainerConfig
+    trainer = getattr(module, attr, None)
+    schema = getattr(trainer, "Config", None)
+    if trainer is None:
+        problems.append(Problem(TRAINER_KEY, f"module {module_name!r} has no attribute {attr!r}"))
+    elif not (is_config_class(schema) and issubclass(schema, TrainerConfig)):
+        problems.append(Problem(TRAINER_KEY, f"{ref} has no `Config` dataclass that extends Trainer.Config",
+                                fix="subclass ditty.train.Trainer and its nested Config"))
+    else:
+        return schema
+    return TrainerConfig
+
+
+def _provenance(schema: type, data: dict) -> dict[str, str]:
+    provenance = {}
+    for leaf in walk_leaves(schema):
+        node: Any = data
+        for part in leaf.path.split("."):
+            node = node.get(part, coerce.MISSING) if isinstance(node, dict) else coerce.MISSING
+        provenance[leaf.path] = "default" if node is coerce.MISSING else "toml"
+    return provenance
+
+
+def load_python_recipe(ref: str) -> LoadedRecipe:
+    """`package.module:function` returning a Trainer.Config (a config registry, torchtitan style)."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RecipeError.single(f"cannot import {module_name!r} for recipe {ref}: {error}",
+                                 fix="check the module name and PYTHONPATH") from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise RecipeError.single(f"{module_name!r} has no function {attr!r}", fix="name a function returning a Trainer.Config")
+    config = function()
+    if not isinstance(config, TrainerConfig):
+        raise RecipeError.single(f"{ref} returned {type(config).__name__}, not a Trainer.Config",
+                                 fix="return ditty.train.Trainer.Config(...) or a subclass's Config")
+    trainer = None
+    qualname = type(config).__qualname__
+    if qualname.endswith(".Config") and type(config) is not TrainerConfig:
+        trainer = f"{type(config).__module__}:{qualname.rsplit('.', 1)[0]}"
+    loaded = from_config(config, trainer=trainer)
+    return replace_source(loaded, ref)
+
+
+def replace_source(loaded: LoadedRecipe, source: str) -> LoadedRecipe:
+    from dataclasses import replace
+
+    return replace(loaded, source=source)
+
+
+def load_any(ref: str) -> LoadedRecipe:
+    """A recipe path, a bundled recipe name, or `package.module:function`."""
+    if ":" in ref and not Path(ref).exists() and not ref.endswith(".toml"):
+        return load_python_recipe(ref)
+    return load_recipe(ref)

@@ -1,0 +1,135 @@
+"""Command-line overrides: `--section.field VALUE` on top of a loaded recipe.
+
+Values are written as in TOML (`--train.compile false`, `--optimizer.lr 1e-4`,
+`--peft.target_modules '["q_proj","v_proj"]'`, `--model.config '{hidden_size = 128}'`); a value
+that is not valid TOML is taken as a bare string (`--run.name demo`). Each value is checked by the
+same strict converter as the TOML loader, so a flag error reads like a recipe error. tyro then
+builds the new config from the checked values (it also renders `--help` from the docstrings).
+tyro cannot express free-form tables or arrays of tables (`model.config`, `pipeline.loss`), so
+those few fields are set directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import typing
+from typing import Any
+
+from ditty.config.coerce import MISSING, convert_or_report
+from ditty.config.errors import Problem, RecipeError
+from ditty.config.loader import LoadedRecipe
+from ditty.config.schema import FieldInfo, is_config_class, walk_leaves
+
+FLAG_SOURCE = "command line"
+
+
+def parse_flag_value(text: str) -> Any:
+    """A flag's value read as a TOML value; anything that is not TOML is a plain string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def split_flags(argv: list[str], switches: frozenset[str] = frozenset()) -> tuple[list[tuple[str, str]], list[Problem]]:
+    """`["--a.b", "1", "--c.d=x"]` -> [("a.b", "1"), ("c.d", "x")].
+
+    A boolean field in `switches` may also stand alone as a switch (`--train.compile` means true).
+    """
+    pairs: list[tuple[str, str]] = []
+    problems: list[Problem] = []
+    position = 0
+    while position < len(argv):
+        token = argv[position]
+        if not token.startswith("--"):
+            problems.append(Problem("", f"unexpected argument {token!r}", fix="overrides look like --section.field VALUE"))
+            position += 1
+            continue
+        name, equals, value = token[2:].partition("=")
+        name = name.replace("-", "_")
+        next_is_flag = position + 1 >= len(argv) or argv[position + 1].startswith("--")
+        if not equals and name in switches and next_is_flag:
+            value = "true"
+        elif not equals:
+            if position + 1 >= len(argv):
+                problems.append(Problem(name, f"flag --{name} has no value", fix=f"write --{name} VALUE"))
+                break
+            value = argv[position + 1]
+            position += 1
+        pairs.append((name, value))
+        position += 1
+    return pairs, problems
+
+
+def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
+    if not argv:
+        return loaded
+    schema = type(loaded.config)
+    leaves = {leaf.path: leaf for leaf in walk_leaves(schema)}
+    switches = frozenset(path for path, leaf in leaves.items() if leaf.type is bool)
+    pairs, problems = split_flags(argv, switches)
+    checked: dict[str, Any] = {}
+    for path, text in pairs:
+        leaf = leaves.get(path)
+        if leaf is None:
+            problems.append(_unknown_flag(path, leaves))
+            continue
+        value = convert_or_report(parse_flag_value(text), leaf.type, path, problems, schema)
+        if value is not MISSING:
+            checked[path] = value
+    if problems:
+        raise RecipeError(problems, source=FLAG_SOURCE)
+    config = _build_with_tyro(loaded.config, {p: v for p, v in checked.items() if _tyro_can_parse(leaves[p])})
+    for path, value in checked.items():
+        if not _tyro_can_parse(leaves[path]):
+            config = replace_path(config, path, value)
+    provenance = dict(loaded.provenance)
+    provenance.update({path: "flag" for path in checked})
+    return dataclasses.replace(loaded, config=config, provenance=provenance)
+
+
+def replace_path(config: Any, path: str, value: Any) -> Any:
+    """A copy of a frozen config tree with one dotted field changed."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return dataclasses.replace(config, **{head: value})
+    return dataclasses.replace(config, **{head: replace_path(getattr(config, head), rest, value)})
+
+
+def _build_with_tyro(default: Any, values: dict[str, Any]) -> Any:
+    import tyro
+
+    args: list[str] = []
+    for path, value in values.items():
+        args.append(f"--{path}")
+        args.extend(_tyro_tokens(value))
+    return tyro.cli(type(default), args=args, default=default, config=(tyro.conf.FlagConversionOff,))
+
+
+def _tyro_tokens(value: Any) -> list[str]:
+    if value is None:
+        return ["None"]
+    if isinstance(value, (list, tuple)):
+        return [token for item in value for token in _tyro_tokens(item)]
+    return [str(value)]
+
+
+def _tyro_can_parse(leaf: FieldInfo) -> bool:
+    """tyro handles scalars, Literals and lists of scalars; not free tables or lists of tables."""
+    def simple(tp: Any) -> bool:
+        origin = typing.get_origin(tp)
+        if origin is dict or is_config_class(tp) or tp is Any:
+            return False
+        return all(simple(arg) for arg in typing.get_args(tp) if arg is not Ellipsis and not isinstance(arg, (str, int)))
+    return simple(leaf.type)
+
+
+def _unknown_flag(path: str, leaves: dict[str, FieldInfo]) -> Problem:
+    close = difflib.get_close_matches(path, list(leaves), n=1, cutoff=0.6)
+    if not close:
+        tail = path.rsplit(".", 1)[-1]
+        close = [p for p in leaves if p.rsplit(".", 1)[-1] == tail][:1]
+    fix = f"did you mean --{close[0]}?" if close else "see `ditty run --help` for every flag"
+    return Problem(path, f"unknown flag --{path}", fix=fix)

@@ -1,0 +1,11 @@
+"""The recipe compiler: every check on a recipe, before anything heavy is built.
+
+`compile_recipe(loaded, world_size)` runs each rule of `ditty.recipe.rules` and returns a `Plan`:
+the derived numbers (accumulation, tokens per step, steps), what will be built, and every problem
+found. It reads config classes and declared capabilities only; it never loads weights or data.
+"""
+
+from ditty.recipe.compiler import compile_recipe
+from ditty.recipe.plan import Plan
+
+__all__ = ["compile_recipe", "Plan"]

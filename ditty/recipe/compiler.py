@@ -1,0 +1,67 @@
+"""Running the rules over a recipe and deriving the plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ditty.config.loader import LoadedRecipe
+from ditty.recipe.plan import Plan
+from ditty.recipe.rules import ALL_RULES, Context
+
+
+def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
+    """Check everything at once; a rule that raises is a bug in ditty, so it propagates."""
+    config = loaded.config
+    context = Context(config=config, provenance=loaded.provenance, world_size=world_size)
+    plan = Plan(config=config, world_size=world_size, source=loaded.source)
+    plan.data_parallel_size = context.data_parallel_size
+    micro_total = config.train.micro_batch_size * context.data_parallel_size
+    if micro_total > 0 and config.train.global_batch_size % micro_total == 0:
+        plan.accumulation_steps = config.train.global_batch_size // micro_total
+    plan.steps = _steps(config)
+    plan.tokens_per_step = config.train.global_batch_size * config.data.max_seq_len
+    plan.builds = _builds(config)
+    for rule in ALL_RULES:
+        for problem in rule.check(context):
+            plan.problems.append(replace(problem, rule=rule.id, line=problem.line or loaded.lines.line_of(problem.key)))
+    return plan
+
+
+def _steps(config) -> int | None:
+    if config.train.steps is not None:
+        return config.train.steps
+    data = config.data
+    if data.source == "builtin" and config.train.global_batch_size > 0:
+        train_samples = int(data.num_samples * (1 - data.val_fraction))
+        return max(1, int(train_samples * config.train.epochs) // config.train.global_batch_size)
+    return None
+
+
+def _builds(config) -> list[tuple[str, str]]:
+    model = config.model
+    if model.factory:
+        model_text = f"custom model from {model.factory}"
+    elif model.init == "random":
+        model_text = f"random {model.architecture or 'architecture of ' + str(model.path)}" + (
+            f" with {model.config}" if model.config else "")
+    else:
+        model_text = f"pretrained {model.path}"
+    data = config.data
+    source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[data.source]
+    rows = [
+        ("model", f"{model_text} ({model.dtype})"),
+        ("tokenizer", "built-in byte-level" if config.tokenizer.kind == "byte" else f"{config.tokenizer.path or model.path}"),
+        ("data", f"{source}, {data.format}, max_seq_len {data.max_seq_len}, " + ("packed" if data.packing else "padded")),
+        ("optimizer", f"{config.optimizer.kind} ({config.optimizer.backend}), lr {config.optimizer.lr:g}"),
+        ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),
+    ]
+    if config.peft.kind != "none":
+        rows.append(("adapter", f"{config.peft.kind} r={config.peft.r} alpha={config.peft.alpha:g} on {config.peft.target_modules}"))
+    if config.quant.kind != "none":
+        rows.append(("quantization", config.quant.kind))
+    if config.fp8.enabled:
+        rows.append(("fp8", config.fp8.backend + (" (emulated)" if config.fp8.emulate else "")))
+    if config.train.compile:
+        rows.append(("compile", f"torch.compile per {config.train.compile_scope}"))
+    rows.append(("output", config.run.output_dir))
+    return rows

@@ -1,0 +1,288 @@
+"""The compiler's rules. Each is small, has an id, and yields `Problem`s with a key and a fix.
+
+Add a rule by writing a function and decorating it with `@rule("area.name")`; it is run by
+`compile_recipe` in the order of this file. Rules read the config only: no weights, no data, no
+network.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from ditty.config.errors import Problem
+from ditty.config.schema import walk_leaves
+
+
+@dataclass(frozen=True)
+class Context:
+    config: Any
+    provenance: dict[str, str]
+    world_size: int
+
+    @property
+    def data_parallel_size(self) -> int:
+        # Every parallel kind ditty offers is data parallel; the whole world shares the batch.
+        return self.world_size
+
+    def is_set(self, path: str) -> bool:
+        """Whether the user gave this value (TOML or flag), as opposed to a default."""
+        return self.provenance.get(path, "default") != "default"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    check: Callable[[Context], Iterable[Problem]]
+    doc: str
+
+
+ALL_RULES: list[Rule] = []
+
+
+def rule(rule_id: str) -> Callable:
+    def register(function: Callable[[Context], Iterator[Problem]]) -> Callable:
+        ALL_RULES.append(Rule(rule_id, function, (function.__doc__ or "").strip()))
+        return function
+    return register
+
+
+def error(key: str, message: str, fix: str = "") -> Problem:
+    return Problem(key, message, fix=fix)
+
+
+def warning(key: str, message: str, fix: str = "") -> Problem:
+    return Problem(key, message, fix=fix, severity="warning")
+
+
+# --- values that must be positive, non-negative, or in a range ----------------------------------
+
+_POSITIVE = ["train.global_batch_size", "train.micro_batch_size", "train.log_every", "train.max_skipped_steps",
+             "data.max_seq_len", "data.num_samples", "optimizer.lr", "optimizer.eps", "peft.r"]
+_NON_NEGATIVE = ["train.eval_every", "train.eval_samples", "train.max_grad_norm", "optimizer.weight_decay",
+                 "optimizer.momentum", "scheduler.warmup_steps", "scheduler.min_lr_ratio", "checkpoint.every",
+                 "checkpoint.keep_last", "peft.dropout", "run.seed"]
+
+
+def _get(config: Any, path: str) -> Any:
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+@rule("value.positive")
+def positive_values(ctx: Context) -> Iterator[Problem]:
+    """Counts, sizes and rates that must be above zero (or at least zero)."""
+    for path in _POSITIVE:
+        value = _get(ctx.config, path)
+        if value <= 0:
+            yield error(path, f"must be greater than 0, got {value}", f"set `{path}` to a positive number")
+    for path in _NON_NEGATIVE:
+        value = _get(ctx.config, path)
+        if value < 0:
+            yield error(path, f"must not be negative, got {value}", f"set `{path}` to 0 or more")
+
+
+@rule("value.ranges")
+def ranges(ctx: Context) -> Iterator[Problem]:
+    """Fractions and coefficients with a bounded range."""
+    cfg = ctx.config
+    if cfg.train.steps is not None and cfg.train.steps <= 0:
+        yield error("train.steps", f"must be at least 1, got {cfg.train.steps}", "set a positive step count")
+    if cfg.train.steps is None and cfg.train.epochs <= 0:
+        yield error("train.epochs", f"must be greater than 0, got {cfg.train.epochs}")
+    if not 0 <= cfg.data.val_fraction < 1:
+        yield error("data.val_fraction", f"must be in [0, 1), got {cfg.data.val_fraction}")
+    if not 0 <= cfg.scheduler.min_lr_ratio <= 1:
+        yield error("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
+    if not 0 < cfg.scheduler.decay_fraction <= 1:
+        yield error("scheduler.decay_fraction", f"must be in (0, 1], got {cfg.scheduler.decay_fraction}")
+    for index, beta in enumerate(cfg.optimizer.betas):
+        if not 0 <= beta < 1:
+            yield error("optimizer.betas", f"beta{index + 1} must be in [0, 1), got {beta}")
+    if not 0 <= cfg.peft.dropout < 1:
+        yield error("peft.dropout", f"must be in [0, 1), got {cfg.peft.dropout}")
+
+
+# --- batch and schedule -------------------------------------------------------------------------
+
+@rule("batch.divisible")
+def batch_divisible(ctx: Context) -> Iterator[Problem]:
+    """The global batch splits exactly into micro-batches on every data-parallel rank."""
+    train = ctx.config.train
+    per_pass = train.micro_batch_size * ctx.data_parallel_size
+    if per_pass <= 0 or train.global_batch_size <= 0:
+        return
+    if train.global_batch_size % per_pass:
+        options = sorted({per_pass * k for k in (max(1, train.global_batch_size // per_pass), train.global_batch_size // per_pass + 1)})
+        yield error(
+            "train.global_batch_size",
+            f"{train.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
+            f"= {train.micro_batch_size} x {ctx.data_parallel_size} = {per_pass}",
+            "set train.global_batch_size to " + " or ".join(str(o) for o in options)
+            + " (or change train.micro_batch_size)",
+        )
+
+
+@rule("schedule.warmup")
+def warmup_within_training(ctx: Context) -> Iterator[Problem]:
+    """Warmup must end before training does."""
+    steps = ctx.config.train.steps
+    warmup = ctx.config.scheduler.warmup_steps
+    if steps is not None and steps > 0 and warmup >= steps:
+        yield error("scheduler.warmup_steps", f"warmup ({warmup} steps) is not shorter than training ({steps} steps)",
+                    f"set scheduler.warmup_steps below {steps}, e.g. {max(0, steps // 10)}")
+
+
+@rule("schedule.intervals")
+def intervals(ctx: Context) -> Iterator[Problem]:
+    """Intervals longer than the run never fire."""
+    cfg = ctx.config
+    steps = cfg.train.steps
+    if steps is None:
+        return
+    for path in ("train.eval_every", "checkpoint.every"):
+        value = _get(cfg, path)
+        if value > steps:
+            yield warning(path, f"is {value}, longer than the run ({steps} steps): it only happens at the end")
+
+
+# --- paths --------------------------------------------------------------------------------------
+
+@rule("paths.output")
+def output_directory(ctx: Context) -> Iterator[Problem]:
+    """The run directory must be a directory (or creatable)."""
+    output = ctx.config.run.output_dir
+    if not output.strip():
+        yield error("run.output_dir", "is empty", 'set run.output_dir, e.g. "runs/my-run"')
+    elif os.path.isfile(output):
+        yield error("run.output_dir", f"{output} is an existing file, not a directory",
+                    "choose another run.output_dir; ditty never overwrites your files")
+    else:
+        parent = os.path.dirname(os.path.abspath(output))
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and os.path.isfile(parent):
+            yield error("run.output_dir", f"{parent} is a file, so {output} cannot be created")
+
+
+@rule("paths.data")
+def data_paths(ctx: Context) -> Iterator[Problem]:
+    """Data sources name what they need, and local files exist."""
+    data = ctx.config.data
+    if data.source == "file":
+        if not data.path:
+            yield error("data.path", 'is required when data.source = "file"', "set data.path to a .jsonl/.json/.csv/.parquet/.txt file")
+        elif not glob.glob(os.path.expanduser(data.path)):
+            yield error("data.path", f"no file matches {data.path}", "check the path (globs like data/*.jsonl work)")
+        elif os.path.isdir(data.path):
+            yield error("data.path", f"{data.path} is a directory", "name the files, e.g. data/*.jsonl")
+    elif data.source == "hub":
+        if not data.name:
+            yield error("data.name", 'is required when data.source = "hub"')
+        else:
+            yield warning("data.name", f"hub dataset {data.name!r} cannot be verified offline; it is fetched at build time")
+    if data.val_path and not glob.glob(os.path.expanduser(data.val_path)):
+        yield error("data.val_path", f"no file matches {data.val_path}", "check the path")
+
+
+@rule("paths.resume")
+def resume_path(ctx: Context) -> Iterator[Problem]:
+    """`checkpoint.resume` is "auto", "never" or an existing checkpoint."""
+    resume = ctx.config.checkpoint.resume
+    if resume not in ("auto", "never") and not os.path.exists(resume):
+        yield error("checkpoint.resume", f"{resume!r} is neither \"auto\", \"never\" nor an existing checkpoint path",
+                    "use \"auto\", \"never\" or the path of a checkpoints/step-N folder")
+
+
+@rule("model.source")
+def model_source(ctx: Context) -> Iterator[Problem]:
+    """The model can be found: a local directory, a cached or reachable hub id, or an architecture."""
+    try:
+        from ditty.models import check_model_source
+    except ImportError:  # models package not present in this build: nothing to ask
+        return
+    yield from check_model_source(ctx.config.model)
+
+
+@rule("model.tokenizer")
+def tokenizer_source(ctx: Context) -> Iterator[Problem]:
+    """A tokenizer comes from somewhere."""
+    cfg = ctx.config
+    if cfg.tokenizer.kind == "auto" and not (cfg.tokenizer.path or cfg.model.path):
+        yield error("tokenizer.path", 'is needed: tokenizer.kind = "auto" loads the model\'s tokenizer, but model.path is not set',
+                    'set tokenizer.path, or tokenizer.kind = "byte" for the built-in byte-level tokenizer')
+    if cfg.tokenizer.path and os.path.sep in cfg.tokenizer.path and not os.path.isdir(cfg.tokenizer.path):
+        yield error("tokenizer.path", f"{cfg.tokenizer.path} is not a directory")
+
+
+# --- settings without effect, and dtypes ---------------------------------------------------------
+
+# option path -> (the field that chooses, the choices that use the option)
+_OPTION_USED_BY: dict[str, tuple[str, set]] = {
+    "optimizer.momentum": ("optimizer.kind", {"sgd"}),
+    "optimizer.betas": ("optimizer.kind", {"adamw", "adamw8bit"}),
+    "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit"}),
+    "scheduler.decay_fraction": ("scheduler.kind", {"wsd"}),
+    "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),
+    "train.compile_scope": ("train.compile", {True}),
+    "data.group_by_length": ("data.packing", {False}),
+    "model.architecture": ("model.init", {"random"}),
+    "model.config": ("model.init", {"random"}),
+    "fp8.backend": ("fp8.enabled", {True}),
+    "fp8.emulate": ("fp8.enabled", {True}),
+    "hub.private": ("hub.push", {"end", "checkpoints"}),
+    "logging.wandb_project": ("logging.wandb", {True}),
+    **{f"peft.{name}": ("peft.kind", {"lora", "dora"}) for name in ("r", "alpha", "dropout", "target_modules", "modules_to_save")},
+    **{f"quant.{name}": ("quant.kind", {"bnb-4bit"}) for name in ("quant_type", "double_quant", "compute_dtype", "storage_dtype")},
+    **{f"parallel.{name}": ("parallel.kind", {"fsdp", "hsdp"}) for name in (
+        "param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs", "reshard_after_forward", "cpu_offload",
+        "pin_memory", "sync_grad_accum", "block_classes")},
+    **{f"parallel.{name}": ("parallel.kind", {"ddp"}) for name in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")},
+    **{f"parallel.{name}": ("parallel.kind", {"deepspeed"}) for name in ("zero_stage", "offload_optimizer", "offload_params")},
+    **{f"parallel.{name}": ("parallel.kind", {"hsdp"}) for name in ("replicate_size", "shard_size")},
+    **{f"data.{name}": ("data.format", {"text"}) for name in ("text_column",)},
+    **{f"data.{name}": ("data.format", {"prompt_completion"}) for name in ("prompt_column", "completion_column")},
+    **{f"data.{name}": ("data.format", {"chat"}) for name in ("messages_column",)},
+    **{f"data.{name}": ("data.source", {"builtin"}) for name in ("num_samples",)},
+}
+
+
+@rule("settings.no_effect")
+def settings_without_effect(ctx: Context) -> Iterator[Problem]:
+    """A value the user set that the chosen kind ignores is a warning, never silence."""
+    for path, (chooser, users) in _OPTION_USED_BY.items():
+        if ctx.is_set(path) and _get(ctx.config, chooser) not in users:
+            yield warning(path, f"has no effect because {chooser} = {_show(_get(ctx.config, chooser))}",
+                          f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)))
+    leaves = {leaf.path for leaf in walk_leaves(type(ctx.config))}
+    if ctx.is_set("train.epochs") and ctx.config.train.steps is not None and "train.steps" in leaves:
+        yield warning("train.epochs", "has no effect because train.steps is set", "remove one of them")
+
+
+@rule("precision.dtypes")
+def dtype_agreement(ctx: Context) -> Iterator[Problem]:
+    """Storage dtype, compute precision and device should agree; say which wins when they do not."""
+    cfg = ctx.config
+    stored = cfg.model.dtype
+    compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.train.precision]
+    if stored not in ("auto", compute) and not (stored == "float32" and compute != "float32"):
+        yield warning("model.dtype", f"weights stored as {stored} but train.precision is {cfg.train.precision}: "
+                      f"the computation runs in {compute} where autocast applies, the weights and optimizer state stay {stored}")
+    if cfg.train.precision != "fp32" and cfg.run.device == "cpu":
+        yield warning("train.precision", f"{cfg.train.precision} on the CPU is very slow (no low-precision units on most CPUs)",
+                      "use fp32 for CPU training")
+
+
+@rule("hub.repo")
+def hub_repo(ctx: Context) -> Iterator[Problem]:
+    """Pushing needs a repository id."""
+    hub = ctx.config.hub
+    if hub.push != "never" and not hub.repo_id:
+        yield error("hub.repo_id", f'is required when hub.push = "{hub.push}"', 'set hub.repo_id = "user/model-name"')
+
+
+def _show(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
