@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny Hugging Face models saved to temporary directories stand in for hub ids."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _save_tiny(path, model_type: str, **overrides):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ditty.data.tokenizer import byte_tokenizer  # built-in tokenizer: no files to download
+
+    tokenizer = byte_tokenizer()
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A 2-layer, 64-wide Llama with the byte tokenizer, saved in Hugging Face format."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory):
+    return _save_tiny(tmp_path_factory.mktemp("tiny-mistral"), "mistral", sliding_window=None)
