@@ -16,6 +16,7 @@ from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
 from ditty.config.overrides import apply_overrides
 from ditty.config.schema import walk_leaves
+from ditty.config.starter import starter_config
 from ditty.recipe import Plan, compile_recipe
 
 USAGE = """\
@@ -39,6 +40,9 @@ LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Recipes name user code as package.module:Name; like `python -m`, resolve it from here.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
@@ -129,14 +133,29 @@ def _print_help(schema: type, prog: str) -> int:
                              "true/false, numbers, \"strings\", [lists], {tables}).")
     except SystemExit:
         pass
+    from ditty.config.overrides import tyro_handles
+    from ditty.config.schema import type_name
+
+    others = [leaf for leaf in walk_leaves(schema) if not tyro_handles(leaf.type)]
+    if others:
+        print("\nfields that take a TOML table or list value:")
+        for leaf in others:
+            print(f"  --{leaf.path} {type_name(leaf.type).upper()}\n      {leaf.doc}")
     return 0
 
 
 # --- commands ------------------------------------------------------------------------------------
 
+def _help_schema(args: list[str]) -> type:
+    """The schema `--help` describes: the named recipe's trainer Config, else Trainer.Config."""
+    if args and not args[0].startswith("-"):
+        return type(load_any(args[0]).config)
+    return TrainerConfig
+
+
 def cmd_run(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        return _print_help(TrainerConfig, "ditty run RECIPE")
+        return _print_help(_help_schema(args), "ditty run RECIPE")
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "run")
     loaded = _load(ref, flags)
@@ -155,7 +174,7 @@ def cmd_run(args: list[str]) -> int:
 
 def cmd_check(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        return _print_help(TrainerConfig, "ditty check RECIPE")
+        return _print_help(_help_schema(args), "ditty check RECIPE")
     explain, args = _take_option(args, ("--explain",), has_value=False)
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
@@ -197,7 +216,8 @@ def cmd_init(args: list[str]) -> int:
         return _print_help(TrainerConfig, "ditty init [-o FILE]")
     output, args = _take_option(args, ("-o", "--output"))
     force, args = _take_option(args, ("--force",), has_value=False)
-    loaded = apply_overrides(from_config(TrainerConfig()), args)
+    names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
+    loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
     plan = compile_recipe(loaded)
     from ditty.config.writer import recipe_to_toml
 

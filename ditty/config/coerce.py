@@ -94,7 +94,7 @@ def convert(value: Any, tp: Any, path: str, problems: list[Problem], root: type 
                 return convert(value, option, path, [], root)
             except (_Invalid, _Skip):
                 continue
-        raise _Invalid(f"expected {type_name(tp)}, got {_describe(value)}", _number_fix(value))
+        raise _Invalid(f"expected {_article(type_name(tp))}, got {_describe(value)}", _number_fix(value))
     if origin is list:
         if not isinstance(value, list):
             raise _Invalid(f"expected {type_name(tp)}, got {_describe(value)}", _list_fix(value))
@@ -106,7 +106,7 @@ def convert(value: Any, tp: Any, path: str, problems: list[Problem], root: type 
         if len(item_types) == 2 and item_types[1] is Ellipsis:
             return tuple(_convert_items(value, item_types[0], path, problems, root))
         if len(value) != len(item_types):
-            raise _Invalid(f"expected {type_name(tp)}, got a list of {len(value)}")
+            raise _Invalid(f"expected a list of {len(item_types)} values, got a list of {len(value)}")
         return tuple(convert(v, t, f"{path}.{i}", problems, root) for i, (v, t) in enumerate(zip(value, item_types)))
     if origin is dict:
         if not isinstance(value, dict):
@@ -189,6 +189,12 @@ def _number_fix(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"write {int(value)} without a decimal point"
     return ""
+
+
+def _article(text: str) -> str:
+    if text.startswith(("one of", "list")):
+        return text if text.startswith("one of") else f"a {text}"
+    return ("an " if text[0] in "aeiou" else "a ") + text
 
 
 def _looks_numeric(text: str) -> bool:

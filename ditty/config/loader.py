@@ -7,6 +7,7 @@ dotted key, the TOML line and a fix, and every problem in a file is reported at 
 from __future__ import annotations
 
 import importlib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,12 @@ def _decode(raw: bytes | str, source: str | None) -> str:
 
 
 def _line_of_decode_error(error: tomllib.TOMLDecodeError) -> int | None:
-    return getattr(error, "lineno", None)
+    # Python 3.14 adds `lineno`; before that the position is only in the message.
+    line = getattr(error, "lineno", None)
+    if line is None:
+        match = re.search(r"at line (\d+)", str(error))
+        line = int(match.group(1)) if match else None
+    return line
 
 
 def _with_line(problem: Problem, lines: LineIndex) -> Problem:

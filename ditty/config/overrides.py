@@ -5,8 +5,8 @@ Values are written as in TOML (`--train.compile false`, `--optimizer.lr 1e-4`,
 that is not valid TOML is taken as a bare string (`--run.name demo`). Each value is checked by the
 same strict converter as the TOML loader, so a flag error reads like a recipe error. tyro then
 builds the new config from the checked values (it also renders `--help` from the docstrings).
-tyro cannot express free-form tables or arrays of tables (`model.config`, `pipeline.loss`), so
-those few fields are set directly.
+tyro cannot express free-form tables, arrays of tables (`model.config`, `pipeline.loss`) or a
+one-item list where a string would also do, so those few values are set directly.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import tomllib
+import types
 import typing
 from typing import Any
 
@@ -81,9 +82,10 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
             checked[path] = value
     if problems:
         raise RecipeError(problems, source=FLAG_SOURCE)
-    config = _build_with_tyro(loaded.config, {p: v for p, v in checked.items() if _tyro_can_parse(leaves[p])})
+    by_tyro = {p: v for p, v in checked.items() if _tyro_can_parse(leaves[p], v)}
+    config = _build_with_tyro(loaded.config, by_tyro)
     for path, value in checked.items():
-        if not _tyro_can_parse(leaves[path]):
+        if path not in by_tyro:
             config = replace_path(config, path, value)
     provenance = dict(loaded.provenance)
     provenance.update({path: "flag" for path in checked})
@@ -103,8 +105,10 @@ def _build_with_tyro(default: Any, values: dict[str, Any]) -> Any:
 
     args: list[str] = []
     for path, value in values.items():
-        args.append(f"--{path}")
-        args.extend(_tyro_tokens(value))
+        tokens = _tyro_tokens(value)
+        # `--key=value` keeps values such as "-1" from reading as flags.
+        args.extend([f"--{path}={tokens[0]}"] if len(tokens) == 1 and not isinstance(value, (list, tuple))
+                    else [f"--{path}", *tokens])
     return tyro.cli(type(default), args=args, default=default, config=(tyro.conf.FlagConversionOff,))
 
 
@@ -116,14 +120,27 @@ def _tyro_tokens(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _tyro_can_parse(leaf: FieldInfo) -> bool:
+def tyro_handles(tp: Any) -> bool:
     """tyro handles scalars, Literals and lists of scalars; not free tables or lists of tables."""
-    def simple(tp: Any) -> bool:
-        origin = typing.get_origin(tp)
-        if origin is dict or is_config_class(tp) or tp is Any:
-            return False
-        return all(simple(arg) for arg in typing.get_args(tp) if arg is not Ellipsis and not isinstance(arg, (str, int)))
-    return simple(leaf.type)
+    origin = typing.get_origin(tp)
+    if origin is dict or is_config_class(tp) or tp is Any:
+        return False
+    if origin in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in typing.get_args(tp)):
+        return False  # tyro reads a one-item list for `str | list[str]` as the string
+    return all(tyro_handles(arg) for arg in typing.get_args(tp) if arg is not Ellipsis and not isinstance(arg, (str, int)))
+
+
+def _tyro_can_parse(leaf: FieldInfo, value: Any) -> bool:
+    """Whether tyro can take this value: its type, and an argv token that carries it intact.
+
+    List items that are empty or start with "-" read as flags, and a string "None" reads as
+    null, so such values are set directly.
+    """
+    def safe(item: Any) -> bool:
+        if isinstance(item, (list, tuple)):
+            return all(safe(i) and not (isinstance(i, str) and (not i or i.startswith("-"))) for i in item)
+        return not (isinstance(item, str) and item in ("None", "True", "False"))
+    return tyro_handles(leaf.type) and safe(value)
 
 
 def _unknown_flag(path: str, leaves: dict[str, FieldInfo]) -> Problem:

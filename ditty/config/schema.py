@@ -122,7 +122,7 @@ def type_name(tp: Any) -> str:
         return " or ".join(parts)
     if origin in (list, tuple):
         if origin is tuple and args and args[-1] is not Ellipsis:
-            return f"list of {len(args)} " + type_name(args[0])
+            return f"list of {len(args)} values"
         return "list of " + type_name(args[0]) if args else "list"
     if origin is dict:
         return "table"

@@ -30,8 +30,8 @@ class RunConfig:
 class ModelConfig:
     path: Optional[str] = None
     """Hugging Face hub id or local directory of a pretrained model (or of the architecture for random init)."""
-    init: Literal["pretrained", "random"] = "pretrained"
-    """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights."""
+    init: Literal["auto", "pretrained", "random"] = "auto"
+    """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights; "auto" is pretrained when `path` is set, else random."""
     architecture: Optional[str] = None
     """For random init without `path`: a transformers model type such as "llama", "mistral", "gpt_neox", "qwen2"."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -47,13 +47,25 @@ class ModelConfig:
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
 
+    @property
+    def resolved_init(self) -> Literal["pretrained", "random"]:
+        if self.init == "auto":
+            return "pretrained" if self.path else "random"
+        return self.init
+
 
 @dataclass(frozen=True)
 class TokenizerConfig:
     kind: Literal["auto", "byte"] = "auto"
-    """"auto" loads the model's tokenizer (or `path`); "byte" is a built-in byte-level tokenizer needing no files."""
+    """"auto" loads `path` or the model's tokenizer, or the byte tokenizer when neither exists; "byte" is a built-in byte-level tokenizer needing no files."""
     path: Optional[str] = None
     """Tokenizer hub id or directory; defaults to `model.path`."""
+
+    def source(self, model: "ModelConfig") -> Optional[str]:
+        """Where the tokenizer loads from, or None for the built-in byte tokenizer."""
+        if self.kind == "byte":
+            return None
+        return self.path or model.path
 
 
 @dataclass(frozen=True)

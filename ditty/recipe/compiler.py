@@ -41,7 +41,7 @@ def _builds(config) -> list[tuple[str, str]]:
     model = config.model
     if model.factory:
         model_text = f"custom model from {model.factory}"
-    elif model.init == "random":
+    elif model.resolved_init == "random":
         model_text = f"random {model.architecture or 'architecture of ' + str(model.path)}" + (
             f" with {model.config}" if model.config else "")
     else:
@@ -50,7 +50,7 @@ def _builds(config) -> list[tuple[str, str]]:
     source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[data.source]
     rows = [
         ("model", f"{model_text} ({model.dtype})"),
-        ("tokenizer", "built-in byte-level" if config.tokenizer.kind == "byte" else f"{config.tokenizer.path or model.path}"),
+        ("tokenizer", config.tokenizer.source(model) or "built-in byte-level"),
         ("data", f"{source}, {data.format}, max_seq_len {data.max_seq_len}, " + ("packed" if data.packing else "padded")),
         ("optimizer", f"{config.optimizer.kind} ({config.optimizer.backend}), lr {config.optimizer.lr:g}"),
         ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),

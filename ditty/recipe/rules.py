@@ -7,6 +7,7 @@ network.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from dataclasses import dataclass
@@ -28,8 +29,13 @@ class Context:
         return self.world_size
 
     def is_set(self, path: str) -> bool:
-        """Whether the user gave this value (TOML or flag), as opposed to a default."""
-        return self.provenance.get(path, "default") != "default"
+        """Whether the user gave this value (TOML or flag) and it differs from the default.
+
+        A complete recipe (as `ditty init` writes) spells out every default; those are not choices.
+        """
+        if self.provenance.get(path, "default") == "default":
+            return False
+        return _get(self.config, path) != _defaults(type(self.config)).get(path)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,11 @@ _POSITIVE = ["train.global_batch_size", "train.micro_batch_size", "train.log_eve
 _NON_NEGATIVE = ["train.eval_every", "train.eval_samples", "train.max_grad_norm", "optimizer.weight_decay",
                  "optimizer.momentum", "scheduler.warmup_steps", "scheduler.min_lr_ratio", "checkpoint.every",
                  "checkpoint.keep_last", "peft.dropout", "run.seed"]
+
+
+@functools.cache
+def _defaults(schema: type) -> dict[str, Any]:
+    return {leaf.path: leaf.default for leaf in walk_leaves(schema)}
 
 
 def _get(config: Any, path: str) -> Any:
@@ -145,7 +156,7 @@ def intervals(ctx: Context) -> Iterator[Problem]:
         return
     for path in ("train.eval_every", "checkpoint.every"):
         value = _get(cfg, path)
-        if value > steps:
+        if steps > 0 and value > steps:
             yield warning(path, f"is {value}, longer than the run ({steps} steps): it only happens at the end")
 
 
@@ -209,11 +220,11 @@ def model_source(ctx: Context) -> Iterator[Problem]:
 
 @rule("model.tokenizer")
 def tokenizer_source(ctx: Context) -> Iterator[Problem]:
-    """A tokenizer comes from somewhere."""
+    """The tokenizer fits the model."""
     cfg = ctx.config
-    if cfg.tokenizer.kind == "auto" and not (cfg.tokenizer.path or cfg.model.path):
-        yield error("tokenizer.path", 'is needed: tokenizer.kind = "auto" loads the model\'s tokenizer, but model.path is not set',
-                    'set tokenizer.path, or tokenizer.kind = "byte" for the built-in byte-level tokenizer')
+    if cfg.tokenizer.kind == "byte" and cfg.model.resolved_init == "pretrained":
+        yield warning("tokenizer.kind", "the byte tokenizer replaces the pretrained model's own tokenizer: its token ids mean "
+                      "something else to the model", 'use tokenizer.kind = "auto" for the model\'s tokenizer')
     if cfg.tokenizer.path and os.path.sep in cfg.tokenizer.path and not os.path.isdir(cfg.tokenizer.path):
         yield error("tokenizer.path", f"{cfg.tokenizer.path} is not a directory")
 
@@ -229,8 +240,8 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),
     "train.compile_scope": ("train.compile", {True}),
     "data.group_by_length": ("data.packing", {False}),
-    "model.architecture": ("model.init", {"random"}),
-    "model.config": ("model.init", {"random"}),
+    "model.architecture": ("model.resolved_init", {"random"}),
+    "model.config": ("model.resolved_init", {"random"}),
     "fp8.backend": ("fp8.enabled", {True}),
     "fp8.emulate": ("fp8.enabled", {True}),
     "hub.private": ("hub.push", {"end", "checkpoints"}),

@@ -1,0 +1,30 @@
+"""The recipe `ditty init` starts from: complete and runnable as written.
+
+Plain `Trainer.Config()` defaults leave the model unset (there is no sensible default model); the
+starter fills in a tiny Llama trained from scratch on the built-in addition data, so that
+`ditty init -o r.toml && ditty run r.toml` works, and flags change it from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ditty.config.root import TrainerConfig
+from ditty.config.sections import ModelConfig, TrainConfig
+
+TINY_LLAMA = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+}
+
+
+def starter_config(keep_model_defaults: bool = False) -> TrainerConfig:
+    """The starter recipe; with `keep_model_defaults` (the user names a model) the model is theirs."""
+    config = TrainerConfig(train=TrainConfig(steps=500))
+    if keep_model_defaults:
+        return config
+    return replace(config, model=ModelConfig(architecture="llama", config=dict(TINY_LLAMA)))

@@ -1,0 +1,149 @@
+"""The command line, run in-process (importing the stack per subprocess costs seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ditty.cli import main
+from ditty.config.bundled import bundled_recipes
+from ditty.config.loader import load_recipe
+
+BAD = Path(__file__).parent / "config" / "bad_recipes"
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_there_are_bundled_recipes():
+    assert any(recipe.name == "tiny_sft" for recipe in bundled_recipes())
+
+
+@pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)
+def test_every_bundled_recipe_checks(capsys, recipe):
+    code, out, err = run_cli(capsys, "check", recipe.name)
+    assert code == 0, err
+    assert "ok: the recipe is valid" in out
+
+
+def test_every_file_under_recipes_is_bundled():
+    folder = Path(__file__).resolve().parents[1] / "recipes"
+    assert {p.stem for p in folder.glob("*.toml")} == {r.name for r in bundled_recipes()}
+
+
+def test_ls_lists_recipes_with_descriptions(capsys):
+    code, out, _ = run_cli(capsys, "ls")
+    assert code == 0
+    for recipe in bundled_recipes():
+        line = next(line for line in out.splitlines() if line.startswith(recipe.name))
+        assert recipe.description and recipe.description in line
+
+
+def test_init_then_check(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "init", "--optimizer.lr", "3e-4", "--model.init", "random",
+                             "--model.architecture", "llama", "--tokenizer.kind", "byte", "-o", "r.toml")
+    assert code == 0, err
+    assert load_recipe("r.toml").config.optimizer.lr == 3e-4
+    code, out, err = run_cli(capsys, "check", "r.toml")
+    assert code == 0, err
+
+
+def test_init_as_the_issue_writes_it_is_valid_toml_even_when_incomplete(capsys, tmp_path, monkeypatch):
+    """`ditty init --optimizer.lr 3e-4 -o r.toml && ditty check r.toml`: the defaults are runnable."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(capsys, "init", "--optimizer.lr", "3e-4", "-o", "r.toml")[0] == 0
+    code, _, err = run_cli(capsys, "check", "r.toml")
+    assert code == 0, err
+
+
+def test_init_never_overwrites(capsys, tmp_path):
+    target = tmp_path / "mine.toml"
+    target.write_text("precious")
+    code, _, err = run_cli(capsys, "init", "-o", target)
+    assert code == 2 and "already exists" in err
+    assert target.read_text() == "precious"
+
+
+def test_init_writes_comments_for_every_field(capsys):
+    code, out, _ = run_cli(capsys, "init")
+    assert code == 0
+    assert "# Peak learning rate." in out and "[parallel]" in out and "# path =  (not set)" in out
+
+
+def test_typo_gives_line_and_suggestion(capsys):
+    code, _, err = run_cli(capsys, "check", BAD / "typo_lr.toml")
+    assert code == 2
+    assert "typo_lr.toml:2:" in err and "did you mean `lr`?" in err
+    assert "Traceback" not in err
+
+
+def test_ten_mistakes_all_listed(capsys):
+    code, _, err = run_cli(capsys, "check", BAD / "ten_mistakes.toml")
+    assert code == 2
+    assert "10 problems" in err and err.count("error:") == 10
+
+
+def test_cross_field_rules(capsys):
+    code, _, err = run_cli(capsys, "check", BAD / "cross_field.toml")
+    assert code == 2
+    for key in ("train.global_batch_size", "train.log_every", "scheduler.warmup_steps", "hub.repo_id"):
+        assert f"`{key}`" in err
+    assert "warning:" in err and "optimizer.momentum" in err  # set but ignored by adamw
+
+
+def test_output_dir_that_is_a_file(capsys, tmp_path):
+    existing = tmp_path / "a_file"
+    existing.write_text("x")
+    code, _, err = run_cli(capsys, "check", "tiny_sft", "--run.output_dir", existing)
+    assert code == 2 and "is an existing file" in err
+    assert existing.read_text() == "x"
+
+
+def test_flags_override_and_explain_shows_provenance(capsys):
+    code, out, err = run_cli(capsys, "check", "tiny_sft", "--optimizer.lr", "1e-3", "--train.compile", "false", "--explain")
+    assert code == 0, err
+    lines = {line.split("=")[0].strip(): line for line in out.splitlines() if " = " in line}
+    assert "[flag]" in lines["optimizer.lr"] and "0.001" in lines["optimizer.lr"]
+    assert "[flag]" in lines["train.compile"]
+    assert "[toml, line" in lines["model.init"]
+    assert "[default]" in lines["hub.push"]
+
+
+def test_bad_flags_exit_2(capsys):
+    code, _, err = run_cli(capsys, "check", "tiny_sft", "--optimizer.lrr", "1", "--train.steps", "many")
+    assert code == 2
+    assert "did you mean --optimizer.lr?" in err and "train.steps" in err
+
+
+def test_help_lists_every_section(capsys):
+    from ditty.config import TrainerConfig
+    import dataclasses
+
+    code, out, _ = run_cli(capsys, "run", "--help")
+    assert code == 0
+    for field in dataclasses.fields(TrainerConfig):
+        assert f"--{field.name}." in out
+
+
+@pytest.mark.parametrize("args", [["run"], ["check", "no/such/file.toml"], ["frobnicate"], ["plot", "/nonexistent"],
+                                  ["generate", "/nonexistent", "hi"], ["check", "."]])
+def test_user_errors_exit_2_without_traceback(capsys, args):
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2
+    assert "Traceback" not in err and err.strip()
+
+
+def test_python_recipe_reference(capsys):
+    code, out, err = run_cli(capsys, "check", "tests.config.python_recipes:tiny_experiment", "--train.steps", "7")
+    assert code == 0, err
+    assert "steps            7" in out
+
+
+def test_unknown_command_suggests(capsys):
+    code, _, err = run_cli(capsys, "chek", "x")
+    assert code == 2 and "ditty check" in err
