@@ -23,8 +23,15 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
     plan.builds = _builds(config)
     for rule in ALL_RULES:
         for problem in rule.check(context):
-            plan.problems.append(replace(problem, rule=rule.id, line=problem.line or loaded.lines.line_of(problem.key)))
+            plan.problems.append(_locate(replace(problem, rule=problem.rule or rule.id), loaded))
     return plan
+
+
+def _locate(problem, loaded: LoadedRecipe):
+    """Point a problem at its TOML line, or say it came from a flag."""
+    if loaded.provenance.get(problem.key) == "flag":
+        return replace(problem, line=None, message=f"{problem.message} (set by --{problem.key})")
+    return replace(problem, line=problem.line or loaded.lines.line_of(problem.key))
 
 
 def _steps(config) -> int | None:

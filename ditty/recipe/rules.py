@@ -297,3 +297,45 @@ def hub_repo(ctx: Context) -> Iterator[Problem]:
 
 def _show(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@rule("compat")
+def compatibility(ctx: Context) -> Iterator[Problem]:
+    """Every row of the compatibility table in ditty/recipe/compat.py."""
+    from ditty.recipe.compat import COMPAT_RULES
+
+    for row in COMPAT_RULES:
+        if row.when(ctx.config):
+            yield Problem(row.key, row.message, fix=row.fix, severity=row.severity, rule=row.id)
+
+
+@rule("parallel.world")
+def world_size_fits(ctx: Context) -> Iterator[Problem]:
+    """Several processes need a parallel kind, and an hsdp mesh must cover the world."""
+    parallel = ctx.config.parallel
+    if ctx.world_size > 1 and parallel.kind == "none":
+        yield error("parallel.kind", f'is "none" but {ctx.world_size} processes were asked for',
+                    'set parallel.kind = "fsdp" (or "ddp")')
+    if parallel.kind == "hsdp" and ctx.world_size > 1:
+        shard = parallel.shard_size if parallel.shard_size != -1 else ctx.world_size // max(1, parallel.replicate_size)
+        if parallel.replicate_size * shard != ctx.world_size:
+            yield error("parallel.replicate_size", f"mesh {parallel.replicate_size} x {shard} does not cover {ctx.world_size} processes",
+                        "make replicate_size x shard_size equal the world size (shard_size = -1 derives it)")
+
+
+@rule("data.packing")
+def packing_isolation(ctx: Context) -> Iterator[Problem]:
+    """Packing needs a model that can keep packed samples from attending to each other."""
+    cfg = ctx.config
+    if not cfg.data.packing or cfg.model.factory:
+        return
+    try:
+        from ditty.models import read_model_type, supports_packed_attention
+    except ImportError:
+        return
+    model_type = read_model_type(cfg.model)
+    if model_type is None:
+        yield warning("data.packing", "cannot tell offline whether this model isolates packed samples; checked when it loads")
+    elif not supports_packed_attention(model_type):
+        yield error("data.packing", f"{model_type} models cannot isolate packed samples (attention would leak across samples)",
+                    "set data.packing = false (data.group_by_length = true cuts padding instead)")

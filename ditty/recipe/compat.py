@@ -1,0 +1,185 @@
+"""Which choices of quantization, adapters, sharding, optimizer and precision work together.
+
+One table: each row is a rule id, the condition under which a recipe breaks (or a setting does
+nothing), the message and the fix. `ditty check` evaluates every row; README's compatibility table
+is generated from it (`python -m ditty.recipe.compat`) and a test keeps the two in step. Each row
+has a test with a failing recipe in tests/recipe/test_compat.py.
+
+The conditions read only the config (and, for hardware rows, what is importable or present),
+never weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+SHARDED = ("fsdp", "hsdp")
+_DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class CompatRule:
+    id: str
+    key: str
+    """The dotted key the problem is reported on."""
+    when: Callable[[Any], bool]
+    """True when the recipe hits the problem."""
+    message: str
+    fix: str
+    severity: Literal["error", "warning"] = "error"
+    condition: str = ""
+    """The condition in words, for the docs table."""
+
+
+def fsdp_param_dtype(cfg: Any) -> str:
+    """The dtype FSDP keeps (and gathers) parameters in: the mixed-precision policy, else storage."""
+    if cfg.parallel.param_dtype:
+        return cfg.parallel.param_dtype
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "float32"
+
+
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+def _fp8_hardware_missing(cfg: Any) -> bool:
+    if not cfg.fp8.enabled or cfg.fp8.backend != "torchao" or cfg.fp8.emulate:
+        return False
+    if cfg.run.device == "cpu":
+        return True
+    import torch  # only for recipes that ask for FP8; the check needs the device's capability
+
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)
+
+
+COMPAT_RULES: list[CompatRule] = [
+    CompatRule(
+        "compat.bnb-8bit-optimizer-fsdp", "optimizer.backend",
+        lambda c: c.optimizer.kind == "adamw8bit" and c.optimizer.backend == "bnb" and c.parallel.kind in SHARDED,
+        "bitsandbytes' 8-bit AdamW fails on FSDP's sharded (DTensor) parameters",
+        'set optimizer.backend = "torchao" (its AdamW8bit works with FSDP2)',
+        condition='optimizer.kind = "adamw8bit", backend = "bnb", parallel.kind fsdp or hsdp',
+    ),
+    CompatRule(
+        "compat.8bit-optimizer-cpu-offload", "parallel.cpu_offload",
+        lambda c: c.optimizer.kind == "adamw8bit" and c.parallel.kind in SHARDED and c.parallel.cpu_offload,
+        "8-bit optimizers do not work with FSDP CPU offload (the state is created on the wrong device)",
+        'set optimizer.kind = "adamw" or parallel.cpu_offload = false',
+        condition="adamw8bit with FSDP cpu_offload",
+    ),
+    CompatRule(
+        "compat.optimizer-backend", "optimizer.backend",
+        lambda c: c.optimizer.backend != "default" and c.optimizer.backend not in
+        {"adamw": ("torch",), "sgd": ("torch",), "adamw8bit": ("torchao", "bnb")}[c.optimizer.kind],
+        "this backend has no implementation of the chosen optimizer kind",
+        'adamw and sgd: backend "torch"; adamw8bit: "torchao" or "bnb" (or "default")',
+        condition="a backend that does not implement the kind",
+    ),
+    CompatRule(
+        "compat.quantized-needs-adapter", "quant.kind",
+        lambda c: c.quant.kind != "none" and c.peft.kind == "none",
+        "quantized base weights cannot be trained; quantized loading needs an adapter (QLoRA)",
+        'set peft.kind = "lora" (or "dora"), or quant.kind = "none" for full finetuning',
+        condition="quant.kind set, peft.kind = \"none\"",
+    ),
+    CompatRule(
+        "compat.qlora-fsdp-storage-dtype", "quant.storage_dtype",
+        lambda c: c.quant.kind == "bnb-4bit" and c.parallel.kind in SHARDED and c.quant.storage_dtype != fsdp_param_dtype(c),
+        "FSDP shards all parameters of a block as one flat dtype: the 4-bit storage dtype must equal the FSDP parameter dtype",
+        "set quant.storage_dtype to the FSDP parameter dtype (parallel.param_dtype, else model.dtype, else float32)",
+        condition="bnb-4bit under fsdp/hsdp with storage dtype != parameter dtype",
+    ),
+    CompatRule(
+        "compat.8bit-loading-fsdp", "quant.kind",
+        lambda c: c.quant.kind == "bnb-8bit" and c.parallel.kind in SHARDED,
+        "LLM.int8 weights (int8 with separate scale buffers) cannot be sharded by FSDP",
+        'use quant.kind = "bnb-4bit" with a storage dtype (QLoRA), or parallel.kind = "ddp"',
+        condition="bnb-8bit under fsdp/hsdp",
+    ),
+    CompatRule(
+        "compat.quant-deepspeed", "quant.kind",
+        lambda c: c.quant.kind != "none" and c.parallel.kind == "deepspeed",
+        "DeepSpeed ZeRO does not partition bitsandbytes-quantized weights",
+        'use parallel.kind = "fsdp" for QLoRA across processes, or "ddp"',
+        condition="quantized loading with deepspeed",
+    ),
+    CompatRule(
+        "compat.merge-8bit", "checkpoint.final_format",
+        lambda c: c.checkpoint.final_format == "merged" and c.quant.kind == "bnb-8bit",
+        "an adapter cannot be merged into LLM.int8 weights without losing it to rounding",
+        'keep checkpoint.final_format = "auto" (the adapter is saved), or train with quant.kind = "bnb-4bit"',
+        condition="merged final model from an 8-bit base",
+    ),
+    CompatRule(
+        "compat.merge-4bit-dequantized", "checkpoint.final_format",
+        lambda c: c.checkpoint.final_format == "merged" and c.quant.kind == "bnb-4bit",
+        "the merged model is the adapter merged into the DEQUANTIZED 4-bit weights: it matches the QLoRA model, "
+        "not the original full-precision base plus adapter",
+        "nothing to do if that is what you want", severity="warning",
+        condition="merged final model from a 4-bit base",
+    ),
+    CompatRule(
+        "compat.merge-needs-adapter", "checkpoint.final_format",
+        lambda c: c.checkpoint.final_format == "merged" and c.peft.kind == "none",
+        "there is no adapter to merge: a full finetune already saves a full model",
+        'remove checkpoint.final_format = "merged"', severity="warning",
+        condition="merged final model without an adapter",
+    ),
+    CompatRule(
+        "compat.dora-8bit", "peft.kind",
+        lambda c: c.peft.kind == "dora" and c.quant.kind == "bnb-8bit",
+        "DoRA on LLM.int8 layers crashes in the forward pass with peft 0.21 (see tests/recipe/test_compat.py)",
+        'use peft.kind = "lora" with 8-bit loading, or quant.kind = "bnb-4bit" for DoRA',
+        condition="dora with bnb-8bit",
+    ),
+    CompatRule(
+        "compat.fp8-hardware", "fp8.emulate",
+        _fp8_hardware_missing,
+        "FP8 training needs a CUDA GPU of compute capability 8.9 or newer (H100, Ada), and this run has none",
+        "set fp8.emulate = true to run the FP8 code path emulated (slow; for tests), or disable fp8",
+        condition="fp8 (torchao) without emulation on a device older than sm_89",
+    ),
+    CompatRule(
+        "compat.fp8-te-missing", "fp8.backend",
+        lambda c: c.fp8.enabled and c.fp8.backend == "te" and _missing("transformer_engine"),
+        "Transformer Engine is not installed (the `transformer_engine` package is missing; it needs CUDA)",
+        "pip install 'ditty[te]' on a CUDA machine, or use fp8.backend = \"torchao\"",
+        condition='fp8.backend = "te" and transformer_engine not importable',
+    ),
+    CompatRule(
+        "compat.deepspeed-missing", "parallel.kind",
+        lambda c: c.parallel.kind == "deepspeed" and _missing("deepspeed"),
+        "DeepSpeed is not installed (an optional extra; it builds from source)",
+        "pip install 'ditty[deepspeed]', or use parallel.kind = \"fsdp\"",
+        condition='parallel.kind = "deepspeed" and deepspeed not importable',
+    ),
+    CompatRule(
+        "compat.fp16-weights-with-scaler", "model.dtype",
+        lambda c: c.train.precision == "fp16" and c.model.dtype == "float16" and c.peft.kind == "none",
+        "fp16 loss scaling cannot unscale gradients of float16 weights (torch raises 'Attempting to unscale FP16 gradients')",
+        'keep model.dtype = "float32" (autocast computes in fp16), or use bf16',
+        condition="train.precision fp16 with float16 trainable weights",
+    ),
+    CompatRule(
+        "compat.wandb-missing", "logging.wandb",
+        lambda c: c.logging.wandb and _missing("wandb"),
+        "wandb is not installed", "pip install 'ditty[wandb]', or set logging.wandb = false",
+        condition="logging.wandb without the wandb package",
+    ),
+]
+
+
+def compat_table_markdown() -> str:
+    rows = ["| rule | when | what happens | fix |", "|---|---|---|---|"]
+    for rule in COMPAT_RULES:
+        kind = "" if rule.severity == "error" else " (warning)"
+        rows.append(f"| `{rule.id}`{kind} | {rule.condition} | {rule.message} | {rule.fix} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(compat_table_markdown())

@@ -1,0 +1,90 @@
+"""Every row of the compatibility table has a recipe that trips it, and README shows the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ditty.config.loader import parse_recipe
+from ditty.recipe import compile_recipe
+from ditty.recipe.compat import COMPAT_RULES, compat_table_markdown
+
+BASE = """
+[model]
+architecture = "llama"
+[train]
+steps = 10
+global_batch_size = 8
+micro_batch_size = 4
+"""
+
+# rule id -> (extra TOML, world size)
+FAILING = {
+    "compat.bnb-8bit-optimizer-fsdp": ('[optimizer]\nkind = "adamw8bit"\nbackend = "bnb"\n[parallel]\nkind = "fsdp"\n', 2),
+    "compat.8bit-optimizer-cpu-offload": ('[optimizer]\nkind = "adamw8bit"\n[parallel]\nkind = "fsdp"\ncpu_offload = true\n', 2),
+    "compat.optimizer-backend": ('[optimizer]\nkind = "sgd"\nbackend = "bnb"\n', 1),
+    "compat.quantized-needs-adapter": ('[quant]\nkind = "bnb-4bit"\n', 1),
+    "compat.qlora-fsdp-storage-dtype": ('[quant]\nkind = "bnb-4bit"\nstorage_dtype = "uint8"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n', 2),
+    "compat.8bit-loading-fsdp": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n', 2),
+    "compat.quant-deepspeed": ('[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[parallel]\nkind = "deepspeed"\n', 2),
+    "compat.merge-8bit": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n', 1),
+    "compat.merge-4bit-dequantized": ('[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n', 1),
+    "compat.merge-needs-adapter": ('[checkpoint]\nfinal_format = "merged"\n', 1),
+    "compat.dora-8bit": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "dora"\n', 1),
+    "compat.fp8-hardware": ('[run]\ndevice = "cpu"\n[fp8]\nenabled = true\n', 1),
+    "compat.fp8-te-missing": ('[fp8]\nenabled = true\nbackend = "te"\n', 1),
+    "compat.deepspeed-missing": ('[parallel]\nkind = "deepspeed"\n', 2),
+    "compat.fp16-weights-with-scaler": ('[model]\ndtype = "float16"\n[train]\nprecision = "fp16"\n', 1),
+    "compat.wandb-missing": ('[logging]\nwandb = true\n', 1),
+}
+
+
+def merge(base: str, extra: str) -> str:
+    """Extra tables replace or extend the base's tables of the same name."""
+    import tomllib
+
+    import tomli_w
+
+    data = tomllib.loads(base)
+    for section, values in tomllib.loads(extra).items():
+        data.setdefault(section, {}).update(values)
+    return tomli_w.dumps(data)
+
+
+def test_every_rule_has_a_failing_recipe():
+    assert {rule.id for rule in COMPAT_RULES} == set(FAILING)
+
+
+@pytest.mark.parametrize("rule", COMPAT_RULES, ids=lambda r: r.id)
+def test_rule_trips_on_its_recipe_and_not_on_the_base(rule):
+    extra, world_size = FAILING[rule.id]
+    optional = {"compat.deepspeed-missing": "deepspeed", "compat.wandb-missing": "wandb"}.get(rule.id)
+    if optional and _has(optional):
+        pytest.skip(f"{optional} is installed here, so the rule cannot trip")
+    plan = compile_recipe(parse_recipe(merge(BASE, extra)), world_size=world_size)
+    hits = [p for p in plan.problems if p.rule == rule.id]
+    assert len(hits) == 1, plan.problems
+    assert hits[0].severity == rule.severity and hits[0].fix
+    clean = compile_recipe(parse_recipe(BASE), world_size=1)
+    assert not [p for p in clean.problems if p.rule == rule.id]
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_readme_shows_the_table():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert compat_table_markdown() in readme, "regenerate README's table: python -m ditty.recipe.compat"
+
+
+def test_bnb_fsdp_check_exits_2_and_suggests_torchao(capsys):
+    from ditty.cli import main
+
+    code = main(["check", "tiny_sft", "--parallel.kind", "fsdp", "--optimizer.kind", "adamw8bit",
+                 "--optimizer.backend", "bnb", "--nproc-per-node", "2", "--train.micro_batch_size", "64"])
+    err = capsys.readouterr().err
+    assert code == 2 and 'optimizer.backend = "torchao"' in err
