@@ -25,6 +25,7 @@ ROOT_ALLOWED = {"ditty"}
 SAME_LAYER_ALLOWED = {
     ("ditty.pipeline", "ditty.train"),  # the Python API is a facade over the one Trainer
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
+    ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
 }
 
 

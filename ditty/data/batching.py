@@ -1,0 +1,184 @@
+"""The batch stream: which samples each rank trains on at each optimizer step.
+
+One seeded permutation of the WHOLE dataset per epoch (from seed and epoch, never from the world
+size) fixes the global order; `cursor` counts the samples consumed since the start of training.
+Each optimizer step takes the next `global_batch_size` "rows" from that order; rank r trains on the
+r-th contiguous slice of them, cut into micro-batches. Two ranks with micro-batch 4 thus see
+together exactly the rows one rank with micro-batch 8 sees, and a stream resumed from `cursor` on
+any world size continues with the same samples.
+
+A row is one sample, or, with packing, as many consecutive samples of the order as fit in
+`max_seq_len` (greedy, in order: a row closes when the next sample does not fit). Packing is
+planned on the global order, before the split among ranks, so `global_batch_size` counts packed
+rows and a step consumes a variable number of samples; each rank plans all rows from the sample
+lengths (cheap) and fetches only the tokens of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ditty.config.errors import RecipeError
+from ditty.data.collate import Sample, pack_rows, pad_samples
+
+GROUP_WINDOW_STEPS = 16
+"""group_by_length sorts the order within windows of this many global batches: wide enough to
+cut most padding, narrow enough that lengths still vary from window to window."""
+
+
+class BatchStream:
+    """Deterministic, resumable, world-size independent micro-batches for one rank (see module doc)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        packing: bool,
+        max_seq_len: int,
+        pad_token_id: int,
+        group_by_length: bool = False,
+        cursor: int = 0,
+    ) -> None:
+        per_forward = micro_batch_size * world_size
+        if micro_batch_size < 1 or global_batch_size % per_forward:
+            raise ValueError(
+                f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} "
+                f"x world_size {world_size}"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        if len(dataset) == 0:
+            raise ValueError("cannot stream batches from an empty dataset")
+        lengths = sample_lengths(dataset)
+        if not lengths.all():
+            raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.packing = packing
+        self.max_seq_len = max_seq_len
+        self.pad_token_id = pad_token_id
+        # group_by_length is a padding optimisation; packed rows have no padding to cut.
+        self.group_by_length = group_by_length and not packing
+        self.cursor = cursor
+        self.accumulation_steps = global_batch_size // per_forward
+        self._lengths = np.minimum(lengths, max_seq_len)
+        self._orders: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the data completed before the next sample (0 during the first pass)."""
+        return self.cursor // len(self._lengths)
+
+    def next_step(self) -> list[dict[str, torch.Tensor]]:
+        """The `accumulation_steps` micro-batches this rank processes for the next optimizer step."""
+        rows = self._plan_rows()
+        per_rank = self.global_batch_size // self.world_size
+        mine = rows[self.rank * per_rank : (self.rank + 1) * per_rank]
+        size = self.micro_batch_size
+        return [self._collate(mine[start : start + size]) for start in range(0, per_rank, size)]
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor is the whole position; seed and dataset size are kept to catch a mismatched resume."""
+        return {"cursor": self.cursor, "seed": self.seed, "num_samples": len(self._lengths)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed:
+            raise RecipeError.single(
+                f"the checkpoint's data order was drawn with seed {state['seed']}, this run's data seed is {self.seed}",
+                key="data.shuffle_seed",
+                fix='resume with the same run.seed / data.shuffle_seed, or start afresh (checkpoint.resume = "never")',
+            )
+        if state["num_samples"] != len(self._lengths):
+            raise RecipeError.single(
+                f"the checkpoint was trained on {state['num_samples']} samples, the data now has {len(self._lengths)}",
+                key="data",
+                fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
+            )
+        self.cursor = int(state["cursor"])
+
+    def _plan_rows(self) -> list[list[int]]:
+        """The dataset indices of each row of the next global step; advances the cursor."""
+        rows = []
+        for _ in range(self.global_batch_size):
+            row = [self._take()]
+            if self.packing:
+                used = int(self._lengths[row[0]])
+                while used + self._lengths[self._peek()] <= self.max_seq_len:
+                    row.append(self._take())
+                    used += int(self._lengths[row[-1]])
+            rows.append(row)
+        return rows
+
+    def _peek(self) -> int:
+        epoch, position = divmod(self.cursor, len(self._lengths))
+        return int(self._order(epoch)[position])
+
+    def _take(self) -> int:
+        index = self._peek()
+        self.cursor += 1
+        return index
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """The order of dataset indices for one epoch; a step may span two epochs, so two are kept."""
+        if epoch not in self._orders:
+            generator = np.random.default_rng([self.seed, epoch])
+            order = generator.permutation(len(self._lengths))
+            if self.group_by_length:
+                order = self._sort_within_windows(order)
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = order
+        return self._orders[epoch]
+
+    def _sort_within_windows(self, order: np.ndarray) -> np.ndarray:
+        window = self.global_batch_size * GROUP_WINDOW_STEPS
+        chunks = [order[start : start + window] for start in range(0, len(order), window)]
+        # A stable sort keeps the permutation's order among equal lengths, so the result is deterministic.
+        return np.concatenate([chunk[np.argsort(self._lengths[chunk], kind="stable")] for chunk in chunks])
+
+    def _collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        flat = [index for row in rows for index in row]
+        samples = iter(self._fetch(flat))
+        grouped = [[next(samples) for _ in row] for row in rows]
+        if self.packing:
+            return pack_rows(grouped, self.pad_token_id)
+        return pad_samples([row[0] for row in grouped], self.pad_token_id)
+
+    def _fetch(self, indices: list[int]) -> list[Sample]:
+        """Token ids and labels of the given samples, cut to max_seq_len (reads only these rows)."""
+        limit = self.max_seq_len
+        if _is_hf_dataset(self.dataset):
+            columns = self.dataset[indices]
+            pairs = zip(columns["input_ids"], columns["labels"])
+        else:
+            pairs = ((self.dataset[i]["input_ids"], self.dataset[i]["labels"]) for i in indices)
+        return [(list(ids)[:limit], list(labels)[:limit]) for ids, labels in pairs]
+
+
+def sample_lengths(dataset: Any) -> np.ndarray:
+    """Token count of every sample, read column-wise from Arrow for `datasets` datasets (no rows
+    are materialised in Python, and an indices mapping from a split or shuffle is respected)."""
+    if _is_hf_dataset(dataset):
+        import pyarrow.compute as pc
+
+        ids_only = dataset.select_columns(["input_ids"]).with_format("arrow")
+        pieces = [pc.list_value_length(table["input_ids"]).to_numpy() for table in ids_only.iter(batch_size=65_536)]
+        return np.concatenate(pieces).astype(np.int64)
+    return np.array([len(sample["input_ids"]) for sample in dataset], dtype=np.int64)
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    from datasets import Dataset
+
+    return isinstance(dataset, Dataset)

@@ -1,0 +1,111 @@
+"""`build_data`: from the [data] section and a tokenizer to tokenized training and validation sets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional
+
+from ditty.config.errors import RecipeError
+from ditty.data import builtin
+from ditty.data.formats import tokenize_dataset
+from ditty.data.sources import load_file_dataset, load_hub_dataset
+from ditty.data.task import Task
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from ditty.config.sections import DataConfig
+
+
+@dataclass(frozen=True)
+class DataBundle:
+    """What the trainer trains and evaluates on. Samples are {"input_ids", "labels"} (-100: no loss)."""
+
+    train: "Dataset"
+    val: Optional["Dataset"]
+    task: Optional[Task]
+    """A metric beyond validation loss (built-in datasets: greedy exact match), or None."""
+    seed: int
+    """The data-order seed (`data.shuffle_seed`, else the run seed): give it to `BatchStream`."""
+
+
+def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
+    """Load, tokenize and split the data the recipe names.
+
+    Validation comes from `data.val_path` when set, else a `data.val_fraction` split that is
+    deterministic in the seed; built-in datasets hold out whole problems instead (see `builtin`).
+    """
+    seed = data.shuffle_seed if data.shuffle_seed is not None else seed
+    if data.source == "builtin":
+        return _build_builtin(data, tokenizer, seed)
+
+    if data.source == "file":
+        raw = load_file_dataset(data.path, key="data.path", cache_dir=data.cache_dir)
+        source_key = "data.path"
+    else:
+        raw = load_hub_dataset(data.name, split=data.split, cache_dir=data.cache_dir)
+        source_key = "data.name"
+    train = tokenize_dataset(raw, tokenizer, data, source_key=source_key)
+
+    val = None
+    if data.val_path:
+        raw_val = load_file_dataset(data.val_path, key="data.val_path", cache_dir=data.cache_dir)
+        val = tokenize_dataset(raw_val, tokenizer, data, source_key="data.val_path")
+    elif data.val_fraction > 0:
+        train, val = _split_off_validation(train, data.val_fraction, seed)
+    return DataBundle(train=train, val=val, task=None, seed=seed)
+
+
+def _split_off_validation(dataset: "Dataset", fraction: float, seed: int) -> tuple["Dataset", "Dataset"]:
+    # At least one validation sample, so a small fraction of a small file still validates.
+    val_size = max(1, round(len(dataset) * fraction))
+    if val_size >= len(dataset):
+        raise RecipeError.single(
+            f"holding out {fraction} of {len(dataset)} samples leaves nothing to train on",
+            key="data.val_fraction",
+            fix="lower data.val_fraction (0 disables validation), or give a data.val_path",
+        )
+    split = dataset.train_test_split(test_size=val_size, shuffle=True, seed=seed)
+    return split["train"], split["test"]
+
+
+def _build_builtin(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
+    from datasets import Dataset
+
+    if data.name not in builtin.GENERATORS:
+        raise RecipeError.single(
+            f"unknown built-in dataset {data.name!r}",
+            key="data.name",
+            fix=f"use one of {', '.join(builtin.GENERATORS)}",
+        )
+    if data.format != "prompt_completion":
+        raise RecipeError.single(
+            f'built-in datasets are prompt/completion pairs, not data.format = "{data.format}"',
+            key="data.format",
+            fix='set data.format = "prompt_completion"',
+        )
+    train_problems, held_out = builtin.split_problems(
+        builtin.generate_problems(data.name, data.num_samples), data.val_fraction
+    )
+    # The generated columns have fixed names, whatever the recipe's column settings say.
+    columns = replace(data, prompt_column="prompt", completion_column="completion")
+
+    def as_dataset(problems: list[builtin.Problem]) -> "Dataset":
+        prompts, completions = zip(*problems) if problems else ((), ())
+        return Dataset.from_dict({"prompt": list(prompts), "completion": list(completions)})
+
+    train = tokenize_dataset(as_dataset(train_problems), tokenizer, columns, source_key="data.num_samples")
+    if not held_out:
+        return DataBundle(train=train, val=None, task=None, seed=seed)
+
+    val = tokenize_dataset(as_dataset(held_out), tokenizer, columns, source_key="data.val_fraction")
+    answers = tuple(completion for _, completion in held_out)
+    longest_answer = max(len(ids) for ids in tokenizer(list(answers), add_special_tokens=False)["input_ids"])
+    task = Task(
+        name=data.name,
+        prompts=tuple(prompt for prompt, _ in held_out),
+        answers=answers,
+        max_new_tokens=longest_answer + 1,  # + the end-of-sequence token
+    )
+    return DataBundle(train=train, val=val, task=task, seed=seed)

@@ -1,0 +1,221 @@
+"""Turning raw rows into training samples: {"input_ids": [...], "labels": [...]}, -100 where no loss.
+
+Truncation policy: a sample keeps its FIRST `data.max_seq_len` tokens; the end is cut. A prompt of
+`max_seq_len` tokens or more therefore leaves nothing to learn, and such a sample is dropped.
+
+The first token of a sample is never supervised: a causal LM predicts token t+1 from tokens <= t, so
+nothing predicts token 0. Samples whose only supervised token would be the first are dropped too,
+and a dataset where every sample is dropped is a user error.
+
+Tokenization runs through `Dataset.map`, which caches its result next to the source's Arrow files
+(keyed by the function and its arguments, tokenizer included), so a second run with the same data
+and settings skips it. Each format is a module-level function bound with `functools.partial`, which
+`datasets` can hash for that cache key.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import TYPE_CHECKING, Any, Callable
+
+from ditty.config.errors import RecipeError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from ditty.config.sections import DataConfig
+
+IGNORE_INDEX = -100
+"""Label of positions that take no loss (PyTorch's cross-entropy default ignore_index)."""
+
+log = logging.getLogger(__name__)
+
+_GENERATION_MARKER = re.compile(r"{%-?\s*generation\s*-?%}")
+
+Batch = dict[str, list[Any]]
+
+
+def tokenize_dataset(
+    dataset: "Dataset", tokenizer: "PreTrainedTokenizerBase", data: "DataConfig", *, source_key: str
+) -> "Dataset":
+    """The tokenized samples of `dataset` in `data.format`; RecipeError for an empty dataset, a
+    missing column, a chat format without a chat template, or no sample left after truncation.
+
+    `source_key` is the recipe key that named the data ("data.path", "data.val_path", "data.name"),
+    used in error messages.
+    """
+    if len(dataset) == 0:
+        raise RecipeError.single(
+            "the dataset is empty", key=source_key, fix="point it at data with at least one sample"
+        )
+    encode, columns = _encoder_for(tokenizer, data)
+    found = dataset.column_names
+    for key, column in columns.items():
+        if column not in found:
+            raise RecipeError.single(
+                f"column {column!r} is missing from the data (columns found: {', '.join(found) or 'none'})",
+                key=key,
+                fix=f"set {key} to one of the columns found, or pick the data.format that matches the data",
+            )
+
+    tokenized = dataset.map(encode, batched=True, remove_columns=found, desc=f"tokenizing ({data.format})")
+    dropped = len(dataset) - len(tokenized)
+    if len(tokenized) == 0:
+        raise RecipeError.single(
+            f"none of the {len(dataset)} samples has a token to learn once cut to max_seq_len = {data.max_seq_len} "
+            "(prompts that fill the whole length leave no completion)",
+            key="data.max_seq_len",
+            fix="raise data.max_seq_len, or check that the completion/assistant columns are not empty",
+        )
+    if dropped:
+        log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
+    return tokenized
+
+
+def _encoder_for(
+    tokenizer: "PreTrainedTokenizerBase", data: "DataConfig"
+) -> tuple[Callable[[Batch], Batch], dict[str, str]]:
+    """The batched map function for `data.format` and the {recipe key: column} it reads."""
+    if data.format == "text":
+        encode = functools.partial(encode_text, tokenizer=tokenizer, column=data.text_column, max_len=data.max_seq_len)
+        return encode, {"data.text_column": data.text_column}
+    if data.format == "prompt_completion":
+        encode = functools.partial(
+            encode_prompt_completion,
+            tokenizer=tokenizer,
+            prompt_column=data.prompt_column,
+            completion_column=data.completion_column,
+            max_len=data.max_seq_len,
+        )
+        return encode, {"data.prompt_column": data.prompt_column, "data.completion_column": data.completion_column}
+    if data.format == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise RecipeError.single(
+                "data.format = \"chat\" needs a tokenizer with a chat template, and this one has none",
+                key="data.format",
+                fix='use a chat model\'s tokenizer (tokenizer.path), tokenizer.kind = "byte", '
+                'or data.format = "prompt_completion"',
+            )
+        encode = functools.partial(
+            encode_chat, tokenizer=tokenizer, column=data.messages_column, max_len=data.max_seq_len
+        )
+        return encode, {"data.messages_column": data.messages_column}
+    raise RecipeError.single(f"unknown data format {data.format!r}", key="data.format")
+
+
+def encode_text(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
+    """Language modelling: loss on every token. An eos closes each document, so the model learns
+    where documents end and packed documents are separated."""
+    out: Batch = {"input_ids": [], "labels": []}
+    for ids in tokenizer(_as_text(batch[column]))["input_ids"]:
+        document = _with_eos(ids, tokenizer)
+        _append_sample(out, document, [True] * len(document), max_len)
+    return out
+
+
+def encode_prompt_completion(
+    batch: Batch,
+    *,
+    tokenizer: "PreTrainedTokenizerBase",
+    prompt_column: str,
+    completion_column: str,
+    max_len: int,
+) -> Batch:
+    """Loss on the completion and its eos only.
+
+    Prompt and completion are tokenized separately (prompt with the tokenizer's special tokens, as
+    generation will see it; completion without), so the prompt/completion boundary is exact even
+    for tokenizers that would merge characters across it.
+    """
+    out: Batch = {"input_ids": [], "labels": []}
+    prompts = tokenizer(_as_text(batch[prompt_column]))["input_ids"]
+    completions = tokenizer(_as_text(batch[completion_column]), add_special_tokens=False)["input_ids"]
+    for prompt_ids, completion_ids in zip(prompts, completions):
+        answer = _with_eos(completion_ids, tokenizer)
+        _append_sample(out, prompt_ids + answer, [False] * len(prompt_ids) + [True] * len(answer), max_len)
+    return out
+
+
+def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
+    """Messages rendered with the tokenizer's chat template; loss on assistant turns only.
+
+    Templates with `{% generation %}` markers say exactly which tokens are the assistant's (the
+    tokenizer returns that mask). For templates without them, an assistant turn is the tokens
+    that rendering the conversation up to and including that turn adds to rendering it up to
+    the turn's generation prompt.
+    """
+    from jinja2 import TemplateError
+
+    # get_chat_template resolves tokenizers that carry several named templates to the default one.
+    has_markers = bool(_GENERATION_MARKER.search(tokenizer.get_chat_template()))
+    out: Batch = {"input_ids": [], "labels": []}
+    for messages in batch[column]:
+        try:
+            if has_markers:
+                ids, supervised = _assistant_tokens_from_markers(tokenizer, messages)
+            else:
+                ids, supervised = _assistant_tokens_from_prefixes(tokenizer, messages)
+        except (TemplateError, TypeError, KeyError) as error:
+            raise RecipeError.single(
+                f"a conversation could not be rendered with the chat template: {error}",
+                key="data.messages_column",
+                fix="each sample must be a list of {role, content} messages",
+            ) from error
+        _append_sample(out, ids, supervised, max_len)
+    return out
+
+
+def _assistant_tokens_from_markers(
+    tokenizer: "PreTrainedTokenizerBase", messages: list
+) -> tuple[list[int], list[bool]]:
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    return list(rendered["input_ids"]), [bool(flag) for flag in rendered["assistant_masks"]]
+
+
+def _assistant_tokens_from_prefixes(
+    tokenizer: "PreTrainedTokenizerBase", messages: list
+) -> tuple[list[int], list[bool]]:
+    def render(turns: list, generation_prompt: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    ids = render(messages, generation_prompt=False)
+    supervised = [False] * len(ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(render(messages[:index], generation_prompt=True)) if index else 0
+        through_turn = render(messages[: index + 1], generation_prompt=False)
+        if ids[: len(through_turn)] != through_turn:
+            raise RecipeError.single(
+                "the chat template renders earlier turns differently once later turns follow, so "
+                "assistant turns cannot be located",
+                key="data.format",
+                fix="use a chat template with {% generation %} markers, or data.format = \"prompt_completion\"",
+            )
+        supervised[start : len(through_turn)] = [True] * (len(through_turn) - start)
+    return ids, supervised
+
+
+def _as_text(values: list[Any]) -> list[str]:
+    """Column values as strings: CSV and JSON readers type "59" as a number, and an empty cell is None."""
+    return ["" if value is None else str(value) for value in values]
+
+
+def _with_eos(ids: list[int], tokenizer: "PreTrainedTokenizerBase") -> list[int]:
+    eos = tokenizer.eos_token_id
+    return ids if eos is None or (ids and ids[-1] == eos) else ids + [eos]
+
+
+def _append_sample(out: Batch, ids: list[int], supervised: list[bool], max_len: int) -> None:
+    """Truncate to the first `max_len` tokens; keep the sample only if a token after the first is supervised."""
+    ids, supervised = ids[:max_len], supervised[:max_len]
+    labels = [IGNORE_INDEX] + [token if keep else IGNORE_INDEX for token, keep in zip(ids[1:], supervised[1:])]
+    if any(label != IGNORE_INDEX for label in labels):
+        out["input_ids"].append(ids)
+        out["labels"].append(labels)
