@@ -327,8 +327,15 @@ def world_size_fits(ctx: Context) -> Iterator[Problem]:
 def packing_isolation(ctx: Context) -> Iterator[Problem]:
     """Packing needs a model that can keep packed samples from attending to each other."""
     cfg = ctx.config
-    if not cfg.data.packing or cfg.model.factory:
+    if not cfg.data.packing:
         return
+    if cfg.model.factory:
+        yield error("data.packing", "a custom model (model.factory) gets no block-diagonal attention mask, so packed samples would see each other",
+                    "set data.packing = false")
+        return
+    if cfg.model.attn_implementation == "flash_attention_2":
+        yield error("data.packing", "flash_attention_2 takes no 4-D mask, so ditty cannot isolate packed samples with it",
+                    'use model.attn_implementation = "sdpa" (or "eager") with packing')
     try:
         from ditty.models import read_model_type, supports_packed_attention
     except ImportError:
