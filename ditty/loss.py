@@ -1,0 +1,256 @@
+"""Loss calculators: the last stage of the pipeline, from the model's output (and the context) to a loss.
+
+Two kinds of result, told apart by `LossOutput.num_tokens` (DESIGN.md, shared semantics):
+- a token loss returns the SUM over its supervised tokens and their count; the trainer divides by
+  the count of the whole global batch (all micro-batches, all ranks), so any split of a global
+  batch gives the same loss and gradients (CausalLMLoss);
+- any other loss returns a MEAN over its micro-batch (num_tokens None); the trainer weights it by
+  the micro-batch's share of the samples (MSELoss, L1Loss, CrossEntropyLoss, CompositeLoss).
+
+torch is imported inside functions so the recipe compiler can check user subclasses cheaply.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+IGNORE_INDEX = -100
+"""Label of positions that take no loss (the Hugging Face and torch convention)."""
+
+
+@dataclass
+class LossOutput:
+    loss: "Tensor"
+    """A sum over `num_tokens` tokens when `num_tokens` is given, else a mean over the micro-batch."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Extra scalars to log (averaged over the micro-batches of a step)."""
+    num_tokens: "Union[Tensor, int, None]" = None
+    """Supervised tokens the summed `loss` covers; None when `loss` is already a mean."""
+
+    def mean_loss(self) -> "Tensor":
+        """The loss as a mean over this micro-batch alone (per token for token losses)."""
+        if self.num_tokens is None:
+            return self.loss
+        import torch
+
+        count = torch.as_tensor(self.num_tokens, device=self.loss.device, dtype=self.loss.dtype)
+        return self.loss / count.clamp_min(1)  # a micro-batch without supervised tokens has sum 0
+
+
+class LossCalculator(ABC):
+    """Base of every loss: finds the prediction in the model's output and the target in the context.
+
+    `output_index` picks the prediction: an int indexes a tuple/list output (a single-tensor output
+    is index 0; a Hugging Face ModelOutput indexes its non-None fields in order); a str names an
+    attribute or key ("logits"). `target_key` and `mask_key` name context entries; a key missing
+    from the context is looked up in ctx["batch"], then ctx["original_batch"], so batch columns
+    such as labels need no postprocessor to reach the loss. `contract` is as for processors.
+    """
+
+    def __init__(
+        self,
+        output_index: Union[int, str] = 0,
+        target_key: str = "target",
+        mask_key: Optional[str] = "mask",
+        *,
+        contract: Optional[str] = None,
+    ) -> None:
+        self.output_index = output_index
+        self.target_key = target_key
+        self.mask_key = mask_key
+        self.contract = contract
+
+    def __call__(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        return self.compute(model_output, ctx)
+
+    @abstractmethod
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        """The loss of one micro-batch."""
+
+    def get_prediction(self, model_output: Any) -> "Tensor":
+        import torch
+
+        index = self.output_index
+        if isinstance(index, str):
+            if isinstance(model_output, Mapping) and index in model_output:
+                return model_output[index]
+            if hasattr(model_output, index):
+                return getattr(model_output, index)
+            raise KeyError(f"{type(self).__name__}: the model output ({type(model_output).__name__}) has no {index!r}")
+        if torch.is_tensor(model_output):
+            if index == 0:
+                return model_output
+            raise IndexError(f"{type(self).__name__}: output_index {index}, but the model returned a single tensor")
+        # ModelOutput is a Mapping too, but integer indexing is its documented to_tuple() order.
+        if isinstance(model_output, (tuple, list)) or hasattr(model_output, "to_tuple"):
+            outputs = model_output.to_tuple() if hasattr(model_output, "to_tuple") else model_output
+            if not -len(outputs) <= index < len(outputs):
+                raise IndexError(f"{type(self).__name__}: output_index {index}, but the model returned {len(outputs)} outputs")
+            return outputs[index]
+        raise TypeError(
+            f"{type(self).__name__}: cannot index a {type(model_output).__name__} output with {index!r}; "
+            "name the entry instead (output_index=\"name\")"
+        )
+
+    def get_target(self, ctx: Mapping) -> "Tensor":
+        target = _lookup(ctx, self.target_key)
+        if target is None:
+            raise KeyError(
+                f"{type(self).__name__}: no {self.target_key!r} in the context or the batch "
+                f"(context keys: {sorted(ctx)}); a postprocessor must provide it, or set target_key"
+            )
+        return target
+
+    def get_mask(self, ctx: Mapping) -> "Optional[Tensor]":
+        return _lookup(ctx, self.mask_key) if self.mask_key else None
+
+
+def _lookup(ctx: Mapping, key: str) -> Any:
+    if key in ctx:
+        return ctx[key]
+    for batch_key in ("batch", "original_batch"):
+        batch = ctx.get(batch_key)
+        if isinstance(batch, Mapping) and key in batch:
+            return batch[key]
+    return None
+
+
+class CrossEntropyLoss(LossCalculator):
+    """Mean cross-entropy over the targets that count: not `ignore_index`, and inside the mask if any.
+
+    Predictions carry classes in their last dimension ([N, C] against [N], or [B, T, C] against
+    [B, T]). Computed in fp32 whatever the model's dtype.
+    """
+
+    def __init__(self, output_index: Union[int, str] = 0, target_key: str = "target", mask_key: Optional[str] = "mask",
+                 *, ignore_index: int = IGNORE_INDEX, contract: Optional[str] = None) -> None:
+        super().__init__(output_index, target_key, mask_key, contract=contract)
+        self.ignore_index = ignore_index
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        target = self.get_target(ctx)
+        mask = self.get_mask(ctx)
+        if mask is not None:
+            target = target.masked_fill(~mask.bool(), self.ignore_index)
+        total, count = token_cross_entropy(self.get_prediction(model_output), target, self.ignore_index)
+        return LossOutput(loss=total / count.clamp_min(1))
+
+
+class CausalLMLoss(CrossEntropyLoss):
+    """Next-token cross-entropy: logits at position t against labels at t + 1.
+
+    Labels are unshifted (Hugging Face convention: `labels` equals `input_ids` where a loss is
+    wanted, IGNORE_INDEX elsewhere). Returns the sum over supervised tokens and their count, so the
+    trainer can normalise over the whole global batch.
+    """
+
+    def __init__(self, output_index: Union[int, str] = "logits", target_key: str = "labels",
+                 *, ignore_index: int = IGNORE_INDEX, contract: Optional[str] = None) -> None:
+        super().__init__(output_index, target_key, mask_key=None, ignore_index=ignore_index, contract=contract)
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        logits = self.get_prediction(model_output)[..., :-1, :]
+        labels = self.get_target(ctx)[..., 1:]
+        total, count = token_cross_entropy(logits, labels, self.ignore_index)
+        return LossOutput(loss=total, num_tokens=count)
+
+    def count_tokens(self, batch: Mapping) -> "Tensor":
+        """Supervised tokens of a batch before its forward (the trainer's global-batch denominator)."""
+        return (batch[self.target_key][..., 1:] != self.ignore_index).sum()
+
+
+def token_cross_entropy(logits: "Tensor", target: "Tensor", ignore_index: int = IGNORE_INDEX) -> "tuple[Tensor, Tensor]":
+    """Sum of fp32 cross-entropy over targets other than `ignore_index`, and how many there are.
+
+    Cost: the fp32 copy of the logits ([tokens, vocab]), as in transformers' own loss; bf16 logits
+    would lose about three digits in the log-sum-exp.
+    """
+    import torch.nn.functional as F
+
+    flat_logits = logits.reshape(-1, logits.shape[-1]).float()
+    flat_target = target.reshape(-1).to(flat_logits.device)
+    total = F.cross_entropy(flat_logits, flat_target, ignore_index=ignore_index, reduction="sum")
+    return total, (flat_target != ignore_index).sum()
+
+
+class _ElementwiseLoss(LossCalculator):
+    """Mean of an elementwise error over the prediction, or over the masked elements.
+
+    A mask may cover the leading dimensions only ([B] or [B, T] for a [B, T, D] prediction); it is
+    broadcast over the rest. Computed in fp32.
+    """
+
+    @abstractmethod
+    def elementwise(self, prediction: "Tensor", target: "Tensor") -> "Tensor":
+        """Per-element error."""
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        import torch
+
+        prediction = self.get_prediction(model_output).float()
+        error = self.elementwise(prediction, self.get_target(ctx).to(prediction.device).float())
+        mask = self.get_mask(ctx)
+        if mask is None:
+            return LossOutput(loss=error.mean())
+        mask = mask.to(error.device, torch.float32).reshape(mask.shape + (1,) * (error.dim() - mask.dim()))
+        weights = mask.expand_as(error)
+        return LossOutput(loss=(error * weights).sum() / weights.sum().clamp_min(1))
+
+
+class MSELoss(_ElementwiseLoss):
+    """Mean squared error against `ctx[target_key]` (optionally masked)."""
+
+    def elementwise(self, prediction: "Tensor", target: "Tensor") -> "Tensor":
+        return (prediction - target).square()
+
+
+class L1Loss(_ElementwiseLoss):
+    """Mean absolute error against `ctx[target_key]` (optionally masked)."""
+
+    def elementwise(self, prediction: "Tensor", target: "Tensor") -> "Tensor":
+        return (prediction - target).abs()
+
+
+class CompositeLoss(LossCalculator):
+    """A weighted sum of losses; the metrics carry each part's (unweighted) value.
+
+    Parts are combined as micro-batch means (a token loss's sum is divided by its own count first),
+    because parts with different token counts have no common denominator. The global-batch token
+    normalisation of a lone CausalLMLoss therefore does not carry over into a composite.
+    Cost: one host sync per part and micro-batch, to read the part's value for the metrics.
+    """
+
+    def __init__(self, parts: Sequence[tuple[LossCalculator, float]], *, contract: Optional[str] = None) -> None:
+        super().__init__(contract=contract)
+        if not parts:
+            raise ValueError("CompositeLoss needs at least one (loss, weight) part")
+        self.parts = [(loss, float(weight)) for loss, weight in parts]
+        self.names = _part_names([loss for loss, _ in self.parts])
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        total = None
+        metrics: dict[str, float] = {}
+        for name, (loss, weight) in zip(self.names, self.parts):
+            out = loss.compute(model_output, ctx)
+            value = out.mean_loss()
+            total = weight * value if total is None else total + weight * value
+            metrics[name] = value.detach().item()
+            metrics.update({f"{name}/{key}": v for key, v in out.metrics.items()})
+        return LossOutput(loss=total, metrics=metrics)
+
+
+def _part_names(losses: Sequence[LossCalculator]) -> list[str]:
+    """Metric names from class names (MSELoss -> "mse", CrossEntropyLoss -> "cross_entropy"),
+    numbered when a class appears twice."""
+    bases = []
+    for loss in losses:
+        name = type(loss).__name__.removesuffix("Loss") or type(loss).__name__
+        bases.append(re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower())
+    return [f"{base}_{index}" if bases.count(base) > 1 else base for index, base in enumerate(bases)]

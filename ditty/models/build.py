@@ -1,0 +1,262 @@
+"""Building the model a `[model]` section describes: pretrained weights, a fresh architecture, or a factory.
+
+Every user mistake that only shows at build time (a path that vanished, a hub id that cannot be
+fetched, an unknown config override) becomes a RecipeError naming the key, so `ditty run` exits
+with code 2 and a fix instead of a traceback. Seeding is the caller's job: random init draws from
+torch's global generator as it stands.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from ditty.config.errors import RecipeError
+from ditty.config.sections import ModelConfig
+from ditty.models.factory import build_from_factory
+from ditty.models.source import (
+    did_you_mean,
+    invalid_hub_id_reason,
+    known_architectures,
+    local_model_dir,
+    looks_like_hub_id,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+
+def build_model(model: ModelConfig, *, tokenizer: "Optional[PreTrainedTokenizerBase]" = None, device="cpu") -> "torch.nn.Module":
+    """The model of the recipe, on `device`, in the dtype `model.dtype` resolves to.
+
+    With a tokenizer, a random-init model takes its vocabulary size and special-token ids from it,
+    and a pretrained model's embeddings grow when the tokenizer has more tokens than the checkpoint.
+    """
+    import torch
+
+    device = torch.device(device)
+    if model.factory:
+        built = build_from_factory(model.factory, model.factory_kwargs)
+        if model.dtype != "auto":
+            built = built.to(getattr(torch, model.dtype))
+        return built.to(device)
+    if model.resolved_init == "random":
+        built = _build_random(model, tokenizer, device)
+    else:
+        built = _load_pretrained(model, tokenizer, device)
+    return built.to(device)
+
+
+def _load_pretrained(model: ModelConfig, tokenizer, device: "torch.device") -> "torch.nn.Module":
+    from transformers import AutoModelForCausalLM
+
+    if not model.path:
+        raise RecipeError.single(
+            "is required to load a pretrained model",
+            key="model.path",
+            fix='set model.path to a local directory or a hub id (org/name), or use model.init = "random"',
+        )
+    source, config = _hf_config(model, {})
+    # "auto" on CPU means fp32: bf16/fp16 matmuls crawl on most CPUs (0.3 vs 120 GFLOP/s here).
+    dtype = _resolve_dtype(model.dtype, device, default_accelerator="auto")
+    loaded = _fetching(
+        lambda: AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, trust_remote_code=model.trust_remote_code, **_attention_kwargs(model)
+        ),
+        model.path,
+    )
+    if tokenizer is not None:
+        _fit_to_tokenizer(loaded, tokenizer)
+    return loaded
+
+
+def _build_random(model: ModelConfig, tokenizer, device: "torch.device") -> "torch.nn.Module":
+    from transformers import AutoModelForCausalLM
+
+    _, config = _hf_config(model, _tokenizer_config(tokenizer) if tokenizer is not None else {})
+    if tokenizer is not None and config.vocab_size < len(tokenizer):
+        raise RecipeError.single(
+            f"vocab_size = {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens",
+            key="model.config.vocab_size",
+            fix=f"remove the override or set it to at least {len(tokenizer)}",
+        )
+    dtype = _resolve_dtype(model.dtype, device, default_accelerator=config.dtype or "float32")
+    try:
+        return AutoModelForCausalLM.from_config(
+            config, dtype=dtype, trust_remote_code=model.trust_remote_code, **_attention_kwargs(model)
+        )
+    except ValueError as error:  # transformers' word for "no causal-LM head for this model type"
+        raise RecipeError.single(
+            f"cannot build a causal LM from this configuration: {_summary(error)}",
+            key="model.path" if model.path else "model.architecture",
+            fix="choose a decoder (causal LM) architecture such as llama, mistral, qwen2 or gpt_neox",
+        ) from error
+
+
+def _hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[str], PretrainedConfig]":
+    """The transformers config of `model.path` (or of `model.architecture`), built with `defaults`
+    then `model.config` as constructor arguments; also the resolved source to load weights from.
+
+    Overrides go to the constructor, never set as attributes afterwards: that would leave derived
+    fields stale (Llama computes head_dim from hidden_size / num_attention_heads in its constructor).
+    """
+    from transformers import AutoConfig
+
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # huggingface_hub before strict dataclasses: configs were not validated
+        StrictDataclassError = ValueError
+
+    if model.path:
+        source = _resolve_source(model)
+
+        def make(**values):
+            return _fetching(lambda: AutoConfig.from_pretrained(source, trust_remote_code=model.trust_remote_code, **values), model.path)
+
+    elif model.architecture:
+        source = None
+        _check_architecture(model.architecture)
+
+        def make(**values):
+            return AutoConfig.for_model(model.architecture, **values)
+
+    else:
+        raise RecipeError.single(
+            "random init needs an architecture: neither `model.path` nor `model.architecture` is set",
+            key="model.architecture",
+            fix='set model.architecture (e.g. "llama") or model.path',
+        )
+    config = make()
+    _check_override_keys(config, model.config)
+    values = {**defaults, **model.config}
+    if not values:
+        return source, config
+    try:
+        return source, make(**values)
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        # transformers 5 validates configs on construction (types, heads dividing the width).
+        raise RecipeError.single(
+            f"invalid {config.model_type} configuration: {_summary(error)}",
+            key="model.config",
+            fix="check the sizes and types in model.config",
+        ) from error
+
+
+def _resolve_source(model: ModelConfig) -> str:
+    """The local directory or hub id to load from; a local path must exist and hold config.json."""
+    local = local_model_dir(model.path)
+    if local and not os.path.isfile(os.path.join(local, "config.json")):
+        raise RecipeError.single(
+            f"directory {model.path!r} holds no config.json, so it is not a Hugging Face model",
+            key="model.path",
+            fix="point it at a directory written by save_pretrained, or at a hub id",
+        )
+    if local:
+        return local
+    if not looks_like_hub_id(model.path):
+        raise RecipeError.single(
+            f"local directory {model.path!r} does not exist",
+            key="model.path",
+            fix="check the path (relative paths start from the current directory), or use a hub id such as org/name",
+        )
+    invalid = invalid_hub_id_reason(model.path)
+    if invalid:
+        raise RecipeError.single(
+            f"{model.path!r} is neither a local directory nor a valid hub id ({invalid})",
+            key="model.path",
+            fix="check the path, or write the hub id as org/name",
+        )
+    return model.path
+
+
+def _fetching(load, path: str):
+    """Run a transformers loader; turn "cannot find / fetch it" into a RecipeError on `model.path`.
+
+    transformers raises OSError for a missing repo, a missing file and an offline cache miss alike
+    (huggingface_hub's own errors, LocalEntryNotFoundError included, derive from OSError), and its
+    message says which, so its first line is passed on.
+    """
+    try:
+        return load()
+    except OSError as error:
+        if local_model_dir(path):
+            raise RecipeError.single(
+                f"cannot load a model from directory {path!r}: {_summary(error)}",
+                key="model.path",
+                fix="point it at a directory written by save_pretrained (config.json and weights)",
+            ) from error
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        raise RecipeError.single(
+            f"model {path!r} could not be fetched from the Hugging Face Hub"
+            + (" (HF_HUB_OFFLINE is set)" if offline else "")
+            + f": {_summary(error)}",
+            key="model.path",
+            fix="download it first (`hf download ID`) or set model.path to a local directory; check the id's spelling",
+        ) from error
+
+
+def _check_architecture(architecture: str) -> None:
+    architectures = known_architectures()
+    if architecture not in architectures:
+        raise RecipeError.single(
+            f"unknown architecture {architecture!r} (not a transformers model type)",
+            key="model.architecture",
+            fix=did_you_mean(architecture, architectures, what='use a model type such as "llama" or "qwen2"'),
+        )
+
+
+def _check_override_keys(config: "PretrainedConfig", overrides: dict[str, Any]) -> None:
+    """Refuse `model.config` keys the config class does not have: config classes accept any keyword
+    silently, so a misspelled key would otherwise be dropped."""
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    unknown = sorted(key for key in overrides if key not in known)
+    if unknown:
+        raise RecipeError.single(
+            f"unknown {config.model_type} config field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+            key=f"model.config.{unknown[0]}",
+            fix=did_you_mean(unknown[0], known, what=f"see the fields of {type(config).__name__}"),
+        )
+
+
+def _tokenizer_config(tokenizer) -> dict[str, Any]:
+    values = {"vocab_size": len(tokenizer)}
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        token_id = getattr(tokenizer, name, None)
+        if token_id is not None:
+            values[name] = token_id
+    return values
+
+
+def _fit_to_tokenizer(model: "torch.nn.Module", tokenizer) -> None:
+    """Grow the embeddings when the tokenizer has tokens the checkpoint lacks (an added pad token,
+    say); ids beyond the table would otherwise fail at the first forward. Never shrinks: checkpoints
+    often pad their vocabulary past the tokenizer's size on purpose."""
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    if getattr(model.config, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def _resolve_dtype(dtype: str, device: "torch.device", *, default_accelerator) -> Any:
+    """`model.dtype` as transformers takes it. "auto": fp32 on CPU, `default_accelerator` elsewhere."""
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.type == "cpu":
+        return torch.float32
+    return default_accelerator
+
+
+def _attention_kwargs(model: ModelConfig) -> dict[str, str]:
+    return {} if model.attn_implementation == "auto" else {"attn_implementation": model.attn_implementation}
+
+
+def _summary(error: Exception) -> str:
+    """One line of an exception for a user message. huggingface_hub's validation errors put a
+    header first and the useful line last ("ValueError: The hidden size (30) is not a multiple...")."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return lines[-1] if lines[0].endswith(":") else lines[0]

@@ -1,0 +1,226 @@
+"""Where a model comes from, checked without the network and without importing torch.
+
+`ditty check` calls `check_model_source` for every recipe, so everything here must stay cheap:
+no torch, no transformers package import (about 0.9 s on this machine), no HTTP. A hub id that is
+not in the local Hugging Face cache cannot be verified offline; that is a warning, never an error
+(DESIGN.md, `ditty check`). The build step (`build_model`) turns a real failure into a RecipeError.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import json
+import os
+from typing import Optional
+
+from ditty.config.errors import Problem
+from ditty.config.sections import ModelConfig
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """Hub ids are "name" or "org/name"; more slashes, or a leading "/", "." or "~", make a path."""
+    return path.count("/") <= 1 and not path.startswith((".", "/", "~")) and "\\" not in path
+
+
+def local_model_dir(path: str) -> Optional[str]:
+    """The expanded local directory `path` names, or None when no such directory exists."""
+    expanded = os.path.expanduser(path)
+    return expanded if os.path.isdir(expanded) else None
+
+
+def cached_hub_file(repo_id: str, filename: str = "config.json") -> Optional[str]:
+    """Path of `filename` of `repo_id` in the local Hugging Face cache, if it was downloaded before."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except HFValidationError:  # not a valid repo id at all
+        return None
+    return found if isinstance(found, str) else None
+
+
+def read_model_type(model: ModelConfig) -> Optional[str]:
+    """The transformers `model_type` a recipe builds, found offline (for compiler rules such as packing).
+
+    Read from `config.json` of a local directory or of a cached hub model, else `model.architecture`.
+    None when it cannot be known without the network, or for custom (`factory`) models.
+    """
+    if model.factory:
+        return None
+    if model.path:
+        local = local_model_dir(model.path)
+        config_file = os.path.join(local, "config.json") if local else None
+        if config_file is None and looks_like_hub_id(model.path):
+            config_file = cached_hub_file(model.path)
+        if config_file and os.path.isfile(config_file):
+            try:
+                with open(config_file, encoding="utf-8") as handle:
+                    return json.load(handle).get("model_type")
+            except (OSError, ValueError):
+                return None
+        return None
+    return model.architecture
+
+
+@functools.lru_cache(maxsize=1)
+def known_architectures() -> frozenset[str]:
+    """Every `model_type` transformers' AutoConfig knows.
+
+    transformers keeps these names in a generated, dependency-free file (models/auto/auto_mappings.py).
+    Loading that file on its own takes milliseconds; importing it through the transformers package
+    costs about 0.9 s and importing CONFIG_MAPPING pulls in torch (3 s). Older releases without the
+    file fall back to CONFIG_MAPPING.
+    """
+    spec = importlib.util.find_spec("transformers")
+    mapping_file = None
+    if spec and spec.submodule_search_locations:
+        candidate = os.path.join(list(spec.submodule_search_locations)[0], "models", "auto", "auto_mappings.py")
+        mapping_file = candidate if os.path.isfile(candidate) else None
+    if mapping_file:
+        module_spec = importlib.util.spec_from_file_location("_ditty_transformers_auto_mappings", mapping_file)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return frozenset(module.CONFIG_MAPPING_NAMES)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def did_you_mean(value: str, choices, *, what: str = "") -> str:
+    """A fix hint naming the closest choice, or an empty string when nothing is close."""
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return f'did you mean "{close[0]}"?' if close else what
+
+
+def check_model_source(model: ModelConfig) -> list[Problem]:
+    """Problems with the `[model]` section's source, found offline and without torch.
+
+    Errors: a local path that does not exist or holds no config.json; random init with neither
+    `path` nor `architecture`; pretrained init without `path`; an unknown `architecture`.
+    Warnings: a hub id that is not in the local cache (it cannot be verified offline); options the
+    chosen way of building ignores. `model.factory` itself is checked by the pipeline rules.
+    """
+    if model.factory:
+        ignored = [name for name in ("path", "architecture") if getattr(model, name)]
+        return [
+            Problem(
+                key=f"model.{name}",
+                message="is ignored because `model.factory` builds the model",
+                fix=f"remove model.{name}, or remove model.factory",
+                severity="warning",
+            )
+            for name in ignored
+        ]
+
+    problems: list[Problem] = []
+    if model.path:
+        problems.extend(_check_path(model.path))
+    elif model.resolved_init == "pretrained":
+        problems.append(
+            Problem(
+                key="model.path",
+                message="is required to load a pretrained model",
+                fix='set model.path to a local directory or a hub id (org/name), or use model.init = "random"',
+            )
+        )
+    elif not model.architecture:
+        problems.append(
+            Problem(
+                key="model.architecture",
+                message="random init needs an architecture: neither `model.path` nor `model.architecture` is set",
+                fix='set model.architecture (e.g. "llama") or model.path to a model whose config to use',
+            )
+        )
+
+    if model.architecture:
+        problems.extend(_check_architecture(model))
+    return problems
+
+
+def _check_path(path: str) -> list[Problem]:
+    local = local_model_dir(path)
+    if local:
+        if not os.path.isfile(os.path.join(local, "config.json")):
+            return [
+                Problem(
+                    key="model.path",
+                    message=f"directory {path!r} holds no config.json, so it is not a Hugging Face model",
+                    fix="point it at a directory written by save_pretrained, or at a hub id",
+                )
+            ]
+        return []
+    if os.path.exists(os.path.expanduser(path)):
+        return [Problem(key="model.path", message=f"{path!r} is a file, not a model directory", fix="point it at the directory that holds config.json")]
+    if not looks_like_hub_id(path):
+        return [
+            Problem(
+                key="model.path",
+                message=f"local directory {path!r} does not exist",
+                fix="check the path (relative paths start from the current directory), or use a hub id such as org/name",
+            )
+        ]
+    invalid = invalid_hub_id_reason(path)
+    if invalid:
+        return [
+            Problem(
+                key="model.path",
+                message=f"{path!r} is neither a local directory nor a valid hub id ({invalid})",
+                fix="check the path, or write the hub id as org/name",
+            )
+        ]
+    if cached_hub_file(path):
+        return []
+    return [
+        Problem(
+            key="model.path",
+            message=f"hub id {path!r} cannot be verified offline (no local directory has that name and it is not in the Hugging Face cache)",
+            fix="it is fetched when the run starts; to check it now, download it first (`hf download ID`)",
+            severity="warning",
+        )
+    ]
+
+
+def invalid_hub_id_reason(path: str) -> str:
+    """Why huggingface_hub would refuse `path` as a repo id (bad characters, "--"), or ""."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(path)
+    except HFValidationError as error:
+        return str(error).strip().splitlines()[0]
+    return ""
+
+
+def _check_architecture(model: ModelConfig) -> list[Problem]:
+    if model.path:
+        return [
+            Problem(
+                key="model.architecture",
+                message="is ignored because `model.path` gives the architecture",
+                fix="remove one of model.architecture and model.path",
+                severity="warning",
+            )
+        ]
+    if model.resolved_init == "pretrained":
+        return [
+            Problem(
+                key="model.architecture",
+                message='only applies to model.init = "random"',
+                fix='set model.init = "random", or set model.path to the pretrained model',
+                severity="warning",
+            )
+        ]
+    architectures = known_architectures()
+    if model.architecture in architectures:
+        return []
+    return [
+        Problem(
+            key="model.architecture",
+            message=f"unknown architecture {model.architecture!r} (not a transformers model type)",
+            fix=did_you_mean(model.architecture, architectures, what='use a model type such as "llama", "mistral", "qwen2" or "gpt_neox"'),
+        )
+    ]

@@ -1,0 +1,127 @@
+"""The optimizer an `[optimizer]` section describes, over the model's trainable parameters.
+
+Parameters form two groups: weight decay applies to matrices (>= 2-D: linear and embedding
+weights) and never to vectors (biases, norm scales), the usual rule (GPT-2, nanoGPT, torchtitan):
+decaying a norm's scale towards zero only fights the normalisation. Build the optimizer after the
+model is parallelized: FSDP2 replaces parameters with sharded ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from ditty.config.errors import Problem, RecipeError
+from ditty.config.sections import OptimizerConfig
+
+if TYPE_CHECKING:
+    import torch
+
+# kind -> the backends that implement it; the first is the default.
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "adamw": ("torch",),
+    "sgd": ("torch",),
+    # torchao first: it works with FSDP2 (DTensor) and torch.compile; bitsandbytes does not shard.
+    "adamw8bit": ("torchao", "bnb"),
+}
+
+
+def check_optimizer(opt: OptimizerConfig) -> list[Problem]:
+    """Problems with `[optimizer]` found without building anything (the recipe compiler calls this)."""
+    backends = BACKENDS[opt.kind]
+    if opt.backend == "default" or opt.backend in backends:
+        return []
+    fix = f'use {" or ".join(repr(b) for b in ("default",) + backends)}'
+    if opt.backend in BACKENDS["adamw8bit"]:
+        fix += ', or kind = "adamw8bit" for an 8-bit optimizer'
+    return [Problem(key="optimizer.backend", message=f'kind "{opt.kind}" has no "{opt.backend}" backend', fix=fix)]
+
+
+def resolve_backend(opt: OptimizerConfig) -> str:
+    """The implementation `opt` selects; an impossible kind/backend pair is a RecipeError."""
+    problems = check_optimizer(opt)
+    if problems:
+        raise RecipeError(problems)
+    return BACKENDS[opt.kind][0] if opt.backend == "default" else opt.backend
+
+
+def param_groups(model: "torch.nn.Module", weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters split into a decayed (>= 2-D) and an undecayed (< 2-D) group.
+
+    Empty groups are left out (a model of matrices only has no second group). Frozen parameters
+    (a PEFT base model) are not handed to the optimizer at all, so they get no state.
+    """
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    if not decay and not no_decay:
+        raise RecipeError.single(
+            "the model has no trainable parameters: every parameter has requires_grad = False",
+            fix="check that peft.target_modules names modules the model has, or that a custom model leaves some parameters trainable",
+        )
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def build_optimizer(opt: OptimizerConfig, model: "torch.nn.Module") -> "torch.optim.Optimizer":
+    """The optimizer for `model`'s trainable parameters: AdamW, SGD, or an 8-bit AdamW."""
+    backend = resolve_backend(opt)
+    builder = _BUILDERS[(opt.kind, backend)]
+    return builder(param_groups(model, opt.weight_decay), opt)
+
+
+def _torch_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    import torch
+
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, **_kernel_choice(groups))
+
+
+def _torch_sgd(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    import torch
+
+    return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, **_kernel_choice(groups))
+
+
+def _torchao_adamw8bit(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    # Cost: torchao compiles its update kernel once per parameter shape on the first step
+    # (about 40 s for a small model on this 2-core CPU); later steps are fast.
+    from torchao.optim import AdamW8bit
+
+    return AdamW8bit(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+
+
+def _bnb_adamw8bit(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    # bitsandbytes keeps tensors under 4096 elements (min_8bit_size) in 32-bit state.
+    from bitsandbytes.optim import AdamW8bit
+
+    return AdamW8bit(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+
+
+_BUILDERS: dict[tuple[str, str], Callable[[list, OptimizerConfig], "torch.optim.Optimizer"]] = {
+    ("adamw", "torch"): _torch_adamw,
+    ("sgd", "torch"): _torch_sgd,
+    ("adamw8bit", "torchao"): _torchao_adamw8bit,
+    ("adamw8bit", "bnb"): _bnb_adamw8bit,
+}
+
+
+def _kernel_choice(groups: list[dict[str, Any]]) -> dict[str, bool]:
+    """fused=True when every parameter sits on a device with torch's fused kernels (CPU included
+    since torch 2.4), else torch's default (foreach where it can).
+
+    Measured here (torch 2.13, 2 CPU threads, 1M parameters in 51 tensors): AdamW fused 0.9 ms per
+    step against foreach 3.0 ms and the for-loop 3.4 ms; SGD with momentum fused 0.4 ms against
+    foreach 0.9 ms; fused and foreach AdamW agreed to 3e-8 after 5 steps.
+    """
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # a private helper: if a torch release moves it, fall back to the default
+        return {}
+    supported = set(_get_fused_kernels_supported_devices())
+    fusable = all(
+        p.device.type in supported and p.is_floating_point() for group in groups for p in group["params"]
+    )
+    return {"fused": True} if fusable else {}

@@ -1,0 +1,88 @@
+"""supports_packed_attention, and the measurement behind its table: a packed row with a 4D
+block-diagonal additive mask and restarting position ids gives each sample's own logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from ditty.models import supports_packed_attention
+from ditty.models.packing import PACKED_MASK_MODEL_TYPES
+
+LENGTHS = (5, 7, 4)
+TINY = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# Kernels each model type has in transformers 5.23 (gemma2 has no sdpa path).
+SDPA_MISSING = {"gemma2"}
+
+
+def block_diagonal_mask(lengths) -> torch.Tensor:
+    """[1, 1, T, T] additive float mask, the convention of ditty/data/collate.py."""
+    total = sum(lengths)
+    allowed = torch.zeros(total, total, dtype=torch.bool)
+    start = 0
+    for length in lengths:
+        allowed[start:start + length, start:start + length] = torch.ones(length, length, dtype=torch.bool).tril()
+        start += length
+    mask = torch.zeros(total, total).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+def packing_error(model_type: str, attn_implementation: str, *, isolate: bool = True) -> float:
+    """Largest logit difference between the packed row and the samples run one by one."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **TINY)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+    ids = torch.randint(3, 100, (1, sum(LENGTHS)))
+    starts = [sum(LENGTHS[:i]) for i in range(len(LENGTHS))]
+    position_ids = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    mask = block_diagonal_mask(LENGTHS) if isolate else torch.ones_like(ids)
+    with torch.no_grad():
+        separate = torch.cat([model(input_ids=ids[:, s:s + n], use_cache=False).logits for s, n in zip(starts, LENGTHS)], 1)
+        packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
+    return (packed - separate).abs().max().item()
+
+
+def _cases(model_types):
+    return [(t, impl) for t in sorted(model_types) for impl in ("sdpa", "eager") if not (impl == "sdpa" and t in SDPA_MISSING)]
+
+
+@pytest.mark.parametrize(("model_type", "attn_implementation"), _cases({"llama", "mistral", "qwen2", "gpt_neox"}))
+def test_common_models_isolate_packed_samples(model_type, attn_implementation):
+    assert packing_error(model_type, attn_implementation) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "attn_implementation"), _cases(PACKED_MASK_MODEL_TYPES))
+def test_every_listed_model_isolates_packed_samples(model_type, attn_implementation):
+    assert packing_error(model_type, attn_implementation) < 1e-5
+
+
+def test_negative_control_an_all_ones_mask_leaks():
+    """Without the block mask the same check fails, so the check can see a leak."""
+    assert packing_error("llama", "sdpa", isolate=False) > 1e-2
+
+
+def test_answers_by_model_type_config_and_model():
+    assert supports_packed_attention("llama")
+    assert not supports_packed_attention("bloom")  # ALiBi: rejects the 4D mask
+    config = AutoConfig.for_model("llama", **TINY)
+    assert supports_packed_attention(config)
+    model = AutoModelForCausalLM.from_config(config)
+    assert supports_packed_attention(model)
+    assert not supports_packed_attention(torch.nn.Linear(2, 2))  # no config: nothing known
+
+
+def test_flash_attention_takes_no_4d_mask():
+    config = AutoConfig.for_model("llama", **TINY)
+    config._attn_implementation = "flash_attention_2"
+    assert not supports_packed_attention(config)
+
+
+def test_a_sliding_window_shorter_than_the_rows_is_refused():
+    windowed = AutoConfig.for_model("mistral", **TINY, sliding_window=256)
+    assert supports_packed_attention(windowed, max_seq_len=256)
+    assert not supports_packed_attention(windowed, max_seq_len=512)
+    unused_window = AutoConfig.for_model("qwen2", **TINY, sliding_window=256, use_sliding_window=False)
+    assert supports_packed_attention(unused_window, max_seq_len=512)
