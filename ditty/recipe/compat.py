@@ -15,6 +15,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from ditty.optim import check_optimizer
+
 SHARDED = ("fsdp", "hsdp")
 _DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -73,8 +75,7 @@ COMPAT_RULES: list[CompatRule] = [
     ),
     CompatRule(
         "compat.optimizer-backend", "optimizer.backend",
-        lambda c: c.optimizer.backend != "default" and c.optimizer.backend not in
-        {"adamw": ("torch",), "sgd": ("torch",), "adamw8bit": ("torchao", "bnb")}[c.optimizer.kind],
+        lambda c: bool(check_optimizer(c.optimizer)),  # the optimizer package's own backend table
         "this backend has no implementation of the chosen optimizer kind",
         'adamw and sgd: backend "torch"; adamw8bit: "torchao" or "bnb" (or "default")',
         condition="a backend that does not implement the kind",
