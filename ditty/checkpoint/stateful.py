@@ -1,0 +1,48 @@
+"""`ModelOptimizerState`: model and optimizer state in a form that survives sharding changes.
+
+`torch.distributed.checkpoint.state_dict.get_state_dict` names optimizer state by parameter name
+instead of by position, and hands FSDP2 parameters over as DTensors, so the same checkpoint loads
+into a plain module, a DDP module or an FSDP2 module on any number of ranks (DCP reshards).
+Before the optimizer's first step it also creates the (zero) state tensors, which gives a fresh
+optimizer something to load into.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+
+class ModelOptimizerState:
+    """A DCP `Stateful` over one model and, optionally, its optimizer.
+
+    trainable_only: save and load only parameters with requires_grad (an adapter's weights);
+    the frozen base stays whatever it was built as, so loading is not strict about it.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 trainable_only: bool = False) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model, options=self.options)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state_dict["model"], options=self.options)
+            return
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"], options=self.options)
