@@ -26,6 +26,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.pipeline", "ditty.train"),  # the Python API is a facade over the one Trainer
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
+    ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
 }
 
 
