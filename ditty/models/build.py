@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.config.sections import ModelConfig
+from ditty.config.sections import ModelConfig, QuantConfig
 from ditty.models.factory import build_from_factory
 from ditty.models.source import (
     did_you_mean,
@@ -27,15 +27,40 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
-def build_model(model: ModelConfig, *, tokenizer: "Optional[PreTrainedTokenizerBase]" = None, device="cpu") -> "torch.nn.Module":
+def build_model(
+    model: ModelConfig,
+    *,
+    tokenizer: "Optional[PreTrainedTokenizerBase]" = None,
+    device="cpu",
+    quant: Optional[QuantConfig] = None,
+) -> "torch.nn.Module":
     """The model of the recipe, on `device`, in the dtype `model.dtype` resolves to.
 
     With a tokenizer, a random-init model takes its vocabulary size and special-token ids from it,
     and a pretrained model's embeddings grow when the tokenizer has more tokens than the checkpoint.
+    With `quant` (kind other than "none"), pretrained weights load quantized by bitsandbytes
+    (ditty/models/quant.py), placed on `device` as they load. They are not frozen here: the
+    adapter converter (ditty/models/adapters.py) that every quantized recipe needs freezes them.
+    Quantizing a random init or a factory model is refused.
     """
     import torch
 
+    from ditty.models.quant import is_quantized  # cheap: no bitsandbytes import
+
     device = torch.device(device)
+    if is_quantized(quant):
+        if model.factory or model.resolved_init == "random":
+            raise RecipeError.single(
+                "quantized loading needs pretrained Hugging Face weights: random or factory weights quantized "
+                "to 4 or 8 bits and then frozen would leave only the adapter to learn, on top of noise",
+                key="quant.kind",
+                fix='set quant.kind = "none", or load a pretrained model (model.path with model.init = "pretrained")',
+            )
+        from ditty.models.quant import keep_4bit_layout_fixed
+
+        # bitsandbytes places the quantized weights itself (device_map); moving an 8-bit model
+        # afterwards with `.to` is refused by transformers.
+        return keep_4bit_layout_fixed(_load_pretrained(model, tokenizer, device, quant=quant))
     if model.factory:
         built = build_from_factory(model.factory, model.factory_kwargs)
         if model.dtype != "auto":
@@ -48,8 +73,10 @@ def build_model(model: ModelConfig, *, tokenizer: "Optional[PreTrainedTokenizerB
     return built.to(device)
 
 
-def _load_pretrained(model: ModelConfig, tokenizer, device: "torch.device") -> "torch.nn.Module":
+def _load_pretrained(model: ModelConfig, tokenizer, device: "torch.device", quant: Optional[QuantConfig] = None) -> "torch.nn.Module":
     from transformers import AutoModelForCausalLM
+
+    from ditty.models.quant import bnb_config, is_quantized
 
     if not model.path:
         raise RecipeError.single(
@@ -60,9 +87,13 @@ def _load_pretrained(model: ModelConfig, tokenizer, device: "torch.device") -> "
     source, config = _hf_config(model, {})
     # "auto" on CPU means fp32: bf16/fp16 matmuls crawl on most CPUs (0.3 vs 120 GFLOP/s here).
     dtype = _resolve_dtype(model.dtype, device, default_accelerator="auto")
+    extra = _attention_kwargs(model)
+    if is_quantized(quant):
+        extra["quantization_config"] = bnb_config(quant)
+        extra["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else device.type}
     loaded = _fetching(
         lambda: AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, trust_remote_code=model.trust_remote_code, **_attention_kwargs(model)
+            source, config=config, dtype=dtype, trust_remote_code=model.trust_remote_code, **extra
         ),
         model.path,
     )

@@ -1,0 +1,164 @@
+"""Saving what an adapter run trained: the PEFT adapter, or a full model with the adapter merged in.
+
+- `save_adapter`: the adapter only (adapter_model.safetensors + adapter_config.json) and the
+  tokenizer; `PeftModel.from_pretrained(base, dir)` and `AutoPeftModelForCausalLM.from_pretrained(dir)`
+  load it. The adapter config names the base (`base_model_name_or_path`) as the run loaded it.
+- `merge_to_full`: a plain transformers model (no peft, no bitsandbytes) computing what the trained
+  model computes. It never modifies the trained model, so training or evaluation can go on.
+  * full-precision base: peft's `merge_and_unload(safe_merge=True)` on a fresh peft model that
+    shares the base's unmerged tensors (only the merged weights are new memory);
+  * 4-bit base (QLoRA): each `Linear4bit` weight is dequantized (bitsandbytes'
+    `dequantize_4bit`, exactly what its forward multiplies with) into a plain `Linear`, then the
+    adapter is merged. The result matches the QLoRA model's logits, NOT those of the original
+    full-precision checkpoint plus the adapter: the adapter learned to correct the 4-bit weights;
+  * 8-bit base: refused (RecipeError). LLM.int8 keeps outlier columns in fp16 and the rest as int8
+    with per-row scales; rounding the merged weights back to int8 would lose the small adapter
+    update, and ditty does not write a dequantized-int8 full model. The compiler refuses
+    `checkpoint.final_format = "merged"` with bnb-8bit before the run (compat.merge-8bit).
+- `save_merged`: `merge_to_full` then `save_pretrained` (safetensors) plus the tokenizer;
+  `AutoModelForCausalLM.from_pretrained(dir)` loads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import TYPE_CHECKING, Any
+
+from ditty.config.errors import RecipeError
+
+if TYPE_CHECKING:
+    import torch
+
+# Submodules peft adds; their tensors are the adapter's, not the base's.
+_ADAPTER_SEGMENTS = frozenset(
+    {"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "lora_dropout", "modules_to_save"}
+)
+# Wrapper segments peft inserts between a module's name and the original layer.
+_WRAPPER_SEGMENTS = frozenset({"base_layer", "original_module"})
+
+
+def save_adapter(model: "torch.nn.Module", directory: str, tokenizer: Any = None) -> str:
+    """Write the PEFT adapter of `model` (a peft model) and the tokenizer to `directory`."""
+    _require_peft_model(model)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory)
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
+def merge_to_full(model: "torch.nn.Module") -> "torch.nn.Module":
+    """A plain model with the adapter of `model` merged in (see the module docstring); `model` is unchanged."""
+    import torch
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import PreTrainedModel
+
+    _require_peft_model(model)
+    base = model.get_base_model()
+    if getattr(base, "is_loaded_in_8bit", False):
+        raise RecipeError.single(
+            "an adapter cannot be merged into LLM.int8 (8-bit) weights without losing it to rounding",
+            key="checkpoint.final_format",
+            fix='keep the adapter (checkpoint.final_format = "auto"), or train with quant.kind = "bnb-4bit"',
+        )
+    adapter_name = model.active_adapter
+    peft_config = copy.deepcopy(model.peft_config[adapter_name])
+    if not isinstance(base, PreTrainedModel):
+        # A custom nn.Module has no config to rebuild it from: merge a copy.
+        return copy.deepcopy(model).merge_and_unload(safe_merge=True)
+
+    base_state, extra_buffers = _plain_base_tensors(base)
+    plain = _empty_plain_model(base)
+    plain.load_state_dict(base_state, strict=True, assign=True)
+    for name, buffer in extra_buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
+    plain.tie_weights()
+    left_on_meta = [name for name, t in [*plain.named_parameters(), *plain.named_buffers()] if t.is_meta]
+    if left_on_meta:
+        raise RuntimeError(f"merge: tensors not restored from the trained model: {left_on_meta[:5]}")
+
+    with torch.no_grad():
+        fresh = get_peft_model(plain, peft_config, adapter_name=adapter_name)
+        set_peft_model_state_dict(fresh, get_peft_model_state_dict(model, adapter_name=adapter_name), adapter_name=adapter_name)
+        merged = fresh.merge_and_unload(safe_merge=True)
+    merged.requires_grad_(False)
+    return merged.eval()
+
+
+def save_merged(model: "torch.nn.Module", directory: str, tokenizer: Any = None) -> str:
+    """Write the merged full model in Hugging Face format (safetensors, config) plus the tokenizer.
+
+    `model` is a peft model (merged here with `merge_to_full`) or an already merged plain model.
+    """
+    from peft import PeftModel
+
+    merged = merge_to_full(model) if isinstance(model, PeftModel) else model
+    os.makedirs(directory, exist_ok=True)
+    merged.save_pretrained(directory)
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _require_peft_model(model: "torch.nn.Module") -> None:
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        raise TypeError(f"expected a peft model (from LoraConverter), got {type(model).__name__}")
+
+
+def _plain_base_tensors(base: "torch.nn.Module") -> "tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]":
+    """The base model's own tensors under the names a plain (un-adapted, unquantized) model of the
+    same class uses: (persistent parameters and buffers, non-persistent buffers).
+
+    4-bit weights are dequantized here; every other tensor is the trained model's own (no copy).
+    """
+    import bitsandbytes as bnb
+
+    from ditty.models.quant import dequantize_4bit_weight
+
+    state: dict[str, "torch.Tensor"] = {}
+    extra_buffers: dict[str, "torch.Tensor"] = {}
+    for module_name, module in base.named_modules():
+        segments = module_name.split(".") if module_name else []
+        if any(segment in _ADAPTER_SEGMENTS for segment in segments):
+            continue
+        prefix = ".".join(segment for segment in segments if segment not in _WRAPPER_SEGMENTS)
+        prefix = prefix + "." if prefix else ""
+        for name, parameter in module.named_parameters(recurse=False):
+            if isinstance(module, bnb.nn.Linear4bit) and name == "weight":
+                dense = dequantize_4bit_weight(parameter)
+                # The 4-bit forward multiplies this weight cast to its compute dtype; round it the
+                # same way, but keep the model's dtype so a plain Linear fits between its neighbours.
+                tensor = dense.to(module.compute_dtype or dense.dtype).to(dense.dtype)
+            else:
+                tensor = parameter.detach()
+            state[prefix + name] = tensor
+        for name, buffer in module.named_buffers(recurse=False):
+            if name in module._non_persistent_buffers_set:
+                extra_buffers[prefix + name] = buffer
+            else:
+                state[prefix + name] = buffer
+    return state, extra_buffers
+
+
+def _empty_plain_model(base: "torch.nn.Module") -> "torch.nn.Module":
+    """The same architecture as `base`, unquantized, with its tensors on the meta device (no
+    memory, no random init): `load_state_dict(assign=True)` then puts real tensors in."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(base.config)
+    for attribute in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attribute):
+            delattr(config, attribute)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=base.dtype, trust_remote_code=_trusts_remote_code(base))
+
+
+def _trusts_remote_code(base: "torch.nn.Module") -> bool:
+    # A model class that transformers does not ship came from the hub's remote code, which the run
+    # was already allowed to execute.
+    return not type(base).__module__.startswith("transformers.")
