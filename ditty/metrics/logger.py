@@ -1,0 +1,152 @@
+"""Where logged metrics go: metrics.jsonl always, TensorBoard and wandb when asked.
+
+A metrics record is a flat dict of JSON-able scalars with at least `step`. The JSONL file is the
+source of truth (`plot_run` redraws the curves from it); the other sinks are views of the same
+records. Each sink flushes per record: a crash loses at most the line being written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional, Protocol
+
+from ditty._utils.dist import is_main_process
+from ditty.config.sections import LoggingConfig
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class Sink(Protocol):
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no NaN/Infinity: write them as strings so the file stays valid for every reader."""
+    if hasattr(value, "item"):  # a 0-d tensor or numpy scalar; .item() on a CUDA tensor is a sync
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    return value
+
+
+class JsonlSink:
+    """metrics.jsonl: one JSON object per logged step, appended and flushed."""
+
+    def __init__(self, run_dir: str, append: bool = False):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False)
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardSink:
+    """TensorBoard event files under RUN_DIR/tensorboard (every numeric field becomes a scalar)."""
+
+    def __init__(self, run_dir: str):
+        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+
+        self.writer = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in record.items():
+            value = _jsonable(value)
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(_tb_tag(key), value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _tb_tag(key: str) -> str:
+    """Group curves in TensorBoard: train/loss, val/loss, val/exact_match, perf/tokens_per_s."""
+    if key.startswith("val_"):
+        return "val/" + key[4:]
+    if key in ("tokens", "tokens_per_s", "elapsed_s"):
+        return "perf/" + key
+    return "train/" + key
+
+
+class WandbSink:
+    """Weights & Biases, imported only when enabled (the `wandb` extra)."""
+
+    def __init__(self, run_dir: str, project: Optional[str], name: str, config: Optional[dict] = None):
+        try:
+            import wandb
+        except ImportError as exc:  # the compiler should have caught this; say how to fix it anyway
+            raise RuntimeError("logging.wandb = true needs the wandb package: pip install 'ditty[wandb]'") from exc
+        self._wandb = wandb
+        self.run = wandb.init(project=project or "ditty", name=name, dir=run_dir, config=config or {})
+
+    def write(self, record: dict[str, Any]) -> None:
+        data = {k: _jsonable(v) for k, v in record.items() if k != "step"}
+        self.run.log(data, step=int(record["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLogger:
+    """Fans one record out to every sink. On ranks other than 0 it holds no sinks at all."""
+
+    def __init__(self, sinks: list[Sink]):
+        self.sinks = sinks
+
+    def log(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+def build_logger(
+    cfg: LoggingConfig,
+    run_dir: str,
+    *,
+    run_name: str = "ditty",
+    config_dict: Optional[dict] = None,
+    append: bool = False,
+) -> MetricsLogger:
+    """The sinks `cfg` asks for, on rank 0; an empty logger elsewhere (only rank 0 writes files)."""
+    if not is_main_process():
+        return MetricsLogger([])
+    sinks: list[Sink] = [JsonlSink(run_dir, append=append)]
+    if cfg.tensorboard:
+        sinks.append(TensorBoardSink(run_dir))
+    if cfg.wandb:
+        sinks.append(WandbSink(run_dir, cfg.wandb_project, run_name, config_dict))
+    return MetricsLogger(sinks)
+
+
+def read_metrics(run_dir_or_file: str) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl (a run directory or the file itself); "nan" strings become floats."""
+    path = run_dir_or_file
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILE)
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            record = json.loads(line)
+            for key, value in record.items():
+                if value in ("nan", "inf", "-inf"):
+                    record[key] = float(value)
+            records.append(record)
+    return records

@@ -1,0 +1,85 @@
+"""curves.png: training loss, learning rate and evaluation curves, redrawn from metrics.jsonl.
+
+People would rather look than read JSON. `plot_run(run_dir)` works on any finished or running run,
+so `ditty plot RUN_DIR` and the end of training share it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from ditty.metrics.logger import read_metrics
+
+PLOT_FILE = "curves.png"
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for record in records:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            xs.append(record["step"])
+            ys.append(float(value))
+    return xs, ys
+
+
+def plot_run(run_dir: str, out_path: Optional[str] = None) -> str:
+    """Draw loss, lr and every val_* metric of RUN_DIR/metrics.jsonl into a PNG; return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers; must precede pyplot's import
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    out_path = out_path or os.path.join(run_dir, PLOT_FILE)
+    eval_keys = sorted({k for r in records for k in r if k.startswith("val_") and k != "val_loss"})
+    panels = 2 + (1 if eval_keys else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6), squeeze=False)
+    axes = axes[0]
+
+    ax = axes[0]
+    ax.plot(*_series(records, "loss"), label="train loss", lw=1.2)
+    vx, vy = _series(records, "val_loss")
+    if vx:
+        ax.plot(vx, vy, "o-", label="val loss", lw=1.2, ms=4)
+    skipped = [r["step"] for r in records if r.get("skipped")]
+    for step in skipped:
+        ax.axvline(step, color="red", alpha=0.3, lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss" + (f" ({len(skipped)} skipped steps in red)" if skipped else ""))
+    ys = [y for y in _series(records, "loss")[1] + vy if y > 0]
+    if ys and max(ys) / min(ys) > 20:
+        ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+
+    ax = axes[1]
+    ax.plot(*_series(records, "lr"), color="tab:green", lw=1.2)
+    ax.set_xlabel("step")
+    ax.set_title("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.grid(alpha=0.3)
+
+    if eval_keys:
+        ax = axes[2]
+        values = []
+        for key in eval_keys:
+            xs, ys = _series(records, key)
+            values += ys
+            ax.plot(xs, ys, "o-", label=key, lw=1.2, ms=4)
+        if values and all(0.0 <= v <= 1.0 for v in values):
+            ax.set_ylim(-0.02, 1.02)  # fractions (exact match, accuracy) on their full scale
+        ax.set_xlabel("step")
+        ax.set_title("evaluation")
+        ax.legend()
+        ax.grid(alpha=0.3)
+
+    name = os.path.basename(os.path.abspath(run_dir))
+    fig.suptitle(name)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path

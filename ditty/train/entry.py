@@ -1,0 +1,32 @@
+"""`run_training(loaded)`: what `ditty run` calls once the recipe has compiled.
+
+Picks the trainer class the recipe names (`trainer = "pkg.mod:MyTrainer"`, else ditty's Trainer),
+builds it from the loaded config and trains. User errors stay RecipeErrors (exit code 2); a run
+that diverges raises NonFiniteLossError (exit code 1).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+from ditty.config.errors import RecipeError
+from ditty.train.trainer import Trainer, TrainResult
+
+
+def trainer_class(ref: Optional[str]) -> type[Trainer]:
+    """The Trainer subclass "package.module:Class" names (already checked by the loader), or Trainer."""
+    if not ref:
+        return Trainer
+    module_name, _, attr = ref.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        raise RecipeError.single(f"{ref} is not a subclass of ditty.train.Trainer", key="trainer",
+                                 fix="name a class that extends ditty.train.Trainer")
+    return cls
+
+
+def run_training(loaded: Any) -> TrainResult:
+    """Train the recipe a `LoadedRecipe` holds (its `config` and optional `trainer` reference)."""
+    cls = trainer_class(getattr(loaded, "trainer", None))
+    return cls(loaded.config).train()

@@ -1,0 +1,67 @@
+"""`generate(run_dir, prompt)`: text from a run's final model, the way a user would load it.
+
+It goes through `from_pretrained` on `RUN_DIR/final` (not the in-memory model), so it also proves
+that the saved model is complete. Greedy by default, hence deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from ditty.config.errors import RecipeError
+from ditty.train.final import FINAL_DIR
+
+
+def load_final(run_dir: str, device: str = "cpu"):
+    """(model, tokenizer) from RUN_DIR/final (or a final/ directory itself); adapters through peft."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.join(run_dir, FINAL_DIR) if os.path.isdir(os.path.join(run_dir, FINAL_DIR)) else run_dir
+    if not os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise RecipeError.single(
+            f"no final model in {run_dir!r} (expected {os.path.join(run_dir, FINAL_DIR)}/config.json)",
+            fix="give the directory of a finished run (it writes final/ at the end)",
+        )
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model.to(device).eval(), tokenizer
+
+
+@torch.no_grad()
+def generate(
+    run_dir: str,
+    prompt: str,
+    max_new_tokens: int = 64,
+    sample: bool = False,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: Optional[int] = 0,
+    device: str = "cpu",
+) -> str:
+    """The model's continuation of `prompt` (the new text only, special tokens removed).
+
+    Greedy unless `sample`; sampling is seeded by `seed` so a command line call is repeatable.
+    """
+    model, tokenizer = load_final(run_dir, device)
+    inputs = tokenizer(prompt, return_tensors="pt").to(device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p) if sample else dict(do_sample=False)
+    output = model.generate(
+        **inputs,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **kwargs,
+    )
+    new_tokens = output[0, inputs["input_ids"].shape[1] :]
+    return tokenizer.decode(new_tokens, skip_special_tokens=True)

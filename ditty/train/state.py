@@ -1,0 +1,80 @@
+"""Train state the loop carries between steps, and the per-interval meter behind each log record."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ditty.train.step import StepOutput
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient: the run stops (exit code 1).
+
+    Not a RecipeError: the recipe was valid, the numbers diverged. Nothing already written is touched.
+    """
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    """Optimizer steps taken (skipped steps count: they consumed their data)."""
+    tokens: int = 0
+    """Cumulative non-padding tokens that entered the model (summed over ranks)."""
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    last_eval_step: Optional[int] = None
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
+    """The latest evaluation's metrics (val_loss, val_exact_match, ...)."""
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class IntervalMeter:
+    """Averages of the steps since the last log record, and the throughput over that wall time.
+
+    Means are over finite, non-skipped steps; a skipped step is reported on its own record.
+    """
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self._reset(self.start)
+
+    def _reset(self, now: float) -> None:
+        self.since = now
+        self.loss = 0.0
+        self.grad_norm = 0.0
+        self.steps = 0
+        self.tokens = 0
+        self.extra: dict[str, float] = {}
+
+    def add(self, out: StepOutput, tokens: int) -> None:
+        self.tokens += tokens
+        if out.skipped or not math.isfinite(out.loss):
+            return
+        self.steps += 1
+        self.loss += out.loss
+        self.grad_norm += out.grad_norm
+        for key, value in out.metrics.items():
+            self.extra[key] = self.extra.get(key, 0.0) + value
+
+    def flush(self) -> dict[str, float]:
+        """Means and tokens/s for the interval, then start a new one."""
+        now = time.perf_counter()
+        n = max(self.steps, 1)
+        record = {
+            "loss": self.loss / n if self.steps else float("nan"),
+            "grad_norm": self.grad_norm / n if self.steps else float("nan"),
+            "tokens_per_s": self.tokens / max(now - self.since, 1e-9),
+            "elapsed_s": round(now - self.start, 3),
+        }
+        record.update({k: v / n for k, v in self.extra.items()})
+        self._reset(now)
+        return record

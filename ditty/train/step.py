@@ -1,0 +1,118 @@
+"""The arithmetic of one optimizer step: token counts, loss normalisation, gradient norm, finiteness.
+
+DESIGN.md fixes the loss as the mean over supervised tokens of the whole global batch. Because
+`BatchStream.next_step()` hands over every micro-batch of a step at once, the supervised tokens of
+all of them are counted *before* the first forward, all-reduced across ranks, and each micro-batch
+backwards `its token sum / global count`. Any cut of the same global batch (1x8, 2x4, 8x1) then
+gives the same loss and the same gradients, unlike the mean of micro-batch means.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+IGNORE_INDEX = -100
+
+
+def supervised_tokens(batch: dict) -> torch.Tensor:
+    """Tokens that carry a loss in a causal-LM batch: labels are unshifted, so position 0 never does.
+
+    This must agree with the loss calculator's own count (CausalLMLoss shifts the same way); a loss
+    with another convention can define `count_tokens(batch)` and the trainer uses that instead.
+    """
+    labels = batch["labels"]
+    return (labels[..., 1:] != IGNORE_INDEX).sum()
+
+
+def input_tokens(batch: dict, pad_token_id: Optional[int]) -> torch.Tensor:
+    """Non-padding tokens that entered the model (the `tokens` metric of DESIGN.md)."""
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return mask.sum()
+    if "num_tokens" in batch:  # a packed batch may say how many real tokens it holds
+        return torch.as_tensor(batch["num_tokens"]).sum()
+    ids = batch["input_ids"]
+    if pad_token_id is None:
+        return torch.tensor(ids.numel())
+    # Packed rows carry a 4-D mask; their padding sits at the row ends as pad ids.
+    return (ids != pad_token_id).sum()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum across data-parallel ranks (a no-op on one process). Cost: one collective, no host sync."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+@dataclass
+class LossNormaliser:
+    """Turns each micro-batch's loss into its share of the global-batch loss before backward.
+
+    `world_size` undoes the mean that DDP/FSDP apply when they reduce gradients: every rank backwards
+    `local_sum * world / global_tokens`, their average is `sum_over_ranks(local_sum) / global_tokens`.
+    """
+
+    global_tokens: torch.Tensor
+    """Supervised tokens of the whole global batch (all micro-batches, all ranks), float."""
+    local_samples: int
+    """Rows in this rank's micro-batches of the step (for losses that return a mean)."""
+    world_size: int = 1
+
+    @classmethod
+    def for_step(cls, micro_batches: list[dict], count_fn, world_size: int = 1) -> "LossNormaliser":
+        local = torch.stack([torch.as_tensor(count_fn(mb)) for mb in micro_batches]).sum()
+        # Summing the counts on the host would be one sync per micro-batch; stay on the device.
+        global_tokens = all_reduce_sum(local.to(torch.float64)).clamp_min(1)
+        local_samples = sum(int(mb["input_ids"].shape[0]) for mb in micro_batches)
+        return cls(global_tokens=global_tokens, local_samples=local_samples, world_size=world_size)
+
+    def scale(self, loss: torch.Tensor, num_tokens: Any, micro_samples: int) -> torch.Tensor:
+        """The micro-batch's contribution to the global loss (what to backward)."""
+        if num_tokens is not None:
+            # loss is a SUM over num_tokens supervised tokens.
+            return loss * (self.world_size / self.global_tokens.to(loss.device, torch.float32))
+        # loss is a mean over the micro-batch: weight it by the micro-batch's share of samples.
+        return loss * (micro_samples / self.local_samples)
+
+
+def grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """Total L2 norm of the gradients (a device tensor: reading it is a host sync)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=None)
+
+
+def clip_grads(parameters: Iterable[torch.nn.Parameter], max_norm: Optional[float], total_norm: torch.Tensor) -> None:
+    """Scale gradients down to `max_norm` (no-op when clipping is off). Reuses the norm already computed."""
+    if max_norm is None or max_norm <= 0:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm, foreach=None)
+
+
+@dataclass
+class StepOutput:
+    """What one optimizer step produced, already on the host (read at log time)."""
+
+    loss: float
+    grad_norm: float
+    tokens: int
+    """Non-padding tokens that entered the model on this rank during the step."""
+    supervised_tokens: int
+    """Supervised tokens of the global batch (the loss's denominator)."""
+    skipped: bool = False
+    skip_reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Extra scalars from the loss calculator, averaged over micro-batches."""
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)

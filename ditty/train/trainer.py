@@ -1,0 +1,290 @@
+"""`Trainer`: builds every component from its config section, then runs the loop as named steps.
+
+Read `train()` first: it is the whole run in outline. Every step is a method a subclass can
+replace (`train_step`, `forward_backward`, `evaluate`, `log`, `save`, `should_stop`, and each
+`build_*`), in the style of torchtitan's Trainer. A subclass adds recipe sections by extending the
+nested `Config`:
+
+    class MyTrainer(Trainer):
+        @dataclass(frozen=True)
+        class Config(Trainer.Config):
+            extra: MySection = field(default_factory=MySection)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ditty._utils.dist import is_main_process
+from ditty._utils.dist import rank as get_rank
+from ditty._utils.dist import world_size as get_world_size
+from ditty.config.root import TrainerConfig
+from ditty.metrics import Progress, plot_run
+from ditty.metrics.progress import format_record
+from ditty.train.builders import Builders
+from ditty.train.evaluate import eval_batches, validation_loss
+from ditty.train.final import check_output_dir, save_final, unwrap_model
+from ditty.train.pipeline import build_pipeline, run_pipeline
+from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainState
+from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, clip_grads, grad_norm, input_tokens, supervised_tokens
+
+log = logging.getLogger("ditty.train")
+
+
+@dataclass
+class TrainResult:
+    """What `Trainer.train()` returns: where things went and the last evaluation."""
+
+    run_dir: str
+    final_dir: Optional[str]
+    steps: int
+    tokens: int
+    skipped_steps: int
+    elapsed_s: float
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer(Builders):
+    Config = TrainerConfig
+
+    def __init__(self, config: TrainerConfig):
+        self.config = config
+        self.world_size, self.rank = get_world_size(), get_rank()
+        self.device = self.build_device()
+        self.build_seed()
+        check_output_dir(config.run.output_dir)  # cheap, so it fails before any weights load
+        self.tokenizer = self.build_tokenizer()
+        self.model = self.build_model()
+        self.data = self.build_data()
+        self.grad_accum = self.build_grad_accum()
+        self.stream = self.build_stream()
+        self.total_steps = self.build_total_steps()
+        self.optimizer = self.build_optimizer()
+        self.scheduler = self.build_scheduler()
+        self.precision = self.build_precision()
+        self.pipeline = build_pipeline(config.pipeline)
+        self.run_dir = self.build_run_dir()
+        self.logger = self.build_logger()
+        self.state = TrainState()
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> TrainResult:
+        """The run: steps until `should_stop`, evaluating and logging on schedule, then the final save."""
+        cfg = self.config.train
+        self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
+        self.meter = IntervalMeter()
+        self.model.train()
+        try:
+            while not self.should_stop():
+                out = self.train_step(self.stream.next_step())
+                self.state.step += 1
+                self.state.tokens += out.tokens
+                self.meter.add(out, out.tokens)
+                self.progress.update()
+
+                last = self.should_stop()
+                record: dict[str, Any] = {}
+                if out.skipped or last or (cfg.log_every and self.state.step % cfg.log_every == 0):
+                    record = self.step_record(out)
+                if last or (cfg.eval_every and self.state.step % cfg.eval_every == 0):
+                    record = {**(record or self.step_record(out)), **self.evaluate()}
+                if record:
+                    self.log(record)
+                self.check_skips(out)
+                self.save(final=False)
+
+            if self.state.last_eval_step != self.state.step:  # a run of zero steps still evaluates
+                self.log({"step": self.state.step, **self.evaluate()})
+            final_dir = self.save(final=True)
+        finally:
+            self.close()
+        result = self.result(final_dir)
+        self.report(result)
+        return result
+
+    def should_stop(self) -> bool:
+        """`train.steps` reached; or, training by epochs, the data cursor passed `train.epochs` passes
+        (with packing a step consumes a variable number of samples, so steps only bound it)."""
+        if self.state.step >= self.total_steps:
+            return True
+        t = self.config.train
+        return t.steps is None and self.stream.cursor >= (t.epochs or 1.0) * len(self.data.train)
+
+    def train_step(self, micro_batches: list[dict]) -> StepOutput:
+        """One optimizer step over every micro-batch of the global batch (gradient accumulation).
+
+        The global supervised-token count is taken before the first forward (see step.py), so each
+        micro-batch's backward already carries its final weight.
+        """
+        norm = LossNormaliser.for_step(micro_batches, self.count_tokens, self.world_size)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        metrics: dict[str, float] = {}
+        for index, batch in enumerate(micro_batches):
+            ctx = self.make_context(index=index, count=len(micro_batches), training=True)
+            scaled, out = self.forward_backward(batch, norm, ctx)
+            loss_sum += scaled.double()
+            tokens += input_tokens(batch, self.tokenizer.pad_token_id).to(self.device, torch.float64)
+            for key, value in (out.metrics or {}).items():
+                metrics[key] = metrics.get(key, 0.0) + float(value) / len(micro_batches)
+        # One collective for both; every rank scaled by world_size, so the sum / world is the loss.
+        totals = all_reduce_sum(torch.stack([loss_sum, tokens]))
+        return self.optimizer_step(totals[0] / self.world_size, totals[1], norm.global_tokens, metrics)
+
+    def forward_backward(self, batch: dict, norm: LossNormaliser, ctx: dict) -> tuple[torch.Tensor, Any]:
+        """Forward one micro-batch through the pipeline and backward its share of the global loss."""
+        out = self.forward(batch, ctx)
+        scaled = norm.scale(out.loss, out.num_tokens, int(batch["input_ids"].shape[0]))
+        self.precision.backward(scaled)
+        return scaled.detach(), out
+
+    def forward(self, batch: dict, ctx: dict) -> Any:
+        """batch -> preprocessors -> model.forward -> postprocessors -> loss calculator: a LossOutput."""
+        batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return run_pipeline(self.pipeline, self.model, batch, ctx, self.precision.autocast)
+
+    def optimizer_step(self, loss: torch.Tensor, tokens: torch.Tensor, supervised: torch.Tensor, metrics: dict) -> StepOutput:
+        """Clip and step, unless the loss or the gradient is not finite: then zero grads and skip.
+
+        Cost: one host sync per step (loss, grad norm and counts read together) to decide whether to step.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.precision.unscale_(self.optimizer)
+        norm = grad_norm(params)
+        values = torch.stack([t.to(self.device, torch.float64) for t in (loss, norm, tokens, supervised)])
+        loss_value, norm_value, tokens, supervised = values.tolist()
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped, reason = False, ""
+        if not math.isfinite(loss_value) or not math.isfinite(norm_value):
+            skipped, reason = True, "non-finite loss" if not math.isfinite(loss_value) else "non-finite gradient"
+            if self.precision.scaler is not None:
+                self.precision.scaler.update()  # unscale_ was called: the scaler must close this step
+        else:
+            clip_grads(params, self.config.train.max_grad_norm, norm)
+            if not self.precision.step(self.optimizer):
+                skipped, reason = True, "fp16 overflow (loss scale lowered)"
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # torch warns when the scheduler steps before any optimizer step
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()  # the schedule follows the step count, skipped steps included
+        if self.precision.loss_scale is not None:
+            metrics["loss_scale"] = self.precision.loss_scale
+        return StepOutput(loss_value, norm_value, int(tokens), int(supervised), skipped, reason, metrics | {"lr": lr})
+
+    def check_skips(self, out: StepOutput) -> None:
+        """Count consecutive skipped steps; too many stop the run with a clear error."""
+        if not out.skipped:
+            self.state.consecutive_skips = 0
+            return
+        self.state.skipped_steps += 1
+        self.state.consecutive_skips += 1
+        limit = self.config.train.max_skipped_steps
+        log.warning("step %d skipped: %s (%d in a row, limit %d)", self.state.step, out.skip_reason, self.state.consecutive_skips, limit)
+        if self.state.consecutive_skips >= limit:
+            raise NonFiniteLossError(
+                f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
+                f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
+                f"Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = \"fp32\". "
+                f"Files already in {self.config.run.output_dir} are kept; no final model was written."
+            )
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """val_loss over the whole validation set, plus the task's metrics as val_<name>."""
+        self.model.eval()
+        metrics: dict[str, Any] = {}
+        val = getattr(self.data, "val", None)
+        if val is not None and len(val) > 0:
+            batches = eval_batches(val, self.config.train.micro_batch_size, self.tokenizer.pad_token_id)
+            forward = lambda b: self.forward(b, self.make_context(index=0, count=1, training=False))  # noqa: E731
+            metrics["val_loss"] = validation_loss(forward, batches, self.count_tokens)
+        task = getattr(self.data, "task", None)
+        if task is not None and self.config.train.eval_samples > 0:
+            with self.precision.autocast():
+                scores = task.evaluate(unwrap_model(self.model), self.tokenizer, self.device, self.config.train.eval_samples)
+            metrics.update({k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()})
+        self.model.train()
+        self.state.last_eval_step = self.state.step
+        self.state.eval_metrics = metrics
+        return metrics
+
+    def step_record(self, out: StepOutput) -> dict[str, Any]:
+        """The metrics.jsonl record of this step: interval means, counters, and skip marks."""
+        record: dict[str, Any] = {"step": self.state.step}
+        interval = self.meter.flush()
+        record.update(loss=interval.pop("loss"), lr=out.metrics.get("lr"), grad_norm=interval.pop("grad_norm"))
+        record.update(tokens=self.state.tokens, **interval)
+        record.update({k: v for k, v in out.metrics.items() if k != "lr"})
+        if out.skipped:
+            record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
+        return record
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Send a record to metrics.jsonl/TensorBoard/wandb (rank 0) and the progress bar."""
+        self.logger.log(record)
+        self.progress.set_metrics(record)
+        if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
+            self.progress.write(format_record(record))
+        elif any(k.startswith("val_") for k in record):
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float))
+            self.progress.write(f"step {record['step']}: {shown}")
+
+    def save(self, final: bool = False) -> Optional[str]:
+        """End of run: `final/` in Hugging Face format on rank 0. Periodic checkpoints: a later issue."""
+        if not final:
+            return None
+        path = None
+        if is_main_process():
+            path = save_final(self.model, self.tokenizer, self.run_dir)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # nobody reads final/ before it is complete
+        return path or os.path.join(self.run_dir, "final")
+
+    def close(self) -> None:
+        """Close the sinks and draw curves.png, also after an error (the metrics so far are kept)."""
+        self.progress.close()
+        self.logger.close()
+        if is_main_process() and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
+            try:
+                plot_run(self.run_dir)
+            except Exception as exc:  # a plot must never hide the run's own outcome
+                log.warning("could not draw curves.png: %s", exc)
+
+    def result(self, final_dir: Optional[str]) -> TrainResult:
+        return TrainResult(
+            run_dir=self.run_dir,
+            final_dir=final_dir,
+            steps=self.state.step,
+            tokens=self.state.tokens,
+            skipped_steps=self.state.skipped_steps,
+            elapsed_s=round(self.meter.flush()["elapsed_s"], 1),
+            eval_metrics=dict(self.state.eval_metrics),
+        )
+
+    def report(self, result: TrainResult) -> None:
+        if not is_main_process():
+            return
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
+        print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        print(f"model saved to {result.final_dir}")
+
+    # ------------------------------------------------------------------ small helpers
+
+    def count_tokens(self, batch: dict) -> torch.Tensor:
+        """Supervised tokens of a batch, by the loss calculator's own rule when it has one."""
+        counter = getattr(self.pipeline.loss, "count_tokens", None)
+        return counter(batch) if counter is not None else supervised_tokens(batch)
+
+    def make_context(self, *, index: int, count: int, training: bool) -> dict:
+        from ditty.processors import Context
+
+        return Context(step=self.state.step, micro_step=index, num_micro_steps=count, training=training,
+                       model=self.model, tokenizer=self.tokenizer, device=self.device)
