@@ -55,9 +55,32 @@ class Builders:
         return build_tokenizer(self.config.tokenizer, self.config.model)
 
     def build_model(self) -> torch.nn.Module:
-        from ditty.models import build_model
+        """The model as `[model]` and `[quant]` describe it, then the converters (adapters) in order.
 
-        return build_model(self.config.model, tokenizer=self.tokenizer, device=self.device)
+        Converters run after loading and before parallelization, compile and the optimizer, so
+        the optimizer sees only the parameters they leave trainable.
+        """
+        from ditty.models import build_model
+        from ditty.models.converters import apply_converters
+
+        cfg = self.config
+        model = build_model(cfg.model, tokenizer=self.tokenizer, device=self.device, quant=cfg.quant)
+        self.converters = self.build_converters()
+        model = apply_converters(model, self.converters)
+        if is_main_process():
+            trainable, total = run_env.count_parameters(model)
+            print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
+        return model
+
+    def build_converters(self) -> list:
+        """Model rewrites from the recipe: the adapter (LoRA/DoRA) today; FP8 joins the list later."""
+        cfg = self.config
+        if cfg.peft.kind == "none":
+            return []
+        from ditty.models.adapters import LoraConverter
+
+        # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
+        return [LoraConverter(cfg.peft, upcast_quantized=cfg.parallel.kind not in ("fsdp", "hsdp"))]
 
     def build_data(self):
         from ditty.data import build_data

@@ -39,17 +39,10 @@ def git_commit(path: str) -> Optional[dict[str, Any]]:
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts; shared (tied) tensors counted once."""
-    seen: set[int] = set()
-    trainable = total = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return trainable, total
+    """(trainable, total) parameter counts: tied tensors once, 4-bit weights at their real size."""
+    from ditty.models.adapters import trainable_parameter_counts
+
+    return trainable_parameter_counts(model)
 
 
 def environment(model: torch.nn.Module, *, world_size: int, seed: int, device: torch.device, extra: Optional[dict] = None) -> dict:

@@ -80,12 +80,14 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str) -> str:
+def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: bool = False) -> str:
     """Write `final/` in Hugging Face format (safetensors, config, tokenizer); return its path.
 
     Written to `final.partial/` and then renamed, so a crash mid-write never leaves a half model
     where an earlier complete one was. The caller runs this on rank 0 only (full, unsharded model).
-    Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load.
+    Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load, and
+    with `merged` also `final/merged/`: the adapter merged into the base (for a 4-bit base, into
+    its dequantized weights), a full model that `from_pretrained` loads.
     """
     final = os.path.join(run_dir, FINAL_DIR)
     partial = final + ".partial"
@@ -100,6 +102,10 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str) -> str:
         save_model(model, os.path.join(partial, "model.safetensors"))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(partial)
+    if merged and hasattr(model, "peft_config"):
+        from ditty.models.merge import save_merged
+
+        save_merged(model, os.path.join(partial, "merged"), tokenizer)
     old = final + ".old"
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)

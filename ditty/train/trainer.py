@@ -27,6 +27,7 @@ from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
 from ditty.config.root import TrainerConfig
 from ditty.metrics import Progress, plot_run
+from ditty.models.converters import run_post_optimizer_hooks
 from ditty.metrics.progress import format_record
 from ditty.train.builders import Builders
 from ditty.train.evaluate import eval_batches, validation_loss
@@ -53,6 +54,7 @@ class TrainResult:
 
 class Trainer(Builders):
     Config = TrainerConfig
+    converters: list = []  # model rewrites applied by build_model; their hooks run after each step
 
     def __init__(self, config: TrainerConfig):
         self.config = config
@@ -171,6 +173,8 @@ class Trainer(Builders):
             clip_grads(params, self.config.train.max_grad_norm, norm)
             if not self.precision.step(self.optimizer):
                 skipped, reason = True, "fp16 overflow (loss scale lowered)"
+            else:
+                run_post_optimizer_hooks(self.model, self.converters)
         self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # torch warns when the scheduler steps before any optimizer step
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
@@ -243,7 +247,7 @@ class Trainer(Builders):
             return None
         path = None
         if is_main_process():
-            path = save_final(self.model, self.tokenizer, self.run_dir)
+            path = save_final(self.model, self.tokenizer, self.run_dir, merged=self.config.checkpoint.final_format == "merged")
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()  # nobody reads final/ before it is complete
         return path or os.path.join(self.run_dir, "final")
