@@ -79,6 +79,9 @@ def format_value(value: Any) -> str:
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if is_config_class(type(value)):
         return format_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if value is None:
+        # Only configs built in Python can hold this (a recipe file cannot); the caller decides.
+        raise ValueError("TOML has no null value: a None inside a table or list cannot be written")
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
