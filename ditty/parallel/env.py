@@ -1,0 +1,80 @@
+"""Join the process group that torchrun set up: rank, world size, device, backend, timeout.
+
+Everything here reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). On one
+process nothing is initialised, so a single-process run never pays for a process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT_ENV = "DITTY_DIST_TIMEOUT_S"
+# A collective waits this long for a peer before it raises. torch's own default for gloo is 30
+# minutes; ten is long enough for a slow checkpoint write on rank 0 while the others wait, and short
+# enough that a peer lost without torchrun noticing (another node) ends the run the same hour.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> torch.device:
+    """"auto" picks CUDA when present; a CUDA device becomes this process's local GPU."""
+    if isinstance(device, torch.device):
+        kind = device.type
+    else:
+        kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else str(device).split(":")[0]
+    if kind == "cuda":
+        return torch.device("cuda", local_rank)
+    return torch.device(kind)
+
+
+def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> DistInfo:
+    """Join torchrun's process group (nccl on CUDA, with gloo for CPU tensors; gloo on CPU).
+
+    `timeout` is in seconds (default: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
+    (no WORLD_SIZE, or 1) it creates no group and returns rank 0 of 1.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    resolved = resolve_device(device, local_rank)
+    if world_size <= 1:
+        return DistInfo(0, 1, 0, resolved)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    if not dist.is_initialized():
+        seconds = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        # On CUDA, CPU tensors (object collectives, DCP metadata) still need a backend: gloo.
+        backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=seconds),
+                                device_id=resolved if resolved.type == "cuda" else None)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, resolved)
+
+
+def destroy_distributed() -> None:
+    """Leave the process group (call at the end of a run; a no-op when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

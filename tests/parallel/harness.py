@@ -1,0 +1,151 @@
+"""Run a function on N real gloo ranks (spawned processes) with short timeouts, and tiny models.
+
+`run_ranks(fn, world_size, *args)` returns each rank's return value, or fails the test with the
+failing rank's traceback. A hang ends at `timeout` seconds (every process is killed), never later.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import queue
+import socket
+import traceback
+
+import torch
+from torch import nn
+
+COLLECTIVE_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, results, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)  # 2 shared cores: one thread per rank keeps ranks from fighting
+    try:
+        from ditty.parallel.env import destroy_distributed, init_distributed
+
+        init_distributed("cpu", timeout=COLLECTIVE_TIMEOUT_S)
+        value = fn(rank, world_size, *args)
+        destroy_distributed()
+        # Plain bytes: a tensor put on a Queue travels as a shared-memory handle that dies with us.
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        results.put((rank, "ok", buffer.getvalue()))
+    except BaseException:  # noqa: BLE001 - the parent shows it
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out: dict[int, object] = {}
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"ranks {sorted(set(range(world_size)) - set(out))} did not finish in {timeout:.0f} s")
+            try:
+                rank, status, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise AssertionError(f"a rank died with exit code {dead[0].exitcode}") from None
+                continue
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [out[r] for r in range(world_size)]
+
+
+# --- a tiny model with blocks (uneven widths, so FSDP pads its shards) ---------------------------
+
+class TinyBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width + 1)
+        self.down = nn.Linear(2 * width + 1, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class TinyNet(nn.Module):
+    _no_split_modules = ["TinyBlock"]
+
+    def __init__(self, dim: int = 8, width: int = 13, depth: int = 2):
+        super().__init__()
+        self.inp = nn.Linear(dim, width)
+        self.blocks = nn.ModuleList(TinyBlock(width) for _ in range(depth))
+        self.out = nn.Linear(width, dim)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+def global_batches(steps: int, batch: int = 8, seq: int = 5, dim: int = 8, seed: int = 1):
+    """(x, y, mask) per step; masks differ per row, so ranks hold different token counts."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(batch, seq, dim, generator=g)
+        y = torch.randn(batch, seq, dim, generator=g)
+        lengths = torch.randint(1, seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).float()
+        out.append((x, y, mask))
+    return out
+
+
+def token_loss_sum(model, x, y, mask):
+    """Sum over supervised tokens (the numerator of the per-token mean)."""
+    return (((model(x) - y) ** 2).sum(-1) * mask).sum()
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    state = {}
+    for name, p in model.named_parameters():
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        state[name.removeprefix("module.")] = value.detach().clone()
+    return state
+
+
+def full_grads(model) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    grads = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        grads[name.removeprefix("module.")] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+    return grads
+
+
+def relative_error(a: dict, b: dict) -> float:
+    num = sum(float((a[k] - b[k]).pow(2).sum()) for k in b)
+    den = sum(float(b[k].pow(2).sum()) for k in b)
+    return (num / den) ** 0.5
