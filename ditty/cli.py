@@ -7,10 +7,12 @@ exit code 2, never a traceback. Exit code 1 is left for bugs and failed training
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Callable
 
+from ditty._utils.dist import record_failure, record_user_error
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
@@ -30,6 +32,9 @@ commands:
   plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
   generate RUN_DIR PROMPT [--max-new-tokens N] [--sample]
                                               text from a run's final model
+  export RUN_OR_CHECKPOINT -o DIR [--merge-lora]
+                                              a checkpoint as a Hugging Face model
+  push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub
 
 RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
 package.module:function returning a Trainer.Config. `ditty run --help` lists every field.
@@ -60,11 +65,18 @@ def main(argv: list[str] | None = None) -> int:
                                      fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`")
         return handler(rest)
     except RecipeError as error:
+        record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2
         print(error.format(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ditty check ... | head`: the reader left, nothing more to say
+        sys.stderr.close()
+        return 0
+    except Exception as error:
+        record_failure(error)
+        raise
 
 
 # --- shared pieces -----------------------------------------------------------------------------
@@ -156,20 +168,27 @@ def _help_schema(args: list[str]) -> type:
 def cmd_run(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         return _print_help(_help_schema(args), "ditty run RECIPE")
-    launch, args = _launch_options(args)
+    launch_options, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "run")
     loaded = _load(ref, flags)
-    world_size = _world_size(launch)
+    # Inside a torchrun worker the world comes from the environment.
+    world_size = int(os.environ.get("WORLD_SIZE", "0")) or _world_size(launch_options)
     plan = compile_recipe(loaded, world_size=world_size)
     _print_warnings(plan)
     plan.raise_for_errors()
-    if world_size > 1:
-        raise RecipeError.single("multi-process launch (--nproc-per-node > 1) is not available in this build yet",
-                                 fix="run with one process, or launch the workers with torchrun -m ditty run ...")
+    if world_size > 1 and "LOCAL_RANK" not in os.environ:
+        # The recipe compiled for the whole world; now torchrun starts the workers, each of
+        # which runs `python -m ditty run` with the same recipe and flags.
+        from ditty.parallel.launch import launch
+
+        return launch(["run", ref, *flags], nproc_per_node=int(launch_options.get("nproc-per-node", "1")),
+                      nnodes=int(launch_options.get("nnodes", "1")), node_rank=int(launch_options.get("node-rank", "0")),
+                      rdzv_endpoint=launch_options.get("rdzv-endpoint"))
     from ditty.train.entry import run_training
 
-    run_training(loaded)
-    return 0
+    result = run_training(loaded)
+    # Preempted (SIGTERM/SIGINT) after saving a checkpoint: the shell's convention, 128 + signal.
+    return 128 + result.stopped_by if result.stopped_by else 0
 
 
 def cmd_check(args: list[str]) -> int:
@@ -277,6 +296,28 @@ def cmd_generate(args: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: list[str]) -> int:
+    output, args = _take_option(args, ("-o", "--output"))
+    merge, args = _take_option(args, ("--merge-lora", "--merge_lora"), has_value=False)
+    if len(args) != 1 or output is None:
+        raise RecipeError.single("`ditty export` takes a run directory or checkpoint and -o DIR",
+                                 fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]")
+    from ditty.train.export import export
+
+    export(args[0], output, merge_lora=bool(merge))
+    return 0
+
+
+def cmd_push(args: list[str]) -> int:
+    repo_id, args = _take_option(args, ("--repo-id", "--repo_id"))
+    if len(args) != 1:
+        raise RecipeError.single("`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny")
+    from ditty.train.push import push_run
+
+    print(f"pushed: {push_run(args[0], repo_id=repo_id)}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run,
     "check": cmd_check,
@@ -284,4 +325,6 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "ls": cmd_ls,
     "plot": cmd_plot,
     "generate": cmd_generate,
+    "export": cmd_export,
+    "push": cmd_push,
 }

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ditty.config.loader import LoadedRecipe
+from ditty.parallel.mesh import mesh_shape
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
+from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
 
 
 def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
@@ -21,6 +23,9 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
     plan.steps = _steps(config)
     plan.tokens_per_step = config.train.global_batch_size * config.data.max_seq_len
     plan.builds = _builds(config)
+    shape = mesh_shape(config.parallel, world_size)
+    if not isinstance(shape, list) and world_size > 1:
+        plan.builds.insert(0, ("mesh", shape.describe()))
     for rule in ALL_RULES:
         for problem in rule.check(context):
             plan.problems.append(_locate(replace(problem, rule=problem.rule or rule.id), loaded))

@@ -69,7 +69,7 @@ _POSITIVE = ["train.global_batch_size", "train.micro_batch_size", "train.log_eve
              "data.max_seq_len", "data.num_samples", "optimizer.lr", "optimizer.eps", "peft.r"]
 _NON_NEGATIVE = ["train.eval_every", "train.eval_samples", "train.max_grad_norm", "optimizer.weight_decay",
                  "optimizer.momentum", "scheduler.warmup_steps", "scheduler.min_lr_ratio", "checkpoint.every",
-                 "checkpoint.keep_last", "peft.dropout", "run.seed"]
+                 "checkpoint.keep_last", "peft.dropout", "run.seed", "run.num_threads"]
 
 
 @functools.cache
@@ -309,18 +309,16 @@ def compatibility(ctx: Context) -> Iterator[Problem]:
             yield Problem(row.key, row.message, fix=row.fix, severity=row.severity, rule=row.id)
 
 
-@rule("parallel.world")
-def world_size_fits(ctx: Context) -> Iterator[Problem]:
-    """Several processes need a parallel kind, and an hsdp mesh must cover the world."""
-    parallel = ctx.config.parallel
-    if ctx.world_size > 1 and parallel.kind == "none":
-        yield error("parallel.kind", f'is "none" but {ctx.world_size} processes were asked for',
-                    'set parallel.kind = "fsdp" (or "ddp")')
-    if parallel.kind == "hsdp" and ctx.world_size > 1:
-        shard = parallel.shard_size if parallel.shard_size != -1 else ctx.world_size // max(1, parallel.replicate_size)
-        if parallel.replicate_size * shard != ctx.world_size:
-            yield error("parallel.replicate_size", f"mesh {parallel.replicate_size} x {shard} does not cover {ctx.world_size} processes",
-                        "make replicate_size x shard_size equal the world size (shard_size = -1 derives it)")
+@rule("parallel.mesh")
+def mesh_fits(ctx: Context) -> Iterator[Problem]:
+    """The device mesh covers the world size; DeepSpeed options fit its stage."""
+    from ditty.parallel.deepspeed import deepspeed_problems
+    from ditty.parallel.mesh import mesh_shape
+
+    shape = mesh_shape(ctx.config.parallel, ctx.world_size)
+    if isinstance(shape, list):
+        yield from shape
+    yield from deepspeed_problems(ctx.config.parallel)
 
 
 @rule("data.packing")

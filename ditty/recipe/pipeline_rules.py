@@ -1,0 +1,233 @@
+"""Compiler rules for user components: `[[pipeline.*]] use = "pkg.mod:Class"` and `[model] factory`.
+
+Order of trust: nothing a recipe names is CALLED before it passes every check here.
+1. `pipeline.components`: import the module and look up the attribute (a missing module or name is
+   a recipe error); the object must be a class of the slot's type (PreProcessor, PostProcessor,
+   LossCalculator); its keyword arguments must bind to its constructor's signature
+   (`inspect.signature(...).bind`, nothing is called). `use = "os:system"` is refused here.
+2. `model.factory`: a subclass of torch.nn.Module, or a Python function (not a builtin) whose
+   return annotation names an nn.Module subclass; `factory_kwargs` must bind. A function without
+   a return annotation is refused: the compiler cannot know what it returns without calling it
+   (fix: annotate `-> torch.nn.Module`).
+3. `pipeline.contracts`: only when everything above passed, the components are constructed (their
+   contract may depend on their arguments) and the chain preprocessors -> model (the factory's
+   `contract` attribute) -> postprocessors -> loss (with its `output_index`) is checked with
+   `ditty.contracts.check_chain`; each problem names its stage.
+
+The same checks serve the Python API (`ditty.pipeline.Pipeline`) through `check_instances`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from typing import Any, Iterator, Optional
+
+from ditty.config.errors import Problem
+from ditty.contracts import Stage, check_chain
+from ditty.recipe.rules import Context, error, rule, warning
+
+SLOTS = {
+    "preprocessors": ("ditty.processors", "PreProcessor"),
+    "postprocessors": ("ditty.processors", "PostProcessor"),
+    "loss": ("ditty.loss", "LossCalculator"),
+}
+IMAGE_BUILTINS = ("digits",)
+"""Built-in non-text datasets (ditty.data.build.IMAGE_BUILTINS): they need a [[pipeline.loss]]."""
+
+
+def resolve(reference: str, key: str) -> tuple[Any, list[Problem]]:
+    """Import "package.module:attr" without calling anything in it but the module's own import."""
+    module_name, colon, attr = reference.partition(":")
+    if not colon or not module_name or not attr:
+        return None, [error(key, f"{reference!r} is not of the form \"package.module:Name\"",
+                            'write the module, a colon, then the name, e.g. "my_pkg.stages:AddNoise"')]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        return None, [error(key, f"cannot import module {module_name!r}: {exc}",
+                            "check the module name and that it is importable (installed, or on PYTHONPATH)")]
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return None, [error(key, f"module {module_name!r} has no attribute {attr!r}", f"define {attr} in {module_name}, or fix the name")]
+    return obj, []
+
+
+_MISSING = object()
+
+
+def _slot_base(slot: str) -> type:
+    module, name = SLOTS[slot]
+    return getattr(importlib.import_module(module), name)
+
+
+def check_component(obj: Any, slot: str, key: str, kwargs: dict, reference: str) -> list[Problem]:
+    """A class of the slot's type whose constructor accepts `kwargs` (bound, not called)."""
+    base = _slot_base(slot)
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        what = f"a {type(obj).__name__}" if not isinstance(obj, type) else f"class {obj.__name__}"
+        return [error(key, f"{reference} is {what}, not a subclass of {base.__module__}.{base.__name__}; refused, never called",
+                      f"name a class that extends {base.__name__}")]
+    if inspect.isabstract(obj):
+        return [error(key, f"{reference} is abstract (it does not implement {', '.join(sorted(obj.__abstractmethods__))})",
+                      "name a concrete subclass")]
+    return _bind(obj, kwargs, key + ".kwargs", reference)
+
+
+def _bind(target: Any, kwargs: dict, key: str, reference: str) -> list[Problem]:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        return [error(key, f"{reference} does not accept these arguments: {exc}", f"match its parameters {signature}")]
+    return []
+
+
+def check_factory(obj: Any, key: str, kwargs: dict, reference: str) -> list[Problem]:
+    """An nn.Module class, or a Python function annotated to return one; `kwargs` must bind."""
+    import torch
+
+    from ditty.models.registry import ModelSpec
+
+    if isinstance(obj, ModelSpec):  # a spec builds `obj.build` with its config updated by kwargs
+        return check_factory(obj.build, key, {**obj.config, **kwargs}, reference) if inspect.isfunction(obj.build) \
+            or isinstance(obj.build, type) else []
+    if isinstance(obj, type):
+        if not issubclass(obj, torch.nn.Module):
+            return [error(key, f"{reference} is class {obj.__name__}, not a torch.nn.Module", "name an nn.Module class or a factory function")]
+        return _bind(obj, kwargs, "model.factory_kwargs", reference)
+    if not inspect.isfunction(obj):
+        return [error(key, f"{reference} is a {type(obj).__name__}, not a Python function or nn.Module class; refused, never called",
+                      "name a function defined in Python that returns the model")]
+    returned = _return_type(obj)
+    if returned is None:
+        return [error(key, f"{reference} has no return annotation, so the compiler cannot tell that it returns an nn.Module "
+                      "without calling it", f"annotate it: def {obj.__name__}(...) -> torch.nn.Module")]
+    if not (isinstance(returned, type) and issubclass(returned, torch.nn.Module)):
+        return [error(key, f"{reference} is annotated to return {getattr(returned, '__name__', returned)}, not a torch.nn.Module",
+                      "return the model instance (an nn.Module)")]
+    return _bind(obj, kwargs, "model.factory_kwargs", reference)
+
+
+def _return_type(function: Any) -> Optional[Any]:
+    import torch
+
+    # Resolved in the function's module, with torch and nn available for TYPE_CHECKING-only imports.
+    namespace = {**getattr(function, "__globals__", {}), "torch": torch, "nn": torch.nn}
+    try:
+        hints = typing.get_type_hints(function, globalns=namespace)
+    except Exception:  # an annotation that does not resolve: fall back to the raw one
+        hints = {"return": function.__annotations__.get("return")} if "return" in function.__annotations__ else {}
+    returned = hints.get("return")
+    if isinstance(returned, str) or returned is None or returned is type(None):
+        return None if returned in (None, type(None)) else returned
+    args = [a for a in typing.get_args(returned) if a is not type(None)]  # Optional[Module] / Module | X
+    return args[0] if typing.get_origin(returned) is typing.Union and len(args) == 1 else \
+        returned if not typing.get_origin(returned) else None
+
+
+def contract_of(obj: Any) -> Any:
+    return getattr(obj, "contract", None)
+
+
+def chain_problems(pre: list, model_name: str, model_contract: Any, post: list, loss: Any, loss_name: str) -> list[Problem]:
+    """check_chain over (name, instance) lists; `loss` may be a CompositeLoss (its parts' indices)."""
+    stages = [Stage(name, contract_of(p), "preprocessor") for name, p in pre]
+    stages.append(Stage(model_name, model_contract, "model"))
+    stages += [Stage(name, contract_of(p), "postprocessor") for name, p in post]
+    if loss is not None:
+        parts = getattr(loss, "parts", None)
+        index = tuple(part.output_index for part, _ in parts) if parts else getattr(loss, "output_index", 0)
+        stages.append(Stage(loss_name, contract_of(loss), "loss", index))
+    return check_chain(stages)
+
+
+def check_instances(pre: list, model: Any, post: list, loss: Any) -> list[Problem]:
+    """The contract chain of Python API objects, named by class (used by ditty.pipeline)."""
+    named = lambda items, slot: [(f"{slot}[{i}] ({type(p).__name__})", p) for i, p in enumerate(items)]  # noqa: E731
+    return chain_problems(named(pre, "preprocessors"), f"model ({type(model).__name__})", contract_of(model),
+                          named(post, "postprocessors"), loss, f"loss ({type(loss).__name__})")
+
+
+@rule("pipeline.components")
+def pipeline_components(ctx: Context) -> Iterator[Problem]:
+    """Each `use` imports, is a class of its slot's type, and accepts its kwargs; the factory returns an nn.Module."""
+    yield from _components(ctx.config)[1]
+
+
+@rule("pipeline.contracts")
+def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
+    """Once every component passed: the stages' contracts chain (preprocessors -> model -> postprocessors -> loss)."""
+    cfg = ctx.config
+    resolved, problems = _components(cfg)
+    if problems:
+        return  # reported by pipeline.components; nothing unchecked is called
+    if not (cfg.pipeline.preprocessors or cfg.pipeline.postprocessors or cfg.pipeline.loss):
+        if cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS:
+            yield error("pipeline.loss", f'data.name = "{cfg.data.name}" is not text: the default causal-LM loss cannot train on it',
+                        'add [[pipeline.loss]] use = "ditty.loss:MSELoss" (and the stages that make its target)')
+        return
+    instances: dict[str, list] = {}
+    for slot in SLOTS:
+        instances[slot] = []
+        for index, (cls, spec) in enumerate(resolved[slot]):
+            key = f"pipeline.{slot}[{index}]"
+            try:
+                instances[slot].append((f"{key} ({cls.__name__})", cls(**spec.kwargs), spec.weight))
+            except Exception as exc:  # the user's constructor rejected its arguments
+                yield error(key, f"{spec.use}(**kwargs) failed: {type(exc).__name__}: {exc}", "fix the kwargs")
+                return
+    loss, loss_name = None, "pipeline.loss"
+    if len(instances["loss"]) == 1:
+        loss_name, loss, _ = instances["loss"][0]
+    elif instances["loss"]:
+        from ditty.loss import CompositeLoss
+
+        loss = CompositeLoss([(inst, weight) for _, inst, weight in instances["loss"]])
+        loss_name = "pipeline.loss (composite)"
+    else:
+        from ditty.loss import CausalLMLoss
+
+        loss, loss_name = CausalLMLoss(), "pipeline.loss (default CausalLMLoss)"
+    model_contract = contract_of(resolved["factory"]) if resolved["factory"] is not None else None
+    model_name = f"model.factory ({cfg.model.factory})" if cfg.model.factory else "model"
+    problems = chain_problems([(n, p) for n, p, _ in instances["preprocessors"]], model_name, model_contract,
+                              [(n, p) for n, p, _ in instances["postprocessors"]], loss, loss_name)
+    for problem in problems:
+        if problem.rule == "contract.unchecked":
+            yield warning(problem.key, problem.message, problem.fix)
+        else:
+            yield problem
+
+
+def _components(cfg: Any) -> tuple[dict, list[Problem]]:
+    """Resolve and check every named component; returns {slot: [(class, spec)], "factory": obj}."""
+    problems: list[Problem] = []
+    resolved: dict[str, Any] = {"factory": None}
+    pipeline = getattr(cfg, "pipeline", None)
+    for slot in SLOTS:
+        resolved[slot] = []
+        for index, spec in enumerate(getattr(pipeline, slot, []) or []):
+            key = f"pipeline.{slot}[{index}]"
+            obj, found = resolve(spec.use, f"{key}.use")
+            problems += found
+            if obj is None:
+                continue
+            checked = check_component(obj, slot, f"{key}.use", dict(spec.kwargs), spec.use)
+            problems += checked
+            if not checked:
+                resolved[slot].append((obj, spec))
+    if cfg.model.factory:
+        obj, found = resolve(cfg.model.factory, "model.factory")
+        problems += found
+        if obj is not None:
+            checked = check_factory(obj, "model.factory", dict(cfg.model.factory_kwargs), cfg.model.factory)
+            problems += checked
+            resolved["factory"] = obj if not checked else None
+    return resolved, problems
