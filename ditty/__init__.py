@@ -14,6 +14,21 @@ _LAZY = {
     "TrainerConfig": "ditty.config",
     "RecipeError": "ditty.config",
     "Trainer": "ditty.train",
+    # The Python API (ditty.pipeline) and its building blocks, as the README's examples import them.
+    "Pipeline": "ditty.pipeline",
+    "ModelFactory": "ditty.pipeline",
+    "FSDPConfig": "ditty.pipeline",
+    "Data": "ditty.pipeline",
+    "RuntimeComponents": "ditty.train.components",
+    "PreProcessor": "ditty.processors",
+    "PostProcessor": "ditty.processors",
+    "Context": "ditty.processors",
+    "LossCalculator": "ditty.loss",
+    "LossOutput": "ditty.loss",
+    "MSELoss": "ditty.loss",
+    "L1Loss": "ditty.loss",
+    "CrossEntropyLoss": "ditty.loss",
+    "CompositeLoss": "ditty.loss",
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -158,9 +158,12 @@ class NoisePreProcessor(PreProcessor):
 
     def __init__(self, max_timesteps: int = 1000, schedule_type: str = "cosine", beta_start: float = 1e-4,
                  beta_end: float = 0.02, *, image_key: str = "pixel_values", rank: int = 4,
-                 seed: Optional[int] = None, scheduler: Optional[Scheduler] = None) -> None:
+                 seed: Optional[int] = None, scheduler: Optional[Scheduler] = None,
+                 image_shape: Optional[Sequence[int]] = None) -> None:
         self.scheduler = scheduler or Scheduler(max_timesteps, schedule_type, beta_start, beta_end)
         self.image_key = image_key
+        # Shape of one image (without the batch), for `sample`; else the shape of the last batch seen.
+        self.image_shape = tuple(image_shape) if image_shape is not None else None
         super().__init__(contract=f"{image_key}:{rank}:f32 -> x_t:{rank}:f32 | ctx.target:{rank}:f32, "
                                   "ctx.t:1:i64, ctx.forward_kwargs.t:1:i64")
         # None draws from torch's global RNG (which the trainer seeds per rank); a seed here is the
@@ -169,12 +172,25 @@ class NoisePreProcessor(PreProcessor):
 
     def process(self, batch: Any, ctx: dict) -> tuple[torch.Tensor, dict]:
         x0 = self._images(batch)
+        if self.image_shape is None:
+            self.image_shape = tuple(x0.shape[1:])
         t = self.scheduler.draw_timesteps(x0.shape[0], self.generator, x0.device)
         noise = torch.randn(x0.shape, generator=self.generator, dtype=x0.dtype, device="cpu").to(x0.device)
         ctx["target"] = noise
         ctx["t"] = t
         ctx.setdefault("forward_kwargs", {})["t"] = t
         return self.scheduler.add_noise(x0, noise, t), ctx
+
+    def sample(self, model: Callable[..., torch.Tensor], count: int, *, generator: Optional[torch.Generator] = None,
+               device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+        """`count` images drawn by the reverse chain with this stage's schedule (the sampler that
+        evaluation hooks such as ditty.data.digits.DigitsTask look for in the pipeline)."""
+        if self.image_shape is None:
+            raise ValueError("NoisePreProcessor.sample: the image shape is unknown; pass image_shape=(C, H, W)")
+        return self.scheduler.sample(model, (count, *self.image_shape), generator, device)
+
+    save_grid = staticmethod(lambda samples, path: save_sample_grid(samples, path))
+    """Write samples as a PNG grid (see `save_sample_grid`)."""
 
     def _images(self, batch: Any) -> torch.Tensor:
         if torch.is_tensor(batch):

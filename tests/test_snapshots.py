@@ -24,6 +24,8 @@ CASES = {
     "missing_file": ["check", "tests/config/bad_recipes/does_not_exist.toml"],
     "bad_flags": ["check", "tests/config/bad_recipes/negative_steps.toml", "--train.stepz", "3", "--train.compile", "maybe"],
     "no_recipe": ["run"],
+    "pipeline_misfits": ["check", "tests/config/bad_recipes/pipeline_misfits.toml"],
+    "pipeline_imports": ["check", "tests/config/bad_recipes/pipeline_imports.toml"],
 }
 
 

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from ditty.config.sections import DataConfig
 
 
+IMAGE_BUILTINS = ("digits",)
+"""Built-in datasets of images rather than text (ditty.data.digits); they yield `GenericData`."""
+
+
 @dataclass(frozen=True)
 class DataBundle:
     """What the trainer trains and evaluates on. Samples are {"input_ids", "labels"} (-100: no loss)."""
@@ -37,6 +41,10 @@ def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: i
     deterministic in the seed; built-in datasets hold out whole problems instead (see `builtin`).
     """
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
+    if data.source == "builtin" and data.name in IMAGE_BUILTINS:
+        from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved
+
+        return build_digits(data.val_fraction, seed)
     if data.source == "builtin":
         return _build_builtin(data, tokenizer, seed)
 
@@ -77,7 +85,7 @@ def _build_builtin(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", see
         raise RecipeError.single(
             f"unknown built-in dataset {data.name!r}",
             key="data.name",
-            fix=f"use one of {', '.join(builtin.GENERATORS)}",
+            fix=f"use one of {', '.join((*builtin.GENERATORS, *IMAGE_BUILTINS))}",
         )
     if data.format != "prompt_completion":
         raise RecipeError.single(

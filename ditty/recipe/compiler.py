@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ditty.config.loader import LoadedRecipe
 from ditty.parallel.mesh import mesh_shape
+from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
 from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
@@ -60,10 +61,12 @@ def _builds(config) -> list[tuple[str, str]]:
         model_text = f"pretrained {model.path}"
     data = config.data
     source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[data.source]
+    images = data.source == "builtin" and data.name in IMAGE_BUILTINS
     rows = [
         ("model", f"{model_text} ({model.dtype})"),
-        ("tokenizer", config.tokenizer.source(model) or "built-in byte-level"),
-        ("data", f"{source}, {data.format}, max_seq_len {data.max_seq_len}, " + ("packed" if data.packing else "padded")),
+        ("tokenizer", config.tokenizer.source(model) or ("none (non-text data)" if images else "built-in byte-level")),
+        ("data", f"{source} images, samples collated as tensors" if images else
+         f"{source}, {data.format}, max_seq_len {data.max_seq_len}, " + ("packed" if data.packing else "padded")),
         ("optimizer", f"{config.optimizer.kind} ({config.optimizer.backend}), lr {config.optimizer.lr:g}"),
         ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),
     ]

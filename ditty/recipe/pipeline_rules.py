@@ -148,10 +148,10 @@ def chain_problems(pre: list, model_name: str, model_contract: Any, post: list, 
     return check_chain(stages)
 
 
-def check_instances(pre: list, model: Any, post: list, loss: Any) -> list[Problem]:
+def check_instances(pre: list, model: Any, post: list, loss: Any, *, model_name: Optional[str] = None) -> list[Problem]:
     """The contract chain of Python API objects, named by class (used by ditty.pipeline)."""
     named = lambda items, slot: [(f"{slot}[{i}] ({type(p).__name__})", p) for i, p in enumerate(items)]  # noqa: E731
-    return chain_problems(named(pre, "preprocessors"), f"model ({type(model).__name__})", contract_of(model),
+    return chain_problems(named(pre, "preprocessors"), model_name or f"model ({type(model).__name__})", contract_of(model),
                           named(post, "postprocessors"), loss, f"loss ({type(loss).__name__})")
 
 
@@ -231,3 +231,14 @@ def _components(cfg: Any) -> tuple[dict, list[Problem]]:
             problems += checked
             resolved["factory"] = obj if not checked else None
     return resolved, problems
+
+
+@rule("data.optional-extra")
+def image_data_extra(ctx: Context) -> Iterator[Problem]:
+    """Built-in image data needs its optional extra (scikit-learn for "digits")."""
+    import importlib.util
+
+    data = ctx.config.data
+    if data.source == "builtin" and data.name == "digits" and importlib.util.find_spec("sklearn") is None:
+        yield error("data.name", 'data.name = "digits" needs scikit-learn, which is not installed',
+                    'pip install "ditty[diffusion]" (or pip install scikit-learn)')

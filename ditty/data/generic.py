@@ -1,0 +1,203 @@
+"""Generic (non language-model) data: any dataset of samples plus a collate function, or a DataLoader.
+
+The batch semantics of `BatchStream` carry over: `global_batch_size` samples per optimizer step is
+the invariant; each epoch has one seeded permutation of the whole dataset (from seed and epoch,
+never from the world size); `cursor` counts samples consumed, and rank r takes the r-th contiguous
+slice of each global batch, cut into micro-batches of `micro_batch_size`. So two ranks with micro
+4 see exactly the samples one rank with micro 8 sees, and a resumed stream continues on any world
+size. Samples are collated by the user's `collate_fn` (default: torch's `default_collate`).
+
+A user's own DataLoader cannot be reordered without breaking what the user asked for, so
+`LoaderStream` only groups its batches: each of its batches is one micro-batch, `accumulation`
+of them make a step, epochs restart the loader. Its order is the loader's (world-size dependent
+unless the loader's sampler says otherwise).
+
+In metrics, `tokens` counts samples for generic data (there are no tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+import numpy as np
+import torch
+
+from ditty.config.errors import RecipeError
+
+
+class GenericTask(Protocol):
+    """An evaluation hook for generic data (the LM path has `ditty.data.task.Task`).
+
+    `evaluate` returns scalar metrics (logged as val_<name>); it may write files into `run_dir`
+    (e.g. a grid of diffusion samples). Every rank calls it (a sharded model needs them all);
+    `run_dir` is "" except on rank 0, so only one process writes. `pipeline` is the trainer's
+    pipeline, so a task can use a stage's own tools (a diffusion preprocessor's `sample`) without
+    importing it.
+    """
+
+    name: str
+
+    def evaluate(self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str,
+                 step: int) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class GenericData:
+    """The generic counterpart of `DataBundle`: arbitrary samples, a collate function, optional task."""
+
+    train: Any
+    """Indexable dataset (len and __getitem__) of samples, or a torch DataLoader."""
+    val: Optional[Any] = None
+    task: Optional[GenericTask] = None
+    seed: int = 0
+    collate_fn: Optional[Callable[[list], Any]] = None
+
+    generic = True
+    """Tells the trainer to use the generic stream, forward and metrics (LM bundles lack it)."""
+
+    @property
+    def is_loader(self) -> bool:
+        return isinstance(self.train, torch.utils.data.DataLoader)
+
+    def collate(self, samples: list) -> Any:
+        return (self.collate_fn or torch.utils.data.default_collate)(samples)
+
+
+def is_generic(data: Any) -> bool:
+    return bool(getattr(data, "generic", False))
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a collated batch: the leading size of its first tensor (dict, tuple or tensor)."""
+    if torch.is_tensor(batch):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for value in values:
+        if torch.is_tensor(value) and value.dim():
+            return int(value.shape[0])
+        if isinstance(value, (tuple, list, Mapping)) and value:
+            return batch_samples(value)
+    if isinstance(batch, (tuple, list)):
+        return len(batch)
+    raise TypeError(f"cannot tell how many samples a {type(batch).__name__} batch holds")
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a (nested) batch moved to `device`; other values kept."""
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+class GenericStream:
+    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples."""
+
+    def __init__(self, dataset: Any, *, global_batch_size: int, micro_batch_size: int, rank: int, world_size: int,
+                 seed: int, collate_fn: Optional[Callable[[list], Any]] = None, cursor: int = 0) -> None:
+        per_forward = micro_batch_size * world_size
+        if micro_batch_size < 1 or global_batch_size % per_forward:
+            raise ValueError(f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
+                             f"{micro_batch_size} x world_size {world_size}")
+        if len(dataset) == 0:
+            raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.collate_fn = collate_fn or torch.utils.data.default_collate
+        self.cursor = cursor
+        self.accumulation_steps = global_batch_size // per_forward
+        self._size = len(dataset)
+        self._orders: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor // self._size
+
+    def next_step(self) -> list[Any]:
+        """The `accumulation_steps` collated micro-batches this rank processes for the next step."""
+        indices = [self._take() for _ in range(self.global_batch_size)]
+        per_rank = self.global_batch_size // self.world_size
+        mine = indices[self.rank * per_rank:(self.rank + 1) * per_rank]
+        size = self.micro_batch_size
+        return [self.collate_fn([self.dataset[i] for i in mine[s:s + size]]) for s in range(0, per_rank, size)]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self._size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed or state["num_samples"] != self._size:
+            raise RecipeError.single(
+                f"the checkpoint's data (seed {state['seed']}, {state['num_samples']} samples) is not this run's "
+                f"(seed {self.seed}, {self._size} samples)", key="data",
+                fix='resume with the same seed and data, or start afresh (checkpoint.resume = "never")')
+        self.cursor = int(state["cursor"])
+
+    def _take(self) -> int:
+        epoch, position = divmod(self.cursor, self._size)
+        if epoch not in self._orders:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self._size)
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = order
+        self.cursor += 1
+        return int(self._orders[epoch][position])
+
+
+class LoaderStream:
+    """Steps from a user's DataLoader: `accumulation_steps` of its batches per step, epochs restart it."""
+
+    def __init__(self, loader: Any, *, accumulation_steps: int) -> None:
+        self.loader = loader
+        self.accumulation_steps = accumulation_steps
+        self.cursor = 0
+        self.epoch = 0
+        self._iterator = iter(loader)
+
+    def next_step(self) -> list[Any]:
+        batches = []
+        while len(batches) < self.accumulation_steps:
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self.epoch += 1
+                self._iterator = iter(self.loader)
+                continue
+            batches.append(batch)
+            self.cursor += batch_samples(batch)
+        return batches
+
+    def state_dict(self) -> dict[str, int]:
+        return {"cursor": self.cursor, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Skips batches up to the saved cursor (the loader's own order must be reproducible)."""
+        while self.cursor < int(state["cursor"]):
+            self.next_step()
+
+
+def loader_samples(loader: Any) -> int:
+    """Samples per epoch of a DataLoader (its dataset's length, else batches x batch size)."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        return len(dataset)
+    except TypeError:
+        return len(loader) * (loader.batch_size or 1)
+
+
+def eval_micro_batches(dataset: Any, micro_batch_size: int, collate_fn: Optional[Callable] = None) -> list[Any]:
+    """The whole validation set in order, collated into micro-batches (a DataLoader is used as is)."""
+    if isinstance(dataset, torch.utils.data.DataLoader):
+        return list(dataset)
+    collate = collate_fn or torch.utils.data.default_collate
+    return [collate([dataset[i] for i in range(s, min(s + micro_batch_size, len(dataset)))])
+            for s in range(0, len(dataset), micro_batch_size)]

@@ -1,0 +1,219 @@
+"""The Python API: Pipeline(...) is a facade over the one Trainer; its checks stop bad input at construction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ditty.config.errors import RecipeError
+from ditty.data.generic import GenericStream
+from ditty.loss import CompositeLoss, CrossEntropyLoss, MSELoss
+from ditty.pipeline import Data, FSDPConfig, ModelFactory, Pipeline
+from ditty.processors import PostProcessor, PreProcessor
+from ditty.train import Trainer
+from examples.custom_pipeline import Regressor, SplitTarget, make_rows
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def pipeline(tmp_path, **kwargs):
+    args = dict(model_factory=ModelFactory.from_instance(Regressor()), dataset=make_rows(64), loss_calculator=MSELoss(),
+                preprocessors=[SplitTarget()], output_dir=str(tmp_path / "run"), lr=1e-2, steps=6, batch_size=8,
+                device="cpu", num_threads=1, progress=False, log_every=1)
+    args.update(kwargs)
+    return Pipeline(**args)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+
+
+def test_pipeline_runs_the_trainer_on_a_custom_model(tmp_path):
+    p = pipeline(tmp_path, grad_accum=2, val_dataset=make_rows(16, seed=1))
+    config = p.config()
+    assert config.train.global_batch_size == 16 and config.train.micro_batch_size == 8  # micro x accum x world
+    result = p.run()
+    assert isinstance(p.trainer, Trainer) and result.steps == 6
+    rows = records(result.run_dir)
+    assert rows[-1]["tokens"] == 6 * 16  # samples for generic data
+    assert "val_loss" in rows[-1]
+    recipe = open(f"{result.run_dir}/recipe.toml").read()
+    assert "NOT re-runnable from this file alone" in recipe and "# model: <python object Regressor>" in recipe
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_any_split_of_the_global_batch_gives_the_same_loss(tmp_path):
+    losses = []
+    for micro, accum in ((8, 2), (16, 1), (4, 4)):
+        torch.manual_seed(0)
+        model = Regressor()
+        result = pipeline(tmp_path / f"{micro}", model_factory=ModelFactory.from_instance(model), batch_size=micro,
+                          grad_accum=accum, steps=3).run()
+        losses.append([r["loss"] for r in records(result.run_dir)])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4) and losses[0] == pytest.approx(losses[2], rel=1e-4)
+
+
+def test_generic_stream_order_does_not_depend_on_world_size():
+    data = list(torch.arange(40).float())
+    one = GenericStream(data, global_batch_size=8, micro_batch_size=8, rank=0, world_size=1, seed=3)
+    two = [GenericStream(data, global_batch_size=8, micro_batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+    for _ in range(7):  # crosses an epoch boundary
+        whole = torch.cat(one.next_step())
+        parts = torch.cat([torch.cat(s.next_step()) for s in two])
+        assert torch.equal(whole, parts)
+
+
+def test_fp16_and_bf16_together_are_refused(tmp_path):
+    with pytest.raises(RecipeError, match="fp16 and bf16"):
+        pipeline(tmp_path, fp16=True, bf16=True)
+
+
+def test_options_map_to_recipe_sections(tmp_path):
+    class Block(torch.nn.Module):
+        pass
+
+    c = pipeline(tmp_path, use_8bit_optim=True, optim_backend="bnb", epochs=3, bf16=True).config()
+    assert (c.optimizer.kind, c.optimizer.backend, c.train.precision, c.train.epochs) == ("adamw8bit", "bnb", "bf16", 3.0)
+    fsdp = ModelFactory.from_instance(Regressor(), fsdp_config=FSDPConfig(enabled=True, transformer_layers=[Block]))
+    c = pipeline(tmp_path, model_factory=fsdp, use_8bit_optim=True).config()
+    assert (c.parallel.kind, c.parallel.block_classes, c.optimizer.backend) == ("fsdp", ["Block"], "torchao")
+    with pytest.raises(RecipeError, match="bitsandbytes"):  # the compiler's compatibility table applies too
+        pipeline(tmp_path, model_factory=fsdp, use_8bit_optim=True, optim_backend="bnb")
+    with pytest.raises(RecipeError, match="fp8"):  # no FP8 hardware on this CPU: refused at construction
+        pipeline(tmp_path, accelerator_kwargs={"mixed_precision": "fp8"})
+
+
+def test_a_chain_that_does_not_fit_stops_at_construction(tmp_path):
+    with pytest.raises(RecipeError) as caught:
+        pipeline(tmp_path, preprocessors=[SplitTarget(rank=3)])
+    assert "model (Regressor)" in str(caught.value) and "rank 2" in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_loss_index_the_model_does_not_produce_stops_at_construction(tmp_path):
+    with pytest.raises(RecipeError, match=r"loss \(MSELoss\).*output_index 1 does not exist"):
+        pipeline(tmp_path, loss_calculator=MSELoss(output_index=1))
+
+
+def test_objects_of_the_wrong_kind_are_refused(tmp_path):
+    with pytest.raises(RecipeError) as caught:
+        pipeline(tmp_path, preprocessors=[object()], loss_calculator=lambda out, ctx: out)
+    assert "preprocessors[0]" in str(caught.value) and "loss_calculator" in str(caught.value)
+
+
+def test_first_step_check_compares_real_tensors(tmp_path):
+    class Liar(PreProcessor):
+        """Declares an int64 output but passes floats on."""
+
+        def __init__(self):
+            super().__init__(contract="rows:2:f32 -> x:2:i64 | ctx.target:2:f32")
+
+        def process(self, batch, ctx):
+            ctx["target"] = batch[:, 4:]
+            return batch[:, :4], ctx
+
+    class IntModel(Regressor):
+        contract = "x:2:i64 -> y:2:f32"
+
+    p = pipeline(tmp_path, model_factory=ModelFactory.from_instance(IntModel()), preprocessors=[Liar()])
+    with pytest.raises(RecipeError, match=r"pipeline.preprocessors\[0\] \(Liar\).*dtype i64 declared"):
+        p.run()
+    pipeline(tmp_path / "off", model_factory=ModelFactory.from_instance(IntModel()), preprocessors=[Liar()],
+             check_contracts=False).run()  # the check can be turned off
+
+
+def test_composite_loss_and_postprocessor(tmp_path):
+    class TwoOutputs(Regressor):
+        def forward(self, x):
+            y = super().forward(x)
+            return y, torch.cat([y, -y], dim=1)
+
+    class ClassTarget(PostProcessor):
+        def process(self, model_output, ctx):
+            ctx["label"] = (ctx["target"][:, 0] > 0).long()
+            return model_output, ctx
+
+    loss = CompositeLoss([(MSELoss(), 1.0), (CrossEntropyLoss(output_index=1, target_key="label"), 0.1)])
+    result = pipeline(tmp_path, model_factory=ModelFactory.from_instance(TwoOutputs()), loss_calculator=loss,
+                      postprocessors=[ClassTarget()]).run()
+    last = records(result.run_dir)[-1]
+    assert {"mse", "cross_entropy"} <= set(last)
+
+
+def test_dataloader_and_subclassed_dataset(tmp_path):
+    loader = torch.utils.data.DataLoader(make_rows(64), batch_size=4, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    p = pipeline(tmp_path / "a", dataset=None, dataloader=loader, grad_accum=2, steps=None, epochs=1)
+    result = p.run()
+    assert result.steps == 8 and p.trainer.config.train.micro_batch_size == 4  # 64 samples / (4 x 2)
+
+    class OldStyle(Pipeline):
+        def dataset(self):
+            return torch.utils.data.DataLoader(make_rows(32), batch_size=8)
+
+    result = OldStyle(ModelFactory.from_instance(Regressor()), loss_calculator=MSELoss(), preprocessors=[SplitTarget()],
+                      output_dir=str(tmp_path / "b"), steps=3, device="cpu", progress=False).run()
+    assert result.steps == 3
+
+
+def test_from_checkpoint_loads_plain_weights(tmp_path):
+    trained = Regressor()
+    torch.save({"model": trained.state_dict()}, tmp_path / "w.pt")
+    model = ModelFactory.from_checkpoint(str(tmp_path / "w.pt"), Regressor, hidden=32).build()
+    assert torch.equal(model.fc1.weight, trained.fc1.weight)
+    result = pipeline(tmp_path, steps=1).run()
+    again = ModelFactory.from_checkpoint(f"{result.run_dir}/final", Regressor).build()  # a run's final/ (safetensors)
+    assert again.fc2.weight.shape == (1, 32)
+    torch.save({"code": object()}, tmp_path / "pickled.pt")
+    with pytest.raises(RecipeError, match="plain weights"):
+        ModelFactory.from_checkpoint(str(tmp_path / "pickled.pt"), Regressor).build()
+
+
+def test_lora_on_a_custom_model(tmp_path):
+    p = pipeline(tmp_path, extra_config={"peft": {"kind": "lora", "r": 4, "target_modules": ["fc1"]}})
+    result = p.run()
+    names = [n for n, prm in p.trainer.model.named_parameters() if prm.requires_grad]
+    assert names and all("lora_" in n for n in names) and result.steps == 6
+
+
+def test_data_prepare_over_a_hf_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from ditty.data.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    raw = datasets.Dataset.from_dict({"text": [f"sample {i} " + "x" * (i % 7) for i in range(40)], "id": list(range(40))})
+
+    def tokenize(rows):
+        return {"input_ids": [tokenizer(t)["input_ids"] for t in rows["text"]]}
+
+    data = Data(dataset=raw, tokenizer=tokenizer, batch_size=4, grad_accum=2, seed=0, group_by_length=True)
+    loader = data.prepare([("filter", lambda row: row["id"] % 5 != 0, {}), ("map", tokenize, {"batched": True})])
+    batch = next(iter(loader))
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}  # text and id removed
+    assert len(loader.dataset) == 32 and batch["input_ids"].shape[0] == 4
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+
+
+def test_resume_within_the_same_script(tmp_path):
+    torch.manual_seed(0)
+    first = pipeline(tmp_path, steps=4, checkpoint_every=2).run()
+    assert first.steps == 4
+    torch.manual_seed(0)
+    second = pipeline(tmp_path, steps=6, checkpoint_every=2).run()  # same output_dir: continues from step 4
+    assert second.steps == 6
+    steps = [r["step"] for r in records(second.run_dir)]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_readme_imports():
+    from ditty import CompositeLoss as C, FSDPConfig as F, ModelFactory as M, Pipeline as P  # noqa: F401
+    from ditty.processors import Context, PostProcessor, PreProcessor  # noqa: F401
+
+    assert P is Pipeline and M is ModelFactory and F is FSDPConfig and C is CompositeLoss
