@@ -1,0 +1,325 @@
+"""The trainer's side of checkpoints: what a checkpoint holds, the resume policy, preemption, Hub pushes.
+
+`ditty.checkpoint` knows how to write and read a checkpoint safely; this module knows what the
+trainer puts in one and when. The policy (also in README, "Checkpoints and resume"):
+
+- `checkpoint.resume = "auto"`: the newest complete `checkpoints/step-N` of `run.output_dir` is
+  resumed when the recipe matches the one it was saved with (keys in `IGNORED` never count; world
+  size is not a recipe key; `train.steps` may grow). A different recipe is a RecipeError listing
+  the keys, unless `checkpoint.force_resume`. A run whose `final/` exists and whose step count
+  reached `train.steps` is finished: nothing is touched.
+- `"never"`: a directory that already holds a run is refused before anything is written.
+- a path: that checkpoint (or the newest complete one of that run directory) is resumed, with
+  the same recipe check.
+
+Preemption: SIGTERM/SIGINT set a flag; the loop finishes the step it is in, saves a checkpoint
+and stops (the trainer's `train()` asks `stop_requested` after each step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ditty._utils.dist import is_main_process
+from ditty.config.errors import RecipeError
+
+log = logging.getLogger("ditty.train")
+
+# Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
+# resume: where things go and how often they are logged, evaluated, saved or pushed.
+IGNORED = (
+    "run.output_dir", "run.name", "run.num_threads", "logging.", "hub.", "train.eval_every", "train.eval_samples",
+    "train.log_every", "checkpoint.every", "checkpoint.keep_last", "checkpoint.async_save",
+    "checkpoint.resume", "checkpoint.force_resume",
+)
+SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
+
+
+# ---------------------------------------------------------------------------- recipe comparison
+
+def _default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_default))
+
+
+def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, Any]:
+    """{dotted key: JSON value} for every field of the config tree (the form stored in the sidecar)."""
+    out: dict[str, Any] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                out[prefix + f.name] = _jsonable(value)
+
+    walk(config, "")
+    out["trainer"] = trainer_ref
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
+
+
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
+    """The keys whose difference changes training, as "key: saved -> current" lines."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old == new or _ignored(key):
+            continue
+        if key == "train.steps" and isinstance(new, int) and (old is None or isinstance(old, int)) and new >= step \
+                and (old is None or new >= old):
+            continue  # more steps: allowed, the schedule is rebuilt for the new total
+        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------- the resume decision
+
+@dataclass
+class ResumePlan:
+    checkpoint: Optional[Path] = None
+    """The complete checkpoint to load, or None for a fresh start."""
+    finished: bool = False
+    """`auto` found a finished run: train() reports it and touches nothing."""
+    step: int = 0
+
+
+def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
+    """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
+    from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
+    from ditty.train.final import FINAL_DIR, check_output_dir, is_ditty_run
+
+    out = config.run.output_dir
+    check_output_dir(out)
+    ckpt_cfg = config.checkpoint
+    holds_run = os.path.isdir(out) and (is_ditty_run(out) or os.path.isdir(os.path.join(out, "checkpoints")))
+    if ckpt_cfg.resume == "never":
+        if holds_run:
+            raise RecipeError.single(
+                f"{out!r} already holds a run and checkpoint.resume = \"never\"; nothing was touched",
+                key="checkpoint.resume",
+                fix="choose a new run.output_dir, remove the old run, or set checkpoint.resume = \"auto\" to continue it")
+        return ResumePlan()
+    if ckpt_cfg.resume == "auto":
+        root = Path(out) / "checkpoints"
+        found = latest_complete(root) if root.is_dir() else None
+        if found is None:
+            if holds_run:
+                log.warning("%s holds a run without a complete checkpoint: starting again from step 0", out)
+            return ResumePlan()
+    else:
+        found = find_checkpoint(ckpt_cfg.resume)
+
+    doc = read_sidecar(found)
+    step = int(doc["step"])
+    saved = doc.get(SIDECAR_RECIPE)
+    if isinstance(saved, dict):
+        diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
+        if diffs and not ckpt_cfg.force_resume:
+            raise RecipeError.single(
+                f"the recipe differs from the one checkpoint {found} was saved with, in keys that change "
+                f"training:\n    " + "\n    ".join(diffs),
+                key="checkpoint.resume",
+                fix=f"run the saved recipe ({os.path.join(out, 'recipe.toml')}), choose a new run.output_dir "
+                    f"to start afresh, or add --checkpoint.force_resume true to continue with the new values")
+        if diffs:
+            log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
+    steps = config.train.steps
+    if steps is not None and step > steps:
+        raise RecipeError.single(
+            f"checkpoint {found} is at step {step}, past train.steps = {steps}", key="train.steps",
+            fix=f"use train.steps >= {step}, or a new run.output_dir")
+    target = steps if steps is not None else doc.get("total_steps")
+    final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
+    if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
+        return ResumePlan(found, finished=True, step=step)
+    return ResumePlan(found, step=step)
+
+
+def truncate_metrics(run_dir: str, step: int) -> None:
+    """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
+    resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not is_main_process() or not os.path.isfile(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by the kill
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- saving and loading
+
+class Checkpointer:
+    """Saves and restores one trainer's state through a `CheckpointManager`."""
+
+    def __init__(self, trainer: Any, resume: ResumePlan) -> None:
+        from ditty.checkpoint import CheckpointManager
+
+        self.trainer = trainer
+        self.resume = resume
+        cfg = trainer.config.checkpoint
+        self.manager = CheckpointManager(trainer.run_dir, keep_last=cfg.keep_last, async_save=cfg.async_save)
+        self.last_saved_step: Optional[int] = None
+        self.stop_signal: Optional[int] = None
+        self._old_handlers: dict[int, Any] = {}
+
+    def app_state(self) -> dict:
+        from ditty.checkpoint import ModelOptimizerState
+
+        t = self.trainer
+        return {"train": ModelOptimizerState(t.model, t.optimizer, trainable_only=t.config.peft.kind != "none")}
+
+    def sidecar(self) -> dict:
+        t = self.trainer
+        recipe_path = os.path.join(t.run_dir, "recipe.toml")
+        recipe_text = None
+        if is_main_process() and os.path.isfile(recipe_path):
+            with open(recipe_path, encoding="utf-8") as f:
+                recipe_text = f.read()
+        return {
+            "train_state": t.state.state_dict(),
+            "scheduler": _jsonable(t.scheduler.state_dict()),
+            "data": t.stream.state_dict() if hasattr(t.stream, "state_dict") else None,
+            "precision": _jsonable(t.precision.state_dict()),
+            "total_steps": t.total_steps,
+            "trainer": t.trainer_ref(),
+            SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
+            "recipe_toml": recipe_text,
+        }
+
+    def save(self) -> Path:
+        step = self.trainer.state.step
+        path = self.manager.save(step, self.app_state(), self.sidecar())
+        self.last_saved_step = step
+        return path
+
+    def restore(self) -> None:
+        """Load the planned checkpoint into the built trainer; RNG last. Prints where it resumed."""
+        if self.resume.checkpoint is None:
+            return
+        t = self.trainer
+        doc = self.manager.load(self.resume.checkpoint, self.app_state())
+        t.state.load_state_dict(doc["train_state"])
+        if doc.get("data") is not None and hasattr(t.stream, "load_state_dict"):
+            t.stream.load_state_dict(doc["data"])
+        elif t.state.step:
+            log.warning("the data stream has no saved position: the resumed run restarts its data from the beginning")
+        t.precision.load_state_dict(doc.get("precision") or {})
+        # ClosedFormLR keeps only the step count and writes that step's rate into the optimizer, so
+        # a longer train.steps takes effect here (the schedule is the new recipe's, at this step).
+        t.scheduler.load_state_dict(doc["scheduler"])
+        self.manager.restore_rng(doc)
+        self.last_saved_step = t.state.step
+        if is_main_process():
+            print(f"resumed from step {t.state.step} ({self.resume.checkpoint})", flush=True)
+
+    def close(self) -> None:
+        self.restore_signals()
+        self.manager.close()  # waits for a pending background save
+
+    # ---- preemption ------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        """SIGTERM/SIGINT: finish the current step, save, stop. Main thread only (Python's rule)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+        self.stop_signal = signum
+        if is_main_process():
+            print(f"\nreceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint",
+                  flush=True)
+
+    def stop_requested(self) -> bool:
+        """Whether any rank was signalled (one small all-reduce per step when there are several)."""
+        from ditty.checkpoint import comm
+
+        if comm.world_size(self.manager._group) > 1:
+            return not comm.all_ok(self.stop_signal is None, self.manager._group)
+        return self.stop_signal is not None
+
+
+# ---------------------------------------------------------------------------- the Hub
+
+def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
+    """Push `folder` to `hub.repo_id` with a model card (rank 0). A failure is reported, not raised:
+    training succeeded and every local file is kept; the message says how to retry."""
+    from ditty.checkpoint.hub import push_folder, write_model_card
+
+    cfg = trainer.config
+    if not is_main_process() or not cfg.hub.repo_id:
+        return None
+    try:
+        recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
+        recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+        metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
+        write_model_card(folder, base_model=cfg.model.path, recipe_text=recipe_text, metrics=metrics,
+                         adapter=cfg.peft.kind != "none", title=cfg.run.name)
+        return push_folder(folder, repo_id=cfg.hub.repo_id, private=cfg.hub.private, commit_message=message,
+                           run_dir=trainer.run_dir)
+    except RecipeError as e:
+        print(f"warning: {e.format()}", flush=True)
+        return None
+
+
+def push_checkpoint_snapshot(trainer: Any) -> None:
+    """`hub.push = "checkpoints"`: the current model in Hugging Face format, pushed, then removed.
+    Collective under FSDP (the full state dict is gathered shard by shard, kept on rank 0)."""
+    from ditty.train import distributed
+    from ditty.train.final import save_final
+
+    if not trainer.config.hub.repo_id:
+        return
+    full = distributed.full_state_dict(trainer.model)
+    if not is_main_process():
+        return
+    staging = os.path.join(trainer.run_dir, ".hub-staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        folder = save_final(trainer.model, trainer.tokenizer, staging, state_dict=full)
+        push_to_hub(trainer, folder, message=f"ditty: step {trainer.state.step}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def preempted_message(trainer: Any, signum: int) -> str:
+    return (f"stopped by {signal.Signals(signum).name} after step {trainer.state.step}; checkpoint saved in "
+            f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
+            f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint).")

@@ -1,0 +1,53 @@
+"""`ditty push RUN_DIR [--repo-id ID]`: push a finished run's final model (or adapter) with a model card.
+
+The repository and its privacy come from the run's recipe.toml (`[hub]`) unless `--repo-id` names
+one. The card (README.md in final/) is written from the recipe and the last evaluation in
+metrics.jsonl; the token is huggingface_hub's (HF_TOKEN or the login cache) and is written nowhere.
+Any failure is a RecipeError (exit code 2) that keeps every file and names this command to retry.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ditty.config.errors import RecipeError
+
+
+def _last_eval(run_dir: str) -> dict[str, Any]:
+    from ditty.metrics.logger import read_metrics
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    records = read_metrics(path)
+    out: dict[str, Any] = {}
+    for record in records:
+        if any(k.startswith("val_") for k in record):
+            out = {k: v for k, v in record.items() if k.startswith("val_") and isinstance(v, (int, float))}
+    if records and isinstance(records[-1].get("loss"), (int, float)):
+        out = {"loss": records[-1]["loss"], **out}
+    return out
+
+
+def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
+    from ditty.checkpoint.hub import push_folder, write_model_card
+    from ditty.config.loader import load_recipe
+
+    final = os.path.join(run_dir, "final")
+    recipe_path = os.path.join(run_dir, "recipe.toml")
+    if not os.path.isdir(final):
+        raise RecipeError.single(f"{run_dir} has no final/ model to push",
+                                 fix="push the output_dir of a finished run (or let it finish: `ditty run` resumes it)")
+    config = load_recipe(recipe_path).config if os.path.isfile(recipe_path) else None
+    repo_id = repo_id or (config.hub.repo_id if config is not None else None)
+    if not repo_id:
+        raise RecipeError.single(f"no Hub repository for {run_dir}", key="hub.repo_id",
+                                 fix=f"ditty push {run_dir} --repo-id you/model-name")
+    recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+    adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
+    write_model_card(final, base_model=config.model.path if config is not None else None, recipe_text=recipe_text,
+                     metrics=_last_eval(run_dir), adapter=adapter,
+                     title=config.run.name if config is not None else None)
+    return push_folder(final, repo_id=repo_id, private=config.hub.private if config is not None else True,
+                       commit_message="ditty: final model", run_dir=run_dir)
