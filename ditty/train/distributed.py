@@ -1,0 +1,262 @@
+"""The trainer's side of data parallelism: process group and mesh, wrapping, per-micro-batch gradient
+sync, metric reductions, and the full state dict for `final/`.
+
+The mechanics live in `ditty.parallel` (layer 2); this module decides when the trainer uses them, so
+`Trainer` keeps one line per concern (`build_device`, `parallelize`, `micro_batch_sync`, ...).
+On one process every function here is a cheap no-op: no process group is ever created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger("ditty.train")
+
+SHARDED_KINDS = ("fsdp", "hsdp")
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def setup(config: Any, device: torch.device):
+    """Join torchrun's process group (a no-op on one process) and build the mesh -> (DistInfo, mesh).
+
+    The group and mesh are made before any model is built, so a rank that cannot join fails before
+    loading weights. The collective timeout comes from $DITTY_DIST_TIMEOUT_S (tests set it short).
+    """
+    from ditty.parallel import build_mesh, init_distributed
+
+    info = init_distributed(device)
+    mesh = build_mesh(config.parallel, info) if info.is_distributed else None
+    if info.is_distributed:
+        separate_compile_caches(info.rank, info.world_size)
+    return info, mesh
+
+
+def separate_compile_caches(rank: int, world_size: int) -> None:
+    """One inductor cache directory per (world size, rank), unless the user chose one.
+
+    Uneven FSDP shards differ in shape between ranks (259 rows: 130 on rank 0, 129 on rank 1), and
+    inductor's FX graph cache did not tell those graphs apart for DTensor inputs: torchao's 8-bit
+    AdamW (compiled per parameter) then crashed on rank 1 with "expected size 129==130" on a second
+    run that found rank 0's graph in the shared cache (torch 2.13, measured here). Costs only the
+    sharing of compiled graphs between ranks.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = default_cache_dir()
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # Inductor writes its default into the variable on first use (an import may already have): a
+    # value equal to the default was not the user's choice.
+    if chosen is not None and os.path.abspath(chosen) != os.path.abspath(default):
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, f"ditty-world{world_size}-rank{rank}")
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def parallelize(model: nn.Module, config: Any, mesh: Any, *, block_classes: Optional[list[type]] = None) -> nn.Module:
+    """DDP, or FSDP2 per block then the root, as `[parallel]` says (unchanged without a mesh).
+
+    Runs after the converters (adapters replace modules; FSDP must see the final ones) and before
+    the optimizer (FSDP2 swaps every parameter for a DTensor shard, and the optimizer must hold those).
+    Meta parameters (the low-memory build) are materialised and loaded by `load_meta_weights` after.
+    """
+    if config.parallel.kind == "deepspeed":
+        # The compiler refuses deepspeed while the package is missing (compat.deepspeed-missing); with
+        # it installed, the trainer would otherwise train without ZeRO and say nothing.
+        from ditty.config.errors import RecipeError
+
+        raise RecipeError.single("the trainer does not drive the DeepSpeed engine yet (only its config builder, "
+                                 "ditty.parallel.deepspeed, exists)", key="parallel.kind",
+                                 fix='use parallel.kind = "fsdp" (ZeRO-3-like sharding) or "ddp"')
+    if mesh is None:
+        return model
+    from ditty.parallel import apply_parallelism
+
+    return apply_parallelism(model, config.parallel, mesh, precision=config.train.precision, block_classes=block_classes)
+
+
+def micro_batch_sync(model: nn.Module, config: Any, index: int, count: int):
+    """Context for one micro-batch's forward and backward: gradients are reduced across ranks on the
+    last micro-batch only (unless `parallel.sync_grad_accum`); a plain context on one process."""
+    if not is_distributed():
+        return contextlib.nullcontext()
+    from ditty.parallel import no_sync_context
+
+    return no_sync_context(model, index == count - 1, config.parallel.sync_grad_accum)
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (the gradient norm of sharded gradients) as a plain tensor; others unchanged.
+    Cost: one collective for a DTensor with a partial placement."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def mean_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """The loss calculator's extra metrics averaged over ranks (one all-reduce; none without extras)."""
+    if not metrics or not is_distributed():
+        return metrics
+    keys = sorted(metrics)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    values /= dist.get_world_size()
+    return dict(zip(keys, values.tolist()))
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This rank's peak memory in MB (CUDA: allocated by tensors; CPU: peak resident set size), then
+    the maximum over ranks. Cost: one small all-reduce; call it only when a record is logged."""
+    if device.type == "cuda":
+        value = torch.cuda.max_memory_allocated(device)
+    else:
+        from ditty.parallel.memory import peak_rss_bytes
+
+        value = peak_rss_bytes()
+    t = torch.tensor([float(value) / 2**20], dtype=torch.float64)
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return round(float(t[0]), 1)
+
+
+def memory_figures(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> dict[str, int]:
+    """Bytes this rank holds in parameters and optimizer state (local shards), max over ranks.
+
+    For env.json: with FSDP on N ranks both fall to about 1/N of one process (acceptance: <= 0.55 on 2).
+    Optimizer state exists only after the first step; `optimizer_state_bytes` then is the true figure.
+    """
+    from ditty.parallel.memory import optimizer_state_bytes, parameter_bytes
+
+    t = torch.tensor([parameter_bytes(model), optimizer_state_bytes(optimizer)], dtype=torch.float64)
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"parameter_bytes_per_rank": int(t[0]), "optimizer_state_bytes_per_rank": int(t[1])}
+
+
+def memory_record(trainer: Any) -> dict[str, Any]:
+    """`peak_mem_mb` (max over ranks) for a metrics record. On the first record, also this rank's
+    parameter and optimizer-state bytes (max over ranks, from the local tensors: shards under FSDP),
+    added to env.json as "memory" by rank 0. Every rank logs the same steps, so the collectives match."""
+    record: dict[str, Any] = {"peak_mem_mb": peak_memory_mb(trainer.device)}
+    if getattr(trainer, "_memory_reported", False):
+        return record
+    trainer._memory_reported = True
+    figures = memory_figures(trainer.model, trainer.optimizer)
+    if dist.get_rank() == 0 if is_distributed() else True:
+        _add_to_env(trainer.run_dir, {"memory": {**figures, "world_size": trainer.world_size,
+                                                 "parallel": trainer.config.parallel.kind}})
+    return record
+
+
+def _add_to_env(run_dir: str, values: dict[str, Any]) -> None:
+    import json
+
+    path = os.path.join(run_dir, "env.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            env = json.load(f)
+        env.update(values)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(env, f, indent=2)
+            f.write("\n")
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError) as exc:  # a figure must never stop training
+        log.warning("could not add memory figures to env.json: %s", exc)
+
+
+def full_state_dict(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
+    """The whole model's state dict on rank 0 (CPU), None elsewhere; None on every rank when the
+    model is not sharded (rank 0 then saves its own full copy as usual).
+
+    Every rank must call this (it gathers shard by shard). `cpu_offload` moves each gathered tensor to
+    the CPU as it arrives and keeps it on rank 0 only, so no accelerator ever holds the whole model;
+    the host memory is one full copy on rank 0, the same as the `final/` it is about to write.
+    """
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if dist.get_rank() == 0 else None
+
+
+def load_meta_weights(model: nn.Module, model_dir: Optional[str], device: torch.device) -> nn.Module:
+    """Fill a sharded model built on the meta device from a safetensors directory read by rank 0."""
+    from ditty.parallel.materialize import load_sharded_from_safetensors
+
+    return load_sharded_from_safetensors(model, model_dir if dist.get_rank() == 0 else None, device=device)
+
+
+def meta_build_source(config: Any, components: Any) -> Optional[str]:
+    """The local pretrained directory to load shard by shard, when the low-memory build applies.
+
+    It applies to fsdp/hsdp on several processes for a full finetune of a pretrained Hugging Face
+    model in safetensors, without quantization, adapters or a factory, given as a recipe (not a
+    Python model instance). Otherwise None: every rank builds the
+    whole model and `fully_shard` drops the rest (parameter bytes shrink, peak memory does not).
+    """
+    m = config.model
+    if not is_distributed() or config.parallel.kind not in SHARDED_KINDS:
+        return None
+    if getattr(components, "model", None) is not None or m.factory or config.quant.kind != "none":
+        return None
+    if config.peft.kind != "none":  # peft would create the adapter on the meta device of its base layer
+        return None
+    if m.resolved_init != "pretrained" or not m.path or not os.path.isdir(m.path):
+        return None
+    has_weights = any(os.path.exists(os.path.join(m.path, name)) for name in
+                      ("model.safetensors", "model.safetensors.index.json"))
+    return m.path if has_weights else None
+
+
+def build_on_meta(config: Any, tokenizer: Any, device: torch.device) -> Optional[nn.Module]:
+    """The pretrained architecture with meta parameters (real buffers), or None when the tokenizer
+    needs a larger embedding than the checkpoint's (the ordinary build resizes it)."""
+    from transformers import AutoModelForCausalLM
+
+    from ditty.models.build import _attention_kwargs, _hf_config, _resolve_dtype
+    from ditty.parallel import meta_init
+
+    m = config.model
+    _, hf_config = _hf_config(m, {})
+    if tokenizer is not None and len(tokenizer) > hf_config.vocab_size:
+        return None
+    dtype = _resolve_dtype(m.dtype, device, default_accelerator=None)
+    if not isinstance(dtype, torch.dtype):  # "auto" on an accelerator: the checkpoint's own dtype
+        dtype = getattr(hf_config, "dtype", None) or torch.float32
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with meta_init():
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=m.trust_remote_code,
+                                                 **_attention_kwargs(m))
+    if getattr(model.config, "pad_token_id", None) is None and getattr(tokenizer, "pad_token_id", None) is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def teardown() -> None:
+    """Leave the process group at the end of a run (a no-op on one process)."""
+    from ditty.parallel import destroy_distributed
+
+    destroy_distributed()
+
+
+@contextlib.contextmanager
+def process_group_for_run() -> Iterator[None]:
+    """Destroy the process group when the run ends normally. After an error it is left alone: torchrun
+    stops the other ranks, and a destroy could wait on a peer that is already gone."""
+    yield
+    teardown()
