@@ -24,6 +24,8 @@ class RunConfig:
     """Seed for model initialisation, data order and dropout."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: "auto" takes CUDA when available, else the CPU."""
+    num_threads: int = 0
+    """CPU threads for torch; 0 keeps the default (one per available core and local process). Tiny models train faster on 1."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,8 @@ class CheckpointConfig:
     """Write checkpoints in the background."""
     resume: str = "auto"
     """"auto" (newest complete checkpoint in the run directory), "never", or a checkpoint path."""
+    force_resume: bool = False
+    """Resume even when the recipe differs from the checkpoint's in keys that change training (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
     """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
 
@@ -300,3 +304,5 @@ class PipelineConfig:
     """Postprocessors applied to the model output, in order."""
     loss: list[ComponentSpec] = field(default_factory=list)
     """Loss calculator(s); several entries form a weighted composite loss. Empty: causal-LM loss."""
+    check_tensors: bool = True
+    """Compare the first micro-batch's real tensors with every stage's declared contract (a mismatch stops the run, naming the stage)."""

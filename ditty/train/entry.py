@@ -28,5 +28,8 @@ def trainer_class(ref: Optional[str]) -> type[Trainer]:
 
 def run_training(loaded: Any) -> TrainResult:
     """Train the recipe a `LoadedRecipe` holds (its `config` and optional `trainer` reference)."""
+    from ditty.train.distributed import process_group_for_run
+
     cls = trainer_class(getattr(loaded, "trainer", None))
-    return cls(loaded.config).train()
+    with process_group_for_run():  # torchrun workers leave their process group when the run ends
+        return cls(loaded.config).train()

@@ -13,15 +13,28 @@ import torch
 from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
 from ditty.data.collate import pad_samples
-from ditty.train.step import all_reduce_sum
+from ditty.train.step import IGNORE_INDEX, all_reduce_sum
 
 
 def eval_batches(dataset: Any, micro_batch_size: int, pad_token_id: int) -> Iterator[dict]:
-    """This rank's share of the validation set, in order, as padded micro-batches."""
+    """This rank's share of the validation set, in order, as padded micro-batches.
+
+    Every rank yields the same number of batches: under FSDP each forward is a collective, so a
+    rank with one batch fewer would leave the others waiting. A rank short of samples runs its last
+    batch again with every label ignored (it adds no tokens and no loss).
+    """
     rank, world = get_rank(), get_world_size()
     indices = list(range(rank, len(dataset), world))
-    for start in range(0, len(indices), micro_batch_size):
-        yield pad_samples(_fetch(dataset, indices[start : start + micro_batch_size]), pad_token_id)
+    per_rank = -(-len(dataset) // world)  # the largest share
+    batches = -(-per_rank // micro_batch_size)
+    for number in range(batches):
+        chunk = indices[number * micro_batch_size : (number + 1) * micro_batch_size]
+        if chunk:
+            yield pad_samples(_fetch(dataset, chunk), pad_token_id)
+        elif len(dataset):
+            batch = pad_samples(_fetch(dataset, [0]), pad_token_id)
+            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+            yield batch
 
 
 def _fetch(dataset: Any, indices: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -52,6 +65,8 @@ def validation_loss(
             tokens += torch.as_tensor(out.num_tokens).double().cpu()
         else:
             n = torch.as_tensor(count_fn(batch)).double().cpu()
+            if n == 0:  # a filler batch (see eval_batches): a mean over no tokens is NaN
+                continue
             loss_sum += out.loss.detach().double().cpu() * n
             tokens += n
     totals = all_reduce_sum(torch.stack([loss_sum, tokens]))

@@ -1,8 +1,8 @@
 """The run directory: refusing to clobber user files, the resolved recipe, and `final/`.
 
 A directory counts as a ditty run when it holds ditty's `env.json` (written at the start of every
-run). Reusing one is allowed for now: `final/`, metrics.jsonl and curves.png are replaced. Resume
-(checkpoints/) arrives with the checkpoint work and will decide what reuse means then.
+run). What a run does with an existing one (resume it, refuse it, or report it finished) is the
+resume policy of `checkpoint.resume`, in `ditty.train.checkpointing.plan_resume`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: bool = False) -> str:
+def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: bool = False,
+               state_dict: Optional[dict[str, torch.Tensor]] = None) -> str:
     """Write `final/` in Hugging Face format (safetensors, config, tokenizer); return its path.
 
     Written to `final.partial/` and then renamed, so a crash mid-write never leaves a half model
@@ -88,13 +89,22 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
     Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load, and
     with `merged` also `final/merged/`: the adapter merged into the base (for a 4-bit base, into
     its dequantized weights), a full model that `from_pretrained` loads.
+    `state_dict`: the full weights gathered from a sharded (FSDP) model, saved instead of the
+    model's own (which hold only this rank's shards).
     """
     final = os.path.join(run_dir, FINAL_DIR)
     partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     model = unwrap_model(model)
     if hasattr(model, "save_pretrained"):
-        model.save_pretrained(partial)  # transformers 5 always writes safetensors
+        extra = {"state_dict": state_dict} if state_dict is not None else {}
+        model.save_pretrained(partial, **extra)  # transformers 5 always writes safetensors
+    elif state_dict is not None:
+        from safetensors.torch import save_file
+
+        os.makedirs(partial, exist_ok=True)
+        # Tied weights arrive as one tensor under two names: safetensors refuses shared storage.
+        save_file({k: v.contiguous().clone() for k, v in state_dict.items()}, os.path.join(partial, "model.safetensors"))
     else:  # a custom nn.Module from `model.factory`: weights only
         from safetensors.torch import save_model
 
@@ -102,7 +112,10 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
         save_model(model, os.path.join(partial, "model.safetensors"))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(partial)
-    if merged and hasattr(model, "peft_config"):
+    if merged and hasattr(model, "peft_config") and state_dict is not None:
+        log.warning("checkpoint.final_format = \"merged\" under FSDP: final/merged/ not written (the model is "
+                    "sharded); run `ditty export %s --merge-lora` for it", run_dir)
+    elif merged and hasattr(model, "peft_config"):
         from ditty.models.merge import save_merged
 
         save_merged(model, os.path.join(partial, "merged"), tokenizer)

@@ -7,8 +7,10 @@ empty, it is the causal-LM default (no processors, `CausalLMLoss`).
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -62,20 +64,110 @@ def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     return kwargs
 
 
-def run_pipeline(pipeline: Pipeline, model: torch.nn.Module, batch: dict, ctx: dict, autocast: Callable) -> Any:
+def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: bool) -> Any:
+    """The forward call for each kind of batch.
+
+    LM data: `model(input_ids=..., attention_mask=..., ...)` (MODEL_INPUTS only). Generic data:
+    a tensor (or tuple/list) batch is `model(batch, **forward_kwargs)`; a dict batch is
+    `model(**batch, **forward_kwargs)`, restricted to the parameters the forward names (unless it
+    takes **kwargs) and, for Hugging Face models, without `labels` (no second loss inside the model).
+    """
+    if lm:
+        return model(**model_inputs(model, batch), **forward_kwargs)
+    if isinstance(batch, Mapping):
+        kwargs = dict(batch)
+        if getattr(model, "config", None) is not None and hasattr(model, "can_generate"):
+            kwargs.pop("labels", None)
+            if getattr(model.config, "use_cache", None) is not None:
+                kwargs.setdefault("use_cache", False)
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        return model(**kwargs, **forward_kwargs)
+    return model(batch, **forward_kwargs)
+
+
+def run_pipeline(pipeline: Pipeline, model: torch.nn.Module, batch: Any, ctx: dict, autocast: Callable, *,
+                 lm: bool = True, check: bool = False) -> Any:
     """One micro-batch through the pipeline; returns the loss calculator's LossOutput.
 
     Context keys set here (see ditty.processors.Context): "original_batch" before the
     preprocessors, "batch" after them; preprocessors may add "forward_kwargs" for the model.
     Only the model's forward runs under autocast; the loss computes from the output in the
     precision the loss calculator chooses (CausalLMLoss upcasts logits to fp32).
+    `check` compares the real tensors of every stage that declares a contract with it (the
+    first-step check): a mismatch is a RecipeError naming the stage.
     """
+    checker = ContractCheck() if check else None
     ctx["original_batch"] = batch
-    for processor in pipeline.preprocessors:
+    for index, processor in enumerate(pipeline.preprocessors):
+        before = batch
         batch, ctx = processor.process(batch, ctx)
+        if checker:
+            checker.stage(f"pipeline.preprocessors[{index}] ({type(processor).__name__})", processor, before, batch, ctx)
     ctx["batch"] = batch
     with autocast():
-        output = model(**model_inputs(model, batch), **ctx.get("forward_kwargs", {}))
-    for processor in pipeline.postprocessors:
+        output = call_model(model, batch, ctx.get("forward_kwargs", {}), lm=lm)
+    if checker:
+        checker.stage(f"model ({type(_unwrap(model)).__name__})", _unwrap(model), batch, output, ctx)
+    for index, processor in enumerate(pipeline.postprocessors):
+        before = output
         output, ctx = processor.process(output, ctx)
+        if checker:
+            checker.stage(f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx)
+    if checker:
+        checker.loss(pipeline.loss, output, ctx)
+        checker.raise_errors()
     return pipeline.loss(output, ctx)  # labels reach the loss through ctx["batch"]
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+class ContractCheck:
+    """Collects contract.tensor problems of one micro-batch's stages (ditty.contracts.check_tensors)."""
+
+    def __init__(self) -> None:
+        self.problems: list = []
+
+    def stage(self, name: str, stage: Any, given: Any, produced: Any, ctx: dict) -> None:
+        from ditty.contracts import bind_tensors, check_tensors
+
+        contract = getattr(stage, "contract", None)
+        if contract is None:
+            return
+        self.problems += check_tensors(contract, bind_tensors(contract, given, ctx, side="inputs"), side="inputs", stage=name)
+        self.problems += check_tensors(contract, bind_tensors(contract, produced, ctx, side="outputs"), side="outputs", stage=name)
+
+    def loss(self, loss: Any, output: Any, ctx: dict) -> None:
+        from ditty.contracts import as_contract, check_tensors
+
+        contract = as_contract(getattr(loss, "contract", None))
+        if contract is None or not contract.inputs or not hasattr(loss, "get_prediction"):
+            return
+        name = f"pipeline.loss ({type(loss).__name__})"
+        try:
+            prediction = loss.get_prediction(output)
+        except (IndexError, KeyError, TypeError) as exc:
+            from ditty.config.errors import Problem
+
+            self.problems.append(Problem(name, f"output_index {loss.output_index!r}: {exc}", rule="contract.output-index"))
+            return
+        bound = {contract.inputs[0].name: prediction}
+        checked = [s for s in contract.inputs[:1]]
+        from ditty.contracts import Contract
+
+        self.problems += check_tensors(Contract(inputs=tuple(checked)), bound, side="inputs", stage=name)
+
+    def raise_errors(self) -> None:
+        errors = [p for p in self.problems if p.severity == "error"]
+        if errors:
+            raise RecipeError(errors)

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from ditty.data.generic import batch_samples
+
 IGNORE_INDEX = -100
 
 
@@ -70,7 +72,7 @@ class LossNormaliser:
         local = torch.stack([torch.as_tensor(count_fn(mb)) for mb in micro_batches]).sum()
         # Summing the counts on the host would be one sync per micro-batch; stay on the device.
         global_tokens = all_reduce_sum(local.to(torch.float64)).clamp_min(1)
-        local_samples = sum(int(mb["input_ids"].shape[0]) for mb in micro_batches)
+        local_samples = sum(batch_samples(mb) for mb in micro_batches)
         return cls(global_tokens=global_tokens, local_samples=local_samples, world_size=world_size)
 
     def scale(self, loss: torch.Tensor, num_tokens: Any, micro_samples: int) -> torch.Tensor:

@@ -30,9 +30,13 @@ from ditty.metrics import Progress, plot_run
 from ditty.models.converters import run_post_optimizer_hooks
 from ditty.metrics.progress import format_record
 from ditty.train.builders import Builders
+from ditty.train.speed import apply_speedups
+from ditty.train import checkpointing, distributed
 from ditty.train.evaluate import eval_batches, validation_loss
-from ditty.train.final import check_output_dir, save_final, unwrap_model
-from ditty.train.pipeline import build_pipeline, run_pipeline
+from ditty.train.final import save_final, unwrap_model
+from ditty.data.generic import batch_samples, is_generic, to_device
+from ditty.train.components import RuntimeComponents
+from ditty.train.pipeline import run_pipeline
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, clip_grads, grad_norm, input_tokens, supervised_tokens
 
@@ -50,20 +54,29 @@ class TrainResult:
     skipped_steps: int
     elapsed_s: float
     eval_metrics: dict[str, Any] = field(default_factory=dict)
+    stopped_by: Optional[int] = None
+    """The signal (SIGTERM, SIGINT) that preempted the run after a checkpoint, if any."""
 
 
 class Trainer(Builders):
     Config = TrainerConfig
     converters: list = []  # model rewrites applied by build_model; their hooks run after each step
 
-    def __init__(self, config: TrainerConfig):
+    def __init__(self, config: TrainerConfig, components: Optional[RuntimeComponents] = None):
         self.config = config
+        self.components = components or RuntimeComponents()  # Python objects that replace config sections
         self.world_size, self.rank = get_world_size(), get_rank()
         self.device = self.build_device()
+        self.build_threads()
         self.build_seed()
-        check_output_dir(config.run.output_dir)  # cheap, so it fails before any weights load
+        # Cheap, so a refused or finished run fails (or stops) before any weights load or file is written.
+        self.resume = checkpointing.plan_resume(config, self.trainer_ref())
+        if self.resume.finished:
+            return  # train() says so and touches nothing
         self.tokenizer = self.build_tokenizer()
         self.model = self.build_model()
+        self.model = apply_speedups(self.model, self.config)  # activation checkpointing, then torch.compile
+        self.model = self.build_parallel(self.model)  # ddp/fsdp/hsdp: after those, before the optimizer
         self.data = self.build_data()
         self.grad_accum = self.build_grad_accum()
         self.stream = self.build_stream()
@@ -71,16 +84,21 @@ class Trainer(Builders):
         self.optimizer = self.build_optimizer()
         self.scheduler = self.build_scheduler()
         self.precision = self.build_precision()
-        self.pipeline = build_pipeline(config.pipeline)
+        self.pipeline = self.build_pipeline()
         self.run_dir = self.build_run_dir()
         self.logger = self.build_logger()
         self.state = TrainState()
+        self.checkpointer = checkpointing.Checkpointer(self, self.resume)
+        self.checkpointer.restore()  # last: it restores the RNG after everything is built
 
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> TrainResult:
         """The run: steps until `should_stop`, evaluating and logging on schedule, then the final save."""
+        if self.resume.finished:
+            return self.finished()
         cfg = self.config.train
+        self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
         self.meter = IntervalMeter()
         self.model.train()
@@ -102,6 +120,8 @@ class Trainer(Builders):
                     self.log(record)
                 self.check_skips(out)
                 self.save(final=False)
+                if self.checkpointer.stop_requested():
+                    return self.preempt()
 
             if self.state.last_eval_step != self.state.step:  # a run of zero steps still evaluates
                 self.log({"step": self.state.step, **self.evaluate()})
@@ -118,7 +138,7 @@ class Trainer(Builders):
         if self.state.step >= self.total_steps:
             return True
         t = self.config.train
-        return t.steps is None and self.stream.cursor >= (t.epochs or 1.0) * len(self.data.train)
+        return t.steps is None and self.stream.cursor >= (t.epochs or 1.0) * self.train_samples()
 
     def train_step(self, micro_batches: list[dict]) -> StepOutput:
         """One optimizer step over every micro-batch of the global batch (gradient accumulation).
@@ -132,26 +152,35 @@ class Trainer(Builders):
         metrics: dict[str, float] = {}
         for index, batch in enumerate(micro_batches):
             ctx = self.make_context(index=index, count=len(micro_batches), training=True)
-            scaled, out = self.forward_backward(batch, norm, ctx)
+            with distributed.micro_batch_sync(self.model, self.config, index, len(micro_batches)):
+                scaled, out = self.forward_backward(batch, norm, ctx)
             loss_sum += scaled.double()
-            tokens += input_tokens(batch, self.tokenizer.pad_token_id).to(self.device, torch.float64)
+            tokens += self.count_inputs(batch).to(self.device, torch.float64)
             for key, value in (out.metrics or {}).items():
                 metrics[key] = metrics.get(key, 0.0) + float(value) / len(micro_batches)
         # One collective for both; every rank scaled by world_size, so the sum / world is the loss.
         totals = all_reduce_sum(torch.stack([loss_sum, tokens]))
+        metrics = distributed.mean_across_ranks(metrics)
         return self.optimizer_step(totals[0] / self.world_size, totals[1], norm.global_tokens, metrics)
 
     def forward_backward(self, batch: dict, norm: LossNormaliser, ctx: dict) -> tuple[torch.Tensor, Any]:
         """Forward one micro-batch through the pipeline and backward its share of the global loss."""
         out = self.forward(batch, ctx)
-        scaled = norm.scale(out.loss, out.num_tokens, int(batch["input_ids"].shape[0]))
+        scaled = norm.scale(out.loss, out.num_tokens, batch_samples(batch))
         self.precision.backward(scaled)
         return scaled.detach(), out
 
-    def forward(self, batch: dict, ctx: dict) -> Any:
-        """batch -> preprocessors -> model.forward -> postprocessors -> loss calculator: a LossOutput."""
-        batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-        return run_pipeline(self.pipeline, self.model, batch, ctx, self.precision.autocast)
+    def forward(self, batch: Any, ctx: dict) -> Any:
+        """batch -> preprocessors -> model.forward -> postprocessors -> loss calculator: a LossOutput.
+
+        On the first micro-batch of the run (`pipeline.check_tensors`), every stage's real tensors
+        are compared with its declared contract; a mismatch is a RecipeError naming the stage.
+        """
+        check = bool(self.config.pipeline.check_tensors and ctx.get("training") and not getattr(self, "contracts_checked", False))
+        if check:
+            self.contracts_checked = True  # once per process: the first training micro-batch (also after a resume)
+        return run_pipeline(self.pipeline, self.model, to_device(batch, self.device), ctx, self.precision.autocast,
+                            lm=not is_generic(self.data), check=check)
 
     def optimizer_step(self, loss: torch.Tensor, tokens: torch.Tensor, supervised: torch.Tensor, metrics: dict) -> StepOutput:
         """Clip and step, unless the loss or the gradient is not finite: then zero grads and skip.
@@ -160,8 +189,8 @@ class Trainer(Builders):
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.precision.unscale_(self.optimizer)
-        norm = grad_norm(params)
-        values = torch.stack([t.to(self.device, torch.float64) for t in (loss, norm, tokens, supervised)])
+        norm = grad_norm(params)  # a DTensor under FSDP: clipping takes it as is, the log reads its full value
+        values = torch.stack([t.to(self.device, torch.float64) for t in (loss, distributed.local_value(norm), tokens, supervised)])
         loss_value, norm_value, tokens, supervised = values.tolist()
         lr = self.optimizer.param_groups[0]["lr"]
         skipped, reason = False, ""
@@ -203,6 +232,8 @@ class Trainer(Builders):
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """val_loss over the whole validation set, plus the task's metrics as val_<name>."""
+        if is_generic(self.data):
+            return self.evaluate_generic()
         self.model.eval()
         metrics: dict[str, Any] = {}
         val = getattr(self.data, "val", None)
@@ -227,6 +258,7 @@ class Trainer(Builders):
         record.update(loss=interval.pop("loss"), lr=out.metrics.get("lr"), grad_norm=interval.pop("grad_norm"))
         record.update(tokens=self.state.tokens, **interval)
         record.update({k: v for k, v in out.metrics.items() if k != "lr"})
+        record.update(distributed.memory_record(self))
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record
@@ -242,20 +274,60 @@ class Trainer(Builders):
             self.progress.write(f"step {record['step']}: {shown}")
 
     def save(self, final: bool = False) -> Optional[str]:
-        """End of run: `final/` in Hugging Face format on rank 0. Periodic checkpoints: a later issue."""
+        """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
+        "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
+        step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
+        every, push = self.config.checkpoint.every, self.config.hub.push
         if not final:
+            if every and self.state.step % every == 0 and self.state.step != self.checkpointer.last_saved_step:
+                self.checkpointer.save()
+                if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
+                    checkpointing.push_checkpoint_snapshot(self)
             return None
         path = None
+        full = distributed.full_state_dict(self.model)  # FSDP: gathered on every rank, kept on rank 0 (CPU)
         if is_main_process():
-            path = save_final(self.model, self.tokenizer, self.run_dir, merged=self.config.checkpoint.final_format == "merged")
+            path = save_final(self.model, self.tokenizer, self.run_dir, merged=self.config.checkpoint.final_format == "merged",
+                              state_dict=full)
+        del full
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()  # nobody reads final/ before it is complete
-        return path or os.path.join(self.run_dir, "final")
+        if self.state.step != self.checkpointer.last_saved_step:
+            self.checkpointer.save()
+        path = path or os.path.join(self.run_dir, "final")
+        if push in ("end", "checkpoints"):
+            checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
+        return path
+
+    def preempt(self) -> TrainResult:
+        """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
+        if self.state.step != self.checkpointer.last_saved_step:
+            self.checkpointer.save()
+        self.checkpointer.manager.wait()
+        signum = self.checkpointer.stop_signal
+        if is_main_process():
+            print(checkpointing.preempted_message(self, signum), flush=True)
+        result = self.result(None)
+        result.stopped_by = signum
+        return result
+
+    def finished(self) -> TrainResult:
+        """`resume = "auto"` on a finished run: report it, touch nothing."""
+        final = os.path.join(self.config.run.output_dir, "final")
+        if is_main_process():
+            print(f"{self.config.run.output_dir} is a finished run (step {self.resume.step}, {final}); nothing to do. "
+                  f"To train further, raise train.steps; to start afresh, choose a new run.output_dir.")
+        return TrainResult(run_dir=self.config.run.output_dir, final_dir=final, steps=self.resume.step,
+                           tokens=0, skipped_steps=0, elapsed_s=0.0)
 
     def close(self) -> None:
-        """Close the sinks and draw curves.png, also after an error (the metrics so far are kept)."""
-        self.progress.close()
-        self.logger.close()
+        """Wait for a pending checkpoint save and close the sinks, then draw curves.png; also after
+        an error (the metrics so far are kept)."""
+        try:
+            self.checkpointer.close()
+        finally:
+            self.progress.close()
+            self.logger.close()
         if is_main_process() and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
             try:
                 plot_run(self.run_dir)
@@ -282,9 +354,12 @@ class Trainer(Builders):
 
     # ------------------------------------------------------------------ small helpers
 
-    def count_tokens(self, batch: dict) -> torch.Tensor:
-        """Supervised tokens of a batch, by the loss calculator's own rule when it has one."""
+    def count_tokens(self, batch: Any) -> torch.Tensor:
+        """Supervised tokens of a batch, by the loss calculator's own rule when it has one; for
+        generic data, the batch's samples."""
         counter = getattr(self.pipeline.loss, "count_tokens", None)
+        if is_generic(self.data) and counter is None:
+            return torch.tensor(batch_samples(batch))
         return counter(batch) if counter is not None else supervised_tokens(batch)
 
     def make_context(self, *, index: int, count: int, training: bool) -> dict:
@@ -292,3 +367,37 @@ class Trainer(Builders):
 
         return Context(step=self.state.step, micro_step=index, num_micro_steps=count, training=training,
                        model=self.model, tokenizer=self.tokenizer, device=self.device)
+
+    def count_inputs(self, batch: Any) -> torch.Tensor:
+        """The `tokens` metric's increment: non-padding tokens, or samples for generic data."""
+        if is_generic(self.data):
+            return torch.tensor(batch_samples(batch))
+        return input_tokens(batch, self.tokenizer.pad_token_id)
+
+    def evaluate_generic(self) -> dict[str, Any]:
+        """Generic data: val_loss (the mean loss over the validation set, weighted by samples) and
+        the task's metrics; the task may write files (a diffusion sample grid) into the run directory."""
+        from ditty.data.generic import eval_micro_batches
+
+        self.model.eval()
+        metrics: dict[str, Any] = {}
+        val = self.data.val
+        if val is not None and len(val) > 0:
+            total, count = 0.0, 0
+            for batch in eval_micro_batches(val, self.config.train.micro_batch_size, self.data.collate_fn):
+                out = self.forward(batch, self.make_context(index=0, count=1, training=False))
+                size = batch_samples(batch)
+                total += float(out.mean_loss()) * size
+                count += size
+            metrics["val_loss"] = total / max(count, 1)
+        task = self.data.task
+        if task is not None and self.config.train.eval_samples > 0:
+            # Every rank runs the task (a sharded model's forward needs them all); rank 0 writes files.
+            with self.precision.autocast():
+                scores = task.evaluate(unwrap_model(self.model), device=self.device, pipeline=self.pipeline,
+                                       run_dir=self.config.run.output_dir if is_main_process() else "", step=self.state.step)
+            metrics.update({k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()})
+        self.model.train()
+        self.state.last_eval_step = self.state.step
+        self.state.eval_metrics = metrics
+        return metrics

@@ -69,9 +69,11 @@ def test_refuses_a_directory_of_user_files(tmp_path, tiny_llama_dir):
     assert (tmp_path / "run" / "thesis.tex").read_text() == "precious"
 
 
-def test_a_previous_run_directory_is_reused(tmp_path, tiny_llama_dir):
+def test_running_a_finished_run_again_leaves_it_as_it_is(tmp_path, tiny_llama_dir):
     config = small_config(tmp_path, tiny_llama_dir, write_prompt_completion(tmp_path / "pc.jsonl"), steps=1)
     Trainer(config).train()
-    result = Trainer(config).train()  # same output_dir: allowed, final/ replaced
-    assert (tmp_path / "run" / "final" / "config.json").exists()
+    weights = tmp_path / "run" / "final" / "model.safetensors"
+    before = (weights.stat().st_mtime_ns, weights.read_bytes())
+    result = Trainer(config).train()  # checkpoint.resume = "auto" finds the run finished
     assert result.steps == 1
+    assert (weights.stat().st_mtime_ns, weights.read_bytes()) == before
