@@ -35,7 +35,9 @@ _ADAPTER_SEGMENTS = frozenset(
     {"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "lora_dropout", "modules_to_save"}
 )
 # Wrapper segments peft inserts between a module's name and the original layer.
-_WRAPPER_SEGMENTS = frozenset({"base_layer", "original_module"})
+# Module names that wrappers insert: peft's base_layer/original_module, and torch's activation
+# checkpoint wrapper (`checkpoint_wrapper`'s _CHECKPOINT_WRAPPED_MODULE) around each block.
+_WRAPPER_SEGMENTS = frozenset({"base_layer", "original_module", "_checkpoint_wrapped_module"})
 
 
 def save_adapter(model: "torch.nn.Module", directory: str, tokenizer: Any = None) -> str:
