@@ -78,3 +78,18 @@ class IntervalMeter:
         record.update({k: v / n for k, v in self.extra.items()})
         self._reset(now)
         return record
+
+
+@dataclass
+class TrainResult:
+    """What `Trainer.train()` returns: where things went and the last evaluation."""
+
+    run_dir: str
+    final_dir: Optional[str]
+    steps: int
+    tokens: int
+    skipped_steps: int
+    elapsed_s: float
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
+    stopped_by: Optional[int] = None
+    """The signal (SIGTERM, SIGINT) that preempted the run after a checkpoint, if any."""

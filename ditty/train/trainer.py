@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -37,25 +36,10 @@ from ditty.train.final import save_final, unwrap_model
 from ditty.data.generic import batch_samples, is_generic, to_device
 from ditty.train.components import RuntimeComponents
 from ditty.train.pipeline import run_pipeline
-from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainState
+from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, clip_grads, grad_norm, input_tokens, supervised_tokens
 
 log = logging.getLogger("ditty.train")
-
-
-@dataclass
-class TrainResult:
-    """What `Trainer.train()` returns: where things went and the last evaluation."""
-
-    run_dir: str
-    final_dir: Optional[str]
-    steps: int
-    tokens: int
-    skipped_steps: int
-    elapsed_s: float
-    eval_metrics: dict[str, Any] = field(default_factory=dict)
-    stopped_by: Optional[int] = None
-    """The signal (SIGTERM, SIGINT) that preempted the run after a checkpoint, if any."""
 
 
 class Trainer(Builders):
