@@ -96,8 +96,10 @@ def clip_grads(parameters: Iterable[torch.nn.Parameter], max_norm: Optional[floa
     """Scale gradients down to `max_norm` (no-op when clipping is off). Reuses the norm already computed."""
     if max_norm is None or max_norm <= 0:
         return
-    grads = [p.grad for p in parameters if p.grad is not None]
-    torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm, foreach=None)
+    # torch takes the parameters (it reads and scales their .grad); given the gradients themselves it
+    # would find no .grad on them and silently clip nothing.
+    torch.nn.utils.clip_grads_with_norm_([p for p in parameters if p.grad is not None], max_norm, total_norm,
+                                         foreach=None)
 
 
 @dataclass
