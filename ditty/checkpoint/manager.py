@@ -26,7 +26,7 @@ import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -170,7 +170,8 @@ class CheckpointManager:
 
     # ---- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, app_state: AppState, sidecar: Mapping[str, Any]) -> Path:
+    def save(self, step: int, app_state: AppState, sidecar: Mapping[str, Any], *,
+             write_extra: Callable[[Path], None] | None = None) -> Path:
         """Checkpoint `app_state` (tensors, to DCP) and `sidecar` (JSON) as `checkpoints/step-N`.
 
         Synchronous: returns once the checkpoint is complete. Asynchronous: returns once a CPU copy
@@ -178,9 +179,13 @@ class CheckpointManager:
         the time of one memory copy), so the caller may step the optimizer right away; the write
         finishes in the background. Either way the RNG and the sidecar are captured before return.
         Raises the error of an earlier background save, if it failed. Returns the final path.
+        `write_extra(tmp_dir)`: collective, on every rank, after the DCP shards and before the commit:
+        files of an engine that checkpoints itself (DeepSpeed). Synchronous managers only.
         """
         if self._closed:
             raise RuntimeError("CheckpointManager.save after close()")
+        if write_extra is not None and self._executor is not None:
+            raise ValueError("write_extra needs a synchronous CheckpointManager (async_save=False)")
         self.wait()
         step = int(step)
         tensors, non_tensor = state_tree.split(_state_dicts(app_state))
@@ -203,7 +208,7 @@ class CheckpointManager:
             raise error or RuntimeError(f"rank 0 could not create {tmp}; see its log")
 
         if self._executor is None:
-            self._write(step, tensors, text, stager=None)
+            self._write(step, tensors, text, stager=None, write_extra=write_extra)
         else:
             stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
                                                   use_shared_memory=False, use_async_staging=False,
@@ -213,10 +218,13 @@ class CheckpointManager:
             self._pending_step = step
         return self.root / step_name(step)
 
-    def _write(self, step: int, tensors: dict, text: str, stager: DefaultStager | None) -> None:
+    def _write(self, step: int, tensors: dict, text: str, stager: DefaultStager | None,
+               write_extra: Callable[[Path], None] | None = None) -> None:
         tmp = self.root / tmp_name(step)
         try:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), process_group=self._group)
+            if write_extra is not None:
+                write_extra(tmp)
             # DCP already waits for every rank's shards before writing .metadata; this barrier
             # makes the "all shards are in" point explicit before rank 0 commits (one all-reduce).
             comm.all_ok(True, self._group)

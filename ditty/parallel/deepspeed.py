@@ -3,18 +3,7 @@
 deepspeed is an optional extra (`pip install 'ditty[deepspeed]'`; it compiles ops on install), so
 nothing here imports it at module level. `deepspeed_problems` and `deepspeed_config` are pure.
 
-Notes for the trainer (the engine integration):
-- `deepspeed.initialize(model=model, optimizer=torch_optimizer, config=deepspeed_config(...))`
-  returns the engine; call it instead of `apply_parallelism` (which passes deepspeed through).
-  `zero_allow_untested_optimizer` lets it take ditty's torch optimizer; with optimizer offload,
-  `zero_force_ds_cpu_optimizer = False` keeps that optimizer instead of DeepSpeedCPUAdam.
-- The engine owns accumulation (`engine.backward(loss)` then `engine.step()` on every micro-batch;
-  it steps the optimizer at the boundary), clipping (`gradient_clipping`) and fp16 loss scaling.
-- `engine.backward` divides the loss by `gradient_accumulation_steps`; ditty's loss is already
-  divided by the global token count, so pass `scale_wrt_gas=False` (or multiply by the steps). The
-  engine also averages gradients over ranks: `grad_average_correction` still applies.
-- Checkpoints go through `engine.save_checkpoint(dir, tag)` / `engine.load_checkpoint(dir, tag)`;
-  resume on the same world size. On CPU: `DS_ACCELERATOR=cpu`, and no pinned memory.
+The trainer drives the engine through `ditty.train.deepspeed_engine`.
 """
 
 from __future__ import annotations

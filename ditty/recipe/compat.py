@@ -159,6 +159,37 @@ COMPAT_RULES: list[CompatRule] = [
         condition='parallel.kind = "deepspeed" and deepspeed not importable',
     ),
     CompatRule(
+        "compat.deepspeed-compile", "train.compile",
+        lambda c: c.parallel.kind == "deepspeed" and c.train.compile,
+        "torch.compile is not wired into the DeepSpeed engine (ZeRO-3 gathers parameters in module hooks "
+        "that compiled blocks would trace)",
+        'set train.compile = false with deepspeed, or use parallel.kind = "fsdp" (compile works with FSDP2)',
+        condition="train.compile with deepspeed",
+    ),
+    CompatRule(
+        "compat.deepspeed-activation-checkpointing", "train.activation_checkpointing",
+        lambda c: c.parallel.kind == "deepspeed" and c.train.activation_checkpointing != "none",
+        "activation checkpointing is not wired into the DeepSpeed engine: the recomputed forward of a block fails "
+        "under ZeRO-2 and ZeRO-3 (measured: a shape mismatch in attention)",
+        'set train.activation_checkpointing = "none" with deepspeed, or use parallel.kind = "fsdp"',
+        condition="activation checkpointing with deepspeed",
+    ),
+    CompatRule(
+        "compat.deepspeed-fp8", "fp8.enabled",
+        lambda c: c.parallel.kind == "deepspeed" and c.fp8.enabled,
+        "FP8 training is wired for one process and FSDP2 (its scales follow FSDP2's shards), not the DeepSpeed engine",
+        'use parallel.kind = "fsdp" for FP8 across processes',
+        condition="fp8 with deepspeed",
+    ),
+    CompatRule(
+        "compat.deepspeed-8bit-optimizer", "optimizer.kind",
+        lambda c: c.parallel.kind == "deepspeed" and c.optimizer.kind == "adamw8bit",
+        "ZeRO hands the optimizer flat fp32 partitions of the parameters; 8-bit AdamW on them is not tested with ditty",
+        'use optimizer.kind = "adamw" (parallel.offload_optimizer = true moves its state to the CPU), or 8-bit '
+        'AdamW with parallel.kind = "fsdp"',
+        condition="adamw8bit with deepspeed",
+    ),
+    CompatRule(
         "compat.fp16-weights-with-scaler", "model.dtype",
         lambda c: c.train.precision == "fp16" and c.model.dtype == "float16" and c.peft.kind == "none",
         "fp16 loss scaling cannot unscale gradients of float16 weights (torch raises 'Attempting to unscale FP16 gradients')",

@@ -236,8 +236,26 @@ class Builders:
 
         return build_scheduler(self.config.scheduler, self.optimizer, self.total_steps)
 
+    def build_engine(self):
+        """`parallel.kind = "deepspeed"`: wrap the model and optimizer in a DeepSpeed engine, which then
+        stands for both (`self.model` is the engine; `self.optimizer` its ZeRO optimizer, whose param
+        groups are the torch optimizer's, so the LR scheduler built on that one still drives it).
+        None for every other kind."""
+        if self.config.parallel.kind != "deepspeed":
+            return None
+        from ditty.train import deepspeed_engine
+
+        engine, self.optimizer = deepspeed_engine.initialize(self.model, self.optimizer, self.config,
+                                                             accumulation_steps=self.grad_accum,
+                                                             world_size=self.world_size, device=self.device)
+        self.model = engine
+        return engine
+
     def build_precision(self):
-        return build_precision(self.config.train.precision, self.device)
+        precision = build_precision(self.config.train.precision, self.device)
+        if self.config.parallel.kind == "deepspeed":
+            precision.scaler = None  # the engine scales fp16 losses itself ("fp16": {"loss_scale": 0})
+        return precision
 
     def build_run_dir(self) -> str:
         """Create the run directory and write recipe.toml and env.json (rank 0)."""

@@ -142,6 +142,11 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
                     f"to start afresh, or add --checkpoint.force_resume true to continue with the new values")
         if diffs:
             log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
+    if config.parallel.kind == "deepspeed":
+        from ditty._utils.dist import world_size
+        from ditty.train.deepspeed_engine import check_world_size
+
+        check_world_size(found, doc.get("world_size"), world_size())
     steps = config.train.steps
     if steps is not None and step > steps:
         raise RecipeError.single(
@@ -185,7 +190,10 @@ class Checkpointer:
         self.trainer = trainer
         self.resume = resume
         cfg = trainer.config.checkpoint
-        self.manager = CheckpointManager(trainer.run_dir, keep_last=cfg.keep_last, async_save=cfg.async_save)
+        # DeepSpeed writes its own files synchronously (save_checkpoint), inside ditty's step-N directory.
+        self.engine = getattr(trainer, "engine", None)
+        self.manager = CheckpointManager(trainer.run_dir, keep_last=cfg.keep_last,
+                                         async_save=cfg.async_save and self.engine is None)
         self.last_saved_step: Optional[int] = None
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
@@ -194,6 +202,8 @@ class Checkpointer:
         from ditty.checkpoint import ModelOptimizerState
 
         t = self.trainer
+        if self.engine is not None:
+            return {}  # the engine's own files hold model and optimizer (see save)
         return {"train": ModelOptimizerState(t.model, t.optimizer, trainable_only=t.config.peft.kind != "none")}
 
     def sidecar(self) -> dict:
@@ -216,7 +226,12 @@ class Checkpointer:
 
     def save(self) -> Path:
         step = self.trainer.state.step
-        path = self.manager.save(step, self.app_state(), self.sidecar())
+        write_extra = None
+        if self.engine is not None:
+            from ditty.train.deepspeed_engine import save_engine
+
+            write_extra = lambda tmp: save_engine(self.engine, str(tmp))  # noqa: E731
+        path = self.manager.save(step, self.app_state(), self.sidecar(), write_extra=write_extra)
         self.last_saved_step = step
         return path
 
@@ -226,6 +241,10 @@ class Checkpointer:
             return
         t = self.trainer
         doc = self.manager.load(self.resume.checkpoint, self.app_state())
+        if self.engine is not None:
+            from ditty.train.deepspeed_engine import load_engine
+
+            load_engine(self.engine, str(self.resume.checkpoint))
         t.state.load_state_dict(doc["train_state"])
         if doc.get("data") is not None and hasattr(t.stream, "load_state_dict"):
             t.stream.load_state_dict(doc["data"])

@@ -74,15 +74,7 @@ def parallelize(model: nn.Module, config: Any, mesh: Any, *, block_classes: Opti
     the optimizer (FSDP2 swaps every parameter for a DTensor shard, and the optimizer must hold those).
     Meta parameters (the low-memory build) are materialised and loaded by `load_meta_weights` after.
     """
-    if config.parallel.kind == "deepspeed":
-        # The compiler refuses deepspeed while the package is missing (compat.deepspeed-missing); with
-        # it installed, the trainer would otherwise train without ZeRO and say nothing.
-        from ditty.config.errors import RecipeError
-
-        raise RecipeError.single("the trainer does not drive the DeepSpeed engine yet (only its config builder, "
-                                 "ditty.parallel.deepspeed, exists)", key="parallel.kind",
-                                 fix='use parallel.kind = "fsdp" (ZeRO-3-like sharding) or "ddp"')
-    if mesh is None:
+    if mesh is None or config.parallel.kind == "deepspeed":  # the engine wraps it after the optimizer (build_engine)
         return model
     from ditty.parallel import apply_parallelism
 
@@ -140,8 +132,13 @@ def memory_figures(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] 
     Optimizer state exists only after the first step; `optimizer_state_bytes` then is the true figure.
     """
     from ditty.parallel.memory import optimizer_state_bytes, parameter_bytes
+    from ditty.train import deepspeed_engine
 
-    t = torch.tensor([parameter_bytes(model), optimizer_state_bytes(optimizer)], dtype=torch.float64)
+    if deepspeed_engine.is_engine(model):
+        params, states = deepspeed_engine.memory_figures(model)
+    else:
+        params, states = parameter_bytes(model), optimizer_state_bytes(optimizer)
+    t = torch.tensor([params, states], dtype=torch.float64)
     if is_distributed():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"parameter_bytes_per_rank": int(t[0]), "optimizer_state_bytes_per_rank": int(t[1])}
@@ -186,6 +183,10 @@ def full_state_dict(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     the CPU as it arrives and keeps it on rank 0 only, so no accelerator ever holds the whole model;
     the host memory is one full copy on rank 0, the same as the `final/` it is about to write.
     """
+    from ditty.train import deepspeed_engine
+
+    if deepspeed_engine.is_engine(model):
+        return deepspeed_engine.full_state_dict(model)
     if not is_sharded(model):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

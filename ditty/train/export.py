@@ -66,7 +66,12 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
     builder.build_seed()
     builder.tokenizer = builder.build_tokenizer()
     model = builder.build_model()
-    load_checkpoint(checkpoint, {"train": ModelOptimizerState(model, None, trainable_only=adapter)})
+    if config.parallel.kind == "deepspeed":  # DeepSpeed's own files inside the checkpoint (zero_to_fp32)
+        from ditty.train.deepspeed_engine import load_weights_for_export
+
+        load_weights_for_export(model, str(checkpoint), strict=not adapter)
+    else:
+        load_checkpoint(checkpoint, {"train": ModelOptimizerState(model, None, trainable_only=adapter)})
     model = unwrap_model(model).eval()
 
     partial = out.parent / f".{out.name}.partial"

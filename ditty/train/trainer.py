@@ -30,7 +30,7 @@ from ditty.models.converters import run_post_optimizer_hooks
 from ditty.metrics.progress import format_record
 from ditty.train.builders import Builders
 from ditty.train.speed import apply_speedups
-from ditty.train import checkpointing, distributed
+from ditty.train import checkpointing, deepspeed_engine, distributed
 from ditty.train.evaluate import eval_batches, validation_loss
 from ditty.train.final import save_final, unwrap_model
 from ditty.data.generic import batch_samples, is_generic, to_device
@@ -67,6 +67,7 @@ class Trainer(Builders):
         self.total_steps = self.build_total_steps()
         self.optimizer = self.build_optimizer()
         self.scheduler = self.build_scheduler()
+        self.engine = self.build_engine()  # deepspeed: wraps model and optimizer; None otherwise
         self.precision = self.build_precision()
         self.pipeline = self.build_pipeline()
         self.run_dir = self.build_run_dir()
@@ -151,7 +152,10 @@ class Trainer(Builders):
         """Forward one micro-batch through the pipeline and backward its share of the global loss."""
         out = self.forward(batch, ctx)
         scaled = norm.scale(out.loss, out.num_tokens, batch_samples(batch))
-        self.precision.backward(scaled)
+        if self.engine is not None:
+            deepspeed_engine.backward(self.engine, scaled)  # the engine steps after the last micro-batch
+        else:
+            self.precision.backward(scaled)
         return scaled.detach(), out
 
     def forward(self, batch: Any, ctx: dict) -> Any:
@@ -170,7 +174,10 @@ class Trainer(Builders):
         """Clip and step, unless the loss or the gradient is not finite: then zero grads and skip.
 
         Cost: one host sync per step (loss, grad norm and counts read together) to decide whether to step.
+        Under DeepSpeed the engine has already stepped (and clipped); this only reads its figures.
         """
+        if self.engine is not None:
+            return deepspeed_engine.finish_step(self, loss, tokens, supervised, metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.precision.unscale_(self.optimizer)
         norm = grad_norm(params)  # a DTensor under FSDP: clipping takes it as is, the log reads its full value

@@ -1,4 +1,4 @@
-"""The DeepSpeed engine config built from [parallel] (deepspeed itself is not installed here)."""
+"""The DeepSpeed engine config built from [parallel] (pure; the engine runs in tests/train/test_deepspeed_run.py)."""
 
 from __future__ import annotations
 

@@ -113,14 +113,6 @@ def test_eval_batches_are_equal_in_number_on_every_rank(monkeypatch):
     assert tokens == 5 * 2  # the filler adds no supervised tokens
 
 
-def test_deepspeed_is_refused_by_the_trainer_rather_than_ignored(tmp_path):
-    from ditty.config.errors import RecipeError
-    from ditty.train import distributed
-
-    with pytest.raises(RecipeError, match="DeepSpeed engine"):
-        distributed.parallelize(torch.nn.Linear(2, 2), tiny_config(str(tmp_path), micro=4, parallel="deepspeed"), None)
-
-
 def test_single_process_reports_memory(single):
     with open(os.path.join(single, "env.json"), encoding="utf-8") as f:
         memory = json.load(f)["memory"]
