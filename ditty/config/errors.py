@@ -63,3 +63,8 @@ class RecipeError(Exception):
 
     def __str__(self) -> str:
         return self.format()
+
+    def __reduce__(self):
+        # Exceptions pickle as cls(*args), and args holds the formatted text, not the problems: rebuild
+        # from the fields instead, so an error can travel between ranks (broadcast_object_list).
+        return (type(self), (self.problems, self.source))
