@@ -206,10 +206,21 @@ def _fetching(load, path: str):
 
     transformers raises OSError for a missing repo, a missing file and an offline cache miss alike
     (huggingface_hub's own errors, LocalEntryNotFoundError included, derive from OSError), and its
-    message says which, so its first line is passed on.
+    message says which, so its first line is passed on. A damaged safetensors file (safetensors'
+    own error) is a RecipeError too.
     """
     try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - transformers depends on safetensors
+        SafetensorError = OSError
+    try:
         return load()
+    except SafetensorError as error:  # a truncated or corrupted weights file (not an OSError)
+        raise RecipeError.single(
+            f"the weights in {path!r} are damaged: {_summary(error)}",
+            key="model.path",
+            fix="save or download the checkpoint again (an interrupted copy leaves a truncated file)",
+        ) from error
     except OSError as error:
         if local_model_dir(path):
             raise RecipeError.single(

@@ -119,3 +119,143 @@ def quantized_linear_count(model: "torch.nn.Module") -> dict[str, int]:
         elif isinstance(module, bnb.nn.Linear8bitLt):
             counts["Linear8bitLt"] += 1
     return counts
+
+
+# --- low-memory FSDP + QLoRA: rank 0 quantizes, the other ranks build the same modules on meta ---
+
+_LAYER_ATTRS_SKIPPED = ("training", "quant_state")
+_WEIGHT_ATTRS = ("blocksize", "compress_statistics", "quant_type", "quant_storage", "bnb_quantized")
+_MODEL_ATTRS = ("is_quantized", "quantization_method", "hf_quantizer", "is_loaded_in_4bit", "is_loaded_in_8bit")
+
+
+def quantized_skeleton(model: "torch.nn.Module") -> dict:
+    """What another rank needs to rebuild this bitsandbytes 4-bit model on the meta device, without
+    reading or quantizing a weight: the (final) config, every `Linear4bit` with its packed weight's
+    shape, dtype and quantization settings, the model-level quantization attributes transformers
+    sets, and the name, shape and dtype of every parameter and buffer (to check the rebuild). Small:
+    no tensor data (the quant states follow after sharding, `share_4bit_quant_states`).
+    """
+    import bitsandbytes as bnb
+
+    layers = {}
+    for name, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            raise ValueError("the low-memory build handles 4-bit bases only, not 8-bit")
+        if isinstance(module, bnb.nn.Linear4bit):
+            weight = module.weight
+            layers[name] = {
+                "attrs": {k: v for k, v in vars(module).items() if not k.startswith("_") and k not in _LAYER_ATTRS_SKIPPED},
+                "bias": module.bias is not None,
+                "weight": (tuple(weight.shape), weight.dtype, {a: getattr(weight, a) for a in _WEIGHT_ATTRS}),
+            }
+    return {
+        "config": model.config,
+        "dtype": model.dtype,
+        "training": model.training,
+        "layers": layers,
+        "model_attrs": {k: getattr(model, k) for k in _MODEL_ATTRS if k in vars(model)},
+        "tensors": _tensor_specs(model),
+    }
+
+
+def _tensor_specs(model: "torch.nn.Module") -> dict:
+    specs = {name: (tuple(p.shape), p.dtype) for name, p in model.named_parameters(remove_duplicate=False)}
+    specs.update({name: (tuple(b.shape), b.dtype) for name, b in model.named_buffers(remove_duplicate=False)})
+    return specs
+
+
+def rebuild_quantized_on_meta(model: "torch.nn.Module", skeleton: dict) -> "torch.nn.Module":
+    """Turn `model` (built from `skeleton["config"]` with meta parameters) into rank 0's quantized
+    model: the same `Linear4bit` modules with meta packed weights, the same dtypes and attributes.
+    Raises ValueError when a parameter or buffer still differs from rank 0's (name, shape)."""
+    import bitsandbytes as bnb
+    import torch
+
+    for name, layer in skeleton["layers"].items():
+        old = model.get_submodule(name)
+        with torch.device("meta"):
+            new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=layer["bias"])
+        new.__dict__.update(layer["attrs"])
+        shape, dtype, settings = layer["weight"]
+        new.weight = bnb.nn.Params4bit(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False,
+                                       module=new, **settings)
+        if layer["bias"]:
+            new.bias = old.bias
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    for key, value in skeleton["model_attrs"].items():
+        setattr(model, key, value)
+    for key in ("quantization_config", "_is_quantized"):  # what transformers set on rank 0's config
+        if key in vars(skeleton["config"]):
+            setattr(model.config, key, getattr(skeleton["config"], key))
+    model.train(skeleton["training"])
+    _match_dtypes(model, skeleton["tensors"])
+    return model
+
+
+def _match_dtypes(model: "torch.nn.Module", specs: dict) -> None:
+    """Cast each parameter / buffer to rank 0's dtype (free on meta), then check names and shapes."""
+    import torch
+
+    cast: dict[int, torch.nn.Parameter] = {}  # tied parameters stay one parameter
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name, param in list(module._parameters.items()):
+            want = specs.get(f"{prefix}.{name}".lstrip("."))
+            if param is not None and want is not None and param.dtype != want[1] and type(param) is torch.nn.Parameter:
+                if id(param) not in cast:
+                    cast[id(param)] = torch.nn.Parameter(param.to(want[1]), requires_grad=param.requires_grad)
+                module._parameters[name] = cast[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            want = specs.get(f"{prefix}.{name}".lstrip("."))
+            if buffer is not None and want is not None and buffer.dtype != want[1]:
+                module._buffers[name] = buffer.to(want[1])
+    mine = _tensor_specs(model)
+    if mine != specs:
+        differ = sorted(set(mine) ^ set(specs)) or sorted(n for n in mine if mine[n] != specs[n])
+        name = differ[0]
+        raise ValueError(f"the meta-device model differs from rank 0's quantized model at {name}: "
+                         f"{mine.get(name)} here, {specs.get(name)} on rank 0")
+
+
+def share_4bit_quant_states(model: "torch.nn.Module", device: "torch.device | str" = "cpu") -> int:
+    """Give every rank's `Linear4bit` rank 0's quantization state (block scales, code, shape, dtype).
+
+    FSDP shards the packed weights; the quant states are small (1/32 of the packed bytes with double
+    quantization) and every rank needs them whole, so rank 0 sends each one (one small object
+    broadcast per layer) and the others set `module.quant_state`, which bitsandbytes copies onto the
+    gathered weight at each forward. Returns how many layers were sent. Every rank must call it.
+    """
+    import copy
+
+    import bitsandbytes as bnb
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0
+    rank = dist.get_rank()
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        state = module.quant_state if rank == 0 else None
+        if rank == 0 and state is not None and any(t.device.type != "cpu" for t in _state_tensors(state)):
+            state = copy.deepcopy(state)
+            state.to("cpu")  # pickled tensors would otherwise name rank 0's GPU
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        if rank != 0:
+            if box[0] is None:
+                raise ValueError("rank 0 has a Linear4bit layer without a quantization state")
+            box[0].to(torch.device(device))
+            module.quant_state = box[0]
+        count += 1
+    return count
+
+
+def _state_tensors(state) -> list:
+    import torch
+
+    found = [v for v in vars(state).values() if isinstance(v, torch.Tensor)]
+    nested = getattr(state, "state2", None)
+    return found + (_state_tensors(nested) if nested is not None else [])

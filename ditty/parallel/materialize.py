@@ -2,7 +2,8 @@
 
 The order (each rank): `with meta_init(): model = build()`; `apply_parallelism(...)` (fully_shard
 turns the meta parameters into meta DTensor shards); `load_sharded_from_safetensors(model,
-model_dir if rank == 0 else None)` (or `load_sharded_from_rank0` with an in-memory state dict).
+model_dir if rank == 0 else None)` (or `load_sharded_from_rank0` with an in-memory state dict, or `load_sharded_from_rank0_tensors` with
+full tensors rank 0 built itself: a base quantized on rank 0 for QLoRA).
 Rank 0 reads the checkpoint one tensor at a time and broadcasts it; every rank keeps its slice. No
 rank ever holds the whole model, so resident memory falls with the world size (not only tensor bytes:
 building the full model on each rank and then sharding leaves the peak where it was).
@@ -193,6 +194,100 @@ def load_sharded_from_safetensors(model: nn.Module, model_dir: Optional[str], *,
     each rank copies its slice and drops the rest, so the extra memory is one full tensor. All ranks
     raise the same RecipeError when the checkpoint lacks a weight of the model.
     """
+    files: dict[str, SafetensorsFile] = {}
+
+    def plan(targets):
+        if model_dir is None:
+            raise ValueError("rank 0 must pass the model directory")
+        return _plan(targets, model_dir)
+
+    def read(entry):
+        key, file = entry[0], entry[1]
+        if file not in files:
+            files[file] = SafetensorsFile(file)
+        return files[file].read(key)
+
+    return _stream_from_rank0(model, plan, read, device)
+
+
+def load_sharded_from_rank0_tensors(model: nn.Module, tensors: "Optional[dict[str, torch.Tensor]]", *,
+                                    device: Union[str, torch.device, None] = None) -> nn.Module:
+    """Fill a sharded (or meta) model from full tensors that rank 0 holds in memory (None elsewhere).
+
+    `tensors` maps a parameter / persistent buffer name (as `named_parameters` gives it before
+    sharding; activation-checkpoint and compile wrappers are ignored) to its full value. Rank 0
+    broadcasts them one at a time and *pops* each from the dict, so its full copy shrinks as the
+    shards fill: rank 0's peak is its full model plus its own shard, the other ranks' one shard plus
+    one full tensor. Used for a quantized base that rank 0 loaded and quantized (QLoRA under FSDP).
+    """
+
+    def plan(targets):
+        if tensors is None:
+            raise ValueError("rank 0 must pass the full tensors")
+        by_name = {clean_name(name): name for name in tensors}
+        out, missing = [], []
+        for names, tensor in targets:
+            key = next((by_name[clean_name(n)] for n in names if clean_name(n) in by_name), None)
+            if key is None:
+                missing.append(names[0])
+                continue
+            full = tensors[key]
+            if tuple(full.shape) != tuple(tensor.shape):
+                return ValueError(f"rank 0's tensor {key} has shape {list(full.shape)}, the sharded model wants "
+                                  f"{list(tensor.shape)}")
+            out.append((key, tuple(full.shape), full.dtype))
+        if missing:
+            return ValueError(f"rank 0 holds no value for {', '.join(missing[:5])}")
+        return out
+
+    def read(entry):
+        return tensors.pop(entry[0]).detach()  # the last reference on rank 0: freed after the copy
+
+    return _stream_from_rank0(model, plan, read, device)
+
+
+def clean_name(name: str) -> str:
+    """A parameter name without the wrappers that activation checkpointing and torch.compile insert."""
+    for part in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(part, "")
+    return name
+
+
+def share_from_rank0(value: Any) -> Any:
+    """Rank 0's `value` on every rank (one `broadcast_object_list`; the value itself on one process).
+
+    An exception is a value like any other: the callers raise it on every rank, so a failure on
+    rank 0 (a bad checkpoint) ends every rank with the same error instead of leaving them waiting.
+    An exception that cannot be pickled travels as a RuntimeError with its text.
+    """
+    rank, world = _world()
+    if world == 1:
+        return value
+    box = [portable_error(value) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return value if rank == 0 else box[0]
+
+
+def portable_error(value: Any) -> Any:
+    """`value`, with an exception that does not pickle replaced by a RuntimeError with its text (for
+    object collectives; RecipeError pickles from its fields)."""
+    if isinstance(value, BaseException):
+        import pickle
+
+        try:
+            pickle.loads(pickle.dumps(value))
+        except Exception:  # noqa: BLE001 - any unpicklable error still reaches the other ranks
+            return RuntimeError(f"{type(value).__name__}: {value}")
+    return value
+
+
+def _stream_from_rank0(model: nn.Module, make_plan, read, device) -> nn.Module:
+    """The loop both loaders share: rank 0 plans (or fails), every rank learns the plan (or the error),
+    then tensor by tensor rank 0 reads, broadcasts, and every rank keeps its slice.
+
+    `make_plan(targets)` (rank 0 only) returns one entry per target, each ending with (shape, dtype),
+    or the exception every rank must raise; `read(entry)` (rank 0 only) returns that full tensor.
+    """
     target_device = torch.device(device) if device is not None else _device_of(model)
     if has_meta_parameters(model):
         materialize(model, target_device)
@@ -201,24 +296,17 @@ def load_sharded_from_safetensors(model: nn.Module, model_dir: Optional[str], *,
     plan: Any = None
     if rank == 0:
         try:
-            if model_dir is None:
-                raise ValueError("rank 0 must pass the model directory")
-            plan = _plan(targets, model_dir)
+            plan = make_plan(targets)
         except Exception as error:  # sent to every rank, so none waits for a broadcast that never comes
             plan = error
-    if world > 1:
-        box = [plan]
-        dist.broadcast_object_list(box, src=0)  # every rank learns the plan, or the error to raise
-        plan = box[0]
+    plan = share_from_rank0(plan)  # every rank learns the plan, or the error to raise
     if isinstance(plan, BaseException):
         raise plan
-    files: dict[str, SafetensorsFile] = {}
     comm_device = torch.device("cuda", torch.cuda.current_device()) if target_device.type == "cuda" else torch.device("cpu")
-    for (names, tensor), (key, file, shape, dtype) in zip(targets, plan):
+    for (names, tensor), entry in zip(targets, plan):
+        shape, dtype = entry[-2], entry[-1]
         if rank == 0:
-            if file not in files:
-                files[file] = SafetensorsFile(file)
-            full = files[file].read(key).to(comm_device)
+            full = read(entry).to(comm_device)
         else:
             full = torch.empty(shape, dtype=dtype, device=comm_device)
         if world > 1:
@@ -234,7 +322,7 @@ def _plan(targets, model_dir: str):
     plan, missing = [], []
     files: dict[str, SafetensorsFile] = {}
     for names, tensor in targets:
-        key = next((n for n in names if n in index), None)
+        key = next((clean_name(n) for n in names if clean_name(n) in index), None)
         if key is None:
             missing.append(names[0])
             continue
@@ -257,3 +345,9 @@ def _plan(targets, model_dir: str):
 _DTYPE_NAMES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
                 "BOOL": torch.bool}
+
+
+def full_tensor_references(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter / persistent buffer of an unsharded model by name (plain tensors sharing its
+    storage, tied weights once): what `load_sharded_from_rank0_tensors` sends after `fully_shard`."""
+    return {names[0]: tensor.detach() for names, tensor in _targets(model)}

@@ -88,7 +88,9 @@ class Builders:
             from ditty.train import distributed
 
             # fsdp/hsdp full finetune of a local checkpoint: meta parameters now, each rank's shard
-            # read after sharding (build_parallel), so no rank ever holds the whole model.
+            # read after sharding (build_parallel), so no rank ever holds the whole model. QLoRA
+            # (4-bit base + LoRA): rank 0 loads and quantizes, the others build on meta, and rank 0
+            # sends the shards after sharding.
             self.meta_source = distributed.meta_build_source(cfg, getattr(self, "components", None))
             model = distributed.build_on_meta(cfg, self.tokenizer, self.device) if self.meta_source else None
             if model is None:
@@ -96,6 +98,12 @@ class Builders:
                 model = build_model(cfg.model, tokenizer=self.tokenizer, device=self.device, quant=cfg.quant)
         self.converters = self.build_converters()
         model = apply_converters(model, self.converters)
+        self._meta_rank0_tensors = None
+        if getattr(self, "meta_source", None) and given is None and cfg.quant.kind != "none":
+            from ditty.train import distributed
+
+            # Rank 0's full (quantized) tensors, adapters included, kept until build_parallel sends them.
+            self._meta_rank0_tensors = distributed.rank0_full_tensors(model)
         if is_main_process():
             trainable, total = run_env.count_parameters(model)
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
@@ -108,7 +116,10 @@ class Builders:
 
         model = distributed.parallelize(model, self.config, getattr(self, "mesh", None))
         if getattr(self, "meta_source", None):
-            model = distributed.load_meta_weights(model, self.meta_source, self.device)
+            model = distributed.load_meta_weights(model, self.meta_source, self.device,
+                                                  rank0_tensors=getattr(self, "_meta_rank0_tensors", None),
+                                                  quantized=self.config.quant.kind != "none")
+            self._meta_rank0_tensors = None  # sent (and emptied) by the load
         return model
 
     def build_converters(self) -> list:

@@ -195,43 +195,83 @@ def full_state_dict(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     return state if dist.get_rank() == 0 else None
 
 
-def load_meta_weights(model: nn.Module, model_dir: Optional[str], device: torch.device) -> nn.Module:
-    """Fill a sharded model built on the meta device from a safetensors directory read by rank 0."""
-    from ditty.parallel.materialize import load_sharded_from_safetensors
+def load_meta_weights(model: nn.Module, model_dir: Optional[str], device: torch.device, *,
+                      rank0_tensors: Optional[dict[str, torch.Tensor]] = None, quantized: bool = False) -> nn.Module:
+    """Fill a sharded model built on the meta device (every rank calls it, after `parallelize`).
 
-    return load_sharded_from_safetensors(model, model_dir if dist.get_rank() == 0 else None, device=device)
+    Full finetune: rank 0 reads the safetensors directory tensor by tensor. Quantized base
+    (`quantized`, from `build_quantized_on_meta`): rank 0 sends the tensors it loaded and quantized
+    (`rank0_tensors`, from `rank0_full_tensors`; None elsewhere), LoRA adapters included, then
+    every `Linear4bit`'s quantization state. Each rank keeps only its shard.
+    """
+    from ditty.parallel.materialize import load_sharded_from_rank0_tensors, load_sharded_from_safetensors
+
+    if not quantized:
+        return load_sharded_from_safetensors(model, model_dir if dist.get_rank() == 0 else None, device=device)
+    from ditty.models.quant import share_4bit_quant_states
+
+    load_sharded_from_rank0_tensors(model, rank0_tensors if dist.get_rank() == 0 else None, device=device)
+    share_4bit_quant_states(model, device)
+    return model
 
 
 def meta_build_source(config: Any, components: Any) -> Optional[str]:
     """The local pretrained directory to load shard by shard, when the low-memory build applies.
 
-    It applies to fsdp/hsdp on several processes for a full finetune of a pretrained Hugging Face
-    model in safetensors, without quantization, adapters or a factory, given as a recipe (not a
-    Python model instance). Otherwise None: every rank builds the
-    whole model and `fully_shard` drops the rest (parameter bytes shrink, peak memory does not).
+    It applies to fsdp/hsdp on several processes for a pretrained Hugging Face model in a local
+    directory, given as a recipe (not a Python model instance), without a factory, and either
+    - a full finetune (no quantization, no adapter) of safetensors weights: every rank builds on the
+      meta device and rank 0 reads the checkpoint tensor by tensor; or
+    - QLoRA: `quant.kind = "bnb-4bit"` with `peft.kind = "lora"` (no fp8, no remote code): rank 0
+      loads and quantizes, the others build the same modules on the meta device
+      (`build_quantized_on_meta`), and rank 0 sends the shards after `fully_shard`.
+    Otherwise None: every rank builds the whole model and `fully_shard` drops the rest (parameter
+    bytes shrink, peak memory does not). Decided on rank 0 and shared (one small broadcast), so
+    ranks that see the directory differently cannot take different paths and wait on each other.
     """
+    from ditty.parallel.materialize import share_from_rank0
+
     m = config.model
     if not is_distributed() or config.parallel.kind not in SHARDED_KINDS:
         return None
-    if getattr(components, "model", None) is not None or m.factory or config.quant.kind != "none":
+    if getattr(components, "model", None) is not None or m.factory:
         return None
-    if config.peft.kind != "none":  # peft would create the adapter on the meta device of its base layer
+    quantized = config.quant.kind != "none"
+    if quantized and not _low_memory_qlora(config):
         return None
-    if m.resolved_init != "pretrained" or not m.path or not os.path.isdir(m.path):
+    if not quantized and config.peft.kind != "none":  # peft would create the adapter on the meta device of its base layer
         return None
-    has_weights = any(os.path.exists(os.path.join(m.path, name)) for name in
-                      ("model.safetensors", "model.safetensors.index.json"))
-    return m.path if has_weights else None
+    if m.resolved_init != "pretrained" or not m.path:
+        return None
+    source = None
+    if dist.get_rank() == 0 and os.path.isdir(m.path):
+        # rank 0 loads a quantized base with from_pretrained (any format it reads); a full finetune
+        # streams safetensors.
+        has_weights = quantized or any(os.path.exists(os.path.join(m.path, name)) for name in
+                                       ("model.safetensors", "model.safetensors.index.json"))
+        source = m.path if has_weights else None
+    return share_from_rank0(source)
+
+
+def _low_memory_qlora(config: Any) -> bool:
+    fp8 = getattr(config, "fp8", None)
+    return (config.quant.kind == "bnb-4bit" and config.peft.kind == "lora" and not getattr(fp8, "enabled", False)
+            and not config.model.trust_remote_code)
 
 
 def build_on_meta(config: Any, tokenizer: Any, device: torch.device) -> Optional[nn.Module]:
     """The pretrained architecture with meta parameters (real buffers), or None when the tokenizer
-    needs a larger embedding than the checkpoint's (the ordinary build resizes it)."""
+    needs a larger embedding than the checkpoint's (the ordinary build resizes it).
+
+    With a quantized base, `build_quantized_on_meta`: rank 0's model is real (loaded and quantized).
+    """
     from transformers import AutoModelForCausalLM
 
     from ditty.models.build import _attention_kwargs, _hf_config, _resolve_dtype
     from ditty.parallel import meta_init
 
+    if config.quant.kind != "none":
+        return build_quantized_on_meta(config, tokenizer, device)
     m = config.model
     _, hf_config = _hf_config(m, {})
     if tokenizer is not None and len(tokenizer) > hf_config.vocab_size:
@@ -246,6 +286,83 @@ def build_on_meta(config: Any, tokenizer: Any, device: torch.device) -> Optional
     if getattr(model.config, "pad_token_id", None) is None and getattr(tokenizer, "pad_token_id", None) is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def build_quantized_on_meta(config: Any, tokenizer: Any, device: torch.device) -> nn.Module:
+    """Low-memory FSDP + QLoRA (the loading Answer.AI published): rank 0 builds and quantizes the
+    model exactly as one process does; the other ranks never read a weight nor quantize.
+
+    Rank 0 shares a skeleton (its final config, every `Linear4bit` with its packed shape and
+    settings, every tensor's name, shape and dtype) and its RNG state; the others build that
+    architecture with meta parameters and swap in meta `Linear4bit`s (`rebuild_quantized_on_meta`),
+    and take rank 0's RNG state so the adapters peft creates next draw what rank 0's draw (they are
+    sent from rank 0 anyway). An error on rank 0 (a bad checkpoint) or on any rank is raised on every
+    rank. Then: converters, `parallelize`, and `load_meta_weights(..., quantized=True)`.
+    """
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from ditty.models import build_model
+    from ditty.models.build import _attention_kwargs
+    from ditty.models.quant import quantized_skeleton, rebuild_quantized_on_meta
+    from ditty.parallel import meta_init
+    from ditty.parallel.materialize import share_from_rank0
+
+    rank = dist.get_rank()
+    model: Optional[nn.Module] = None
+    payload: Any = None
+    if rank == 0:
+        try:
+            model = build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant)
+            payload = {"skeleton": quantized_skeleton(model), "rng": torch.get_rng_state()}
+        except Exception as error:  # every rank raises it: none waits for weights that never come
+            payload = error
+    payload = share_from_rank0(payload)
+    if isinstance(payload, BaseException):
+        raise payload
+    error: Optional[BaseException] = None
+    if rank != 0:
+        try:
+            skeleton = payload["skeleton"]
+            hf_config = copy.deepcopy(skeleton["config"])
+            for key in ("quantization_config", "_is_quantized"):  # a plain architecture first
+                hf_config.__dict__.pop(key, None)
+            with meta_init():
+                model = AutoModelForCausalLM.from_config(hf_config, dtype=skeleton["dtype"], **_attention_kwargs(config.model))
+            model = rebuild_quantized_on_meta(model, skeleton)
+            torch.set_rng_state(payload["rng"])
+        except Exception as exc:  # noqa: BLE001 - shared below, so rank 0 does not wait in fully_shard's peers
+            error = exc
+    _raise_on_every_rank(error)
+    assert model is not None
+    return model
+
+
+def _raise_on_every_rank(error: Optional[BaseException]) -> None:
+    """All ranks learn whether any rank failed (one all_gather_object); all raise the first failure."""
+    from ditty.parallel.materialize import portable_error
+
+    shared = None if error is None else portable_error(error)
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, shared)
+    for rank, failure in enumerate(errors):
+        if failure is None:
+            continue
+        if error is not None:
+            raise error
+        if isinstance(failure, BaseException):
+            raise failure
+        raise RuntimeError(f"rank {rank} could not build its meta-device model: {failure}")
+
+
+def rank0_full_tensors(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
+    """On rank 0, references to every full tensor of the unsharded model (adapters included) for
+    `load_meta_weights` to send after `parallelize`; None on the other ranks. Call it after the
+    converters: it keeps rank 0's full copy alive until the load sends it (and frees it) tensor by tensor."""
+    from ditty.parallel.materialize import full_tensor_references
+
+    return full_tensor_references(model) if dist.get_rank() == 0 else None
 
 
 def teardown() -> None:
