@@ -147,3 +147,10 @@ def test_python_recipe_reference(capsys):
 def test_unknown_command_suggests(capsys):
     code, _, err = run_cli(capsys, "chek", "x")
     assert code == 2 and "ditty check" in err
+
+
+def test_export_of_a_missing_path_exits_2_naming_no_recipe_key(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "export", str(tmp_path / "nowhere"), "-o", str(tmp_path / "out"))
+    assert code == 2 and "no complete checkpoint at" in err
+    assert "checkpoint.resume" not in err  # the path came from the command line, not a recipe key
+    assert not (tmp_path / "out").exists()

@@ -127,9 +127,10 @@ def latest_complete(root: Path, *, in_flight: int | None = None) -> Path | None:
     return None
 
 
-def find_checkpoint(path: str | os.PathLike) -> Path:
+def find_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint.resume") -> Path:
     """Resolve what a user may name (`checkpoint.resume = PATH`, `ditty export RUN_OR_CHECKPOINT`):
-    a `step-N` directory, a run's `checkpoints/` directory, or a run directory."""
+    a `step-N` directory, a run's `checkpoints/` directory, or a run directory. `key`: the recipe key
+    the path came from, for the error ("" for a command-line argument)."""
     path = Path(path)
     if is_complete(path):
         return path
@@ -139,7 +140,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
             if found is not None:
                 return found
     raise RecipeError.single(
-        f"no complete checkpoint at {path}", key="checkpoint.resume",
+        f"no complete checkpoint at {path}", key=key,
         fix="name a run directory, its checkpoints/ directory, or a checkpoints/step-N directory "
             "that holds COMPLETE (an interrupted save leaves none)")
 

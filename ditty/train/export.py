@@ -54,7 +54,7 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
 
     out = Path(out_dir)
     _check_output(out)
-    checkpoint = find_checkpoint(source)
+    checkpoint = find_checkpoint(source, key="")  # a command-line argument, not a recipe key
     doc = read_sidecar(checkpoint)
     config = _recipe(checkpoint, doc).config
     adapter = config.peft.kind != "none"
