@@ -48,6 +48,8 @@ class ModelConfig:
     """Allow code shipped with a hub model to run. Off unless you trust the repository."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
+    converters: list[str] = field(default_factory=list)
+    """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a ditty.models.converters.ModelConverter built without arguments). Empty: the configured ones, peft then fp8."""
 
     @property
     def resolved_init(self) -> Literal["pretrained", "random"]:

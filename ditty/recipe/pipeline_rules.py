@@ -242,3 +242,43 @@ def image_data_extra(ctx: Context) -> Iterator[Problem]:
     if data.source == "builtin" and data.name == "digits" and importlib.util.find_spec("sklearn") is None:
         yield error("data.name", 'data.name = "digits" needs scikit-learn, which is not installed',
                     'pip install "ditty[diffusion]" (or pip install scikit-learn)')
+
+
+BUILTIN_CONVERTERS = {"peft": "the [peft] adapter", "fp8": "the float8 linears of [fp8]"}
+
+
+@rule("model.converters")
+def model_converters(ctx: Context) -> Iterator[Problem]:
+    """`model.converters`: known names or importable ModelConverter classes, each once, and every
+    configured rewrite listed (an unlisted [peft] or [fp8] would silently not apply)."""
+    cfg, key = ctx.config, "model.converters"
+    names = list(getattr(cfg.model, "converters", []) or [])
+    if not names:
+        return
+    configured = {"peft": cfg.peft.kind != "none", "fp8": cfg.fp8.enabled}
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        yield error(key, f"lists {name!r} twice", "list each rewrite once")
+    for name in names:
+        if name in BUILTIN_CONVERTERS:
+            if not configured[name]:
+                section = "peft.kind" if name == "peft" else "fp8.enabled"
+                yield error(key, f"lists {name!r} but {section} leaves {BUILTIN_CONVERTERS[name]} off",
+                            f"set {section}, or remove {name!r} from model.converters")
+            continue
+        if ":" not in name:
+            yield error(key, f"{name!r} is neither a built-in converter ({', '.join(map(repr, BUILTIN_CONVERTERS))}) "
+                             "nor \"package.module:Class\"", "use one of those names, or name your converter class")
+            continue
+        obj, problems = resolve(name, key)
+        if problems:
+            yield from problems
+            continue
+        if not (isinstance(obj, type) and callable(getattr(obj, "convert", None))):
+            yield error(key, f"{name!r} is not a converter class (a class with convert(model) -> model)",
+                        "see ditty.models.converters.ModelConverter")
+            continue
+        yield from _bind(obj, {}, key, name)
+    for name, on in configured.items():
+        if on and name not in names:
+            yield error(key, f"does not list {name!r}, so {BUILTIN_CONVERTERS[name]} would not apply",
+                        f"add {name!r} where it belongs in the order, or leave model.converters empty for the default")

@@ -123,18 +123,33 @@ class Builders:
         return model
 
     def build_converters(self) -> list:
-        """Model rewrites from the recipe, applied in order: the adapter (LoRA/DoRA), then FP8 linears."""
+        """Model rewrites applied in order: `model.converters`, or by default the adapter (LoRA/DoRA)
+        then FP8 linears. A "package.module:Class" entry is built without arguments (the compiler
+        checked it: rule model.converters)."""
         cfg = self.config
-        converters = []
+        builtin = {}
         if cfg.peft.kind != "none":
             from ditty.models.adapters import LoraConverter
 
             # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
-            converters.append(LoraConverter(cfg.peft, upcast_quantized=cfg.parallel.kind not in ("fsdp", "hsdp")))
+            builtin["peft"] = lambda: LoraConverter(cfg.peft, upcast_quantized=cfg.parallel.kind not in ("fsdp", "hsdp"))
         if cfg.fp8.enabled:
             from ditty.models.float8 import Float8Converter
 
-            converters.append(Float8Converter(cfg.fp8, fsdp=cfg.parallel.kind in ("fsdp", "hsdp")))
+            builtin["fp8"] = lambda: Float8Converter(cfg.fp8, fsdp=cfg.parallel.kind in ("fsdp", "hsdp"))
+        order = list(getattr(cfg.model, "converters", None) or builtin)
+        converters = []
+        for name in order:
+            if name in builtin:
+                converters.append(builtin[name]())
+            elif ":" in name:
+                import importlib
+
+                module, _, attr = name.partition(":")
+                converters.append(getattr(importlib.import_module(module), attr)())
+            else:
+                raise RecipeError.single(f"model.converters lists {name!r}, which is not configured",
+                                         key="model.converters", fix="run `ditty check` on the recipe")
         return converters
 
     def build_threads(self) -> None:
