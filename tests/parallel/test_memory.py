@@ -1,12 +1,14 @@
 """Memory that really shrinks (issue 6, item 7): a ~105M-parameter Llama on 1 process vs 2 (fsdp).
 
 Per-rank parameter + optimizer bytes (from the local shards) must be <= 0.55 of one process, and
-per-rank peak resident memory above the after-import baseline <= 0.6 (max over ranks). The same
+per-rank peak resident memory above the after-import baseline <= 0.6 (max over ranks). Each run uses
+ditty's default host allocator policy: glibc's defaults on one process, a fixed 2 MB mmap threshold
+on several CPU processes (applied by `init_distributed`; see
+`ditty.parallel.memory.apply_distributed_allocator_policy` for why and what it costs). The same
 run with every rank building the whole model first peaks as high once training runs on 2 ranks
 (AdamW state outweighs one full copy of the weights), but its load phase holds the whole model on
 every rank; the meta-device path keeps that phase near one shard, which is what matters on more
-ranks, where the training state per rank shrinks below one full model. Every run
-uses `return_freed_memory_to_os()` (glibc keeps freed FSDP buffers otherwise; see its docstring).
+ranks, where the training state per rank shrinks below one full model.
 Run it alone to see the figures: `pytest tests/parallel/test_memory.py -s`.
 """
 
@@ -47,8 +49,11 @@ def _summary(name, results):
     peak = max(r["peak_above_baseline"] for r in results)
     state = max(r["param_bytes"] + r["optimizer_bytes"] for r in results)
     after_load = max(r["peak_after_load"] for r in results)
+    cpu = max(max(r["step_cpu_seconds"]) for r in results)
+    faults = [max(r["step_page_faults"][i] for r in results) for i in range(len(results[0]["losses"]))]
     print(f"\n{name}: peak RSS above baseline {peak / MB:.0f} MB (after load {after_load / MB:.0f} MB), "
           f"params+optimizer {state / MB:.0f} MB, baseline RSS {results[0]['baseline_rss'] / MB:.0f} MB, "
+          f"CPU s/step (max) {cpu:.1f}, page faults/step {faults}, "
           f"losses {results[0]['losses']}")
     return peak, state
 

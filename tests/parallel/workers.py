@@ -87,14 +87,19 @@ def load_sharded(rank: int, world: int, model_dir: str, how: str):
     return full_state(model), logits, local
 
 
-def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2):
+def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2, opt_in_mmap: bool = False):
     """Peak resident memory above the after-import baseline, and local parameter + optimizer bytes.
 
     mode "sharded": meta build -> fully_shard (on >1 rank) -> rank 0 streams the checkpoint.
     mode "naive": every rank builds and loads the whole model, then fully_shard (the old way).
     Same global batch (4 sequences of 64 tokens) split over the ranks; AdamW; `steps` steps.
+    The allocator policy is ditty's default for fsdp (the trainer's `apply_allocator_policy`: glibc's
+    own on one process, a fixed 2 MB mmap threshold on several); `opt_in_mmap` applies
+    `return_freed_memory_to_os()` (64 KB) instead, for comparison.
     """
     import gc
+    import resource
+    import time
 
     import psutil
     from transformers import AutoConfig, LlamaForCausalLM
@@ -107,7 +112,12 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2)
     from ditty.parallel.mesh import build_mesh
     from ditty.parallel.wrap import apply_parallelism
 
-    assert return_freed_memory_to_os()  # the same allocator policy for every run compared
+    if opt_in_mmap:
+        assert return_freed_memory_to_os()
+    elif world > 1:  # what the trainer applies for fsdp/hsdp on several CPU processes
+        from ditty.parallel.memory import apply_distributed_allocator_policy
+
+        apply_distributed_allocator_policy()
     config = AutoConfig.from_pretrained(model_dir)
     gc.collect()
     baseline_peak, baseline_rss = peak_rss_bytes(), psutil.Process().memory_info().rss
@@ -130,14 +140,22 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2)
     tokens = torch.randint(0, config.vocab_size, (4, 64), generator=g)
     per_rank = 4 // world
     mine = tokens[rank * per_rank:(rank + 1) * per_rank]
-    losses = []
+    losses, step_seconds, step_cpu_seconds, step_page_faults = [], [], [], []
     for _ in range(steps):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         loss = model(input_ids=mine, labels=mine).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss))
+        step_seconds.append(time.perf_counter() - start)
+        step_cpu_seconds.append(time.process_time() - cpu_start)
+        step_page_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start)
     return {
+        "step_seconds": step_seconds,  # wall clock: noisy on a shared machine
+        "step_cpu_seconds": step_cpu_seconds,  # this process's CPU time (all threads, user + system)
+        "step_page_faults": step_page_faults,  # minor faults: fresh pages from the kernel
         "baseline_rss": baseline_rss,
         "peak_above_baseline": peak_rss_bytes() - baseline_peak,
         "peak_after_load": after_load,
