@@ -17,13 +17,18 @@
     `checkpoint.final_format = "merged"` with bnb-8bit before the run (compat.merge-8bit).
 - `save_merged`: `merge_to_full` then `save_pretrained` (safetensors) plus the tokenizer;
   `AutoModelForCausalLM.from_pretrained(dir)` loads it.
+- Under FSDP the model's parameters are this rank's shards: pass the full state dict gathered from
+  every rank (`state_dict`, rank 0 only) and the base and adapter tensors come from it instead.
+  A 4-bit weight arrives there as its gathered packed bytes; its quantization state (block scales,
+  code book) is not sharded (bitsandbytes keeps a full copy on each `Linear4bit` as `quant_state`),
+  so rank 0 dequantizes it exactly as on one process.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from ditty.config.errors import RecipeError
 
@@ -50,8 +55,13 @@ def save_adapter(model: "torch.nn.Module", directory: str, tokenizer: Any = None
     return directory
 
 
-def merge_to_full(model: "torch.nn.Module") -> "torch.nn.Module":
-    """A plain model with the adapter of `model` merged in (see the module docstring); `model` is unchanged."""
+def merge_to_full(model: "torch.nn.Module",
+                  state_dict: "Optional[dict[str, torch.Tensor]]" = None) -> "torch.nn.Module":
+    """A plain model with the adapter of `model` merged in (see the module docstring); `model` is unchanged.
+
+    `state_dict`: the full state dict of `model` (its own parameter names) gathered from a sharded
+    (FSDP) model; the tensors are read from it rather than from `model`'s local shards. No collective.
+    """
     import torch
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from transformers import PreTrainedModel
@@ -67,10 +77,18 @@ def merge_to_full(model: "torch.nn.Module") -> "torch.nn.Module":
     adapter_name = model.active_adapter
     peft_config = copy.deepcopy(model.peft_config[adapter_name])
     if not isinstance(base, PreTrainedModel):
+        if state_dict is not None:
+            raise TypeError("merging a sharded custom nn.Module (no Hugging Face config to rebuild it from) is not "
+                            "supported: export it from a checkpoint with `ditty export --merge-lora`")
         # A custom nn.Module has no config to rebuild it from: merge a copy.
         return copy.deepcopy(model).merge_and_unload(safe_merge=True)
 
-    base_state, extra_buffers = _plain_base_tensors(base)
+    gathered, base_prefix = None, ""
+    if state_dict is not None:
+        # Model names and state-dict names differ only by the wrapper the state dict drops.
+        gathered = {_without_checkpoint_wrapper(name): tensor for name, tensor in state_dict.items()}
+        base_prefix = next(name for name, module in model.named_modules() if module is base)
+    base_state, extra_buffers = _plain_base_tensors(base, gathered, base_prefix)
     plain = _empty_plain_model(base)
     plain.load_state_dict(base_state, strict=True, assign=True)
     for name, buffer in extra_buffers.items():
@@ -83,20 +101,23 @@ def merge_to_full(model: "torch.nn.Module") -> "torch.nn.Module":
 
     with torch.no_grad():
         fresh = get_peft_model(plain, peft_config, adapter_name=adapter_name)
-        set_peft_model_state_dict(fresh, get_peft_model_state_dict(model, adapter_name=adapter_name), adapter_name=adapter_name)
+        adapter_state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name)
+        set_peft_model_state_dict(fresh, adapter_state, adapter_name=adapter_name)
         merged = fresh.merge_and_unload(safe_merge=True)
     merged.requires_grad_(False)
     return merged.eval()
 
 
-def save_merged(model: "torch.nn.Module", directory: str, tokenizer: Any = None) -> str:
+def save_merged(model: "torch.nn.Module", directory: str, tokenizer: Any = None, *,
+                state_dict: "Optional[dict[str, torch.Tensor]]" = None) -> str:
     """Write the merged full model in Hugging Face format (safetensors, config) plus the tokenizer.
 
-    `model` is a peft model (merged here with `merge_to_full`) or an already merged plain model.
+    `model` is a peft model (merged here with `merge_to_full`, from `state_dict` when it is sharded)
+    or an already merged plain model.
     """
     from peft import PeftModel
 
-    merged = merge_to_full(model) if isinstance(model, PeftModel) else model
+    merged = merge_to_full(model, state_dict) if isinstance(model, PeftModel) else model
     os.makedirs(directory, exist_ok=True)
     merged.save_pretrained(directory)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
@@ -111,15 +132,26 @@ def _require_peft_model(model: "torch.nn.Module") -> None:
         raise TypeError(f"expected a peft model (from LoraConverter), got {type(model).__name__}")
 
 
-def _plain_base_tensors(base: "torch.nn.Module") -> "tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]":
+def _plain_base_tensors(base: "torch.nn.Module", gathered: "Optional[dict[str, torch.Tensor]]" = None,
+                        base_prefix: str = "") -> "tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]":
     """The base model's own tensors under the names a plain (un-adapted, unquantized) model of the
     same class uses: (persistent parameters and buffers, non-persistent buffers).
 
     4-bit weights are dequantized here; every other tensor is the trained model's own (no copy).
+    `gathered`: the full state dict gathered from a sharded (FSDP) model, under the names of the
+    model that holds `base` as `base_prefix`: parameters and persistent buffers come from it.
+    Non-persistent buffers (rotary frequencies) are never sharded and come from the model.
     """
+    import types
+
     import bitsandbytes as bnb
 
     from ditty.models.quant import dequantize_4bit_weight
+
+    def own(module_name: str, name: str, tensor: "torch.Tensor") -> "torch.Tensor":
+        if gathered is None:
+            return tensor.detach()
+        return gathered[_without_checkpoint_wrapper(".".join(filter(None, (base_prefix, module_name, name))))]
 
     state: dict[str, "torch.Tensor"] = {}
     extra_buffers: dict[str, "torch.Tensor"] = {}
@@ -131,19 +163,29 @@ def _plain_base_tensors(base: "torch.nn.Module") -> "tuple[dict[str, torch.Tenso
         prefix = prefix + "." if prefix else ""
         for name, parameter in module.named_parameters(recurse=False):
             if isinstance(module, bnb.nn.Linear4bit) and name == "weight":
+                if gathered is not None:
+                    # The gathered packed bytes, with the state FSDP's parameter lost but the module kept.
+                    quant_state = getattr(parameter, "quant_state", None)
+                    quant_state = module.quant_state if quant_state is None else quant_state
+                    parameter = types.SimpleNamespace(data=own(module_name, name, parameter), quant_state=quant_state)
                 dense = dequantize_4bit_weight(parameter)
                 # The 4-bit forward multiplies this weight cast to its compute dtype; round it the
                 # same way, but keep the model's dtype so a plain Linear fits between its neighbours.
                 tensor = dense.to(module.compute_dtype or dense.dtype).to(dense.dtype)
             else:
-                tensor = parameter.detach()
+                tensor = own(module_name, name, parameter)
             state[prefix + name] = tensor
         for name, buffer in module.named_buffers(recurse=False):
             if name in module._non_persistent_buffers_set:
                 extra_buffers[prefix + name] = buffer
             else:
-                state[prefix + name] = buffer
+                state[prefix + name] = own(module_name, name, buffer)
     return state, extra_buffers
+
+
+def _without_checkpoint_wrapper(name: str) -> str:
+    """A tensor's name without activation checkpointing's wrapper segment (state dicts drop it)."""
+    return ".".join(segment for segment in name.split(".") if segment != "_checkpoint_wrapped_module")
 
 
 def _empty_plain_model(base: "torch.nn.Module") -> "torch.nn.Module":

@@ -89,8 +89,8 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
     Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load, and
     with `merged` also `final/merged/`: the adapter merged into the base (for a 4-bit base, into
     its dequantized weights), a full model that `from_pretrained` loads.
-    `state_dict`: the full weights gathered from a sharded (FSDP) model, saved instead of the
-    model's own (which hold only this rank's shards).
+    `state_dict`: the full weights gathered from a sharded (FSDP) model, saved (and merged) instead
+    of the model's own (which hold only this rank's shards).
     """
     final = os.path.join(run_dir, FINAL_DIR)
     partial = final + ".partial"
@@ -112,13 +112,17 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
         save_model(model, os.path.join(partial, "model.safetensors"))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(partial)
-    if merged and hasattr(model, "peft_config") and state_dict is not None:
-        log.warning("checkpoint.final_format = \"merged\" under FSDP: final/merged/ not written (the model is "
-                    "sharded); run `ditty export %s --merge-lora` for it", run_dir)
-    elif merged and hasattr(model, "peft_config"):
+    if merged and hasattr(model, "peft_config"):
+        from transformers import PreTrainedModel
+
         from ditty.models.merge import save_merged
 
-        save_merged(model, os.path.join(partial, "merged"), tokenizer)
+        if state_dict is not None and not isinstance(model.get_base_model(), PreTrainedModel):
+            # A sharded custom nn.Module has no config to rebuild a plain copy from on rank 0.
+            log.warning("checkpoint.final_format = \"merged\": final/merged/ not written (a custom model under "
+                        "FSDP); run `ditty export %s --merge-lora` for it", run_dir)
+        else:
+            save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
     old = final + ".old"
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)
