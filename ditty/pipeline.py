@@ -309,6 +309,18 @@ class Pipeline:
         return self.trainer_class(config, components=self.components(data))
 
     def run(self) -> Any:
-        """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics)."""
-        self.trainer = self.build_trainer()
-        return self.trainer.train()
+        """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics).
+
+        Under torchrun the Trainer joins the process group; when the run ends normally, the group
+        is destroyed again if this run created it (one the caller made before stays theirs).
+        """
+        import contextlib
+
+        import torch.distributed as dist
+
+        from ditty.train.distributed import process_group_for_run
+
+        created_here = not (dist.is_available() and dist.is_initialized())
+        with process_group_for_run() if created_here else contextlib.nullcontext():
+            self.trainer = self.build_trainer()
+            return self.trainer.train()
