@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
 from ditty.data.formats import tokenize_dataset
-from ditty.data.sources import load_file_dataset, load_hub_dataset
+from ditty.data.sources import load_file_dataset, load_hub_dataset, progress_bars_on_main_rank
 from ditty.data.task import Task
 
 if TYPE_CHECKING:
@@ -39,7 +39,13 @@ def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: i
 
     Validation comes from `data.val_path` when set, else a `data.val_fraction` split that is
     deterministic in the seed; built-in datasets hold out whole problems instead (see `builtin`).
+    Progress bars show on rank 0 only.
     """
+    with progress_bars_on_main_rank():
+        return _build(data, tokenizer, seed)
+
+
+def _build(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
     if data.source == "builtin" and data.name in IMAGE_BUILTINS:
         from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved

@@ -52,7 +52,10 @@ class Data:
             return self._dataset
         import datasets
 
-        loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
+        from ditty.data.sources import progress_bars_on_main_rank
+
+        with progress_bars_on_main_rank():
+            loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
                 raise RecipeError.single(f"the dataset has splits {list(loaded)} and no 'train'", key="Data.load_kwargs",
@@ -61,6 +64,9 @@ class Data:
         return loaded
 
     def prepare(self, operations: Sequence[tuple[str, Callable, dict]] = ()) -> torch.utils.data.DataLoader:
+        """The loaded dataset through `operations` (map, filter, ...; their progress bars on rank 0 only)."""
+        from ditty.data.sources import progress_bars_on_main_rank
+
         dataset = self.load()
         for index, operation in enumerate(operations):
             try:
@@ -72,7 +78,8 @@ class Data:
             if method is None:
                 raise RecipeError.single(f"operation {index}: a dataset has no method {name!r}", key="Data.prepare",
                                          fix="use a datasets.Dataset method such as map, filter, shuffle, select")
-            dataset = method(function, **(kwargs or {}))
+            with progress_bars_on_main_rank():
+                dataset = method(function, **(kwargs or {}))
         dataset = self.remove_unused_columns(dataset)
         return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, sampler=self.sampler(dataset),
                                            collate_fn=self.collate_fn or self.default_collate(),

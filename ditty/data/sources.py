@@ -6,14 +6,36 @@ are read in pieces and never held whole; everything downstream indexes the mappe
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from ditty.config.errors import RecipeError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+
+@contextlib.contextmanager
+def progress_bars_on_main_rank() -> Iterator[None]:
+    """`datasets`' progress bars (loading, "tokenizing", map and filter) on rank 0 only.
+
+    Every rank loads and tokenizes the same data; N copies of each bar interleave into noise. On
+    the other ranks the bars are off for the duration and back on after (unless already off).
+    """
+    from ditty._utils.dist import is_main_process
+
+    import datasets
+
+    if is_main_process() or datasets.are_progress_bars_disabled():
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()
+
 
 # File suffix -> the `datasets` packaged builder that reads it.
 FILE_BUILDERS = {
