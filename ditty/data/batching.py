@@ -29,6 +29,29 @@ GROUP_WINDOW_STEPS = 16
 cut most padding, narrow enough that lengths still vary from window to window."""
 
 
+def accumulation_steps_for(global_batch_size: int, micro_batch_size: int, rank: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step; ValueError when the global batch does not split
+    evenly into micro-batches on every rank, or `rank` is not one of `world_size`."""
+    per_forward = micro_batch_size * world_size
+    if micro_batch_size < 1 or global_batch_size % per_forward:
+        raise ValueError(
+            f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} "
+            f"x world_size {world_size}"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    return global_batch_size // per_forward
+
+
+def micro_batches_of_rank(step: list, stream: Any) -> list[list]:
+    """This rank's contiguous slice of one global step's items, cut into micro-batches. `stream`
+    holds `global_batch_size`, `micro_batch_size`, `rank` and `world_size`."""
+    per_rank = stream.global_batch_size // stream.world_size
+    mine = step[stream.rank * per_rank : (stream.rank + 1) * per_rank]
+    size = stream.micro_batch_size
+    return [mine[start : start + size] for start in range(0, per_rank, size)]
+
+
 class BatchStream:
     """Deterministic, resumable, world-size independent micro-batches for one rank (see module doc)."""
 
@@ -47,14 +70,7 @@ class BatchStream:
         group_by_length: bool = False,
         cursor: int = 0,
     ) -> None:
-        per_forward = micro_batch_size * world_size
-        if micro_batch_size < 1 or global_batch_size % per_forward:
-            raise ValueError(
-                f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} "
-                f"x world_size {world_size}"
-            )
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
         if len(dataset) == 0:
             raise ValueError("cannot stream batches from an empty dataset")
         lengths = sample_lengths(dataset)
@@ -72,7 +88,7 @@ class BatchStream:
         # group_by_length is a padding optimisation; packed rows have no padding to cut.
         self.group_by_length = group_by_length and not packing
         self.cursor = cursor
-        self.accumulation_steps = global_batch_size // per_forward
+        self.accumulation_steps = accumulation_steps
         self._lengths = np.minimum(lengths, max_seq_len)
         self._orders: dict[int, np.ndarray] = {}
 
@@ -83,11 +99,7 @@ class BatchStream:
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """The `accumulation_steps` micro-batches this rank processes for the next optimizer step."""
-        rows = self._plan_rows()
-        per_rank = self.global_batch_size // self.world_size
-        mine = rows[self.rank * per_rank : (self.rank + 1) * per_rank]
-        size = self.micro_batch_size
-        return [self._collate(mine[start : start + size]) for start in range(0, per_rank, size)]
+        return [self._collate(rows) for rows in micro_batches_of_rank(self._plan_rows(), self)]
 
     def state_dict(self) -> dict[str, int]:
         """The cursor is the whole position; seed and dataset size are kept to catch a mismatched resume."""

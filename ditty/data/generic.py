@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ditty.config.errors import RecipeError
+from ditty.data.batching import accumulation_steps_for, micro_batches_of_rank
 
 
 class GenericTask(Protocol):
@@ -102,10 +103,7 @@ class GenericStream:
 
     def __init__(self, dataset: Any, *, global_batch_size: int, micro_batch_size: int, rank: int, world_size: int,
                  seed: int, collate_fn: Optional[Callable[[list], Any]] = None, cursor: int = 0) -> None:
-        per_forward = micro_batch_size * world_size
-        if micro_batch_size < 1 or global_batch_size % per_forward:
-            raise ValueError(f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
-                             f"{micro_batch_size} x world_size {world_size}")
+        accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
         if len(dataset) == 0:
             raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
         self.dataset = dataset
@@ -116,7 +114,7 @@ class GenericStream:
         self.seed = seed
         self.collate_fn = collate_fn or torch.utils.data.default_collate
         self.cursor = cursor
-        self.accumulation_steps = global_batch_size // per_forward
+        self.accumulation_steps = accumulation_steps
         self._size = len(dataset)
         self._orders: dict[int, np.ndarray] = {}
 
@@ -127,10 +125,7 @@ class GenericStream:
     def next_step(self) -> list[Any]:
         """The `accumulation_steps` collated micro-batches this rank processes for the next step."""
         indices = [self._take() for _ in range(self.global_batch_size)]
-        per_rank = self.global_batch_size // self.world_size
-        mine = indices[self.rank * per_rank:(self.rank + 1) * per_rank]
-        size = self.micro_batch_size
-        return [self.collate_fn([self.dataset[i] for i in mine[s:s + size]]) for s in range(0, per_rank, size)]
+        return [self.collate_fn([self.dataset[i] for i in micro]) for micro in micro_batches_of_rank(indices, self)]
 
     def state_dict(self) -> dict[str, int]:
         return {"cursor": self.cursor, "seed": self.seed, "num_samples": self._size}
