@@ -167,14 +167,6 @@ COMPAT_RULES: list[CompatRule] = [
         condition="train.compile with deepspeed",
     ),
     CompatRule(
-        "compat.deepspeed-activation-checkpointing", "train.activation_checkpointing",
-        lambda c: c.parallel.kind == "deepspeed" and c.train.activation_checkpointing != "none",
-        "activation checkpointing is not wired into the DeepSpeed engine: the recomputed forward of a block fails "
-        "under ZeRO-2 and ZeRO-3 (measured: a shape mismatch in attention)",
-        'set train.activation_checkpointing = "none" with deepspeed, or use parallel.kind = "fsdp"',
-        condition="activation checkpointing with deepspeed",
-    ),
-    CompatRule(
         "compat.deepspeed-fp8", "fp8.enabled",
         lambda c: c.parallel.kind == "deepspeed" and c.fp8.enabled,
         "FP8 training is wired for one process and FSDP2 (its scales follow FSDP2's shards), not the DeepSpeed engine",

@@ -59,7 +59,10 @@ def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
     packed samples are isolated only without a cache)."""
     kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+    # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
+    # Hugging Face model would build a KV cache in training, which activation checkpointing's
+    # recompute then extends a second time (selective checkpointing fails on the extra ops).
+    if getattr(getattr(_unwrap(model), "config", None), "use_cache", None) is not None:
         kwargs["use_cache"] = False
     return kwargs
 

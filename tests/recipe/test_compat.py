@@ -36,7 +36,6 @@ FAILING = {
     "compat.fp8-te-missing": ('[fp8]\nenabled = true\nbackend = "te"\n', 1),
     "compat.deepspeed-missing": ('[parallel]\nkind = "deepspeed"\n', 2),
     "compat.deepspeed-compile": ('[parallel]\nkind = "deepspeed"\n[train]\ncompile = true\n', 2),
-    "compat.deepspeed-activation-checkpointing": ('[parallel]\nkind = "deepspeed"\n[train]\nactivation_checkpointing = "full"\n', 2),
     "compat.deepspeed-fp8": ('[parallel]\nkind = "deepspeed"\n[fp8]\nenabled = true\nemulate = true\n', 2),
     "compat.deepspeed-8bit-optimizer": ('[parallel]\nkind = "deepspeed"\n[optimizer]\nkind = "adamw8bit"\n', 2),
     "compat.fp16-weights-with-scaler": ('[model]\ndtype = "float16"\n[train]\nprecision = "fp16"\n', 1),

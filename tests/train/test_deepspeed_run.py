@@ -3,7 +3,7 @@
 Real deepspeed (the dev set-up installs it; `DS_ACCELERATOR=cpu`), real gloo ranks, one spawn for
 every scenario. Measured here (fp32, 8 steps, global batch 8, clipping active): the per-step losses
 agree with one process within 1e-7 relative and the final weights within 6e-7, for both stages (and
-ZeRO-3 with optimizer and parameter offload), so the tolerance is ditty's usual parity bound of 1e-5.
+ZeRO-3 with optimizer and parameter offload, or with activation checkpointing), so the tolerance is ditty's usual parity bound of 1e-5.
 """
 
 from __future__ import annotations
@@ -41,20 +41,21 @@ def _run_all(rank: int, world: int, configs: list) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("deepspeed")
-    paths = {name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "resumed")}
+    paths = {name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "zero3_ac", "resumed")}
     first_half = deepspeed_config(paths["resumed"], 2, steps=4)
     first_half = replace(first_half, checkpoint=replace(first_half.checkpoint, every=2))
     run_ranks(_run_all, 2, [
         deepspeed_config(paths["zero2"], 2),
         deepspeed_config(paths["zero3"], 3),
         deepspeed_config(paths["zero3_offload"], 3, offload=True),  # the offload code path (CPU to CPU here)
+        deepspeed_config(paths["zero3_ac"], 3, activation_checkpointing="full"),
         first_half,  # 4 steps, checkpoints at 2 and 4 ...
         replace(first_half, train=replace(first_half.train, steps=8)),  # ... then resumed to 8
     ], timeout=600)
     return paths
 
 
-@pytest.mark.parametrize("name", ["zero2", "zero3", "zero3_offload"])
+@pytest.mark.parametrize("name", ["zero2", "zero3", "zero3_offload", "zero3_ac"])
 def test_deepspeed_on_two_ranks_matches_one_process(runs, single, name):
     run = runs[name]
     loss_err, weight_err = loss_error(losses(run), losses(single)), relative_error(final_weights(run), final_weights(single))
