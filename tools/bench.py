@@ -23,7 +23,9 @@ Comparisons:
   Hugging Face Trainer (same model init, batch, optimizer, clipping; no eval, no saving, no logging
   work). --quick asserts ditty's final weights equal the bare loop's bit for bit.
 - packing: useful tokens/s on instruction data with log-normal lengths in [16, 1024].
-- memory: peak RSS and optimizer-state bytes per parameter (full, LoRA, QLoRA, 8-bit AdamW).
+- memory: peak RSS and optimizer-state bytes per parameter (full, LoRA, QLoRA, 8-bit AdamW), and
+  8-bit AdamW under FSDP2 on 2 gloo ranks: each rank's optimizer-state bytes per local (sharded)
+  parameter, and whether every rank's state tensors are torchao's 8-bit subclass (--quick asserts it).
 - compile: tokens/s with train.compile (blocks) vs eager; compile time separately.
 """
 
@@ -183,10 +185,15 @@ def optimizer_state_bytes(optimizer) -> int:
 
 def _tensor_bytes(t) -> int:
     """Bytes of a tensor, looking inside tensor subclasses (torchao's OptimState8bit: codes + scales)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):  # FSDP2: this rank's shard
+        return _tensor_bytes(t.to_local())
     names = getattr(t, "__tensor_flatten__", None)
     if names is not None and type(t).__name__ != "Tensor" and type(t).__name__ != "Parameter":
         inner, _ = t.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(t, n)) for n in inner)
+        return sum(_tensor_bytes(getattr(t, n)) for n in inner if isinstance(getattr(t, n), torch.Tensor))
     return t.numel() * t.element_size()
 
 
@@ -217,6 +224,69 @@ def worker_ditty(a: dict) -> dict:
 
         torch.save({k: v.detach().clone() for k, v in unwrap_model(trainer.model).state_dict().items()}, a["save"])
     return out
+
+
+def worker_fsdp_rank(a: dict) -> dict:
+    """One rank of a 2-process gloo FSDP2 run with torchao's 8-bit AdamW: what this rank holds."""
+    from torch.distributed.tensor import DTensor
+
+    from ditty.parallel.env import destroy_distributed
+    from ditty.train.trainer import Trainer
+
+    world = int(os.environ["WORLD_SIZE"])
+    sections = {"optimizer": {"kind": "adamw8bit", "backend": "torchao"}, "parallel": {"kind": "fsdp"},
+                "train": {"micro_batch_size": a["batch"] // world}}
+    config = ditty_config(Path(a["tmp"]), a["name"], a["data"], a["steps"], a["batch"], **sections)
+    trainer = Trainer(config)
+    trainer.train()
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    block = getattr(trainer.optimizer, "block_size", 256)
+    kinds, eligible, eight_bit = {}, 0, 0
+    for p in params:
+        # torchao quantizes a state tensor when its local shard has >= 4096 values, a multiple of the block size
+        quantized = local(p).numel() >= 4096 and local(p).numel() % block == 0
+        eligible += quantized
+        for key in ("exp_avg", "exp_avg_sq"):
+            name = type(local(trainer.optimizer.state[p][key])).__name__
+            kinds[name] = kinds.get(name, 0) + 1
+            eight_bit += quantized and name == "OptimState8bit"
+    out = {"rank": trainer.rank, "params": sum(local(p).numel() for p in params), "opt_state_bytes": optimizer_state_bytes(trainer.optimizer),
+           "state_kinds": kinds, "eligible_states": 2 * eligible, "eight_bit_states": eight_bit, "peak_rss_mb": peak_rss_mb(),
+           "global_params": sum(p.numel() for p in params)}
+    destroy_distributed()
+    return out
+
+
+def run_fsdp_ranks(args: dict, world: int = 2, timeout: float = 1800) -> list[dict]:
+    """`world` gloo ranks of worker_fsdp_rank (torchrun's environment, set by hand), one thread each."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cache = tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"])
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCHINDUCTOR_CACHE_DIR=cache,
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), DITTY_DIST_TIMEOUT_S="300", **dynamo_env(args))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "fsdp-rank", json.dumps(args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            lines = [line for line in stdout.splitlines() if line.startswith("BENCH_RESULT ")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"fsdp rank failed ({proc.returncode}):\n{stderr[-3000:]}")
+            results.append(json.loads(lines[-1][len("BENCH_RESULT "):]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return sorted(results, key=lambda r: r["rank"])
 
 
 def pretrained_dir(a: dict) -> str:
@@ -270,7 +340,8 @@ def worker_bare(a: dict) -> dict:
         count = (labels != -100).sum().to(torch.float64).clamp_min(1)
         (total * (1 / count.to(torch.float32))).backward()
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0, False, None)
-        torch.nn.utils.clip_grads_with_norm_([p.grad for p in params if p.grad is not None], CLIP, norm, None)
+        # torch's clip takes the parameters (it scales their .grad); given the gradients it would clip nothing
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], CLIP, norm, None)
         opt.step()
         opt.zero_grad(set_to_none=True)
     model(input_ids=batches[0]["input_ids"][:1, :8])  # closes the last timed interval (stamp only)
@@ -329,7 +400,14 @@ def worker_hf(a: dict) -> dict:
     return meter.result(a["warmup"])
 
 
-WORKERS = {"ditty": worker_ditty, "bare": worker_bare, "hf": worker_hf}
+WORKERS = {"ditty": worker_ditty, "bare": worker_bare, "hf": worker_hf, "fsdp-rank": worker_fsdp_rank}
+
+
+def dynamo_env(args: dict) -> dict:
+    """--quick memory runs: torchao's 8-bit AdamW update runs eagerly (TORCHDYNAMO_DISABLE=1) instead of
+    compiling itself once per parameter shape (40-100 s here); its state (the subclass, codes and
+    scales, so the bytes) is the same either way. The full run keeps the compiled update."""
+    return {"TORCHDYNAMO_DISABLE": "1"} if args.get("eager_optimizer") else {}
 
 
 def run_worker(kind: str, args: dict, timeout: float = 1800) -> dict:
@@ -337,6 +415,7 @@ def run_worker(kind: str, args: dict, timeout: float = 1800) -> dict:
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
                # a fresh inductor cache per run: the compile time reported is a cold compile, as a first run sees
                TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"]))
+    env.update(dynamo_env(args))
     proc = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(args)], env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH_RESULT ")]
@@ -454,7 +533,7 @@ def main(argv=None) -> int:
     mem_rows = []
     if "memory" in sections:
         log("memory: peak RSS and optimizer state bytes per parameter")
-        common = dict(base, data=overhead_data(tmp), steps=3, batch=BATCH, measure=False)
+        common = dict(base, data=overhead_data(tmp), steps=3, batch=BATCH, measure=False, eager_optimizer=quick)
         lora = {"kind": "lora", "r": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
         variants = {
             "full finetune, AdamW fp32": {},
@@ -468,6 +547,22 @@ def main(argv=None) -> int:
             mem_rows.append([name, f"{r['peak_rss_mb']:.0f}", f"{r['params']:,}", f"{r['trainable']:,}",
                              f"{r['opt_state_bytes']:,}", f"{r['opt_state_bytes'] / r['params']:.3f}",
                              f"{r['opt_state_bytes'] / max(r['trainable'], 1):.3f}"])
+        # 8-bit AdamW under FSDP2: every rank must hold torchao's 8-bit state for its own shards.
+        ranks = run_fsdp_ranks(dict(common, name="mem-fsdp8bit", steps=1 if quick else 3))
+        for r in ranks:
+            log(f"  FSDP rank {r['rank']}: {r['opt_state_bytes'] / r['params']:.2f} B/local param, states {r['state_kinds']}")
+            mem_rows.append([f"FSDP2 2 ranks, 8-bit AdamW (torchao): rank {r['rank']} (local shards)", f"{r['peak_rss_mb']:.0f}",
+                             f"{r['params']:,}", f"{r['params']:,}", f"{r['opt_state_bytes']:,}",
+                             f"{r['opt_state_bytes'] / r['params']:.3f}", f"{r['opt_state_bytes'] / r['params']:.3f}"])
+        every_rank = all(r["eight_bit_states"] == r["eligible_states"] > 0 for r in ranks)
+        total = sum(r["opt_state_bytes"] for r in ranks) / ranks[0]["global_params"]
+        notes.append("memory: under FSDP2 (2 gloo ranks) " + "; ".join(
+            f"rank {r['rank']} holds {r['eight_bit_states']} of its {r['eligible_states']} quantizable AdamW state tensors "
+            f"as torchao OptimState8bit ({', '.join(f'{n} {k}' for k, n in sorted(r['state_kinds'].items()))})" for r in ranks)
+            + f": 8-bit state {'PRESENT on every rank' if every_rank else 'MISSING on some rank'}; "
+            f"{total:.3f} state bytes per parameter over both ranks.")
+        if quick:
+            assert every_rank, f"8-bit AdamW state missing on some FSDP rank: {ranks}"
 
     print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started))
     import shutil

@@ -16,6 +16,14 @@ Two backends, chosen by `[fp8] backend`:
 Layers whose in/out features are not multiples of 16 are skipped (float8 matmuls need it; torchao
 would raise), and so is `lm_head` (its vocabulary dimension is rarely aligned and its numerics
 matter most: torchtitan also keeps the output projection in high precision).
+
+With LoRA (the LoraConverter runs first), the choice is deliberate: peft's frozen `base_layer`
+linears ARE converted (they carry almost all of the FLOPs: float8 speeds their forward and the
+input-gradient matmul of their backward on an FP8 GPU, and their weights get no gradient or
+optimizer state, so nothing else changes), while the adapter's own `lora_A`/`lora_B` (and
+`lora_embedding_*`) linears are NOT: rank-r matmuls are too small to gain from float8 (and r is
+often not a multiple of 16), and the trainable low-rank update is exactly what should stay in
+high precision. `fp8_eligible` encodes both rules (see ADAPTER_PREFIX).
 """
 
 from __future__ import annotations
@@ -30,16 +38,20 @@ from ditty.config.errors import RecipeError
 from ditty.config.sections import Fp8Config
 
 SKIP_NAMES = ("lm_head",)
+ADAPTER_PREFIX = "lora_"  # peft's adapter submodules: lora_A, lora_B, lora_embedding_A/B (kept in high precision)
 
 
 def fp8_eligible(module: nn.Module, fqn: str) -> bool:
-    """True for a plain `nn.Linear` both of whose dims are multiples of 16, not named in SKIP_NAMES.
+    """True for a plain `nn.Linear` both of whose dims are multiples of 16, not named in SKIP_NAMES
+    and not part of a LoRA adapter (a path component starting with ADAPTER_PREFIX); peft's frozen
+    `base_layer` linears are eligible.
 
     Subclasses are left alone: bitsandbytes' Linear4bit/Linear8bitLt are `nn.Linear`s whose weights
     are already quantized, and float8 casts of them would be wrong."""
     if type(module) is not nn.Linear:
         return False
-    if fqn.split(".")[-1] in SKIP_NAMES:
+    parts = fqn.split(".")
+    if parts[-1] in SKIP_NAMES or any(part.startswith(ADAPTER_PREFIX) for part in parts):
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 

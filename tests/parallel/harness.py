@@ -25,14 +25,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, results, args):
+def _entry(fn, rank, world_size, port, results, args, collective_timeout=COLLECTIVE_TIMEOUT_S):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)  # 2 shared cores: one thread per rank keeps ranks from fighting
     try:
         from ditty.parallel.env import destroy_distributed, init_distributed
 
-        init_distributed("cpu", timeout=COLLECTIVE_TIMEOUT_S)
+        init_distributed("cpu", timeout=collective_timeout)
         value = fn(rank, world_size, *args)
         destroy_distributed()
         # Plain bytes: a tensor put on a Queue travels as a shared-memory handle that dies with us.
@@ -43,11 +43,13 @@ def _entry(fn, rank, world_size, port, results, args):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
+def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> list:
+    """`collective_timeout`: how long a collective waits for the other ranks (raise it when ranks
+    compile with torch.compile: one rank may compile its graphs much later than the other)."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args, collective_timeout), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -349,3 +349,57 @@ def test_fsdp_with_activation_checkpointing_matches_one_process(single, tmp_path
     loss_err, weight_err = loss_error(losses(run), losses(single)), relative_error(final_weights(run), final_weights(single))
     print(f"fsdp + activation checkpointing: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
     assert loss_err < TOLERANCE and weight_err < TOLERANCE
+
+
+# ------------------------------------------------------------------ DDP with activation checkpointing and torch.compile
+
+def _train_and_inspect(rank: int, world: int, configs: list) -> list:
+    """Train each config in turn; report what is really in the model (wrappers, compiled blocks, graphs)."""
+    from torch._dynamo.utils import counters
+
+    from ditty.train import Trainer
+    from ditty.train.speed import checkpointed_modules, compiled_modules
+
+    found = []
+    for config in configs:
+        torch._dynamo.reset()
+        counters.clear()
+        trainer = Trainer(config)
+        trainer.train()
+        found.append(dict(wrapper=type(trainer.model).__name__,
+                          checkpointed=[type(m._checkpoint_wrapped_module).__name__ for m in checkpointed_modules(trainer.model)],
+                          compiled=[type(m).__name__ for m in compiled_modules(trainer.model)],
+                          graphs=counters["stats"]["unique_graphs"]))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("parallel")
+def test_ddp_with_activation_checkpointing_and_compile_matches_plain_ddp(tmp_path):
+    # One spawn, three runs on 2 gloo ranks: plain DDP (the reference), DDP + selective activation
+    # checkpointing, DDP + full activation checkpointing + torch.compile of each block.
+    runs = {name: str(tmp_path / name) for name in ("plain", "ac", "compile")}
+    configs = [tiny_config(runs["plain"], micro=2, parallel="ddp", steps=4)]
+    ac = tiny_config(runs["ac"], micro=2, parallel="ddp", steps=4)
+    configs.append(replace(ac, train=replace(ac.train, activation_checkpointing="selective")))
+    compiled = tiny_config(runs["compile"], micro=2, parallel="ddp", steps=4)
+    configs.append(replace(compiled, train=replace(compiled.train, activation_checkpointing="full", compile=True,
+                                                   compile_scope="blocks")))
+    started = time.monotonic()
+    found = run_ranks(_train_and_inspect, 2, configs, timeout=600, collective_timeout=300)  # ranks compile unevenly
+    print(f"ddp plain + ac + compile on 2 ranks: {time.monotonic() - started:.0f} s")
+    for rank_found in found:  # every rank really runs the rewritten model, inside DDP
+        plain, ac_run, compile_run = rank_found
+        assert {r["wrapper"] for r in rank_found} == {"DistributedDataParallel"}
+        assert plain["checkpointed"] == [] and plain["compiled"] == []
+        assert ac_run["checkpointed"] == ["LlamaDecoderLayer"] * 2 and ac_run["compiled"] == []
+        assert compile_run["checkpointed"] == ["LlamaDecoderLayer"] * 2
+        assert compile_run["compiled"] == ["CheckpointWrapper"] * 2 and compile_run["graphs"] > 0
+    reference = losses(runs["plain"])
+    assert len(reference) == 4
+    ac_err, compile_err = loss_error(losses(runs["ac"]), reference), loss_error(losses(runs["compile"]), reference)
+    print(f"ddp: max relative loss error, selective AC {ac_err:.2e}, compile + full AC {compile_err:.2e}")
+    assert ac_err < TOLERANCE and compile_err < 1e-4
+    weight_err = relative_error(final_weights(runs["compile"]), final_weights(runs["plain"]))
+    print(f"ddp + compile + AC: final weights relative error {weight_err:.2e}")
+    assert weight_err < 1e-4

@@ -29,6 +29,24 @@ def test_fp8_emulated_trains_with_float8_linears(tmp_path):
     assert losses[-1] < losses[0] - 0.2, losses
 
 
+def test_fp8_on_lora_converts_the_frozen_base_layers_but_not_the_adapters(tmp_path):
+    # r = 16 so that lora_A (128 -> 16) and lora_B (16 -> 128) have float8-compatible sizes: only the
+    # adapter filter keeps them out, not the multiple-of-16 rule.
+    peft = dict(kind="lora", r=16, alpha=32.0, target_modules="all-linear")
+    trainer, losses = train(tiny_config(tmp_path, steps=6, peft=peft, fp8=dict(enabled=True, emulate=True),
+                                        optimizer=dict(lr=1e-2)))
+    names = {name: module for name, module in trainer.model.named_modules()}
+    converted = [name for name, module in names.items() if type(module).__name__ == "Float8Linear"]
+    # 4 blocks x 7 projections, each peft's frozen base_layer; lm_head is not adapted by "all-linear"
+    assert len(converted) == 28 and all(name.endswith(".base_layer") for name in converted), converted
+    adapters = [name for name, module in names.items() if ".lora_A." in name or ".lora_B." in name]
+    assert len(adapters) == 56 and all(type(names[name]) is torch.nn.Linear for name in adapters)
+    assert all(not names[name].weight.requires_grad for name in converted)  # still frozen: no optimizer state
+    trainable = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert trainable and not any(id(names[name].weight) in trainable for name in converted)
+    assert losses[-1] < losses[0] - 0.2, losses
+
+
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_same_losses(tmp_path, eager, mode):
     trainer, losses = train(tiny_config(tmp_path, train=dict(activation_checkpointing=mode)))
