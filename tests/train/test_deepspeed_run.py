@@ -24,6 +24,18 @@ pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
 
 
+def with_lora(config):
+    from ditty.config.sections import PeftConfig
+
+    return replace(config, peft=PeftConfig(kind="lora", r=8))
+
+
+def adapter_weights(run_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(run_dir, "final", "adapter_model.safetensors"))
+
+
 def deepspeed_config(out: str, stage: int, offload: bool = False, **train):
     config = tiny_config(out, micro=2, parallel="deepspeed", zero_stage=stage, offload_optimizer=offload,
                          offload_params=offload)
@@ -41,7 +53,7 @@ def _run_all(rank: int, world: int, configs: list) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("deepspeed")
-    paths = {name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "zero3_ac", "resumed")}
+    paths = {name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "zero3_ac", "zero3_lora", "resumed")}
     first_half = deepspeed_config(paths["resumed"], 2, steps=4)
     first_half = replace(first_half, checkpoint=replace(first_half.checkpoint, every=2))
     run_ranks(_run_all, 2, [
@@ -49,6 +61,7 @@ def runs(tmp_path_factory):
         deepspeed_config(paths["zero3"], 3),
         deepspeed_config(paths["zero3_offload"], 3, offload=True),  # the offload code path (CPU to CPU here)
         deepspeed_config(paths["zero3_ac"], 3, activation_checkpointing="full"),
+        with_lora(deepspeed_config(paths["zero3_lora"], 3)),  # frozen base partitioned, adapter gathered for final/
         first_half,  # 4 steps, checkpoints at 2 and 4 ...
         replace(first_half, train=replace(first_half.train, steps=8)),  # ... then resumed to 8
     ], timeout=600)
@@ -111,3 +124,15 @@ def test_export_rebuilds_the_model_from_deepspeed_partitions(runs, tmp_path):
     exported, final = load_file(os.path.join(out, "model.safetensors")), final_weights(runs["zero3"])
     assert sorted(exported) == sorted(final)
     assert all(torch.equal(exported[k], final[k]) for k in final)
+
+
+def test_lora_under_zero3_matches_lora_on_one_process(runs, tmp_path):
+    from ditty.train import Trainer
+
+    one = str(tmp_path / "lora_one")
+    Trainer(with_lora(tiny_config(one, micro=4))).train()
+    loss_err = loss_error(losses(runs["zero3_lora"]), losses(one))
+    a, b = adapter_weights(runs["zero3_lora"]), adapter_weights(one)
+    weight_err = relative_error(a, b)
+    print(f"deepspeed zero3 + LoRA: max relative loss error {loss_err:.2e}, adapter weights {weight_err:.2e}")
+    assert len(a) == len(b) > 0 and loss_err < TOLERANCE and weight_err < TOLERANCE
