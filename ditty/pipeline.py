@@ -23,7 +23,7 @@ The older style still works: subclass `Pipeline` and override `dataset()` to ret
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch

@@ -16,7 +16,7 @@ lengths (cheap) and fetches only the tokens of its own.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -19,7 +19,6 @@ import torch
 
 from ditty.config import TrainerConfig
 from ditty.config.sections import (
-    CheckpointConfig,
     DataConfig,
     LoggingConfig,
     ModelConfig,
