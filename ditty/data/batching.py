@@ -52,7 +52,72 @@ def micro_batches_of_rank(step: list, stream: Any) -> list[list]:
     return [mine[start : start + size] for start in range(0, per_rank, size)]
 
 
-class BatchStream:
+class GlobalOrder:
+    """The position in the one global sample order that every stream shares (see the module doc):
+    a seeded permutation per epoch, the cursor, the batch geometry, and the resume state. Streams
+    add how a step's samples become this rank's micro-batches (`next_step`)."""
+
+    def __init__(self, num_samples: int, *, global_batch_size: int, micro_batch_size: int, rank: int,
+                 world_size: int, seed: int, cursor: int = 0) -> None:
+        self.accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
+        if num_samples == 0:
+            raise ValueError("cannot stream batches from an empty dataset")
+        self.num_samples = num_samples
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.cursor = cursor
+        self._orders: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the data completed before the next sample (0 during the first pass)."""
+        return self.cursor // self.num_samples
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor is the whole position; seed and dataset size are kept to catch a mismatched resume."""
+        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed:
+            raise RecipeError.single(
+                f"the checkpoint's data order was drawn with seed {state['seed']}, this run's data seed is {self.seed}",
+                key="data.shuffle_seed",
+                fix='resume with the same run.seed / data.shuffle_seed, or start afresh (checkpoint.resume = "never")',
+            )
+        if state["num_samples"] != self.num_samples:
+            raise RecipeError.single(
+                f"the checkpoint was trained on {state['num_samples']} samples, the data now has {self.num_samples}",
+                key="data",
+                fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
+            )
+        self.cursor = int(state["cursor"])
+
+    def _peek(self) -> int:
+        epoch, position = divmod(self.cursor, self.num_samples)
+        return int(self._order(epoch)[position])
+
+    def _take(self) -> int:
+        index = self._peek()
+        self.cursor += 1
+        return index
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """The order of dataset indices for one epoch; a step may span two epochs, so two are kept."""
+        if epoch not in self._orders:
+            order = self._arrange(np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = order
+        return self._orders[epoch]
+
+    def _arrange(self, order: np.ndarray) -> np.ndarray:
+        """A stream's change to an epoch's permutation (BatchStream's group_by_length); none here."""
+        return order
+
+
+class BatchStream(GlobalOrder):
     """Deterministic, resumable, world-size independent micro-batches for one rank (see module doc)."""
 
     def __init__(
@@ -70,55 +135,22 @@ class BatchStream:
         group_by_length: bool = False,
         cursor: int = 0,
     ) -> None:
-        accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
-        if len(dataset) == 0:
-            raise ValueError("cannot stream batches from an empty dataset")
+        super().__init__(len(dataset), global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
+                         rank=rank, world_size=world_size, seed=seed, cursor=cursor)
         lengths = sample_lengths(dataset)
         if not lengths.all():
             raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")
         self.dataset = dataset
-        self.global_batch_size = global_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
         self.packing = packing
         self.max_seq_len = max_seq_len
         self.pad_token_id = pad_token_id
         # group_by_length is a padding optimisation; packed rows have no padding to cut.
         self.group_by_length = group_by_length and not packing
-        self.cursor = cursor
-        self.accumulation_steps = accumulation_steps
         self._lengths = np.minimum(lengths, max_seq_len)
-        self._orders: dict[int, np.ndarray] = {}
-
-    @property
-    def epoch(self) -> int:
-        """Passes over the data completed before the next sample (0 during the first pass)."""
-        return self.cursor // len(self._lengths)
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """The `accumulation_steps` micro-batches this rank processes for the next optimizer step."""
         return [self._collate(rows) for rows in micro_batches_of_rank(self._plan_rows(), self)]
-
-    def state_dict(self) -> dict[str, int]:
-        """The cursor is the whole position; seed and dataset size are kept to catch a mismatched resume."""
-        return {"cursor": self.cursor, "seed": self.seed, "num_samples": len(self._lengths)}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["seed"] != self.seed:
-            raise RecipeError.single(
-                f"the checkpoint's data order was drawn with seed {state['seed']}, this run's data seed is {self.seed}",
-                key="data.shuffle_seed",
-                fix='resume with the same run.seed / data.shuffle_seed, or start afresh (checkpoint.resume = "never")',
-            )
-        if state["num_samples"] != len(self._lengths):
-            raise RecipeError.single(
-                f"the checkpoint was trained on {state['num_samples']} samples, the data now has {len(self._lengths)}",
-                key="data",
-                fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
-            )
-        self.cursor = int(state["cursor"])
 
     def _plan_rows(self) -> list[list[int]]:
         """The dataset indices of each row of the next global step; advances the cursor."""
@@ -133,27 +165,10 @@ class BatchStream:
             rows.append(row)
         return rows
 
-    def _peek(self) -> int:
-        epoch, position = divmod(self.cursor, len(self._lengths))
-        return int(self._order(epoch)[position])
-
-    def _take(self) -> int:
-        index = self._peek()
-        self.cursor += 1
-        return index
-
-    def _order(self, epoch: int) -> np.ndarray:
-        """The order of dataset indices for one epoch; a step may span two epochs, so two are kept."""
-        if epoch not in self._orders:
-            generator = np.random.default_rng([self.seed, epoch])
-            order = generator.permutation(len(self._lengths))
-            if self.group_by_length:
-                order = self._sort_within_windows(order)
-            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
-            self._orders[epoch] = order
-        return self._orders[epoch]
-
-    def _sort_within_windows(self, order: np.ndarray) -> np.ndarray:
+    def _arrange(self, order: np.ndarray) -> np.ndarray:
+        """group_by_length: sort the permutation by length within windows of GROUP_WINDOW_STEPS steps."""
+        if not self.group_by_length:
+            return order
         window = self.global_batch_size * GROUP_WINDOW_STEPS
         chunks = [order[start : start + window] for start in range(0, len(order), window)]
         # A stable sort keeps the permutation's order among equal lengths, so the result is deterministic.

@@ -21,11 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-import numpy as np
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.batching import accumulation_steps_for, micro_batches_of_rank
+from ditty.data.batching import GlobalOrder, micro_batches_of_rank
 
 
 class GenericTask(Protocol):
@@ -98,54 +97,23 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class GenericStream:
-    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples."""
+class GenericStream(GlobalOrder):
+    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples: the same
+    global order as BatchStream (ditty.data.batching.GlobalOrder), collated by `collate_fn`."""
 
     def __init__(self, dataset: Any, *, global_batch_size: int, micro_batch_size: int, rank: int, world_size: int,
                  seed: int, collate_fn: Optional[Callable[[list], Any]] = None, cursor: int = 0) -> None:
-        accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
-        if len(dataset) == 0:
+        if len(dataset) == 0:  # a Python API dataset: the user's, so a user error
             raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
+        super().__init__(len(dataset), global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
+                         rank=rank, world_size=world_size, seed=seed, cursor=cursor)
         self.dataset = dataset
-        self.global_batch_size = global_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
         self.collate_fn = collate_fn or torch.utils.data.default_collate
-        self.cursor = cursor
-        self.accumulation_steps = accumulation_steps
-        self._size = len(dataset)
-        self._orders: dict[int, np.ndarray] = {}
-
-    @property
-    def epoch(self) -> int:
-        return self.cursor // self._size
 
     def next_step(self) -> list[Any]:
         """The `accumulation_steps` collated micro-batches this rank processes for the next step."""
         indices = [self._take() for _ in range(self.global_batch_size)]
         return [self.collate_fn([self.dataset[i] for i in micro]) for micro in micro_batches_of_rank(indices, self)]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self._size}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["seed"] != self.seed or state["num_samples"] != self._size:
-            raise RecipeError.single(
-                f"the checkpoint's data (seed {state['seed']}, {state['num_samples']} samples) is not this run's "
-                f"(seed {self.seed}, {self._size} samples)", key="data",
-                fix='resume with the same seed and data, or start afresh (checkpoint.resume = "never")')
-        self.cursor = int(state["cursor"])
-
-    def _take(self) -> int:
-        epoch, position = divmod(self.cursor, self._size)
-        if epoch not in self._orders:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self._size)
-            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
-            self._orders[epoch] = order
-        self.cursor += 1
-        return int(self._orders[epoch][position])
 
 
 class LoaderStream:
