@@ -49,3 +49,28 @@ def tiny_llama_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_mistral_dir(tmp_path_factory):
     return _save_tiny(tmp_path_factory.mktemp("tiny-mistral"), "mistral", sliding_window=None)
+
+
+@pytest.fixture
+def forbid_unpickling(monkeypatch):
+    """A function that, once called, fails the test if anything unpickles: pickle.load(s), or
+    torch.load without weights_only=True (call it after writing the checkpoint, before reading it)."""
+    import pickle
+
+    import torch
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("pickle.load called while reading a checkpoint")
+
+    real_torch_load = torch.load
+
+    def weights_only_load(*args, **kwargs):
+        assert kwargs.get("weights_only") is True, "torch.load without weights_only=True"
+        return real_torch_load(*args, **kwargs)
+
+    def install() -> None:
+        monkeypatch.setattr(pickle, "load", no_pickle)
+        monkeypatch.setattr(pickle, "loads", no_pickle)
+        monkeypatch.setattr(torch, "load", weights_only_load)
+
+    return install

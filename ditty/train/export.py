@@ -5,7 +5,8 @@ on one process, the way training built it (same seed, so a random-init base of a
 same base; a QLoRA base is loaded quantized as in training), then the checkpoint's model weights are
 loaded through DCP, which reshards whatever world size wrote them into one full copy. Only the
 model is read (not the optimizer). Reading is pickle-free: `load_checkpoint` uses ditty's safe
-reader (tensor metadata without unpickling) and the sidecar is JSON.
+reader (tensor metadata without unpickling) and the sidecar is JSON. The exception: a DeepSpeed
+run's checkpoint holds DeepSpeed's own files (torch.save pickles), which its zero_to_fp32 reads.
 """
 
 from __future__ import annotations

@@ -20,24 +20,12 @@ from .helpers import app_state, assert_same_state, build, train_step
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def test_loading_never_calls_pickle_or_unsafe_torch_load(tmp_path, monkeypatch):
+def test_loading_never_calls_pickle_or_unsafe_torch_load(tmp_path, forbid_unpickling):
     model, opt, sched = build()
     train_step(model, opt, sched)
     mgr = CheckpointManager(tmp_path, keep_last=1)
     path = mgr.save(1, app_state(model, opt), {"note": "json only"})
-
-    def no_pickle(*args, **kwargs):
-        raise AssertionError("pickle.load called while loading a checkpoint")
-
-    real_torch_load = torch.load
-
-    def weights_only_load(*args, **kwargs):
-        assert kwargs.get("weights_only") is True, "torch.load without weights_only=True"
-        return real_torch_load(*args, **kwargs)
-
-    monkeypatch.setattr(pickle, "load", no_pickle)
-    monkeypatch.setattr(pickle, "loads", no_pickle)
-    monkeypatch.setattr(torch, "load", weights_only_load)
+    forbid_unpickling()
     model2, opt2, _ = build(seed=1)
     mgr.load(path, app_state(model2, opt2))
     assert_same_state(model, opt, model2, opt2)

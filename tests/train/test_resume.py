@@ -250,25 +250,10 @@ def test_export_gives_the_trained_models_logits(tmp_path, reference):
     assert merge.returncode == 2 and "no adapter" in merge.stderr
 
 
-def test_export_never_unpickles(tmp_path, reference, monkeypatch):
-    import pickle
-
-    import torch
-
+def test_export_never_unpickles(tmp_path, reference, forbid_unpickling):
     from ditty.train.export import export
 
-    def no_pickle(*args, **kwargs):
-        raise AssertionError("pickle.load called during export")
-
-    real_torch_load = torch.load
-
-    def weights_only_load(*args, **kwargs):
-        assert kwargs.get("weights_only") is True, "torch.load without weights_only=True"
-        return real_torch_load(*args, **kwargs)
-
-    monkeypatch.setattr(pickle, "load", no_pickle)
-    monkeypatch.setattr(pickle, "loads", no_pickle)
-    monkeypatch.setattr(torch, "load", weights_only_load)
+    forbid_unpickling()
     run, _ = reference
     out = export(run / "checkpoints" / "step-8", tmp_path / "e")
     assert (Path(out) / "model.safetensors").is_file()
