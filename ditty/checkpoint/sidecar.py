@@ -53,12 +53,19 @@ def build(step: int, fields: Mapping[str, Any], *, world_size: int, rng_by_rank:
 
 def read(path: Path) -> dict[str, Any]:
     """Parse a checkpoint's sidecar (the file itself or its step directory). JSON only."""
+    from ditty.config.errors import RecipeError
+
     path = Path(path)
     if path.is_dir():
         path = path / SIDECAR
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a ditty checkpoint sidecar")
+    fix = "name a checkpoint written by this version of ditty (a checkpoints/step-N directory of a ditty run)"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # a missing, unreadable or non-JSON file is the user's path
+        raise RecipeError.single(f"cannot read checkpoint sidecar {path}: {error}", key="checkpoint.resume", fix=fix) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("step"), int):
+        raise RecipeError.single(f"{path} is not a ditty checkpoint sidecar", key="checkpoint.resume", fix=fix)
     if doc.get("version") != VERSION:
-        raise ValueError(f"{path} has sidecar version {doc.get('version')}; this ditty reads {VERSION}")
+        raise RecipeError.single(f"{path} has sidecar version {doc.get('version')}; this ditty reads {VERSION}",
+                                 key="checkpoint.resume", fix=fix)
     return doc

@@ -275,6 +275,7 @@ class Builders:
                                                              accumulation_steps=self.grad_accum,
                                                              world_size=self.world_size, device=self.device)
         self.model = engine
+        self._deepspeed_skipped = engine.skipped_steps  # finish_step reports the steps the engine skips after this
         return engine
 
     def build_precision(self):

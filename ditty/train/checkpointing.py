@@ -142,11 +142,9 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
                     f"to start afresh, or add --checkpoint.force_resume true to continue with the new values")
         if diffs:
             log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
-    if config.parallel.kind == "deepspeed":
-        from ditty._utils.dist import world_size
-        from ditty.train.deepspeed_engine import check_world_size
+    from ditty.train.deepspeed_engine import check_engine_state
 
-        check_world_size(found, doc.get("world_size"), world_size())
+    check_engine_state(found, config.parallel.kind, doc.get("world_size"))  # before anything is built or written
     steps = config.train.steps
     if steps is not None and step > steps:
         raise RecipeError.single(
@@ -245,6 +243,7 @@ class Checkpointer:
             from ditty.train.deepspeed_engine import load_engine
 
             load_engine(self.engine, str(self.resume.checkpoint))
+            t._deepspeed_skipped = self.engine.skipped_steps  # restored by the engine: skips count from here
         t.state.load_state_dict(doc["train_state"])
         if doc.get("data") is not None and hasattr(t.stream, "load_state_dict"):
             t.stream.load_state_dict(doc["data"])

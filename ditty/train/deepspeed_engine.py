@@ -125,20 +125,29 @@ def save_engine(engine: Any, checkpoint_dir: str) -> None:
     engine.save_checkpoint(os.path.join(checkpoint_dir, ENGINE_DIR), tag=ENGINE_TAG, save_latest=False)
 
 
-def check_world_size(checkpoint_dir: Any, saved_world_size: Optional[int], world_size: int) -> None:
-    """DeepSpeed's files are cut for the world size that wrote them: only that one can read them back.
+def check_engine_state(checkpoint_dir: Any, kind: str, saved_world_size: Optional[int]) -> None:
+    """A checkpoint resumes only with the engine that wrote it: DeepSpeed's files (cut for the world
+    size that wrote them) with parallel.kind = "deepspeed" on that world size, DCP shards otherwise.
     Checked when the resume is planned, before anything is built or written."""
+    from ditty._utils.dist import world_size
     from ditty.config.errors import RecipeError
 
-    if saved_world_size is not None and saved_world_size != world_size:
+    has_engine_state = os.path.isdir(os.path.join(str(checkpoint_dir), ENGINE_DIR))
+    if has_engine_state != (kind == "deepspeed"):
+        raise RecipeError.single(
+            f"checkpoint {checkpoint_dir} was written by {'DeepSpeed' if has_engine_state else 'a non-DeepSpeed run'}; "
+            f"this run has parallel.kind = {kind!r}", key="parallel.kind",
+            fix="resume with the parallel.kind that wrote the checkpoint, or start a new run")
+    current = world_size()
+    if has_engine_state and saved_world_size is not None and saved_world_size != current:
         raise RecipeError.single(
             f"checkpoint {checkpoint_dir} was written by {saved_world_size} DeepSpeed processes, this run has "
-            f"{world_size}; DeepSpeed's checkpoint files are partitioned per process",
+            f"{current}; DeepSpeed's checkpoint files are partitioned per process",
             key="checkpoint.resume", fix=f"resume with {saved_world_size} processes in all, or start a new run")
 
 
 def load_engine(engine: Any, checkpoint_dir: str) -> None:
-    """Restore the model and optimizer partitions this rank wrote (same world size: `check_world_size`)."""
+    """Restore the model and optimizer partitions this rank wrote (same world size: `check_engine_state`)."""
     from ditty.config.errors import RecipeError
 
     path = os.path.join(checkpoint_dir, ENGINE_DIR)
@@ -169,7 +178,7 @@ def finish_step(trainer: Any, loss: torch.Tensor, tokens: torch.Tensor, supervis
     from ditty.train.step import StepOutput
 
     engine = trainer.engine
-    skipped_before = getattr(trainer, "_deepspeed_skipped", 0)
+    skipped_before = trainer._deepspeed_skipped
     norm_value, skipped = step_figures(engine, skipped_before)
     trainer._deepspeed_skipped = engine.skipped_steps
     values = torch.stack([t.to(trainer.device, torch.float64) for t in (loss, tokens, supervised)])

@@ -70,11 +70,14 @@ class Trainer(Builders):
         self.engine = self.build_engine()  # deepspeed: wraps model and optimizer; None otherwise
         self.precision = self.build_precision()
         self.pipeline = self.build_pipeline()
-        self.run_dir = self.build_run_dir()
-        self.logger = self.build_logger()
         self.state = TrainState()
+        self.run_dir = self.config.run.output_dir
         self.checkpointer = checkpointing.Checkpointer(self, self.resume)
-        self.checkpointer.restore()  # last: it restores the RNG after everything is built
+        self.checkpointer.restore()  # restores the RNG, after everything that draws from it is built
+        # Only now, with the checkpoint loaded, the run directory's files are (re)written: a resume
+        # that fails leaves recipe.toml, env.json and metrics.jsonl as they were.
+        self.build_run_dir()
+        self.logger = self.build_logger()
 
     # ------------------------------------------------------------------ the loop
 

@@ -136,3 +136,17 @@ def test_lora_under_zero3_matches_lora_on_one_process(runs, tmp_path):
     weight_err = relative_error(a, b)
     print(f"deepspeed zero3 + LoRA: max relative loss error {loss_err:.2e}, adapter weights {weight_err:.2e}")
     assert len(a) == len(b) > 0 and loss_err < TOLERANCE and weight_err < TOLERANCE
+
+
+def test_resume_with_another_parallel_kind_is_refused_before_anything_is_written(runs):
+    from ditty.config.errors import RecipeError
+    from ditty.train import Trainer
+
+    run = runs["resumed"]
+    recipe = open(os.path.join(run, "recipe.toml"), encoding="utf-8").read()
+    config = tiny_config(run, micro=4, steps=10)  # parallel.kind = "none" against DeepSpeed's checkpoint
+    config = replace(config, checkpoint=replace(config.checkpoint, force_resume=True))
+    with pytest.raises(RecipeError, match="written by DeepSpeed") as caught:
+        Trainer(config)
+    assert caught.value.problems[0].key == "parallel.kind"
+    assert open(os.path.join(run, "recipe.toml"), encoding="utf-8").read() == recipe
