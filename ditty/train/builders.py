@@ -126,17 +126,20 @@ class Builders:
         """Model rewrites applied in order: `model.converters`, or by default the adapter (LoRA/DoRA)
         then FP8 linears. A "package.module:Class" entry is built without arguments (the compiler
         checked it: rule model.converters)."""
+        from ditty.train.distributed import SHARDED_KINDS
+
         cfg = self.config
+        sharded = cfg.parallel.kind in SHARDED_KINDS
         builtin = {}
         if cfg.peft.kind != "none":
             from ditty.models.adapters import LoraConverter
 
             # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
-            builtin["peft"] = lambda: LoraConverter(cfg.peft, upcast_quantized=cfg.parallel.kind not in ("fsdp", "hsdp"))
+            builtin["peft"] = lambda: LoraConverter(cfg.peft, upcast_quantized=not sharded)
         if cfg.fp8.enabled:
             from ditty.models.float8 import Float8Converter
 
-            builtin["fp8"] = lambda: Float8Converter(cfg.fp8, fsdp=cfg.parallel.kind in ("fsdp", "hsdp"))
+            builtin["fp8"] = lambda: Float8Converter(cfg.fp8, fsdp=sharded)
         order = list(getattr(cfg.model, "converters", None) or builtin)
         converters = []
         for name in order:

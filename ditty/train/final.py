@@ -71,10 +71,12 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The user's model under DDP or DeepSpeed (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    from ditty.train.deepspeed_engine import is_engine
+
     while True:
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_engine(model):
             model = model.module
         else:
             return model
