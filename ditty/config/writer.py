@@ -17,7 +17,7 @@ import tomli_w
 from ditty.config.loader import TRAINER_KEY
 from ditty.config.schema import field_docs, is_config_class
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # used with fullmatch: `$` would accept a trailing newline
 _WRAP = 96
 
 
@@ -86,7 +86,7 @@ def format_value(value: Any) -> str:
 
 
 def _key(name: str) -> str:
-    return name if _BARE_KEY.match(name) else format_value(name)
+    return name if _BARE_KEY.fullmatch(name) else format_value(name)
 
 
 def _comment(doc: str) -> list[str]:

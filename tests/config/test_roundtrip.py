@@ -62,3 +62,14 @@ def test_every_field_is_documented():
         assert leaf.doc, f"{leaf.path} has no docstring (it becomes --help and `ditty init` text)"
     for field in dataclasses.fields(TrainerConfig):
         assert field.name in recipe_to_toml(TrainerConfig())
+
+
+def test_a_key_ending_in_a_newline_is_quoted():
+    # Found by the round-trip property: `^...$` accepted "0\n" as a bare key.
+    from ditty.config import TrainerConfig
+    from ditty.config.loader import parse_recipe
+    from ditty.config.sections import ModelConfig
+    from ditty.config.writer import recipe_to_toml
+
+    config = TrainerConfig(model=ModelConfig(factory_kwargs={"0\n": []}))
+    assert parse_recipe(recipe_to_toml(config, comments=False)).config.model.factory_kwargs == {"0\n": []}
