@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.ditty-installed
 
-.PHONY: setup demo test test-quick clean
+.PHONY: setup demo lint test test-quick clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ditty run tiny_sft
 
-test: $(STAMP)
+# ruff (check and format, line length 120: see pyproject.toml) runs first: a lint error fails CI fast.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 test-quick: $(STAMP)

@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if handler is None:
             close = difflib.get_close_matches(command, list(COMMANDS), n=1)
-            raise RecipeError.single(f"unknown command {command!r}",
-                                     fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`")
+            raise RecipeError.single(
+                f"unknown command {command!r}",
+                fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`",
+            )
         return handler(rest)
     except RecipeError as error:
         record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- shared pieces -----------------------------------------------------------------------------
+
 
 def _take_option(args: list[str], names: tuple[str, ...], has_value: bool = True) -> tuple[str | None, list[str]]:
     """Remove `--name VALUE` (or `--name=VALUE`, or a bare switch) from args."""
@@ -118,7 +121,9 @@ def _world_size(options: dict[str, str]) -> int:
     try:
         return int(options.get("nproc-per-node", "1")) * int(options.get("nnodes", "1"))
     except ValueError:
-        raise RecipeError.single("--nproc-per-node and --nnodes take whole numbers", fix="e.g. --nproc-per-node 2") from None
+        raise RecipeError.single(
+            "--nproc-per-node and --nnodes take whole numbers", fix="e.g. --nproc-per-node 2"
+        ) from None
 
 
 def _recipe_and_flags(args: list[str], command: str) -> tuple[str, list[str]]:
@@ -140,9 +145,14 @@ def _print_help(schema: type, prog: str) -> int:
     import tyro
 
     try:
-        tyro.cli(schema, args=["--help"], prog=prog, config=(tyro.conf.FlagConversionOff,),
-                 description="Every field of the recipe, as --section.field VALUE (values are TOML: "
-                             "true/false, numbers, \"strings\", [lists], {tables}).")
+        tyro.cli(
+            schema,
+            args=["--help"],
+            prog=prog,
+            config=(tyro.conf.FlagConversionOff,),
+            description="Every field of the recipe, as --section.field VALUE (values are TOML: "
+            'true/false, numbers, "strings", [lists], {tables}).',
+        )
     except SystemExit:
         pass
     from ditty.config.overrides import tyro_handles
@@ -157,6 +167,7 @@ def _print_help(schema: type, prog: str) -> int:
 
 
 # --- commands ------------------------------------------------------------------------------------
+
 
 def _help_schema(args: list[str]) -> type:
     """The schema `--help` describes: the named recipe's trainer Config, else Trainer.Config."""
@@ -181,9 +192,13 @@ def cmd_run(args: list[str]) -> int:
         # which runs `python -m ditty run` with the same recipe and flags.
         from ditty.parallel.launch import launch
 
-        return launch(["run", ref, *flags], nproc_per_node=int(launch_options.get("nproc-per-node", "1")),
-                      nnodes=int(launch_options.get("nnodes", "1")), node_rank=int(launch_options.get("node-rank", "0")),
-                      rdzv_endpoint=launch_options.get("rdzv-endpoint"))
+        return launch(
+            ["run", ref, *flags],
+            nproc_per_node=int(launch_options.get("nproc-per-node", "1")),
+            nnodes=int(launch_options.get("nnodes", "1")),
+            node_rank=int(launch_options.get("node-rank", "0")),
+            rdzv_endpoint=launch_options.get("rdzv-endpoint"),
+        )
     from ditty.train.entry import run_training
 
     result = run_training(loaded)
@@ -240,13 +255,18 @@ def cmd_init(args: list[str]) -> int:
     plan = compile_recipe(loaded)
     from ditty.config.writer import recipe_to_toml
 
-    text = recipe_to_toml(loaded.config, header="ditty recipe written by `ditty init`.\nCheck it with `ditty check FILE`, train with `ditty run FILE`.")
+    text = recipe_to_toml(
+        loaded.config,
+        header="ditty recipe written by `ditty init`.\nCheck it with `ditty check FILE`, train with `ditty run FILE`.",
+    )
     if output is None:
         print(text, end="")
     else:
         path = Path(output)
         if path.exists() and not force:
-            raise RecipeError.single(f"{output} already exists", fix="choose another -o FILE, or add --force to replace it")
+            raise RecipeError.single(
+                f"{output} already exists", fix="choose another -o FILE, or add --force to replace it"
+            )
         if path.parent and not path.parent.exists():
             raise RecipeError.single(f"directory {path.parent} does not exist", fix="create it first")
         path.write_text(text, encoding="utf-8")
@@ -282,7 +302,9 @@ def cmd_generate(args: list[str]) -> int:
     max_new, args = _take_option(args, ("--max-new-tokens",))
     sample, args = _take_option(args, ("--sample",), has_value=False)
     if len(args) != 2:
-        raise RecipeError.single("`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="')
+        raise RecipeError.single(
+            "`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="'
+        )
     run_dir, prompt = args
     if not (Path(run_dir) / "final").is_dir():
         raise RecipeError.single(f"{run_dir} has no final/ model", fix="name the output_dir of a finished run")
@@ -300,8 +322,10 @@ def cmd_export(args: list[str]) -> int:
     output, args = _take_option(args, ("-o", "--output"))
     merge, args = _take_option(args, ("--merge-lora", "--merge_lora"), has_value=False)
     if len(args) != 1 or output is None:
-        raise RecipeError.single("`ditty export` takes a run directory or checkpoint and -o DIR",
-                                 fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]")
+        raise RecipeError.single(
+            "`ditty export` takes a run directory or checkpoint and -o DIR",
+            fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]",
+        )
     from ditty.train.export import export
 
     export(args[0], output, merge_lora=bool(merge))
@@ -311,7 +335,9 @@ def cmd_export(args: list[str]) -> int:
 def cmd_push(args: list[str]) -> int:
     repo_id, args = _take_option(args, ("--repo-id", "--repo_id"))
     if len(args) != 1:
-        raise RecipeError.single("`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny")
+        raise RecipeError.single(
+            "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
+        )
     from ditty.train.push import push_run
 
     print(f"pushed: {push_run(args[0], repo_id=repo_id)}")

@@ -38,16 +38,26 @@ class Scheduler:
     Tables are computed in float64 and stored in float32 on the CPU; they follow the inputs' device.
     """
 
-    def __init__(self, max_timesteps: int = 1000, schedule_type: str = "cosine",
-                 beta_start: float = 1e-4, beta_end: float = 0.02, *, clip_sample: bool = True) -> None:
+    def __init__(
+        self,
+        max_timesteps: int = 1000,
+        schedule_type: str = "cosine",
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        *,
+        clip_sample: bool = True,
+    ) -> None:
         _validate(max_timesteps, schedule_type, beta_start, beta_end)
         self.max_timesteps = max_timesteps
         self.schedule_type = schedule_type
         self.beta_start = beta_start
         self.beta_end = beta_end
         self.clip_sample = clip_sample
-        betas = _cosine_betas(max_timesteps) if schedule_type == "cosine" else \
-            torch.linspace(beta_start, beta_end, max_timesteps, dtype=torch.float64)
+        betas = (
+            _cosine_betas(max_timesteps)
+            if schedule_type == "cosine"
+            else torch.linspace(beta_start, beta_end, max_timesteps, dtype=torch.float64)
+        )
         alphas = 1.0 - betas
         alpha_bar = torch.cumprod(alphas, dim=0)
         alpha_bar_prev = torch.cat([torch.ones(1, dtype=torch.float64), alpha_bar[:-1]])
@@ -60,8 +70,10 @@ class Scheduler:
         self.posterior_coef_xt = ((1 - alpha_bar_prev) * alphas.sqrt() / (1 - alpha_bar)).float()
 
     def __repr__(self) -> str:
-        return (f"Scheduler(max_timesteps={self.max_timesteps}, schedule_type={self.schedule_type!r}, "
-                f"beta_start={self.beta_start}, beta_end={self.beta_end}, clip_sample={self.clip_sample})")
+        return (
+            f"Scheduler(max_timesteps={self.max_timesteps}, schedule_type={self.schedule_type!r}, "
+            f"beta_start={self.beta_start}, beta_end={self.beta_end}, clip_sample={self.clip_sample})"
+        )
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: Union[torch.Tensor, int]) -> torch.Tensor:
         """x_t = sqrt(alpha_bar_t) x0 + sqrt(1 - alpha_bar_t) noise; t is an int or one per sample."""
@@ -74,8 +86,13 @@ class Scheduler:
         x0 = (x_t - (1 - alpha_bar).sqrt() * model_output) / alpha_bar.sqrt()
         return x0.clamp(-1, 1) if self.clip_sample else x0
 
-    def step(self, model_output: torch.Tensor, t: Union[torch.Tensor, int], x_t: torch.Tensor,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    def step(
+        self,
+        model_output: torch.Tensor,
+        t: Union[torch.Tensor, int],
+        x_t: torch.Tensor,
+        generator: Optional[torch.Generator] = None,
+    ) -> torch.Tensor:
         """One reverse step x_t -> x_{t-1}, from the model's noise prediction at t.
 
         Samples the DDPM posterior with its own variance (beta-tilde, "fixed small"); at t = 0 the
@@ -89,8 +106,13 @@ class Scheduler:
         return mean + not_last * std * noise
 
     @torch.no_grad()
-    def sample(self, model: Callable[..., torch.Tensor], shape: tuple[int, ...],
-               generator: Optional[torch.Generator] = None, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+    def sample(
+        self,
+        model: Callable[..., torch.Tensor],
+        shape: tuple[int, ...],
+        generator: Optional[torch.Generator] = None,
+        device: Union[str, torch.device] = "cpu",
+    ) -> torch.Tensor:
         """Run the whole reverse chain from N(0, I): `max_timesteps` calls of `model(x_t, t)`.
 
         The model is put in eval mode for the loop and restored after. Noise is drawn on the CPU
@@ -109,8 +131,9 @@ class Scheduler:
             if was_training:
                 model.train()
 
-    def draw_timesteps(self, batch_size: int, generator: Optional[torch.Generator] = None,
-                       device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+    def draw_timesteps(
+        self, batch_size: int, generator: Optional[torch.Generator] = None, device: Union[str, torch.device] = "cpu"
+    ) -> torch.Tensor:
         """Timesteps for training, uniform over [0, max_timesteps)."""
         return torch.randint(0, self.max_timesteps, (batch_size,), generator=generator).to(device)
 
@@ -156,16 +179,27 @@ class NoisePreProcessor(PreProcessor):
     timesteps are drawn on the CPU (from `seed` if given) and moved to the images' device.
     """
 
-    def __init__(self, max_timesteps: int = 1000, schedule_type: str = "cosine", beta_start: float = 1e-4,
-                 beta_end: float = 0.02, *, image_key: str = "pixel_values", rank: int = 4,
-                 seed: Optional[int] = None, scheduler: Optional[Scheduler] = None,
-                 image_shape: Optional[Sequence[int]] = None) -> None:
+    def __init__(
+        self,
+        max_timesteps: int = 1000,
+        schedule_type: str = "cosine",
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        *,
+        image_key: str = "pixel_values",
+        rank: int = 4,
+        seed: Optional[int] = None,
+        scheduler: Optional[Scheduler] = None,
+        image_shape: Optional[Sequence[int]] = None,
+    ) -> None:
         self.scheduler = scheduler or Scheduler(max_timesteps, schedule_type, beta_start, beta_end)
         self.image_key = image_key
         # Shape of one image (without the batch), for `sample`; else the shape of the last batch seen.
         self.image_shape = tuple(image_shape) if image_shape is not None else None
-        super().__init__(contract=f"{image_key}:{rank}:f32 -> x_t:{rank}:f32 | ctx.target:{rank}:f32, "
-                                  "ctx.t:1:i64, ctx.forward_kwargs.t:1:i64")
+        super().__init__(
+            contract=f"{image_key}:{rank}:f32 -> x_t:{rank}:f32 | ctx.target:{rank}:f32, "
+            "ctx.t:1:i64, ctx.forward_kwargs.t:1:i64"
+        )
         # None draws from torch's global RNG (which the trainer seeds per rank); a seed here is the
         # same on every rank, so data-parallel ranks would share one noise sequence.
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
@@ -181,8 +215,14 @@ class NoisePreProcessor(PreProcessor):
         ctx.setdefault("forward_kwargs", {})["t"] = t
         return self.scheduler.add_noise(x0, noise, t), ctx
 
-    def sample(self, model: Callable[..., torch.Tensor], count: int, *, generator: Optional[torch.Generator] = None,
-               device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+    def sample(
+        self,
+        model: Callable[..., torch.Tensor],
+        count: int,
+        *,
+        generator: Optional[torch.Generator] = None,
+        device: Union[str, torch.device] = "cpu",
+    ) -> torch.Tensor:
         """`count` images drawn by the reverse chain with this stage's schedule (the sampler that
         evaluation hooks such as ditty.data.digits.DigitsTask look for in the pipeline)."""
         if self.image_shape is None:
@@ -197,8 +237,9 @@ class NoisePreProcessor(PreProcessor):
             return batch
         if isinstance(batch, Mapping):
             if self.image_key not in batch:
-                raise KeyError(f"NoisePreProcessor: the batch has no {self.image_key!r} (keys: {sorted(batch)}); "
-                               "set image_key")
+                raise KeyError(
+                    f"NoisePreProcessor: the batch has no {self.image_key!r} (keys: {sorted(batch)}); set image_key"
+                )
             return batch[self.image_key]
         if isinstance(batch, (tuple, list)) and batch and torch.is_tensor(batch[0]):
             return batch[0]
@@ -222,7 +263,7 @@ def save_sample_grid(samples: torch.Tensor, path: str, *, columns: Optional[int]
     grid = np.full((rows * (height + 1) + 1, columns * (width + 1) + 1), -1.0)  # 1-pixel black borders
     for index, image in enumerate(images):
         top, left = (1 + k * (size + 1) for k, size in zip(divmod(index, columns), (height, width)))
-        grid[top:top + height, left:left + width] = image
+        grid[top : top + height, left : left + width] = image
     figure = Figure(figsize=(grid.shape[1] * scale / 100, grid.shape[0] * scale / 100), dpi=100)
     axes = figure.add_axes((0, 0, 1, 1))
     axes.imshow(grid.clip(-1, 1), cmap="gray", vmin=-1, vmax=1, interpolation="nearest")
@@ -239,5 +280,6 @@ def _as_images(samples: torch.Tensor) -> torch.Tensor:
     if samples.dim() == 2 and math.isqrt(samples.shape[1]) ** 2 == samples.shape[1]:
         side = math.isqrt(samples.shape[1])
         return samples.reshape(-1, side, side)
-    raise ValueError(f"save_sample_grid: expected [N, H, W], [N, 1, H, W] or [N, H*W] samples, "
-                     f"got {tuple(samples.shape)}")
+    raise ValueError(
+        f"save_sample_grid: expected [N, H, W], [N, 1, H, W] or [N, H*W] samples, got {tuple(samples.shape)}"
+    )

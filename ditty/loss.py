@@ -92,11 +92,13 @@ class LossCalculator(ABC):
         if isinstance(model_output, (tuple, list)) or hasattr(model_output, "to_tuple"):
             outputs = model_output.to_tuple() if hasattr(model_output, "to_tuple") else model_output
             if not -len(outputs) <= index < len(outputs):
-                raise IndexError(f"{type(self).__name__}: output_index {index}, but the model returned {len(outputs)} outputs")
+                raise IndexError(
+                    f"{type(self).__name__}: output_index {index}, but the model returned {len(outputs)} outputs"
+                )
             return outputs[index]
         raise TypeError(
             f"{type(self).__name__}: cannot index a {type(model_output).__name__} output with {index!r}; "
-            "name the entry instead (output_index=\"name\")"
+            'name the entry instead (output_index="name")'
         )
 
     def get_target(self, ctx: Mapping) -> "Tensor":
@@ -129,8 +131,15 @@ class CrossEntropyLoss(LossCalculator):
     [B, T]). Computed in fp32 whatever the model's dtype.
     """
 
-    def __init__(self, output_index: Union[int, str] = 0, target_key: str = "target", mask_key: Optional[str] = "mask",
-                 *, ignore_index: int = IGNORE_INDEX, contract: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        output_index: Union[int, str] = 0,
+        target_key: str = "target",
+        mask_key: Optional[str] = "mask",
+        *,
+        ignore_index: int = IGNORE_INDEX,
+        contract: Optional[str] = None,
+    ) -> None:
         super().__init__(output_index, target_key, mask_key, contract=contract)
         self.ignore_index = ignore_index
 
@@ -151,8 +160,14 @@ class CausalLMLoss(CrossEntropyLoss):
     trainer can normalise over the whole global batch.
     """
 
-    def __init__(self, output_index: Union[int, str] = "logits", target_key: str = "labels",
-                 *, ignore_index: int = IGNORE_INDEX, contract: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        output_index: Union[int, str] = "logits",
+        target_key: str = "labels",
+        *,
+        ignore_index: int = IGNORE_INDEX,
+        contract: Optional[str] = None,
+    ) -> None:
         super().__init__(output_index, target_key, mask_key=None, ignore_index=ignore_index, contract=contract)
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
@@ -166,7 +181,9 @@ class CausalLMLoss(CrossEntropyLoss):
         return (batch[self.target_key][..., 1:] != self.ignore_index).sum()
 
 
-def token_cross_entropy(logits: "Tensor", target: "Tensor", ignore_index: int = IGNORE_INDEX) -> "tuple[Tensor, Tensor]":
+def token_cross_entropy(
+    logits: "Tensor", target: "Tensor", ignore_index: int = IGNORE_INDEX
+) -> "tuple[Tensor, Tensor]":
     """Sum of fp32 cross-entropy over targets other than `ignore_index`, and how many there are.
 
     Cost: the fp32 copy of the logits ([tokens, vocab]), as in transformers' own loss; bf16 logits

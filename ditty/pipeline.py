@@ -3,7 +3,8 @@
     from ditty.pipeline import Pipeline, ModelFactory, FSDPConfig
 
     pipeline = Pipeline(
-        model_factory=ModelFactory.from_instance(model, fsdp_config=FSDPConfig(enabled=True, transformer_layers=[Block])),
+        model_factory=ModelFactory.from_instance(
+            model, fsdp_config=FSDPConfig(enabled=True, transformer_layers=[Block])),
         dataset=dataset, collate_fn=collate, loss_calculator=MSELoss(),
         preprocessors=[NoisePreProcessor()], output_dir="runs/mine", bf16=True, lr=2e-4, epochs=10, grad_accum=4)
     pipeline.run()
@@ -50,8 +51,14 @@ class FSDPConfig:
 class ModelFactory:
     """How the Pipeline gets its model: an instance, or a class loaded from a checkpoint file."""
 
-    def __init__(self, build: Callable[[], torch.nn.Module], *, contract: Any = None,
-                 fsdp_config: Optional[FSDPConfig] = None, description: str = "") -> None:
+    def __init__(
+        self,
+        build: Callable[[], torch.nn.Module],
+        *,
+        contract: Any = None,
+        fsdp_config: Optional[FSDPConfig] = None,
+        description: str = "",
+    ) -> None:
         self._build = build
         self.contract = contract
         self.fsdp_config = fsdp_config or FSDPConfig()
@@ -60,34 +67,60 @@ class ModelFactory:
     @classmethod
     def from_instance(cls, model: torch.nn.Module, *, fsdp_config: Optional[FSDPConfig] = None) -> "ModelFactory":
         if not isinstance(model, torch.nn.Module):
-            raise RecipeError.single(f"from_instance takes an nn.Module, not {type(model).__name__}", key="model_factory")
-        return cls(lambda: model, contract=getattr(model, "contract", None), fsdp_config=fsdp_config,
-                   description=type(model).__qualname__)
+            raise RecipeError.single(
+                f"from_instance takes an nn.Module, not {type(model).__name__}", key="model_factory"
+            )
+        return cls(
+            lambda: model,
+            contract=getattr(model, "contract", None),
+            fsdp_config=fsdp_config,
+            description=type(model).__qualname__,
+        )
 
     @classmethod
-    def from_checkpoint(cls, path: str, model_class: type, *, fsdp_config: Optional[FSDPConfig] = None,
-                        strict: bool = True, **kwargs: Any) -> "ModelFactory":
+    def from_checkpoint(
+        cls,
+        path: str,
+        model_class: type,
+        *,
+        fsdp_config: Optional[FSDPConfig] = None,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> "ModelFactory":
         """`model_class(**kwargs)` with weights from `path`: a .safetensors file, a directory holding
         model.safetensors (a run's final/), or a torch file read with `weights_only=True` (never
         unpickling code). A {"model": ...} or {"state_dict": ...} wrapper is unwrapped."""
         if not os.path.exists(path):
-            raise RecipeError.single(f"checkpoint {path!r} does not exist", key="model_factory", fix="give the path of a weights file or a run's final/")
+            raise RecipeError.single(
+                f"checkpoint {path!r} does not exist",
+                key="model_factory",
+                fix="give the path of a weights file or a run's final/",
+            )
 
         def build() -> torch.nn.Module:
             model = model_class(**kwargs)
             missing, unexpected = model.load_state_dict(load_weights(path), strict=False)
             if strict and (missing or unexpected):
-                raise RecipeError.single(f"{path} does not fit {model_class.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}",
-                                         key="model_factory", fix="pass the model_class and kwargs the checkpoint was saved from, or strict=False")
+                raise RecipeError.single(
+                    f"{path} does not fit {model_class.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}",
+                    key="model_factory",
+                    fix="pass the model_class and kwargs the checkpoint was saved from, or strict=False",
+                )
             return model
 
-        return cls(build, contract=getattr(model_class, "contract", None), fsdp_config=fsdp_config,
-                   description=f"{model_class.__qualname__} from {path}")
+        return cls(
+            build,
+            contract=getattr(model_class, "contract", None),
+            fsdp_config=fsdp_config,
+            description=f"{model_class.__qualname__} from {path}",
+        )
 
     def build(self) -> torch.nn.Module:
         model = self._build()
         if not isinstance(model, torch.nn.Module):
-            raise RecipeError.single(f"the model factory returned {type(model).__name__}, not an nn.Module", key="model_factory")
+            raise RecipeError.single(
+                f"the model factory returned {type(model).__name__}, not an nn.Module", key="model_factory"
+            )
         return model
 
 
@@ -96,7 +129,9 @@ def load_weights(path: str) -> dict[str, torch.Tensor]:
         for name in ("model.safetensors", "pytorch_model.bin", "model.pt"):
             if os.path.exists(os.path.join(path, name)):
                 return load_weights(os.path.join(path, name))
-        raise RecipeError.single(f"{path} holds no model.safetensors, pytorch_model.bin or model.pt", key="model_factory")
+        raise RecipeError.single(
+            f"{path} holds no model.safetensors, pytorch_model.bin or model.pt", key="model_factory"
+        )
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -104,8 +139,11 @@ def load_weights(path: str) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refuses pickled code: say so rather than unpickle it
-        raise RecipeError.single(f"cannot read {path} as plain weights: {exc}", key="model_factory",
-                                 fix="save a state_dict (torch.save(model.state_dict(), ...)) or safetensors") from None
+        raise RecipeError.single(
+            f"cannot read {path} as plain weights: {exc}",
+            key="model_factory",
+            fix="save a state_dict (torch.save(model.state_dict(), ...)) or safetensors",
+        ) from None
     for wrapper in ("model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
@@ -155,8 +193,11 @@ class Pipeline:
         trainer_class: type = Trainer,
     ) -> None:
         if fp16 and bf16:
-            raise RecipeError.single("fp16 and bf16 are both set; pick one compute precision", key="Pipeline(fp16, bf16)",
-                                     fix="pass fp16=True or bf16=True, not both")
+            raise RecipeError.single(
+                "fp16 and bf16 are both set; pick one compute precision",
+                key="Pipeline(fp16, bf16)",
+                fix="pass fp16=True or bf16=True, not both",
+            )
         if isinstance(model_factory, torch.nn.Module):
             model_factory = ModelFactory.from_instance(model_factory)
         self.model_factory = model_factory
@@ -169,14 +210,33 @@ class Pipeline:
         self.postprocessors = list(postprocessors or [])
         self.task = task
         self.trainer_class = trainer_class
-        self.settings = dict(output_dir=output_dir, name=name, fp16=fp16, bf16=bf16, use_8bit_optim=use_8bit_optim,
-                             optim_backend=optim_backend, lr=lr, weight_decay=weight_decay, epochs=epochs, steps=steps,
-                             batch_size=batch_size, grad_accum=grad_accum, max_grad_norm=max_grad_norm,
-                             warmup_steps=warmup_steps, lr_schedule=lr_schedule,
-                             accelerator_kwargs=dict(accelerator_kwargs or {}), seed=seed, device=device,
-                             num_threads=num_threads, log_every=log_every, eval_every=eval_every,
-                             checkpoint_every=checkpoint_every, check_contracts=check_contracts, progress=progress,
-                             extra_config=dict(extra_config or {}))
+        self.settings = dict(
+            output_dir=output_dir,
+            name=name,
+            fp16=fp16,
+            bf16=bf16,
+            use_8bit_optim=use_8bit_optim,
+            optim_backend=optim_backend,
+            lr=lr,
+            weight_decay=weight_decay,
+            epochs=epochs,
+            steps=steps,
+            batch_size=batch_size,
+            grad_accum=grad_accum,
+            max_grad_norm=max_grad_norm,
+            warmup_steps=warmup_steps,
+            lr_schedule=lr_schedule,
+            accelerator_kwargs=dict(accelerator_kwargs or {}),
+            seed=seed,
+            device=device,
+            num_threads=num_threads,
+            log_every=log_every,
+            eval_every=eval_every,
+            checkpoint_every=checkpoint_every,
+            check_contracts=check_contracts,
+            progress=progress,
+            extra_config=dict(extra_config or {}),
+        )
         self.trainer: Optional[Trainer] = None
         self.check()
 
@@ -189,7 +249,9 @@ class Pipeline:
 
     def model(self) -> torch.nn.Module:
         if self.model_factory is None:
-            raise RecipeError.single("Pipeline needs a model_factory (ModelFactory.from_instance(model))", key="model_factory")
+            raise RecipeError.single(
+                "Pipeline needs a model_factory (ModelFactory.from_instance(model))", key="model_factory"
+            )
         return self.model_factory.build()
 
     # ---------------------------------------------------------------- config and checks
@@ -210,30 +272,55 @@ class Pipeline:
         accel = dict(s["accelerator_kwargs"])
         mixed = accel.pop("mixed_precision", None)
         if accel:
-            raise RecipeError.single(f"accelerator_kwargs {sorted(accel)} are not supported (only mixed_precision)",
-                                     key="accelerator_kwargs", fix="use the Pipeline keyword or extra_config for that setting")
+            raise RecipeError.single(
+                f"accelerator_kwargs {sorted(accel)} are not supported (only mixed_precision)",
+                key="accelerator_kwargs",
+                fix="use the Pipeline keyword or extra_config for that setting",
+            )
         if mixed == "fp8":
             fp8 = S.Fp8Config(enabled=True, backend="te")
         elif mixed in ("bf16", "fp16"):
             precision = mixed
         elif mixed not in (None, "no", "fp32"):
-            raise RecipeError.single(f"accelerator_kwargs mixed_precision {mixed!r} is not one of fp8, bf16, fp16, no",
-                                     key="accelerator_kwargs")
+            raise RecipeError.single(
+                f"accelerator_kwargs mixed_precision {mixed!r} is not one of fp8, bf16, fp16, no",
+                key="accelerator_kwargs",
+            )
         fsdp = getattr(self.model_factory, "fsdp_config", None) or FSDPConfig()
         parallel = S.ParallelConfig()
         if fsdp.enabled:
-            parallel = S.ParallelConfig(kind="fsdp", block_classes=[c.__name__ for c in fsdp.transformer_layers],
-                                        reshard_after_forward=fsdp.reshard_after_forward, cpu_offload=fsdp.cpu_offload)
+            parallel = S.ParallelConfig(
+                kind="fsdp",
+                block_classes=[c.__name__ for c in fsdp.transformer_layers],
+                reshard_after_forward=fsdp.reshard_after_forward,
+                cpu_offload=fsdp.cpu_offload,
+            )
         elif self.world_size() > 1:
             parallel = S.ParallelConfig(kind="ddp")
         config = Trainer.Config(
-            run=S.RunConfig(name=s["name"], output_dir=s["output_dir"], seed=s["seed"], device=s["device"], num_threads=s["num_threads"]),
-            train=S.TrainConfig(steps=s["steps"], epochs=float(s["epochs"]), micro_batch_size=micro,
-                                global_batch_size=micro * s["grad_accum"] * self.world_size(), max_grad_norm=s["max_grad_norm"],
-                                precision=precision, log_every=s["log_every"], eval_every=s["eval_every"]),
-            optimizer=S.OptimizerConfig(kind="adamw8bit" if s["use_8bit_optim"] else "adamw",
-                                        backend=s["optim_backend"] if s["use_8bit_optim"] else "default",
-                                        lr=s["lr"], weight_decay=s["weight_decay"]),
+            run=S.RunConfig(
+                name=s["name"],
+                output_dir=s["output_dir"],
+                seed=s["seed"],
+                device=s["device"],
+                num_threads=s["num_threads"],
+            ),
+            train=S.TrainConfig(
+                steps=s["steps"],
+                epochs=float(s["epochs"]),
+                micro_batch_size=micro,
+                global_batch_size=micro * s["grad_accum"] * self.world_size(),
+                max_grad_norm=s["max_grad_norm"],
+                precision=precision,
+                log_every=s["log_every"],
+                eval_every=s["eval_every"],
+            ),
+            optimizer=S.OptimizerConfig(
+                kind="adamw8bit" if s["use_8bit_optim"] else "adamw",
+                backend=s["optim_backend"] if s["use_8bit_optim"] else "default",
+                lr=s["lr"],
+                weight_decay=s["weight_decay"],
+            ),
             scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
             parallel=parallel,
             fp8=fp8,
@@ -264,8 +351,17 @@ class Pipeline:
         problems += self._slot_problems()
         if not [p for p in problems if p.severity == "error"]:
             model_name = f"model ({getattr(self.model_factory, 'description', '') or 'unknown'})"
-            problems += [p for p in check_instances(self.preprocessors, self.model_factory, self.postprocessors,
-                                                    self.loss_calculator, model_name=model_name) if p.severity == "error"]
+            problems += [
+                p
+                for p in check_instances(
+                    self.preprocessors,
+                    self.model_factory,
+                    self.postprocessors,
+                    self.loss_calculator,
+                    model_name=model_name,
+                )
+                if p.severity == "error"
+            ]
         if problems:
             raise RecipeError(problems, source="Pipeline(...)")
 
@@ -274,18 +370,35 @@ class Pipeline:
         from ditty.processors import PostProcessor, PreProcessor
 
         problems = []
-        for slot, items, base in (("preprocessors", self.preprocessors, PreProcessor),
-                                  ("postprocessors", self.postprocessors, PostProcessor)):
+        for slot, items, base in (
+            ("preprocessors", self.preprocessors, PreProcessor),
+            ("postprocessors", self.postprocessors, PostProcessor),
+        ):
             for index, item in enumerate(items):
                 if not isinstance(item, base):
-                    problems.append(Problem(f"{slot}[{index}]", f"{type(item).__name__} is not a {base.__name__}",
-                                            fix=f"subclass ditty.processors.{base.__name__} and implement process()"))
+                    problems.append(
+                        Problem(
+                            f"{slot}[{index}]",
+                            f"{type(item).__name__} is not a {base.__name__}",
+                            fix=f"subclass ditty.processors.{base.__name__} and implement process()",
+                        )
+                    )
         if self.loss_calculator is not None and not isinstance(self.loss_calculator, LossCalculator):
-            problems.append(Problem("loss_calculator", f"{type(self.loss_calculator).__name__} is not a LossCalculator",
-                                    fix="subclass ditty.loss.LossCalculator and implement compute()"))
+            problems.append(
+                Problem(
+                    "loss_calculator",
+                    f"{type(self.loss_calculator).__name__} is not a LossCalculator",
+                    fix="subclass ditty.loss.LossCalculator and implement compute()",
+                )
+            )
         if self.model_factory is not None and not isinstance(self.model_factory, ModelFactory):
-            problems.append(Problem("model_factory", f"{type(self.model_factory).__name__} is not a ModelFactory or nn.Module",
-                                    fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)"))
+            problems.append(
+                Problem(
+                    "model_factory",
+                    f"{type(self.model_factory).__name__} is not a ModelFactory or nn.Module",
+                    fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
+                )
+            )
         return problems
 
     # ---------------------------------------------------------------- running
@@ -295,14 +408,23 @@ class Pipeline:
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
         return RuntimeComponents(
-            model=self.model(), dataset=None if loader is not None else data, dataloader=loader,
-            val_dataset=self.val_dataset, collate_fn=self.collate_fn, preprocessors=self.preprocessors,
-            postprocessors=self.postprocessors, loss=self.loss_calculator or CausalLMLoss(), task=self.task)
+            model=self.model(),
+            dataset=None if loader is not None else data,
+            dataloader=loader,
+            val_dataset=self.val_dataset,
+            collate_fn=self.collate_fn,
+            preprocessors=self.preprocessors,
+            postprocessors=self.postprocessors,
+            loss=self.loss_calculator or CausalLMLoss(),
+            task=self.task,
+        )
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()
         if data is None:
-            raise RecipeError.single("Pipeline has no data: pass dataset= or dataloader=, or override dataset()", key="dataset")
+            raise RecipeError.single(
+                "Pipeline has no data: pass dataset= or dataloader=, or override dataset()", key="dataset"
+            )
         config = self.config(data)
         if isinstance(data, torch.utils.data.DataLoader):
             self.check(data)  # the loader's batch size is the micro-batch size

@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_bench_quick_runs_and_prints_the_table():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--quick"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=3600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "weights EQUAL the bare loop's" in out  # --quick also asserts it before printing
@@ -28,8 +34,18 @@ def test_bench_quick_runs_and_prints_the_table():
     assert widths == {8}, table  # every row has the header's 7 columns
     sections = {line.split("|")[1].strip() for line in table[2:] if not line.startswith("|---")}
     assert {"overhead", "packing", "compile"} <= sections
-    for name in ("bare PyTorch loop", "ditty Trainer", "HF Trainer", "ditty, packing", "DataCollatorWithFlattening",
-                 "train.compile", "8-bit AdamW", "QLoRA", "LoRA", "FSDP2 2 ranks, 8-bit AdamW (torchao): rank 1"):
+    for name in (
+        "bare PyTorch loop",
+        "ditty Trainer",
+        "HF Trainer",
+        "ditty, packing",
+        "DataCollatorWithFlattening",
+        "train.compile",
+        "8-bit AdamW",
+        "QLoRA",
+        "LoRA",
+        "FSDP2 2 ranks, 8-bit AdamW (torchao): rank 1",
+    ):
         assert name in out, name
     ratios = re.findall(r"\| (\d+\.\d{3})x \|", out)
     assert ratios and all(float(r) > 0 for r in ratios)

@@ -45,8 +45,20 @@ def test_ls_lists_recipes_with_descriptions(capsys):
 
 def test_init_then_check(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(capsys, "init", "--optimizer.lr", "3e-4", "--model.init", "random",
-                             "--model.architecture", "llama", "--tokenizer.kind", "byte", "-o", "r.toml")
+    code, out, err = run_cli(
+        capsys,
+        "init",
+        "--optimizer.lr",
+        "3e-4",
+        "--model.init",
+        "random",
+        "--model.architecture",
+        "llama",
+        "--tokenizer.kind",
+        "byte",
+        "-o",
+        "r.toml",
+    )
     assert code == 0, err
     assert load_recipe("r.toml").config.optimizer.lr == 3e-4
     code, out, err = run_cli(capsys, "check", "r.toml")
@@ -105,7 +117,9 @@ def test_output_dir_that_is_a_file(capsys, tmp_path):
 
 
 def test_flags_override_and_explain_shows_provenance(capsys):
-    code, out, err = run_cli(capsys, "check", "tiny_sft", "--optimizer.lr", "1e-3", "--train.compile", "false", "--explain")
+    code, out, err = run_cli(
+        capsys, "check", "tiny_sft", "--optimizer.lr", "1e-3", "--train.compile", "false", "--explain"
+    )
     assert code == 0, err
     lines = {line.split("=")[0].strip(): line for line in out.splitlines() if " = " in line}
     assert "[flag]" in lines["optimizer.lr"] and "0.001" in lines["optimizer.lr"]
@@ -121,8 +135,9 @@ def test_bad_flags_exit_2(capsys):
 
 
 def test_help_lists_every_section(capsys):
-    from ditty.config import TrainerConfig
     import dataclasses
+
+    from ditty.config import TrainerConfig
 
     code, out, _ = run_cli(capsys, "run", "--help")
     assert code == 0
@@ -130,8 +145,17 @@ def test_help_lists_every_section(capsys):
         assert f"--{field.name}." in out
 
 
-@pytest.mark.parametrize("args", [["run"], ["check", "no/such/file.toml"], ["frobnicate"], ["plot", "/nonexistent"],
-                                  ["generate", "/nonexistent", "hi"], ["check", "."]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run"],
+        ["check", "no/such/file.toml"],
+        ["frobnicate"],
+        ["plot", "/nonexistent"],
+        ["generate", "/nonexistent", "hi"],
+        ["check", "."],
+    ],
+)
 def test_user_errors_exit_2_without_traceback(capsys, args):
     code, _, err = run_cli(capsys, *args)
     assert code == 2

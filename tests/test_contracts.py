@@ -46,13 +46,16 @@ def test_empty_sides_are_allowed():
     assert parse_contract("x -> | ctx.k:0:i64").ctx_outputs == (TensorSpec("k", 0, "i64"),)
 
 
-@pytest.mark.parametrize("text", [
-    "batch:3:i64 -> batch:3:i64 | ctx.t:1:i64",
-    "x:4:f32, ctx.forward_kwargs.t:1:i64 -> eps:4:f32",
-    "x, y:*:bf16, z:0 -> out:2:u8 | ctx.a, ctx.b.c:1:bool",
-    "-> loss:0:f32",
-    "ctx.target:2:f64 ->",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "batch:3:i64 -> batch:3:i64 | ctx.t:1:i64",
+        "x:4:f32, ctx.forward_kwargs.t:1:i64 -> eps:4:f32",
+        "x, y:*:bf16, z:0 -> out:2:u8 | ctx.a, ctx.b.c:1:bool",
+        "-> loss:0:f32",
+        "ctx.target:2:f64 ->",
+    ],
+)
 def test_round_trip(text):
     contract = parse_contract(text)
     assert parse_contract(str(contract)) == contract
@@ -109,7 +112,9 @@ def test_parse_error_message_snapshot():
 
 def test_parse_specs_for_a_batch():
     assert parse_specs("input_ids:2:i64, labels:2:i64") == (
-        TensorSpec("input_ids", 2, "i64"), TensorSpec("labels", 2, "i64"))
+        TensorSpec("input_ids", 2, "i64"),
+        TensorSpec("labels", 2, "i64"),
+    )
 
 
 def test_importing_contracts_does_not_import_torch():
@@ -119,14 +124,18 @@ def test_importing_contracts_does_not_import_torch():
 
 # --- the chain checker: one valid and one failing chain per rule ------------------------------
 
+
 def rules(problems, severity="error"):
     return [p.rule for p in problems if p.severity == severity]
 
 
 def test_valid_diffusion_like_chain():
     stages = [
-        Stage("pipeline.preprocessors[0]", "x:4:f32 -> x_t:4:f32 | ctx.target:4:f32, ctx.forward_kwargs.t:1:i64",
-              "preprocessor"),
+        Stage(
+            "pipeline.preprocessors[0]",
+            "x:4:f32 -> x_t:4:f32 | ctx.target:4:f32, ctx.forward_kwargs.t:1:i64",
+            "preprocessor",
+        ),
         Stage("model", "x:4:f32, ctx.forward_kwargs.t:1:i64 -> eps:4:f32", "model"),
         Stage("pipeline.loss", "pred:4:f32, ctx.target:4:f32 -> loss:0:f32", "loss", output_index=0),
     ]
@@ -176,8 +185,11 @@ def test_ctx_dtype_mismatch_between_provider_and_reader():
 
 
 def test_ctx_key_provided_before_use():
-    stages = [("a", "x -> x | ctx.t:1:i64"), ("b", "x, ctx.t:1:i64 -> x"),
-              ("c", "x, ctx.batch, ctx.original_batch.labels -> x")]
+    stages = [
+        ("a", "x -> x | ctx.t:1:i64"),
+        ("b", "x, ctx.t:1:i64 -> x"),
+        ("c", "x, ctx.batch, ctx.original_batch.labels -> x"),
+    ]
     assert check_chain(stages) == []
 
 
@@ -207,16 +219,20 @@ def test_loss_may_read_batch_columns():
 
 
 def test_output_index_that_exists():
-    stages = [Stage("model", "x -> logits:3:f32, aux:0:f32", "model"),
-              Stage("loss", "pred:0:f32 -> loss:0:f32", "loss", output_index=1)]
+    stages = [
+        Stage("model", "x -> logits:3:f32, aux:0:f32", "model"),
+        Stage("loss", "pred:0:f32 -> loss:0:f32", "loss", output_index=1),
+    ]
     assert check_chain(stages) == []
     named = [stages[0], Stage("loss", "pred:3:f32 -> loss", "loss", output_index="logits")]
     assert check_chain(named) == []
 
 
 def test_output_index_that_does_not_exist():
-    stages = [Stage("model", "x -> logits:3:f32", "model"),
-              Stage("pipeline.loss", "pred:3:f32 -> loss", "loss", output_index=2)]
+    stages = [
+        Stage("model", "x -> logits:3:f32", "model"),
+        Stage("pipeline.loss", "pred:3:f32 -> loss", "loss", output_index=2),
+    ]
     problems = check_chain(stages)
     assert rules(problems) == ["contract.output-index"]
     assert problems[0].key == "pipeline.loss" and "declares 1 output(s)" in problems[0].message
@@ -227,21 +243,29 @@ def test_output_index_that_does_not_exist():
 def test_composite_loss_checks_every_part_index():
     model = Stage("model", "x -> a:3:f32, b:2:i64", "model")
     assert check_chain([model, Stage("loss", None, "loss", output_index=(0, 1))]) == [
-        p for p in check_chain([model, Stage("loss", None, "loss")]) if p.rule == "contract.unchecked"]
+        p for p in check_chain([model, Stage("loss", None, "loss")]) if p.rule == "contract.unchecked"
+    ]
     problems = check_chain([model, Stage("loss", None, "loss", output_index=(0, 3, "c"))])
     assert [p.message.split(" does")[0] for p in problems if p.severity == "error"] == [
-        "output_index 3", "output_index 'c'"]
+        "output_index 3",
+        "output_index 'c'",
+    ]
 
 
 def test_output_index_sees_postprocessed_outputs():
-    stages = [Stage("model", "x -> a, b", "model"), Stage("post", "a, b -> a", "postprocessor"),
-              Stage("loss", None, "loss", output_index=1)]
+    stages = [
+        Stage("model", "x -> a, b", "model"),
+        Stage("post", "a, b -> a", "postprocessor"),
+        Stage("loss", None, "loss", output_index=1),
+    ]
     assert rules(check_chain(stages)) == ["contract.output-index"]
 
 
 def test_loss_prediction_mismatch_uses_output_index():
-    stages = [Stage("model", "x -> logits:3:f32, aux:0:f32", "model"),
-              Stage("loss", "pred:3:f32 -> loss", "loss", output_index=1)]
+    stages = [
+        Stage("model", "x -> logits:3:f32, aux:0:f32", "model"),
+        Stage("loss", "pred:3:f32 -> loss", "loss", output_index=1),
+    ]
     problems = check_chain(stages)
     assert rules(problems) == ["contract.mismatch"] and "output 1 of `model`" in problems[0].message
 
@@ -254,8 +278,7 @@ def test_model_output_count_without_a_contract():
 
 
 def test_unchecked_stage_is_a_warning_and_checking_resumes():
-    stages = [("a", "x:3:i64 -> x:3:i64"), ("b", None), ("c", "x:2:f32, ctx.anything -> y:2"),
-              ("d", "y:3 -> z")]
+    stages = [("a", "x:3:i64 -> x:3:i64"), ("b", None), ("c", "x:2:f32, ctx.anything -> y:2"), ("d", "y:3 -> z")]
     problems = check_chain(stages)
     assert [(p.key, p.rule, p.severity) for p in problems] == [
         ("b", "contract.unchecked", "warning"),
@@ -270,8 +293,7 @@ def test_contract_that_does_not_parse_is_reported_with_the_stage():
 
 
 def test_every_problem_is_reported_at_once():
-    stages = [("a", "x, ctx.t -> x:3"), Stage("m", "x:2 -> y", "model"),
-              Stage("l", None, "loss", output_index=5)]
+    stages = [("a", "x, ctx.t -> x:3"), Stage("m", "x:2 -> y", "model"), Stage("l", None, "loss", output_index=5)]
     assert sorted(rules(check_chain(stages))) == ["contract.ctx-missing", "contract.mismatch", "contract.output-index"]
 
 
@@ -282,6 +304,7 @@ def test_unknown_role_is_a_programming_error():
 
 # --- the first-step check of real tensors -----------------------------------------------------
 
+
 def test_real_tensors_that_match():
     import torch
 
@@ -290,7 +313,9 @@ def test_real_tensors_that_match():
     bound = bind_tensors(contract, torch.zeros(2, 1, 8, 8), ctx)
     assert set(bound) == {"x", "ctx.forward_kwargs.t"}
     assert check_tensors(contract, bound) == []
-    assert check_tensors(contract, bind_tensors(contract, torch.zeros(2, 1, 8, 8), side="outputs"), side="outputs") == []
+    assert (
+        check_tensors(contract, bind_tensors(contract, torch.zeros(2, 1, 8, 8), side="outputs"), side="outputs") == []
+    )
 
 
 def test_real_tensors_that_do_not_match():

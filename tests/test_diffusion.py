@@ -42,21 +42,25 @@ def test_cosine_alpha_bar_follows_the_formula():
     assert scheduler.alpha_bar[t].item() == pytest.approx(expected, rel=1e-4)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"schedule_type": "quadratic"}, "'cosine', 'linear'"),
-    ({"max_timesteps": 0}, "positive integer"),
-    ({"max_timesteps": 10.5}, "positive integer"),
-    ({"max_timesteps": True}, "positive integer"),
-    ({"beta_start": 0.02, "beta_end": 0.01}, "beta_start < beta_end"),
-    ({"beta_start": 0.0}, "0 < beta_start"),
-    ({"beta_end": 1.5}, "beta_end < 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"schedule_type": "quadratic"}, "'cosine', 'linear'"),
+        ({"max_timesteps": 0}, "positive integer"),
+        ({"max_timesteps": 10.5}, "positive integer"),
+        ({"max_timesteps": True}, "positive integer"),
+        ({"beta_start": 0.02, "beta_end": 0.01}, "beta_start < beta_end"),
+        ({"beta_start": 0.0}, "0 < beta_start"),
+        ({"beta_end": 1.5}, "beta_end < 1"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         Scheduler(**kwargs)
 
 
 # --- forward and reverse steps ----------------------------------------------------------------
+
 
 def test_add_noise_has_the_scheduled_mean_and_variance():
     scheduler = Scheduler(max_timesteps=1000)
@@ -108,6 +112,7 @@ def test_sample_shape_reproducibility_and_model_mode():
 
 # --- the training stage and the denoiser ------------------------------------------------------
 
+
 @pytest.mark.parametrize("make_batch", [lambda x: x, lambda x: (x, torch.zeros(len(x))), lambda x: {"pixel_values": x}])
 def test_noise_preprocessor_sets_model_input_target_and_t(make_batch):
     stage = NoisePreProcessor(max_timesteps=100, seed=0)
@@ -139,9 +144,11 @@ def test_denoiser_shapes_and_factory():
 def test_the_diffusion_chain_checks_and_matches_real_tensors():
     stage, model = NoisePreProcessor(seed=0), digits_denoiser(hidden=32, depth=1)
     loss_contract = "pred:4:f32, ctx.target:4:f32 -> loss:0:f32"
-    stages = [Stage("pipeline.preprocessors[0]", stage.contract, "preprocessor"),
-              Stage("model", model.contract, "model"),
-              Stage("pipeline.loss", loss_contract, "loss", output_index=0)]
+    stages = [
+        Stage("pipeline.preprocessors[0]", stage.contract, "preprocessor"),
+        Stage("model", model.contract, "model"),
+        Stage("pipeline.loss", loss_contract, "loss", output_index=0),
+    ]
     assert check_chain(stages, batch_spec="pixel_values:4:f32") == []
 
     batch = {"pixel_values": torch.rand(2, 1, 8, 8)}
@@ -210,15 +217,19 @@ def test_denoiser_learns_to_draw_digits(tmp_path, one_thread):
     def measure(x):
         probabilities = classifier.predict_proba(flat(x))
         counts = np.bincount(probabilities.argmax(1), minlength=10)
-        return {"nn_distance": float(neighbours.kneighbors(flat(x))[0].mean()),
-                "confidence": float(probabilities.max(1).mean()),
-                "classes": int((counts >= 0.02 * len(x)).sum())}
+        return {
+            "nn_distance": float(neighbours.kneighbors(flat(x))[0].mean()),
+            "confidence": float(probabilities.max(1).mean()),
+            "classes": int((counts >= 0.02 * len(x)).sum()),
+        }
 
     trained, pure_noise = measure(samples), measure(noise)
     untrained_m, real = measure(untrained_samples), measure(held_out)
-    print(f"\ndigits diffusion: held-out loss {loss_before:.3f} -> {loss_after:.3f} "
-          f"({TRAIN_STEPS} steps, {train_seconds:.1f}s; total {time.perf_counter() - started:.1f}s)\n"
-          f"  trained {trained}\n  untrained {untrained_m}\n  noise {pure_noise}\n  real held-out {real}")
+    print(
+        f"\ndigits diffusion: held-out loss {loss_before:.3f} -> {loss_after:.3f} "
+        f"({TRAIN_STEPS} steps, {train_seconds:.1f}s; total {time.perf_counter() - started:.1f}s)\n"
+        f"  trained {trained}\n  untrained {untrained_m}\n  noise {pure_noise}\n  real held-out {real}"
+    )
 
     assert loss_after < 0.4 * loss_before
     # Samples sit near real digits, as close as held-out real digits do, and far closer than noise

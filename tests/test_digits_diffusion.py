@@ -31,7 +31,16 @@ def test_digits_recipe_checks_and_runs_a_few_steps(tmp_path, capsys):
     pytest.importorskip("sklearn")
     assert main(["check", RECIPE]) == 0
     out = tmp_path / "run"
-    flags = ["--train.steps", "10", "--scheduler.warmup_steps", "2", "--train.eval_samples", "8", "--run.output_dir", str(out)]
+    flags = [
+        "--train.steps",
+        "10",
+        "--scheduler.warmup_steps",
+        "2",
+        "--train.eval_samples",
+        "8",
+        "--run.output_dir",
+        str(out),
+    ]
     assert main(["run", RECIPE, *flags]) == 0
     assert (out / "samples.png").exists() and (out / "final" / "model.safetensors").exists()
 
@@ -70,8 +79,12 @@ def test_digits_recipe_learns_to_draw_digits(tmp_path, capsys):
         "noise": task.score(torch.randn(300, 1, 8, 8, generator=torch.Generator().manual_seed(2)).clamp(-1, 1)),
         "real held-out": task.score(data.val.images),
     }
-    print(f"\ndigits_diffusion: {seconds:.1f}s, loss {first:.3f} -> {last:.3f}, val {rows[-1].get('val_loss')}; {scores}")
-    assert scores["trained"]["nn_distance"] < 0.5 * min(scores["noise"]["nn_distance"], scores["untrained"]["nn_distance"])
+    print(
+        f"\ndigits_diffusion: {seconds:.1f}s, loss {first:.3f} -> {last:.3f}, val {rows[-1].get('val_loss')}; {scores}"
+    )
+    assert scores["trained"]["nn_distance"] < 0.5 * min(
+        scores["noise"]["nn_distance"], scores["untrained"]["nn_distance"]
+    )
     assert scores["trained"]["nn_distance"] < 1.5 * scores["real held-out"]["nn_distance"]
     assert scores["trained"]["classes"] >= 7
 
@@ -88,6 +101,8 @@ def test_missing_scikit_learn_is_a_recipe_error(monkeypatch, capsys):
     with pytest.raises(RecipeError, match=r"ditty\[diffusion\]"):
         load_digit_images()
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real_find_spec(name, *a)
+    )
     assert main(["check", RECIPE]) == 2
     assert "needs scikit-learn" in capsys.readouterr().err

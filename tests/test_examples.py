@@ -21,7 +21,9 @@ def test_custom_pipeline_example(tmp_path):
     from examples.custom_pipeline import main
 
     result = main(str(tmp_path / "run"), steps=40)
-    assert result.steps == 40 and result.eval_metrics["val_loss"] < 4.5  # predicting the mean scores the variance, about 6
+    assert (
+        result.steps == 40 and result.eval_metrics["val_loss"] < 4.5
+    )  # predicting the mean scores the variance, about 6
 
 
 def test_custom_pipeline_example_stops_at_a_misfit(tmp_path):
@@ -29,9 +31,13 @@ def test_custom_pipeline_example_stops_at_a_misfit(tmp_path):
     from examples import custom_pipeline
 
     with pytest.raises(RecipeError, match="model \\(Regressor\\)"):
-        custom_pipeline.Pipeline(model_factory=custom_pipeline.ModelFactory.from_instance(custom_pipeline.Regressor()),
-                                 dataset=custom_pipeline.make_rows(8), loss_calculator=custom_pipeline.MSELoss(),
-                                 preprocessors=[custom_pipeline.SplitTarget(rank=3)], output_dir=str(tmp_path / "x"))
+        custom_pipeline.Pipeline(
+            model_factory=custom_pipeline.ModelFactory.from_instance(custom_pipeline.Regressor()),
+            dataset=custom_pipeline.make_rows(8),
+            loss_calculator=custom_pipeline.MSELoss(),
+            preprocessors=[custom_pipeline.SplitTarget(rank=3)],
+            output_dir=str(tmp_path / "x"),
+        )
 
 
 def test_diffusion_pipeline_example(tmp_path):

@@ -19,7 +19,9 @@ def run_cli(capsys, *args):
     return code, captured.out, captured.err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed"
+)
 def test_check_te_backend_exits_2_naming_transformer_engine(capsys):
     code, out, err = run_cli(capsys, "check", "tiny_sft", "--fp8.enabled", "true", "--fp8.backend", "te")
     assert code == 2, out + err
@@ -36,7 +38,9 @@ def test_check_unemulated_fp8_on_cpu_exits_2(capsys):
     assert code == 2 and "fp8.emulate" in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed"
+)
 def test_te_converter_raises_recipe_error_without_te():
     import torch
 
@@ -65,7 +69,9 @@ def test_accelerator_kwargs_map_to_the_configured_backend():
     class FP8RecipeKwargs:
         backend = "AO"
 
-    got = fp8_config_from_accelerator_kwargs({"mixed_precision": "fp8", "kwargs_handlers": [FP8RecipeKwargs()]}, Fp8Config(backend="te"))
+    got = fp8_config_from_accelerator_kwargs(
+        {"mixed_precision": "fp8", "kwargs_handlers": [FP8RecipeKwargs()]}, Fp8Config(backend="te")
+    )
     assert got.backend == "torchao"
     with pytest.raises(RecipeError, match="MSAMP"):
         fp8_config_from_accelerator_kwargs({"mixed_precision": "fp8", "fp8_backend": "MSAMP"})

@@ -13,11 +13,20 @@ LAYERS = {
     "ditty._utils": 0,
     "ditty.config": 1,
     "ditty.contracts": 1,
-    "ditty.data": 2, "ditty.models": 2, "ditty.optim": 2, "ditty.parallel": 2, "ditty.checkpoint": 2,
-    "ditty.metrics": 2, "ditty.processors": 2, "ditty.loss": 2, "ditty.diffusion": 2,
+    "ditty.data": 2,
+    "ditty.models": 2,
+    "ditty.optim": 2,
+    "ditty.parallel": 2,
+    "ditty.checkpoint": 2,
+    "ditty.metrics": 2,
+    "ditty.processors": 2,
+    "ditty.loss": 2,
+    "ditty.diffusion": 2,
     "ditty.recipe": 3,
-    "ditty.train": 4, "ditty.pipeline": 4,
-    "ditty.cli": 5, "ditty.__main__": 5,
+    "ditty.train": 4,
+    "ditty.pipeline": 4,
+    "ditty.cli": 5,
+    "ditty.__main__": 5,
 }
 # The package root only re-exports lazily (module __getattr__), so it sits above everything.
 ROOT_ALLOWED = {"ditty"}
@@ -91,9 +100,13 @@ def test_imports_point_down():
             other = layer_of(target)
             if other is None or own is None:
                 continue
-            sideways = other == own and area(target) != area(name) and (area(name), area(target)) not in SAME_LAYER_ALLOWED
+            sideways = (
+                other == own and area(target) != area(name) and (area(name), area(target)) not in SAME_LAYER_ALLOWED
+            )
             if other > own or sideways:
-                violations.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name} (layer {own}) imports {target} (layer {other})")
+                violations.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line}: {name} (layer {own}) imports {target} (layer {other})"
+                )
     assert not violations, "\n".join(violations)
 
 

@@ -26,8 +26,15 @@ VOCAB = 259
 @pytest.fixture(scope="module")
 def tiny_model():
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -56,13 +63,17 @@ def test_causal_lm_loss_ignores_minus_100(tiny_model):
     # The ignored positions truly take no part: changing their logits changes nothing.
     noisy = reference.logits.clone()
     noisy[0, :3] += 100.0
-    assert CausalLMLoss().compute(CausalLMOutputWithPast(logits=noisy), Context(labels=labels)).loss.item() == pytest.approx(out.loss.item())
+    assert CausalLMLoss().compute(
+        CausalLMOutputWithPast(logits=noisy), Context(labels=labels)
+    ).loss.item() == pytest.approx(out.loss.item())
 
 
 def test_causal_lm_loss_counts_tokens_like_it_sums_them():
     labels = torch.tensor([[5, 6, IGNORE_INDEX, 7], [IGNORE_INDEX, 8, 9, IGNORE_INDEX]])
     out = CausalLMLoss().compute({"logits": torch.randn(2, 4, 10)}, Context(labels=labels))
-    assert int(CausalLMLoss().count_tokens({"labels": labels})) == int(out.num_tokens) == 4  # position 0 is never predicted
+    assert (
+        int(CausalLMLoss().count_tokens({"labels": labels})) == int(out.num_tokens) == 4
+    )  # position 0 is never predicted
 
 
 def test_causal_lm_loss_computes_in_fp32():
@@ -84,7 +95,7 @@ def test_summed_losses_make_any_split_of_a_batch_agree():
     labels[3, 5:] = IGNORE_INDEX
     loss = CausalLMLoss()
     whole = loss.compute({"logits": logits}, {"labels": labels}).mean_loss()
-    parts = [loss.compute({"logits": logits[i:i + 2]}, {"labels": labels[i:i + 2]}) for i in (0, 2)]
+    parts = [loss.compute({"logits": logits[i : i + 2]}, {"labels": labels[i : i + 2]}) for i in (0, 2)]
     summed = sum(p.loss for p in parts) / sum(p.num_tokens for p in parts)
     assert summed.item() == pytest.approx(whole.item(), abs=1e-6)
     assert torch.stack([p.mean_loss() for p in parts]).mean().item() != pytest.approx(whole.item(), abs=1e-3)

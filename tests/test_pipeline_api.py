@@ -24,9 +24,20 @@ def one_thread():
 
 
 def pipeline(tmp_path, **kwargs):
-    args = dict(model_factory=ModelFactory.from_instance(Regressor()), dataset=make_rows(64), loss_calculator=MSELoss(),
-                preprocessors=[SplitTarget()], output_dir=str(tmp_path / "run"), lr=1e-2, steps=6, batch_size=8,
-                device="cpu", num_threads=1, progress=False, log_every=1)
+    args = dict(
+        model_factory=ModelFactory.from_instance(Regressor()),
+        dataset=make_rows(64),
+        loss_calculator=MSELoss(),
+        preprocessors=[SplitTarget()],
+        output_dir=str(tmp_path / "run"),
+        lr=1e-2,
+        steps=6,
+        batch_size=8,
+        device="cpu",
+        num_threads=1,
+        progress=False,
+        log_every=1,
+    )
     args.update(kwargs)
     return Pipeline(**args)
 
@@ -54,8 +65,13 @@ def test_any_split_of_the_global_batch_gives_the_same_loss(tmp_path):
     for micro, accum in ((8, 2), (16, 1), (4, 4)):
         torch.manual_seed(0)
         model = Regressor()
-        result = pipeline(tmp_path / f"{micro}", model_factory=ModelFactory.from_instance(model), batch_size=micro,
-                          grad_accum=accum, steps=3).run()
+        result = pipeline(
+            tmp_path / f"{micro}",
+            model_factory=ModelFactory.from_instance(model),
+            batch_size=micro,
+            grad_accum=accum,
+            steps=3,
+        ).run()
         losses.append([r["loss"] for r in records(result.run_dir)])
     assert losses[0] == pytest.approx(losses[1], rel=1e-4) and losses[0] == pytest.approx(losses[2], rel=1e-4)
 
@@ -80,7 +96,12 @@ def test_options_map_to_recipe_sections(tmp_path):
         pass
 
     c = pipeline(tmp_path, use_8bit_optim=True, optim_backend="bnb", epochs=3, bf16=True).config()
-    assert (c.optimizer.kind, c.optimizer.backend, c.train.precision, c.train.epochs) == ("adamw8bit", "bnb", "bf16", 3.0)
+    assert (c.optimizer.kind, c.optimizer.backend, c.train.precision, c.train.epochs) == (
+        "adamw8bit",
+        "bnb",
+        "bf16",
+        3.0,
+    )
     fsdp = ModelFactory.from_instance(Regressor(), fsdp_config=FSDPConfig(enabled=True, transformer_layers=[Block]))
     c = pipeline(tmp_path, model_factory=fsdp, use_8bit_optim=True).config()
     assert (c.parallel.kind, c.parallel.block_classes, c.optimizer.backend) == ("fsdp", ["Block"], "torchao")
@@ -125,8 +146,12 @@ def test_first_step_check_compares_real_tensors(tmp_path):
     p = pipeline(tmp_path, model_factory=ModelFactory.from_instance(IntModel()), preprocessors=[Liar()])
     with pytest.raises(RecipeError, match=r"pipeline.preprocessors\[0\] \(Liar\).*dtype i64 declared"):
         p.run()
-    pipeline(tmp_path / "off", model_factory=ModelFactory.from_instance(IntModel()), preprocessors=[Liar()],
-             check_contracts=False).run()  # the check can be turned off
+    pipeline(
+        tmp_path / "off",
+        model_factory=ModelFactory.from_instance(IntModel()),
+        preprocessors=[Liar()],
+        check_contracts=False,
+    ).run()  # the check can be turned off
 
 
 def test_composite_loss_and_postprocessor(tmp_path):
@@ -141,15 +166,20 @@ def test_composite_loss_and_postprocessor(tmp_path):
             return model_output, ctx
 
     loss = CompositeLoss([(MSELoss(), 1.0), (CrossEntropyLoss(output_index=1, target_key="label"), 0.1)])
-    result = pipeline(tmp_path, model_factory=ModelFactory.from_instance(TwoOutputs()), loss_calculator=loss,
-                      postprocessors=[ClassTarget()]).run()
+    result = pipeline(
+        tmp_path,
+        model_factory=ModelFactory.from_instance(TwoOutputs()),
+        loss_calculator=loss,
+        postprocessors=[ClassTarget()],
+    ).run()
     last = records(result.run_dir)[-1]
     assert {"mse", "cross_entropy"} <= set(last)
 
 
 def test_dataloader_and_subclassed_dataset(tmp_path):
-    loader = torch.utils.data.DataLoader(make_rows(64), batch_size=4, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        make_rows(64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     p = pipeline(tmp_path / "a", dataset=None, dataloader=loader, grad_accum=2, steps=None, epochs=1)
     result = p.run()
     assert result.steps == 8 and p.trainer.config.train.micro_batch_size == 4  # 64 samples / (4 x 2)
@@ -158,8 +188,15 @@ def test_dataloader_and_subclassed_dataset(tmp_path):
         def dataset(self):
             return torch.utils.data.DataLoader(make_rows(32), batch_size=8)
 
-    result = OldStyle(ModelFactory.from_instance(Regressor()), loss_calculator=MSELoss(), preprocessors=[SplitTarget()],
-                      output_dir=str(tmp_path / "b"), steps=3, device="cpu", progress=False).run()
+    result = OldStyle(
+        ModelFactory.from_instance(Regressor()),
+        loss_calculator=MSELoss(),
+        preprocessors=[SplitTarget()],
+        output_dir=str(tmp_path / "b"),
+        steps=3,
+        device="cpu",
+        progress=False,
+    ).run()
     assert result.steps == 3
 
 
@@ -188,7 +225,9 @@ def test_data_prepare_over_a_hf_dataset(tmp_path):
     from ditty.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
-    raw = datasets.Dataset.from_dict({"text": [f"sample {i} " + "x" * (i % 7) for i in range(40)], "id": list(range(40))})
+    raw = datasets.Dataset.from_dict(
+        {"text": [f"sample {i} " + "x" * (i % 7) for i in range(40)], "id": list(range(40))}
+    )
 
     def tokenize(rows):
         return {"input_ids": [tokenizer(t)["input_ids"] for t in rows["text"]]}
@@ -213,7 +252,10 @@ def test_resume_within_the_same_script(tmp_path):
 
 
 def test_the_readme_imports():
-    from ditty import CompositeLoss as C, FSDPConfig as F, ModelFactory as M, Pipeline as P  # noqa: F401
+    from ditty import CompositeLoss as C  # noqa: F401
+    from ditty import FSDPConfig as F
+    from ditty import ModelFactory as M
+    from ditty import Pipeline as P
     from ditty.processors import Context, PostProcessor, PreProcessor  # noqa: F401
 
     assert P is Pipeline and M is ModelFactory and F is FSDPConfig and C is CompositeLoss

@@ -45,14 +45,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-             max_position_embeddings=1024, tie_word_embeddings=False)
+MODEL = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
 LR, BETAS, EPS, CLIP, SEED = 1e-3, (0.9, 0.95), 1e-8, 1.0, 0
 SEQ, BATCH = 128, 8  # overhead and compile: 8 x 128 tokens per step
 PACK_LEN, PACK_BATCH, PACK_ROWS = 1024, 8, 2  # packing: 8 samples per step padded, or 2 packed rows of 1024
 
 
 # ============================================================================ data files
+
 
 def write_text(path: Path, n: int) -> None:
     """Texts longer than SEQ bytes: every sample is cut to exactly SEQ tokens (no padding)."""
@@ -76,6 +84,7 @@ def write_instructions(path: Path, n: int) -> None:
 
 
 # ============================================================================ configs
+
 
 def ditty_config(tmp: Path, name: str, data: dict, steps: int, batch: int, **sections):
     from dataclasses import replace
@@ -129,11 +138,17 @@ def overhead_data(tmp: Path) -> dict:
 
 
 def packing_data(tmp: Path, packing: bool) -> dict:
-    return dict(source="file", path=str(tmp / "instructions.jsonl"), format="prompt_completion", max_seq_len=PACK_LEN,
-                packing=packing)
+    return dict(
+        source="file",
+        path=str(tmp / "instructions.jsonl"),
+        format="prompt_completion",
+        max_seq_len=PACK_LEN,
+        packing=packing,
+    )
 
 
 # ============================================================================ measuring (inside a worker)
+
 
 class Meter:
     """Forward pre-hook: wall and CPU stamps and useful tokens per forward."""
@@ -164,8 +179,15 @@ class Meter:
             raise RuntimeError(f"only {len(ev)} forwards recorded, need warmup {warmup} + 2")
         tokens = sum(e[2] for e in ev[warmup:-1])
         wall, cpu = ev[-1][0] - ev[warmup][0], ev[-1][1] - ev[warmup][1]
-        return {"tokens": tokens, "wall_s": wall, "cpu_s": cpu, "tok_per_s": tokens / wall, "tok_per_cpu_s": tokens / cpu,
-                "first_step_s": ev[1][0] - ev[0][0], "steady_step_s": wall / (len(ev) - 1 - warmup)}
+        return {
+            "tokens": tokens,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "tok_per_s": tokens / wall,
+            "tok_per_cpu_s": tokens / cpu,
+            "first_step_s": ev[1][0] - ev[0][0],
+            "steady_step_s": wall / (len(ev) - 1 - warmup),
+        }
 
 
 def peak_rss_mb() -> float:
@@ -199,6 +221,7 @@ def _tensor_bytes(t) -> int:
 
 # ============================================================================ workers
 
+
 def worker_ditty(a: dict) -> dict:
     """The real Trainer; the meter hooks the model after build."""
     import torch
@@ -215,8 +238,12 @@ def worker_ditty(a: dict) -> dict:
     from ditty.train.env import count_parameters
 
     trainable, total = count_parameters(trainer.model)  # counts 4-bit packed weights as parameters, not bytes
-    out = {"params": total, "trainable": trainable,
-           "opt_state_bytes": optimizer_state_bytes(trainer.optimizer), "peak_rss_mb": peak_rss_mb()}
+    out = {
+        "params": total,
+        "trainable": trainable,
+        "opt_state_bytes": optimizer_state_bytes(trainer.optimizer),
+        "peak_rss_mb": peak_rss_mb(),
+    }
     if a.get("measure", True):
         out.update(meter.result(a["warmup"]))
     if a.get("save"):
@@ -234,8 +261,11 @@ def worker_fsdp_rank(a: dict) -> dict:
     from ditty.train.trainer import Trainer
 
     world = int(os.environ["WORLD_SIZE"])
-    sections = {"optimizer": {"kind": "adamw8bit", "backend": "torchao"}, "parallel": {"kind": "fsdp"},
-                "train": {"micro_batch_size": a["batch"] // world}}
+    sections = {
+        "optimizer": {"kind": "adamw8bit", "backend": "torchao"},
+        "parallel": {"kind": "fsdp"},
+        "train": {"micro_batch_size": a["batch"] // world},
+    }
     config = ditty_config(Path(a["tmp"]), a["name"], a["data"], a["steps"], a["batch"], **sections)
     trainer = Trainer(config)
     trainer.train()
@@ -251,9 +281,16 @@ def worker_fsdp_rank(a: dict) -> dict:
             name = type(local(trainer.optimizer.state[p][key])).__name__
             kinds[name] = kinds.get(name, 0) + 1
             eight_bit += quantized and name == "OptimState8bit"
-    out = {"rank": trainer.rank, "params": sum(local(p).numel() for p in params), "opt_state_bytes": optimizer_state_bytes(trainer.optimizer),
-           "state_kinds": kinds, "eligible_states": 2 * eligible, "eight_bit_states": eight_bit, "peak_rss_mb": peak_rss_mb(),
-           "global_params": sum(p.numel() for p in params)}
+    out = {
+        "rank": trainer.rank,
+        "params": sum(local(p).numel() for p in params),
+        "opt_state_bytes": optimizer_state_bytes(trainer.optimizer),
+        "state_kinds": kinds,
+        "eligible_states": 2 * eligible,
+        "eight_bit_states": eight_bit,
+        "peak_rss_mb": peak_rss_mb(),
+        "global_params": sum(p.numel() for p in params),
+    }
     destroy_distributed()
     return out
 
@@ -268,12 +305,32 @@ def run_fsdp_ranks(args: dict, world: int = 2, timeout: float = 1800) -> list[di
     cache = tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"])
     procs = []
     for rank in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCHINDUCTOR_CACHE_DIR=cache,
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), DITTY_DIST_TIMEOUT_S="300", **dynamo_env(args))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "fsdp-rank", json.dumps(args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            TORCHINDUCTOR_CACHE_DIR=cache,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            DITTY_DIST_TIMEOUT_S="300",
+            **dynamo_env(args),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", "fsdp-rank", json.dumps(args)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     try:
         for proc in procs:
@@ -281,7 +338,7 @@ def run_fsdp_ranks(args: dict, world: int = 2, timeout: float = 1800) -> list[di
             lines = [line for line in stdout.splitlines() if line.startswith("BENCH_RESULT ")]
             if proc.returncode != 0 or not lines:
                 raise RuntimeError(f"fsdp rank failed ({proc.returncode}):\n{stderr[-3000:]}")
-            results.append(json.loads(lines[-1][len("BENCH_RESULT "):]))
+            results.append(json.loads(lines[-1][len("BENCH_RESULT ") :]))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -327,7 +384,9 @@ def worker_bare(a: dict) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": 0.0}] + ([{"params": no_decay, "weight_decay": 0.0}] if no_decay else [])
+    groups = [{"params": decay, "weight_decay": 0.0}] + (
+        [{"params": no_decay, "weight_decay": 0.0}] if no_decay else []
+    )
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, fused=True)  # as ditty (and a careful user) on CPU
     meter = Meter(model, pad_id)
     model.train()
@@ -335,8 +394,12 @@ def worker_bare(a: dict) -> dict:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
         logits = model(**inputs, use_cache=False).logits
         labels = batch["labels"][..., 1:]
-        total = F.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                ignore_index=-100, reduction="sum")
+        total = F.cross_entropy(
+            logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+        )
         count = (labels != -100).sum().to(torch.float64).clamp_min(1)
         (total * (1 / count.to(torch.float32))).backward()
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0, False, None)
@@ -365,7 +428,10 @@ def worker_hf(a: dict) -> dict:
     dt = DittyTrainer(config)
     model, pad_id = dt.model, dt.tokenizer.pad_token_id
     train = dt.data.train
-    rows = [{"input_ids": list(ids), "labels": [-100] + list(labels)[1:]} for ids, labels in zip(train["input_ids"], train["labels"])]
+    rows = [
+        {"input_ids": list(ids), "labels": [-100] + list(labels)[1:]}
+        for ids, labels in zip(train["input_ids"], train["labels"])
+    ]
     collator_kind = a.get("collator", "fixed")
     if collator_kind == "flatten":
         collator = transformers.DataCollatorWithFlattening()
@@ -376,11 +442,28 @@ def worker_hf(a: dict) -> dict:
         rows = [dict(r, attention_mask=[1] * len(r["input_ids"])) for r in rows]
     dataset = Dataset.from_list(rows)
     args = transformers.TrainingArguments(
-        output_dir=str(Path(a["tmp"]) / (a["name"] + "-hf")), max_steps=a["steps"], per_device_train_batch_size=a["batch"],
-        learning_rate=LR, adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0,
-        max_grad_norm=CLIP, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch_fused",
-        logging_strategy="no", save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True,
-        dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True, seed=SEED, remove_unused_columns=False,
+        output_dir=str(Path(a["tmp"]) / (a["name"] + "-hf")),
+        max_steps=a["steps"],
+        per_device_train_batch_size=a["batch"],
+        learning_rate=LR,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        adam_epsilon=EPS,
+        weight_decay=0.0,
+        max_grad_norm=CLIP,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch_fused",
+        logging_strategy="no",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        use_cpu=True,
+        seed=SEED,
+        remove_unused_columns=False,
     )
     meter = Meter(model, pad_id)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
@@ -411,27 +494,41 @@ def dynamo_env(args: dict) -> dict:
 
 
 def run_worker(kind: str, args: dict, timeout: float = 1800) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
-               # a fresh inductor cache per run: the compile time reported is a cold compile, as a first run sees
-               TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        HF_HUB_OFFLINE="1",
+        # a fresh inductor cache per run: the compile time reported is a cold compile, as a first run sees
+        TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"]),
+    )
     env.update(dynamo_env(args))
-    proc = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(args)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", kind, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH_RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"worker {kind} {args.get('name')} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("BENCH_RESULT "):])
+    return json.loads(lines[-1][len("BENCH_RESULT ") :])
 
 
 # ============================================================================ comparisons
+
 
 def interleave(contenders: dict[str, tuple[str, dict]], reps: int, log) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {name: [] for name in contenders}
     for rep in range(reps):
         for name, (kind, args) in contenders.items():
             r = run_worker(kind, dict(args, name=f"{args['name']}-{rep}"))
-            log(f"  {name} rep {rep}: {r.get('tok_per_cpu_s', 0):.0f} tok/CPU-s, {r.get('tok_per_s', 0):.0f} tok/s wall")
+            log(
+                f"  {name} rep {rep}: {r.get('tok_per_cpu_s', 0):.0f} tok/CPU-s, {r.get('tok_per_s', 0):.0f} tok/s wall"
+            )
             results[name].append(r)
     return results
 
@@ -446,8 +543,17 @@ def throughput_rows(section: str, results: dict[str, list[dict]], baseline: str)
     rows = []
     for name, rs in results.items():
         cpu, wall = med(rs, "tok_per_cpu_s"), med(rs, "tok_per_s")
-        rows.append([section, name, f"{cpu:,.0f}", f"{wall:,.0f}", f"{cpu / base:.3f}x", f"{wall / base_wall:.3f}x",
-                     str(len(rs))])
+        rows.append(
+            [
+                section,
+                name,
+                f"{cpu:,.0f}",
+                f"{wall:,.0f}",
+                f"{cpu / base:.3f}x",
+                f"{wall / base_wall:.3f}x",
+                str(len(rs)),
+            ]
+        )
     return rows
 
 
@@ -486,9 +592,11 @@ def main(argv=None) -> int:
         log("overhead: ditty vs bare loop vs HF Trainer")
         steps = warmup + timed
         common = dict(base, data=overhead_data(tmp), steps=steps, batch=BATCH)
-        contenders = {"bare PyTorch loop": ("bare", dict(common, name="bare", save=str(tmp / "bare.pt"))),
-                      "ditty Trainer": ("ditty", dict(common, name="ditty", save=str(tmp / "ditty.pt"))),
-                      "HF Trainer": ("hf", dict(common, name="hf"))}
+        contenders = {
+            "bare PyTorch loop": ("bare", dict(common, name="bare", save=str(tmp / "bare.pt"))),
+            "ditty Trainer": ("ditty", dict(common, name="ditty", save=str(tmp / "ditty.pt"))),
+            "HF Trainer": ("hf", dict(common, name="hf")),
+        }
         results = interleave(contenders, reps, log)
         rows += throughput_rows("overhead", results, "bare PyTorch loop")
         import torch
@@ -496,8 +604,10 @@ def main(argv=None) -> int:
         a, b = torch.load(tmp / "bare.pt"), torch.load(tmp / "ditty.pt")
         equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         diff = max((a[k] - b[k]).abs().max().item() for k in a if k in b)
-        notes.append(f"overhead: ditty's final weights {'EQUAL' if equal else 'DIFFER FROM'} the bare loop's "
-                     f"after {steps} steps (max abs difference {diff:.3g}).")
+        notes.append(
+            f"overhead: ditty's final weights {'EQUAL' if equal else 'DIFFER FROM'} the bare loop's "
+            f"after {steps} steps (max abs difference {diff:.3g})."
+        )
         if quick:
             assert equal, f"ditty's weights differ from the bare loop's (max abs difference {diff})"
         if opts.profile_hf:
@@ -508,9 +618,18 @@ def main(argv=None) -> int:
         steps = warmup + (3 if quick else 6)
         common = dict(base, steps=steps)
         contenders = {
-            "HF Trainer, dynamic padding (DataCollatorForSeq2Seq)": ("hf", dict(common, name="hf-pad", data=packing_data(tmp, False), batch=PACK_BATCH, collator="padding")),
-            "HF Trainer, DataCollatorWithFlattening": ("hf", dict(common, name="hf-flat", data=packing_data(tmp, False), batch=PACK_BATCH, collator="flatten")),
-            "ditty, padding": ("ditty", dict(common, name="ditty-pad", data=packing_data(tmp, False), batch=PACK_BATCH)),
+            "HF Trainer, dynamic padding (DataCollatorForSeq2Seq)": (
+                "hf",
+                dict(common, name="hf-pad", data=packing_data(tmp, False), batch=PACK_BATCH, collator="padding"),
+            ),
+            "HF Trainer, DataCollatorWithFlattening": (
+                "hf",
+                dict(common, name="hf-flat", data=packing_data(tmp, False), batch=PACK_BATCH, collator="flatten"),
+            ),
+            "ditty, padding": (
+                "ditty",
+                dict(common, name="ditty-pad", data=packing_data(tmp, False), batch=PACK_BATCH),
+            ),
             "ditty, packing": ("ditty", dict(common, name="ditty-pack", data=packing_data(tmp, True), batch=PACK_ROWS)),
         }
         results = interleave(contenders, reps, log)
@@ -520,21 +639,33 @@ def main(argv=None) -> int:
         log("compile: train.compile (blocks) vs eager")
         steps = warmup + 2 + timed  # compiling (and one recompile) happens in the first steps
         common = dict(base, data=overhead_data(tmp), steps=steps, batch=BATCH, warmup=warmup + 2)
-        contenders = {"bare PyTorch loop (eager)": ("bare", dict(common, name="c-bare")),
-                      "ditty (eager)": ("ditty", dict(common, name="c-ditty")),
-                      "ditty, train.compile (blocks)": ("ditty", dict(common, name="c-ditty-compile", sections={"train": {"compile": True}}))}
+        contenders = {
+            "bare PyTorch loop (eager)": ("bare", dict(common, name="c-bare")),
+            "ditty (eager)": ("ditty", dict(common, name="c-ditty")),
+            "ditty, train.compile (blocks)": (
+                "ditty",
+                dict(common, name="c-ditty-compile", sections={"train": {"compile": True}}),
+            ),
+        }
         results = interleave(contenders, reps, log)
         rows += throughput_rows("compile", results, "bare PyTorch loop (eager)")
         first = med(results["ditty, train.compile (blocks)"], "first_step_s")
         steady = med(results["ditty, train.compile (blocks)"], "steady_step_s")
-        notes.append(f"compile: the first compiled step took {first:.1f} s wall against {steady:.2f} s for a steady step "
-                     f"(compile time about {first - steady:.0f} s with a cold inductor cache, not counted in tokens/s).")
+        notes.append(
+            f"compile: the first compiled step took {first:.1f} s wall against {steady:.2f} s for a steady step "
+            f"(compile time about {first - steady:.0f} s with a cold inductor cache, not counted in tokens/s)."
+        )
 
     mem_rows = []
     if "memory" in sections:
         log("memory: peak RSS and optimizer state bytes per parameter")
         common = dict(base, data=overhead_data(tmp), steps=3, batch=BATCH, measure=False, eager_optimizer=quick)
-        lora = {"kind": "lora", "r": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+        lora = {
+            "kind": "lora",
+            "r": 8,
+            "alpha": 16,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        }
         variants = {
             "full finetune, AdamW fp32": {},
             "full finetune, 8-bit AdamW (torchao)": {"optimizer": {"kind": "adamw8bit", "backend": "torchao"}},
@@ -544,23 +675,48 @@ def main(argv=None) -> int:
         for name, sections_ in variants.items():
             r = run_worker("ditty", dict(common, name=f"mem-{len(mem_rows)}", sections=sections_))
             log(f"  {name}: {r['peak_rss_mb']:.0f} MB, {r['opt_state_bytes'] / r['params']:.2f} B/param")
-            mem_rows.append([name, f"{r['peak_rss_mb']:.0f}", f"{r['params']:,}", f"{r['trainable']:,}",
-                             f"{r['opt_state_bytes']:,}", f"{r['opt_state_bytes'] / r['params']:.3f}",
-                             f"{r['opt_state_bytes'] / max(r['trainable'], 1):.3f}"])
+            mem_rows.append(
+                [
+                    name,
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['params']:,}",
+                    f"{r['trainable']:,}",
+                    f"{r['opt_state_bytes']:,}",
+                    f"{r['opt_state_bytes'] / r['params']:.3f}",
+                    f"{r['opt_state_bytes'] / max(r['trainable'], 1):.3f}",
+                ]
+            )
         # 8-bit AdamW under FSDP2: every rank must hold torchao's 8-bit state for its own shards.
         ranks = run_fsdp_ranks(dict(common, name="mem-fsdp8bit", steps=1 if quick else 3))
         for r in ranks:
-            log(f"  FSDP rank {r['rank']}: {r['opt_state_bytes'] / r['params']:.2f} B/local param, states {r['state_kinds']}")
-            mem_rows.append([f"FSDP2 2 ranks, 8-bit AdamW (torchao): rank {r['rank']} (local shards)", f"{r['peak_rss_mb']:.0f}",
-                             f"{r['params']:,}", f"{r['params']:,}", f"{r['opt_state_bytes']:,}",
-                             f"{r['opt_state_bytes'] / r['params']:.3f}", f"{r['opt_state_bytes'] / r['params']:.3f}"])
+            log(
+                f"  FSDP rank {r['rank']}: {r['opt_state_bytes'] / r['params']:.2f} B/local param, states "
+                f"{r['state_kinds']}"
+            )
+            mem_rows.append(
+                [
+                    f"FSDP2 2 ranks, 8-bit AdamW (torchao): rank {r['rank']} (local shards)",
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['params']:,}",
+                    f"{r['params']:,}",
+                    f"{r['opt_state_bytes']:,}",
+                    f"{r['opt_state_bytes'] / r['params']:.3f}",
+                    f"{r['opt_state_bytes'] / r['params']:.3f}",
+                ]
+            )
         every_rank = all(r["eight_bit_states"] == r["eligible_states"] > 0 for r in ranks)
         total = sum(r["opt_state_bytes"] for r in ranks) / ranks[0]["global_params"]
-        notes.append("memory: under FSDP2 (2 gloo ranks) " + "; ".join(
-            f"rank {r['rank']} holds {r['eight_bit_states']} of its {r['eligible_states']} quantizable AdamW state tensors "
-            f"as torchao OptimState8bit ({', '.join(f'{n} {k}' for k, n in sorted(r['state_kinds'].items()))})" for r in ranks)
+        notes.append(
+            "memory: under FSDP2 (2 gloo ranks) "
+            + "; ".join(
+                f"rank {r['rank']} holds {r['eight_bit_states']} of its {r['eligible_states']} quantizable "
+                f"AdamW state tensors "
+                f"as torchao OptimState8bit ({', '.join(f'{n} {k}' for k, n in sorted(r['state_kinds'].items()))})"
+                for r in ranks
+            )
             + f": 8-bit state {'PRESENT on every rank' if every_rank else 'MISSING on some rank'}; "
-            f"{total:.3f} state bytes per parameter over both ranks.")
+            f"{total:.3f} state bytes per parameter over both ranks."
+        )
         if quick:
             assert every_rank, f"8-bit AdamW state missing on some FSDP rank: {ranks}"
 
@@ -572,16 +728,25 @@ def main(argv=None) -> int:
 
 
 def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed) -> str:
-    out = [f"ditty benchmark ({'--quick' if quick else 'full'}: {reps} repeat(s) interleaved, {warmup} warm-up steps, "
-           f"1 torch thread per process; {elapsed / 60:.1f} min)", ""]
+    out = [
+        f"ditty benchmark ({'--quick' if quick else 'full'}: {reps} repeat(s) interleaved, {warmup} warm-up steps, "
+        f"1 torch thread per process; {elapsed / 60:.1f} min)",
+        "",
+    ]
     if rows:
-        out += ["| comparison | contender | useful tokens / CPU-s (median) | tokens / wall-s (median) | ratio (CPU) | ratio (wall) | runs |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "| comparison | contender | useful tokens / CPU-s (median) | tokens / wall-s (median) "
+            "| ratio (CPU) | ratio (wall) | runs |",
+            "|---|---|---|---|---|---|---|",
+        ]
         out += ["| " + " | ".join(r) + " |" for r in rows]
         out.append("")
     if mem_rows:
-        out += ["| memory | peak RSS (MB) | parameters | trainable | optimizer state (bytes) | state bytes / parameter | state bytes / trainable |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "| memory | peak RSS (MB) | parameters | trainable | optimizer state (bytes) "
+            "| state bytes / parameter | state bytes / trainable |",
+            "|---|---|---|---|---|---|---|",
+        ]
         out += ["| " + " | ".join(r) + " |" for r in mem_rows]
         out.append("")
     out += [f"- {n}" for n in notes]

@@ -10,5 +10,11 @@ from .manager import CheckpointManager, find_checkpoint, latest_complete, load_c
 from .sidecar import read as read_sidecar
 from .stateful import ModelOptimizerState
 
-__all__ = ["CheckpointManager", "ModelOptimizerState", "find_checkpoint", "latest_complete", "load_checkpoint",
-           "read_sidecar"]
+__all__ = [
+    "CheckpointManager",
+    "ModelOptimizerState",
+    "find_checkpoint",
+    "latest_complete",
+    "load_checkpoint",
+    "read_sidecar",
+]

@@ -38,9 +38,16 @@ def _current_token() -> str | None:
     return get_token()
 
 
-def push_folder(folder: str | os.PathLike, *, repo_id: str, private: bool, token: str | None = None,
-                commit_message: str, path_in_repo: str | None = None,
-                run_dir: str | os.PathLike | None = None) -> str:
+def push_folder(
+    folder: str | os.PathLike,
+    *,
+    repo_id: str,
+    private: bool,
+    token: str | None = None,
+    commit_message: str,
+    path_in_repo: str | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> str:
     """Create `repo_id` if needed (`private` applies only then) and upload `folder` in one commit.
 
     Returns the commit URL. `run_dir` only shapes the retry hint of the error message.
@@ -50,26 +57,37 @@ def push_folder(folder: str | os.PathLike, *, repo_id: str, private: bool, token
     folder = Path(folder)
     retry = f"`ditty push {run_dir if run_dir is not None else 'RUN_DIR'}`"
     if not folder.is_dir():
-        raise RecipeError.single(f"nothing to push: {folder} does not exist", key="hub.repo_id",
-                                 fix="push a run that finished (it writes final/), e.g. " + retry)
+        raise RecipeError.single(
+            f"nothing to push: {folder} does not exist",
+            key="hub.repo_id",
+            fix="push a run that finished (it writes final/), e.g. " + retry,
+        )
     token = token or _current_token()
     if not token:
         raise RecipeError.single(
             f"no Hugging Face token found to push {folder} to {repo_id}; every local file is kept",
-            key="hub.repo_id", fix=f"set HF_TOKEN or run `hf auth login`, then retry with {retry}")
+            key="hub.repo_id",
+            fix=f"set HF_TOKEN or run `hf auth login`, then retry with {retry}",
+        )
 
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                                 path_in_repo=path_in_repo, commit_message=commit_message)
+        info = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            path_in_repo=path_in_repo,
+            commit_message=commit_message,
+        )
     except Exception as e:  # noqa: BLE001 - HTTP errors, refused connections, bad ids: all user-facing
         reason = _scrub(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", token)
         raise RecipeError.single(
             f"pushing {folder} to the Hub repository {repo_id} failed ({reason}); every local file is "
-            f"kept, nothing was deleted", key="hub.repo_id",
+            f"kept, nothing was deleted",
+            key="hub.repo_id",
             fix=f"check the network, the token's write access and the repository id, then retry with {retry}",
         ) from None  # the chained traceback would only repeat the reason, with request details
     url = getattr(info, "commit_url", None) or str(info)
@@ -86,9 +104,16 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not Path(name).exists()
 
 
-def write_model_card(folder: str | os.PathLike, *, base_model: str | None, recipe_text: str,
-                     metrics: Mapping[str, Any], license: str = "apache-2.0", adapter: bool,
-                     title: str | None = None) -> Path:
+def write_model_card(
+    folder: str | os.PathLike,
+    *,
+    base_model: str | None,
+    recipe_text: str,
+    metrics: Mapping[str, Any],
+    license: str = "apache-2.0",
+    adapter: bool,
+    title: str | None = None,
+) -> Path:
     """Write `folder/README.md`: YAML front matter (base model, license, library), the final
     metrics, how to load the model, and the recipe that trained it. Returns the card's path.
     `title` is the card's heading (the run name, say)."""
@@ -99,14 +124,23 @@ def write_model_card(folder: str | os.PathLike, *, base_model: str | None, recip
     front = ["---"]
     if hub_base:
         front.append(f"base_model: {json.dumps(hub_base)}")
-    front += [f"license: {json.dumps(license)}", f"library_name: {'peft' if adapter else 'transformers'}",
-              "pipeline_tag: text-generation", "tags:", "- ditty"]
+    front += [
+        f"license: {json.dumps(license)}",
+        f"library_name: {'peft' if adapter else 'transformers'}",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "- ditty",
+    ]
     if adapter:
         front.append("- lora")
     front.append("---")
 
     kind = "A LoRA adapter for" if adapter else "A finetune of"
-    base_text = f"[`{hub_base}`](https://huggingface.co/{hub_base})" if hub_base else f"`{base_model or 'a model trained from scratch'}`"
+    base_text = (
+        f"[`{hub_base}`](https://huggingface.co/{hub_base})"
+        if hub_base
+        else f"`{base_model or 'a model trained from scratch'}`"
+    )
     body = [f"# {title or 'A model trained with ditty'}", "", f"{kind} {base_text}, trained with ditty.", ""]
     if metrics:
         body += ["## Results", "", "| metric | value |", "|---|---|"]
@@ -114,13 +148,23 @@ def write_model_card(folder: str | os.PathLike, *, base_model: str | None, recip
             shown = f"{value:.6g}" if isinstance(value, float) else str(value)
             body.append(f"| {name} | {shown} |")
         body.append("")
-    loader = ("from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained(REPO_ID)"
-              if adapter else
-              "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(REPO_ID)")
+    loader = (
+        "from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained(REPO_ID)"
+        if adapter
+        else "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(REPO_ID)"
+    )
     body += ["## Usage", "", "```python", loader, "```", ""]
     fence = _fence(recipe_text)
-    body += ["## Training recipe", "", "Re-run it with `ditty run recipe.toml`.", "",
-             f"{fence}toml", recipe_text.rstrip("\n"), fence, ""]
+    body += [
+        "## Training recipe",
+        "",
+        "Re-run it with `ditty run recipe.toml`.",
+        "",
+        f"{fence}toml",
+        recipe_text.rstrip("\n"),
+        fence,
+        "",
+    ]
     text = _scrub("\n".join(front + [""] + body), _current_token())
     path = folder / "README.md"
     path.write_text(text, encoding="utf-8")

@@ -39,8 +39,20 @@ from . import comm, rng
 from . import sidecar as sidecar_file
 from . import tree as state_tree
 from .layout import (
-    CHECKPOINTS, LATEST, MARKER, METADATA, SIDECAR, fsync_dir, is_complete, remove_dir, remove_stale,
-    step_dirs, step_name, tmp_dirs, tmp_name, write_text_atomic,
+    CHECKPOINTS,
+    LATEST,
+    MARKER,
+    METADATA,
+    SIDECAR,
+    fsync_dir,
+    is_complete,
+    remove_dir,
+    remove_stale,
+    step_dirs,
+    step_name,
+    tmp_dirs,
+    tmp_name,
+    write_text_atomic,
 )
 from .safe_reader import SafeFileSystemReader, read_tensor_metadata
 
@@ -62,13 +74,16 @@ def _state_dicts(app_state: AppState) -> dict[str, Any]:
         elif isinstance(value, Mapping):
             out[key] = value
         else:
-            raise TypeError(f"app_state[{key!r}] is a {type(value).__name__}; give a Stateful "
-                            f"(state_dict/load_state_dict) or a dict of tensors")
+            raise TypeError(
+                f"app_state[{key!r}] is a {type(value).__name__}; give a Stateful "
+                f"(state_dict/load_state_dict) or a dict of tensors"
+            )
     return out
 
 
-def load_checkpoint(path: str | os.PathLike, app_state: AppState, *,
-                    process_group: torch.distributed.ProcessGroup | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, app_state: AppState, *, process_group: torch.distributed.ProcessGroup | None = None
+) -> dict[str, Any]:
     """Load a complete checkpoint into `app_state` in place; return its parsed sidecar.
 
     Collective when a process group is up. Entries of the checkpoint that `app_state` does not name
@@ -82,15 +97,19 @@ def load_checkpoint(path: str | os.PathLike, app_state: AppState, *,
             f"{path} is not a complete ditty checkpoint (missing {', '.join(missing)})",
             key="checkpoint.resume",
             fix='point at a checkpoints/step-N directory that holds COMPLETE, or use resume = "auto" '
-                "to take the newest complete checkpoint of the run")
+            "to take the newest complete checkpoint of the run",
+        )
     try:
         # Checked here as well as in the reader, so the user sees this message rather than DCP's
         # wrapped traceback; a foreign or tampered checkpoint is a user error, not a crash.
         read_tensor_metadata(path / METADATA)
         doc = sidecar_file.read(path)
     except (pickle.UnpicklingError, ValueError) as e:
-        raise RecipeError.single(f"cannot use checkpoint {path}: {e}", key="checkpoint.resume",
-                                 fix="resume from a checkpoint written by ditty") from None
+        raise RecipeError.single(
+            f"cannot use checkpoint {path}: {e}",
+            key="checkpoint.resume",
+            fix="resume from a checkpoint written by ditty",
+        ) from None
     templates = _state_dicts(app_state)
     tensors, _ = state_tree.split(templates)
     dcp.load(tensors, storage_reader=SafeFileSystemReader(path), process_group=process_group)
@@ -105,8 +124,11 @@ def load_checkpoint(path: str | os.PathLike, app_state: AppState, *,
             value.update(merged)
     unused = [k for k in extras if k not in used and any(k.startswith(f'["{name}"') for name in app_state)]
     if unused:
-        log.warning("checkpoint %s holds values the current state has no place for (ignored): %s",
-                    path, ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""))
+        log.warning(
+            "checkpoint %s holds values the current state has no place for (ignored): %s",
+            path,
+            ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""),
+        )
     return doc
 
 
@@ -140,9 +162,11 @@ def find_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint.resume") 
             if found is not None:
                 return found
     raise RecipeError.single(
-        f"no complete checkpoint at {path}", key=key,
+        f"no complete checkpoint at {path}",
+        key=key,
         fix="name a run directory, its checkpoints/ directory, or a checkpoints/step-N directory "
-            "that holds COMPLETE (an interrupted save leaves none)")
+        "that holds COMPLETE (an interrupted save leaves none)",
+    )
 
 
 class CheckpointManager:
@@ -154,8 +178,11 @@ class CheckpointManager:
 
     def __init__(self, run_dir: str | os.PathLike, *, keep_last: int, async_save: bool = False) -> None:
         if keep_last < 0:
-            raise RecipeError.single(f"keep_last is {keep_last}", key="checkpoint.keep_last",
-                                     fix="use 0 to keep every checkpoint, or a positive count")
+            raise RecipeError.single(
+                f"keep_last is {keep_last}",
+                key="checkpoint.keep_last",
+                fix="use 0 to keep every checkpoint, or a positive count",
+            )
         self.root = Path(run_dir) / CHECKPOINTS
         self.keep_last = keep_last
         self.async_save = async_save
@@ -171,8 +198,14 @@ class CheckpointManager:
 
     # ---- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, app_state: AppState, sidecar: Mapping[str, Any], *,
-             write_extra: Callable[[Path], None] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        app_state: AppState,
+        sidecar: Mapping[str, Any],
+        *,
+        write_extra: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Checkpoint `app_state` (tensors, to DCP) and `sidecar` (JSON) as `checkpoints/step-N`.
 
         Synchronous: returns once the checkpoint is complete. Asynchronous: returns once a CPU copy
@@ -193,8 +226,9 @@ class CheckpointManager:
         rng_by_rank = comm.all_gather_json(rng.capture(), self._group)
         # Every rank builds (and so validates) the sidecar: a bad field raises on all ranks alike
         # instead of leaving the others waiting in the next collective.
-        text = sidecar_file.build(step, sidecar, world_size=comm.world_size(self._group),
-                                  rng_by_rank=rng_by_rank, non_tensor_state=non_tensor)
+        text = sidecar_file.build(
+            step, sidecar, world_size=comm.world_size(self._group), rng_by_rank=rng_by_rank, non_tensor_state=non_tensor
+        )
         tmp = self.root / tmp_name(step)
         error = None
         if self._rank == 0:
@@ -211,16 +245,27 @@ class CheckpointManager:
         if self._executor is None:
             self._write(step, tensors, text, stager=None, write_extra=write_extra)
         else:
-            stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                  use_shared_memory=False, use_async_staging=False,
-                                                  use_non_blocking_copy=False))
+            stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
             staged = stager.stage(tensors)  # the copy that makes the next optimizer step safe
             self._pending = self._executor.submit(self._write, step, staged, text, stager)
             self._pending_step = step
         return self.root / step_name(step)
 
-    def _write(self, step: int, tensors: dict, text: str, stager: DefaultStager | None,
-               write_extra: Callable[[Path], None] | None = None) -> None:
+    def _write(
+        self,
+        step: int,
+        tensors: dict,
+        text: str,
+        stager: DefaultStager | None,
+        write_extra: Callable[[Path], None] | None = None,
+    ) -> None:
         tmp = self.root / tmp_name(step)
         try:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), process_group=self._group)
@@ -249,9 +294,12 @@ class CheckpointManager:
         write_text_atomic(tmp / MARKER, step_name(step) + "\n")  # only after .metadata and the sidecar
         newer = [p.name for s, p in step_dirs(self.root) if s > step and is_complete(p)]
         if newer:
-            log.warning("saved %s while newer checkpoints exist (%s): they belong to a run that was "
-                        "resumed from an older point, and resume='auto' would still pick them",
-                        step_name(step), ", ".join(newer))
+            log.warning(
+                "saved %s while newer checkpoints exist (%s): they belong to a run that was "
+                "resumed from an older point, and resume='auto' would still pick them",
+                step_name(step),
+                ", ".join(newer),
+            )
         if final.exists():
             remove_dir(final)  # the same step saved twice (e.g. the end of a run that was resumed there)
         os.rename(tmp, final)
@@ -264,7 +312,7 @@ class CheckpointManager:
         if self.keep_last > 0:
             complete = [p for _, p in step_dirs(self.root) if is_complete(p)]
             # Newest first, and `keep` (just written) is complete: the newest complete one survives.
-            for old in complete[self.keep_last:]:
+            for old in complete[self.keep_last :]:
                 if old != keep:
                     remove_dir(old)
         remove_stale(self.root, keep=keep)

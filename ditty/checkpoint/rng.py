@@ -43,8 +43,13 @@ def _numpy_state() -> dict | None:
     except ImportError:
         return None
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return {"bit_generator": name, "keys": [int(k) for k in keys], "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {
+        "bit_generator": name,
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def _set_numpy_state(state: Mapping[str, Any] | None) -> None:
@@ -56,8 +61,9 @@ def _set_numpy_state(state: Mapping[str, Any] | None) -> None:
         log.warning("the checkpoint holds a numpy RNG state but numpy is not installed; skipped")
         return
     keys = np.asarray(state["keys"], dtype=np.uint32)
-    np.random.set_state((state["bit_generator"], keys, int(state["pos"]), int(state["has_gauss"]),
-                         float(state["cached_gaussian"])))
+    np.random.set_state(
+        (state["bit_generator"], keys, int(state["pos"]), int(state["has_gauss"]), float(state["cached_gaussian"]))
+    )
 
 
 def capture() -> dict[str, Any]:
@@ -88,9 +94,12 @@ def restore(state: Mapping[str, Any]) -> None:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
             torch.cuda.set_rng_state_all([_decode_bytes(s) for s in cuda])
         else:
-            log.warning("the checkpoint holds CUDA RNG states for %d devices; this process sees %d, so "
-                        "CUDA random streams (dropout on GPU) start fresh",
-                        len(cuda), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+            log.warning(
+                "the checkpoint holds CUDA RNG states for %d devices; this process sees %d, so "
+                "CUDA random streams (dropout on GPU) start fresh",
+                len(cuda),
+                torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            )
 
 
 def restore_for_rank(states_by_rank: Mapping[str, Any], rank: int) -> bool:
@@ -103,8 +112,11 @@ def restore_for_rank(states_by_rank: Mapping[str, Any], rank: int) -> bool:
     """
     state = states_by_rank.get(str(rank))
     if state is None:
-        log.warning("checkpoint has RNG states for ranks %s but not for rank %d; that rank keeps its "
-                    "freshly seeded generators", sorted(states_by_rank, key=int), rank)
+        log.warning(
+            "checkpoint has RNG states for ranks %s but not for rank %d; that rank keeps its freshly seeded generators",
+            sorted(states_by_rank, key=int),
+            rank,
+        )
         return False
     restore(state)
     return True

@@ -24,9 +24,12 @@ _ALLOWED = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),  # maps a layout's name ("torch.strided") to the object
     ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
-    ("pathlib._local", "PosixPath"), ("pathlib._local", "WindowsPath"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("pathlib._local", "PosixPath"),
+    ("pathlib._local", "WindowsPath"),
 }
 
 
@@ -43,7 +46,8 @@ class _MetadataUnpickler(pickle.Unpickler):
                 return obj
         raise pickle.UnpicklingError(
             f"checkpoint metadata refers to {module}.{name}, which a DCP checkpoint written by ditty "
-            f"never contains; refusing to load it")
+            f"never contains; refusing to load it"
+        )
 
 
 def read_metadata_file(path) -> Metadata:
@@ -61,7 +65,8 @@ def read_tensor_metadata(path) -> Metadata:
     if byte_entries:
         raise pickle.UnpicklingError(
             f"checkpoint {path} stores non-tensor entries inside DCP ({', '.join(byte_entries[:3])}); "
-            f"reading them would unpickle arbitrary objects, so ditty refuses")
+            f"reading them would unpickle arbitrary objects, so ditty refuses"
+        )
     return metadata
 
 

@@ -30,8 +30,14 @@ VERSION = 1
 RESERVED = ("format", "version", "step", "world_size", "saved_at", "rng", "non_tensor_state")
 
 
-def build(step: int, fields: Mapping[str, Any], *, world_size: int, rng_by_rank: list[Any],
-          non_tensor_state: Mapping[str, Any]) -> str:
+def build(
+    step: int,
+    fields: Mapping[str, Any],
+    *,
+    world_size: int,
+    rng_by_rank: list[Any],
+    non_tensor_state: Mapping[str, Any],
+) -> str:
     clash = sorted(set(fields) & set(RESERVED))
     if clash:
         raise ValueError(f"sidecar fields {clash} are reserved for the checkpoint manager")
@@ -39,10 +45,15 @@ def build(step: int, fields: Mapping[str, Any], *, world_size: int, rng_by_rank:
         try:
             json.dumps(value)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"checkpoint sidecar field {key!r} is not JSON-serialisable ({e}); "
-                            f"convert it to numbers, text, lists and dicts") from None
+            raise TypeError(
+                f"checkpoint sidecar field {key!r} is not JSON-serialisable ({e}); "
+                f"convert it to numbers, text, lists and dicts"
+            ) from None
     doc = {
-        "format": FORMAT, "version": VERSION, "step": int(step), "world_size": int(world_size),
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        "world_size": int(world_size),
         "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rng": {str(r): state for r, state in enumerate(rng_by_rank)},
         "non_tensor_state": dict(non_tensor_state),
@@ -62,10 +73,15 @@ def read(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:  # a missing, unreadable or non-JSON file is the user's path
-        raise RecipeError.single(f"cannot read checkpoint sidecar {path}: {error}", key="checkpoint.resume", fix=fix) from None
+        raise RecipeError.single(
+            f"cannot read checkpoint sidecar {path}: {error}", key="checkpoint.resume", fix=fix
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("step"), int):
         raise RecipeError.single(f"{path} is not a ditty checkpoint sidecar", key="checkpoint.resume", fix=fix)
     if doc.get("version") != VERSION:
-        raise RecipeError.single(f"{path} has sidecar version {doc.get('version')}; this ditty reads {VERSION}",
-                                 key="checkpoint.resume", fix=fix)
+        raise RecipeError.single(
+            f"{path} has sidecar version {doc.get('version')}; this ditty reads {VERSION}",
+            key="checkpoint.resume",
+            fix=fix,
+        )
     return doc

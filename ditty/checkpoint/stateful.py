@@ -28,8 +28,9 @@ class ModelOptimizerState:
     the frozen base stays whatever it was built as, so loading is not strict about it.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 trainable_only: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, trainable_only: bool = False
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
@@ -44,5 +45,10 @@ class ModelOptimizerState:
         if self.optimizer is None:
             set_model_state_dict(self.model, state_dict["model"], options=self.options)
             return
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=self.options)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+            options=self.options,
+        )

@@ -46,9 +46,11 @@ def _split(node: Any, path: tuple, extras: dict[str, Any]) -> Any:
         extras[_path_key(path)] = node
         return None
     else:
-        raise TypeError(f"checkpoint state at {'.'.join(map(str, path)) or '<root>'} is a "
-                        f"{type(node).__name__}; only tensors and JSON values (numbers, text, "
-                        f"booleans, None, lists, dicts) can be saved")
+        raise TypeError(
+            f"checkpoint state at {'.'.join(map(str, path)) or '<root>'} is a "
+            f"{type(node).__name__}; only tensors and JSON values (numbers, text, "
+            f"booleans, None, lists, dicts) can be saved"
+        )
     out: dict[str, Any] = {}
     for key, value in items:
         if not isinstance(key, (str, int)):

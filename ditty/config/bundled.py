@@ -32,10 +32,7 @@ def bundled_recipes() -> list[BundledRecipe]:
     folder = _recipe_dir()
     if folder is None:
         return []
-    return [
-        BundledRecipe(path.stem, path, _description(path))
-        for path in sorted(folder.glob("*.toml"))
-    ]
+    return [BundledRecipe(path.stem, path, _description(path)) for path in sorted(folder.glob("*.toml"))]
 
 
 def find_bundled(name: str) -> Path | None:

@@ -75,7 +75,7 @@ def index_lines(text: str) -> LineIndex:
             continue
         path = ".".join(table + _split_dotted(key.group(1)))
         index.lines[path] = number
-        value = line[key.end():]
+        value = line[key.end() :]
         for delimiter in ('"""', "'''"):
             if value.count(delimiter) == 1:
                 in_multiline = delimiter

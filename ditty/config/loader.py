@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from ditty.config import coerce
 from ditty.config.bundled import find_bundled
@@ -60,7 +61,9 @@ def load_recipe(ref: str) -> LoadedRecipe:
     try:
         raw = path.read_bytes()
     except OSError as error:
-        raise RecipeError.single(f"cannot read {path}: {error.strerror}", fix="check the path and permissions")
+        raise RecipeError.single(
+            f"cannot read {path}: {error.strerror}", fix="check the path and permissions"
+        ) from None
     return parse_recipe(raw, source=str(path))
 
 
@@ -69,8 +72,17 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise RecipeError([Problem("", f"is not valid TOML: {error}", fix="check the syntax near that line",
-                                   line=_line_of_decode_error(error))], source=source) from None
+        raise RecipeError(
+            [
+                Problem(
+                    "",
+                    f"is not valid TOML: {error}",
+                    fix="check the syntax near that line",
+                    line=_line_of_decode_error(error),
+                )
+            ],
+            source=source,
+        ) from None
     if not data:
         raise RecipeError.single("the recipe is empty", fix="start from `ditty init -o recipe.toml`", source=source)
     lines = index_lines(text)
@@ -94,22 +106,28 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
 
 def from_config(config: Any, trainer: str | None = None) -> LoadedRecipe:
     """Wrap a config built in code (Python recipes, the Pipeline API): every value is a default."""
-    return LoadedRecipe(config=config, trainer=trainer, provenance={leaf.path: "default" for leaf in walk_leaves(type(config))})
+    return LoadedRecipe(
+        config=config, trainer=trainer, provenance={leaf.path: "default" for leaf in walk_leaves(type(config))}
+    )
 
 
 def _decode(raw: bytes | str, source: str | None) -> str:
     if isinstance(raw, str):
         return raw
     if len(raw) > MAX_RECIPE_BYTES:
-        raise RecipeError.single(f"is {len(raw)} bytes, too large for a recipe", source=source,
-                                 fix="a recipe is a small TOML file; check that you named the right file")
+        raise RecipeError.single(
+            f"is {len(raw)} bytes, too large for a recipe",
+            source=source,
+            fix="a recipe is a small TOML file; check that you named the right file",
+        )
     if b"\x00" in raw:
         raise RecipeError.single("is a binary file, not a TOML recipe", source=source, fix="name a .toml text file")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise RecipeError.single(f"is not UTF-8 text (byte {error.start})", source=source,
-                                 fix="save the recipe as UTF-8") from None
+        raise RecipeError.single(
+            f"is not UTF-8 text (byte {error.start})", source=source, fix="save the recipe as UTF-8"
+        ) from None
 
 
 def _line_of_decode_error(error: tomllib.TOMLDecodeError) -> int | None:
@@ -132,23 +150,38 @@ def _with_line(problem: Problem, lines: LineIndex) -> Problem:
 def _trainer_schema(ref: Any, problems: list[Problem]) -> type:
     """The `Config` of the trainer class a recipe names; TrainerConfig when it cannot be used."""
     if not isinstance(ref, str) or ":" not in ref:
-        problems.append(Problem(TRAINER_KEY, f"must be \"package.module:TrainerClass\", got {ref!r}",
-                                fix='for example trainer = "my_experiments.trainer:MyTrainer"'))
+        problems.append(
+            Problem(
+                TRAINER_KEY,
+                f'must be "package.module:TrainerClass", got {ref!r}',
+                fix='for example trainer = "my_experiments.trainer:MyTrainer"',
+            )
+        )
         return TrainerConfig
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        problems.append(Problem(TRAINER_KEY, f"cannot import module {module_name!r}: {error}",
-                                fix="check the name and that the package is importable (PYTHONPATH)"))
+        problems.append(
+            Problem(
+                TRAINER_KEY,
+                f"cannot import module {module_name!r}: {error}",
+                fix="check the name and that the package is importable (PYTHONPATH)",
+            )
+        )
         return TrainerConfig
     trainer = getattr(module, attr, None)
     schema = getattr(trainer, "Config", None)
     if trainer is None:
         problems.append(Problem(TRAINER_KEY, f"module {module_name!r} has no attribute {attr!r}"))
     elif not (is_config_class(schema) and issubclass(schema, TrainerConfig)):
-        problems.append(Problem(TRAINER_KEY, f"{ref} has no `Config` dataclass that extends Trainer.Config",
-                                fix="subclass ditty.train.Trainer and its nested Config"))
+        problems.append(
+            Problem(
+                TRAINER_KEY,
+                f"{ref} has no `Config` dataclass that extends Trainer.Config",
+                fix="subclass ditty.train.Trainer and its nested Config",
+            )
+        )
     else:
         return schema
     return TrainerConfig
@@ -170,15 +203,20 @@ def load_python_recipe(ref: str) -> LoadedRecipe:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise RecipeError.single(f"cannot import {module_name!r} for recipe {ref}: {error}",
-                                 fix="check the module name and PYTHONPATH") from None
+        raise RecipeError.single(
+            f"cannot import {module_name!r} for recipe {ref}: {error}", fix="check the module name and PYTHONPATH"
+        ) from None
     function = getattr(module, attr, None)
     if not callable(function):
-        raise RecipeError.single(f"{module_name!r} has no function {attr!r}", fix="name a function returning a Trainer.Config")
+        raise RecipeError.single(
+            f"{module_name!r} has no function {attr!r}", fix="name a function returning a Trainer.Config"
+        )
     config = function()
     if not isinstance(config, TrainerConfig):
-        raise RecipeError.single(f"{ref} returned {type(config).__name__}, not a Trainer.Config",
-                                 fix="return ditty.train.Trainer.Config(...) or a subclass's Config")
+        raise RecipeError.single(
+            f"{ref} returned {type(config).__name__}, not a Trainer.Config",
+            fix="return ditty.train.Trainer.Config(...) or a subclass's Config",
+        )
     trainer = None
     qualname = type(config).__qualname__
     if qualname.endswith(".Config") and type(config) is not TrainerConfig:

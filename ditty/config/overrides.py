@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import tomllib
 import types
 import typing
 from typing import Any
+
+import tomllib
 
 from ditty.config.coerce import MISSING, convert_or_report
 from ditty.config.errors import Problem, RecipeError
@@ -45,7 +46,9 @@ def split_flags(argv: list[str], switches: frozenset[str] = frozenset()) -> tupl
     while position < len(argv):
         token = argv[position]
         if not token.startswith("--"):
-            problems.append(Problem("", f"unexpected argument {token!r}", fix="overrides look like --section.field VALUE"))
+            problems.append(
+                Problem("", f"unexpected argument {token!r}", fix="overrides look like --section.field VALUE")
+            )
             position += 1
             continue
         name, equals, value = token[2:].partition("=")
@@ -107,8 +110,11 @@ def _build_with_tyro(default: Any, values: dict[str, Any]) -> Any:
     for path, value in values.items():
         tokens = _tyro_tokens(value)
         # `--key=value` keeps values such as "-1" from reading as flags.
-        args.extend([f"--{path}={tokens[0]}"] if len(tokens) == 1 and not isinstance(value, (list, tuple))
-                    else [f"--{path}", *tokens])
+        args.extend(
+            [f"--{path}={tokens[0]}"]
+            if len(tokens) == 1 and not isinstance(value, (list, tuple))
+            else [f"--{path}", *tokens]
+        )
     return tyro.cli(type(default), args=args, default=default, config=(tyro.conf.FlagConversionOff,))
 
 
@@ -127,7 +133,9 @@ def tyro_handles(tp: Any) -> bool:
         return False
     if origin in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in typing.get_args(tp)):
         return False  # tyro reads a one-item list for `str | list[str]` as the string
-    return all(tyro_handles(arg) for arg in typing.get_args(tp) if arg is not Ellipsis and not isinstance(arg, (str, int)))
+    return all(
+        tyro_handles(arg) for arg in typing.get_args(tp) if arg is not Ellipsis and not isinstance(arg, (str, int))
+    )
 
 
 def _tyro_can_parse(leaf: FieldInfo, value: Any) -> bool:
@@ -136,10 +144,12 @@ def _tyro_can_parse(leaf: FieldInfo, value: Any) -> bool:
     List items that are empty or start with "-" read as flags, and a string "None" reads as
     null, so such values are set directly.
     """
+
     def safe(item: Any) -> bool:
         if isinstance(item, (list, tuple)):
             return all(safe(i) and not (isinstance(i, str) and (not i or i.startswith("-"))) for i in item)
         return not (isinstance(item, str) and item in ("None", "True", "False"))
+
     return tyro_handles(leaf.type) and safe(value)
 
 

@@ -25,7 +25,8 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: "auto" takes CUDA when available, else the CPU."""
     num_threads: int = 0
-    """CPU threads for torch; 0 keeps the default (one per available core and local process). Tiny models train faster on 1."""
+    """CPU threads for torch; 0 keeps the default (one per available core and local process).
+    Tiny models train faster on 1."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class ModelConfig:
     path: Optional[str] = None
     """Hugging Face hub id or local directory of a pretrained model (or of the architecture for random init)."""
     init: Literal["auto", "pretrained", "random"] = "auto"
-    """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights; "auto" is pretrained when `path` is set, else random."""
+    """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights;
+    "auto" is pretrained when `path` is set, else random."""
     architecture: Optional[str] = None
     """For random init without `path`: a transformers model type such as "llama", "mistral", "gpt_neox", "qwen2"."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -49,7 +51,10 @@ class ModelConfig:
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
     converters: list[str] = field(default_factory=list)
-    """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a ditty.models.converters.ModelConverter built without arguments). Empty: the configured ones, peft then fp8."""
+    """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the
+    [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a
+    ditty.models.converters.ModelConverter built without arguments). Empty: the configured ones,
+    peft then fp8."""
 
     @property
     def resolved_init(self) -> Literal["pretrained", "random"]:
@@ -61,7 +66,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TokenizerConfig:
     kind: Literal["auto", "byte"] = "auto"
-    """"auto" loads `path` or the model's tokenizer, or the byte tokenizer when neither exists; "byte" is a built-in byte-level tokenizer needing no files."""
+    """"auto" loads `path` or the model's tokenizer, or the byte tokenizer when neither exists;
+    "byte" is a built-in byte-level tokenizer needing no files."""
     path: Optional[str] = None
     """Tokenizer hub id or directory; defaults to `model.path`."""
 
@@ -261,7 +267,8 @@ class CheckpointConfig:
     resume: str = "auto"
     """"auto" (newest complete checkpoint in the run directory), "never", or a checkpoint path."""
     force_resume: bool = False
-    """Resume even when the recipe differs from the checkpoint's in keys that change training (the differences are logged)."""
+    """Resume even when the recipe differs from the checkpoint's in keys that change training
+    (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
     """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
 
@@ -307,4 +314,5 @@ class PipelineConfig:
     loss: list[ComponentSpec] = field(default_factory=list)
     """Loss calculator(s); several entries form a weighted composite loss. Empty: causal-LM loss."""
     check_tensors: bool = True
-    """Compare the first micro-batch's real tensors with every stage's declared contract (a mismatch stops the run, naming the stage)."""
+    """Compare the first micro-batch's real tensors with every stage's declared contract (a
+    mismatch stops the run, naming the stage)."""

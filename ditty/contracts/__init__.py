@@ -26,8 +26,8 @@ name that the previous stage (or the batch) produces, else with the one at the s
 stage may ignore some of what it is given (a model ignores a batch's labels) but cannot take more
 tensors than there are. Real values bind the same way (`bind_tensors`): a dict by key, a tuple by
 position. The context is a dict that travels alongside: a stage may read only keys that the
-trainer or an earlier stage provides. The loss sees the model's (post-processed) output through its `output_index`, so its
-first tensor input is compared with that one output only. A stage without a contract is allowed;
+trainer or an earlier stage provides. The loss sees the model's (post-processed) output through its
+`output_index`, so its first tensor input is compared with that one output only. A stage without a contract is allowed;
 it is reported as unchecked, and what comes after it is checked against unknown shapes.
 
 One job per module: `spec` (the types and the parser), `chain` (`check_chain`), `tensors` (the
@@ -51,7 +51,20 @@ from ditty.contracts.spec import (
 from ditty.contracts.tensors import bind_tensors, check_tensors
 
 __all__ = [
-    "ANY", "CTX", "DTYPES", "ROLES", "TRAINER_CTX_KEYS", "Contract", "ContractSyntaxError", "OutputIndex",
-    "Stage", "TensorSpec", "as_contract", "bind_tensors", "check_chain", "check_tensors", "parse_contract",
+    "ANY",
+    "CTX",
+    "DTYPES",
+    "ROLES",
+    "TRAINER_CTX_KEYS",
+    "Contract",
+    "ContractSyntaxError",
+    "OutputIndex",
+    "Stage",
+    "TensorSpec",
+    "as_contract",
+    "bind_tensors",
+    "check_chain",
+    "check_tensors",
+    "parse_contract",
     "parse_specs",
 ]

@@ -9,7 +9,6 @@ from typing import NamedTuple, Optional, Union
 from ditty.config.errors import Problem
 from ditty.contracts.spec import TRAINER_CTX_KEYS, Contract, ContractSyntaxError, TensorSpec, as_contract, parse_specs
 
-
 ROLES = ("preprocessor", "model", "postprocessor", "loss", "stage")
 
 
@@ -78,16 +77,28 @@ def _check_stage(stage: Stage, flow: _Flow, model_output_count: Optional[int]) -
     try:
         contract = as_contract(stage.contract)
     except ContractSyntaxError as exc:
-        problems.append(Problem(stage.name, f"its contract does not parse: {exc}", rule="contract.syntax",
-                                fix="see the contract grammar in ditty/contracts.py"))
+        problems.append(
+            Problem(
+                stage.name,
+                f"its contract does not parse: {exc}",
+                rule="contract.syntax",
+                fix="see the contract grammar in ditty/contracts.py",
+            )
+        )
         contract = None
     if stage.role == "loss":
         problems += _check_output_index(stage, flow)
     if contract is None:
         if stage.contract is None:  # (a contract that failed to parse is reported above)
-            problems.append(Problem(stage.name, "declares no contract; its inputs and outputs are unchecked",
-                                    severity="warning", rule="contract.unchecked",
-                                    fix='give it a contract such as "x:4:f32 -> y:4:f32"'))
+            problems.append(
+                Problem(
+                    stage.name,
+                    "declares no contract; its inputs and outputs are unchecked",
+                    severity="warning",
+                    rule="contract.unchecked",
+                    fix='give it a contract such as "x:4:f32 -> y:4:f32"',
+                )
+            )
         _forget(flow, stage, model_output_count)
         return problems
     problems += _check_inputs(stage, contract, flow)
@@ -106,9 +117,15 @@ def _check_inputs(stage: Stage, contract: Contract, flow: _Flow) -> list[Problem
             return []  # a composite loss's parts each pick their own output: no single prediction
         return _compare(stage.name, contract.inputs[0], chosen, f"output {indices[0]!r} of {flow.producer}")
     if len(contract.inputs) > len(flow.tensors):
-        return [Problem(stage.name, f"takes {len(contract.inputs)} tensor(s) but {flow.producer} produces "
-                        f"{len(flow.tensors)} ({', '.join(map(str, flow.tensors)) or 'none'})",
-                        rule="contract.mismatch", fix="make the two contracts list the same tensors")]
+        return [
+            Problem(
+                stage.name,
+                f"takes {len(contract.inputs)} tensor(s) but {flow.producer} produces "
+                f"{len(flow.tensors)} ({', '.join(map(str, flow.tensors)) or 'none'})",
+                rule="contract.mismatch",
+                fix="make the two contracts list the same tensors",
+            )
+        ]
     problems = []
     by_name = {spec.name: (index, spec) for index, spec in enumerate(flow.tensors)}
     for index, wanted in enumerate(contract.inputs):
@@ -130,13 +147,23 @@ def _check_ctx_reads(stage: Stage, contract: Contract, flow: _Flow) -> list[Prob
         if stage.role == "loss" and wanted.name in flow.batch_names:
             continue  # a loss falls back to the batch's columns (ditty.loss._lookup)
         if stage.role == "loss" and not flow.batch_known:
-            problems.append(Problem(stage.name, f"reads ctx.{wanted.name}, which no earlier stage provides; "
-                                    "fine only if the batch has that column", severity="warning",
-                                    rule="contract.ctx-missing"))
+            problems.append(
+                Problem(
+                    stage.name,
+                    f"reads ctx.{wanted.name}, which no earlier stage provides; fine only if the batch has that column",
+                    severity="warning",
+                    rule="contract.ctx-missing",
+                )
+            )
             continue
-        problems.append(Problem(stage.name, f"reads ctx.{wanted.name} before any stage provides it",
-                                rule="contract.ctx-missing",
-                                fix=f"add a stage that declares '| ctx.{wanted.name}', or read another key"))
+        problems.append(
+            Problem(
+                stage.name,
+                f"reads ctx.{wanted.name} before any stage provides it",
+                rule="contract.ctx-missing",
+                fix=f"add a stage that declares '| ctx.{wanted.name}', or read another key",
+            )
+        )
     return problems
 
 
@@ -144,10 +171,16 @@ def _check_output_index(stage: Stage, flow: _Flow) -> list[Problem]:
     if flow.tensors is None:
         return []
     names = ", ".join(f"{i}: {s}" for i, s in enumerate(flow.tensors)) or "none"
-    return [Problem(stage.name, f"output_index {index!r} does not exist: {flow.producer} declares "
-                    f"{len(flow.tensors)} output(s) ({names})", rule="contract.output-index",
-                    fix=f"use an output_index between 0 and {len(flow.tensors) - 1}" if flow.tensors else "")
-            for index in _output_indices(stage) if _chosen_output(index, flow.tensors) is None]
+    return [
+        Problem(
+            stage.name,
+            f"output_index {index!r} does not exist: {flow.producer} declares {len(flow.tensors)} output(s) ({names})",
+            rule="contract.output-index",
+            fix=f"use an output_index between 0 and {len(flow.tensors) - 1}" if flow.tensors else "",
+        )
+        for index in _output_indices(stage)
+        if _chosen_output(index, flow.tensors) is None
+    ]
 
 
 def _output_indices(stage: Stage) -> tuple[OutputIndex, ...]:
@@ -170,9 +203,15 @@ def _compare(stage: str, wanted: TensorSpec, given: TensorSpec, source: str) -> 
         faults.append(f"rank {wanted.rank}, but {source} is rank {given.rank}")
     if wanted.dtype is not None and given.dtype is not None and wanted.dtype != given.dtype:
         faults.append(f"dtype {wanted.dtype}, but {source} is {given.dtype}")
-    return [Problem(stage, f"expects `{wanted.name}` with {fault}", rule="contract.mismatch",
-                    fix="make the producer and the consumer declare the same rank and dtype")
-            for fault in faults]
+    return [
+        Problem(
+            stage,
+            f"expects `{wanted.name}` with {fault}",
+            rule="contract.mismatch",
+            fix="make the producer and the consumer declare the same rank and dtype",
+        )
+        for fault in faults
+    ]
 
 
 def _provided(flow: _Flow, key: str) -> tuple[bool, Optional[TensorSpec]]:

@@ -6,10 +6,17 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
-
 DTYPES: dict[str, str] = {
-    "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
-    "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool",
+    "f64": "float64",
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "i64": "int64",
+    "i32": "int32",
+    "i16": "int16",
+    "i8": "int8",
+    "u8": "uint8",
+    "bool": "bool",
 }
 """Dtype codes of the contract syntax -> torch dtype attribute names."""
 

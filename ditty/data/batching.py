@@ -57,8 +57,17 @@ class GlobalOrder:
     a seeded permutation per epoch, the cursor, the batch geometry, and the resume state. Streams
     add how a step's samples become this rank's micro-batches (`next_step`)."""
 
-    def __init__(self, num_samples: int, *, global_batch_size: int, micro_batch_size: int, rank: int,
-                 world_size: int, seed: int, cursor: int = 0) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        cursor: int = 0,
+    ) -> None:
         self.accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
         if num_samples == 0:
             raise ValueError("cannot stream batches from an empty dataset")
@@ -135,8 +144,15 @@ class BatchStream(GlobalOrder):
         group_by_length: bool = False,
         cursor: int = 0,
     ) -> None:
-        super().__init__(len(dataset), global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
-                         rank=rank, world_size=world_size, seed=seed, cursor=cursor)
+        super().__init__(
+            len(dataset),
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            cursor=cursor,
+        )
         lengths = sample_lengths(dataset)
         if not lengths.all():
             raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")

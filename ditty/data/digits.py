@@ -35,8 +35,10 @@ def load_digit_images() -> tuple[torch.Tensor, np.ndarray]:
         from sklearn.datasets import load_digits
     except ImportError:
         raise RecipeError.single(
-            'data.name = "digits" needs scikit-learn, which is not installed', key="data.name",
-            fix='pip install "ditty[diffusion]" (or pip install scikit-learn)') from None
+            'data.name = "digits" needs scikit-learn, which is not installed',
+            key="data.name",
+            fix='pip install "ditty[diffusion]" (or pip install scikit-learn)',
+        ) from None
     digits = load_digits()
     images = torch.from_numpy(digits.data / 16 * 2 - 1).float().reshape(-1, 1, 8, 8)
     return images, digits.target
@@ -77,8 +79,9 @@ class DigitsTask:
     name: str = "digits"
     _scorer: Optional[Any] = field(default=None, repr=False)
 
-    def evaluate(self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str,
-                 step: int) -> dict[str, float]:
+    def evaluate(
+        self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str, step: int
+    ) -> dict[str, float]:
         sampler = next((s for s in getattr(pipeline, "preprocessors", []) if hasattr(s, "sample")), None)
         if sampler is None:
             return {}  # no generative stage in this pipeline: nothing to draw

@@ -94,7 +94,7 @@ def _encoder_for(
     if data.format == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise RecipeError.single(
-                "data.format = \"chat\" needs a tokenizer with a chat template, and this one has none",
+                'data.format = "chat" needs a tokenizer with a chat template, and this one has none',
                 key="data.format",
                 fix='use a chat model\'s tokenizer (tokenizer.path), tokenizer.kind = "byte", '
                 'or data.format = "prompt_completion"',
@@ -196,7 +196,7 @@ def _assistant_tokens_from_prefixes(
                 "the chat template renders earlier turns differently once later turns follow, so "
                 "assistant turns cannot be located",
                 key="data.format",
-                fix="use a chat template with {% generation %} markers, or data.format = \"prompt_completion\"",
+                fix='use a chat template with {% generation %} markers, or data.format = "prompt_completion"',
             )
         supervised[start : len(through_turn)] = [True] * (len(through_turn) - start)
     return ids, supervised

@@ -39,8 +39,9 @@ class GenericTask(Protocol):
 
     name: str
 
-    def evaluate(self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str,
-                 step: int) -> dict[str, float]: ...
+    def evaluate(
+        self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str, step: int
+    ) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,29 @@ class GenericStream(GlobalOrder):
     """Deterministic, resumable, world-size independent micro-batches of arbitrary samples: the same
     global order as BatchStream (ditty.data.batching.GlobalOrder), collated by `collate_fn`."""
 
-    def __init__(self, dataset: Any, *, global_batch_size: int, micro_batch_size: int, rank: int, world_size: int,
-                 seed: int, collate_fn: Optional[Callable[[list], Any]] = None, cursor: int = 0) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        collate_fn: Optional[Callable[[list], Any]] = None,
+        cursor: int = 0,
+    ) -> None:
         if len(dataset) == 0:  # a Python API dataset: the user's, so a user error
             raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
-        super().__init__(len(dataset), global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
-                         rank=rank, world_size=world_size, seed=seed, cursor=cursor)
+        super().__init__(
+            len(dataset),
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            cursor=cursor,
+        )
         self.dataset = dataset
         self.collate_fn = collate_fn or torch.utils.data.default_collate
 
@@ -162,5 +180,7 @@ def eval_micro_batches(dataset: Any, micro_batch_size: int, collate_fn: Optional
     if isinstance(dataset, torch.utils.data.DataLoader):
         return list(dataset)
     collate = collate_fn or torch.utils.data.default_collate
-    return [collate([dataset[i] for i in range(s, min(s + micro_batch_size, len(dataset)))])
-            for s in range(0, len(dataset), micro_batch_size)]
+    return [
+        collate([dataset[i] for i in range(s, min(s + micro_batch_size, len(dataset)))])
+        for s in range(0, len(dataset), micro_batch_size)
+    ]

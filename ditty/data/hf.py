@@ -27,13 +27,28 @@ GROUP_MEGABATCH = 50
 
 
 class Data:
-    def __init__(self, load_kwargs: Optional[dict] = None, tokenizer: Any = None, batch_size: int = 8,
-                 grad_accum: int = 1, seed: int = 0, *, load_args: Sequence = (), dataset: Any = None,
-                 collate_fn: Optional[Callable] = None, group_by_length: bool = False,
-                 keep_columns: Optional[Sequence[str]] = None, drop_last: bool = False, num_workers: int = 0) -> None:
+    def __init__(
+        self,
+        load_kwargs: Optional[dict] = None,
+        tokenizer: Any = None,
+        batch_size: int = 8,
+        grad_accum: int = 1,
+        seed: int = 0,
+        *,
+        load_args: Sequence = (),
+        dataset: Any = None,
+        collate_fn: Optional[Callable] = None,
+        group_by_length: bool = False,
+        keep_columns: Optional[Sequence[str]] = None,
+        drop_last: bool = False,
+        num_workers: int = 0,
+    ) -> None:
         if dataset is None and load_kwargs is None and not load_args:
-            raise RecipeError.single("Data needs load_kwargs (for datasets.load_dataset), load_args or dataset=",
-                                     key="Data", fix='Data(load_kwargs={"path": "json", "data_files": "train.jsonl", "split": "train"})')
+            raise RecipeError.single(
+                "Data needs load_kwargs (for datasets.load_dataset), load_args or dataset=",
+                key="Data",
+                fix='Data(load_kwargs={"path": "json", "data_files": "train.jsonl", "split": "train"})',
+            )
         self.load_kwargs = dict(load_kwargs or {})
         self.load_args = tuple(load_args)
         self.tokenizer = tokenizer
@@ -58,8 +73,11 @@ class Data:
             loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
-                raise RecipeError.single(f"the dataset has splits {list(loaded)} and no 'train'", key="Data.load_kwargs",
-                                         fix='name one: load_kwargs={..., "split": "..."}')
+                raise RecipeError.single(
+                    f"the dataset has splits {list(loaded)} and no 'train'",
+                    key="Data.load_kwargs",
+                    fix='name one: load_kwargs={..., "split": "..."}',
+                )
             loaded = loaded["train"]
         return loaded
 
@@ -72,18 +90,29 @@ class Data:
             try:
                 name, function, kwargs = operation
             except (TypeError, ValueError):
-                raise RecipeError.single(f"operation {index} is not a (name, function, kwargs) triple", key="Data.prepare",
-                                         fix='e.g. ("map", tokenize, {"batched": True})') from None
+                raise RecipeError.single(
+                    f"operation {index} is not a (name, function, kwargs) triple",
+                    key="Data.prepare",
+                    fix='e.g. ("map", tokenize, {"batched": True})',
+                ) from None
             method = getattr(dataset, name, None)
             if method is None:
-                raise RecipeError.single(f"operation {index}: a dataset has no method {name!r}", key="Data.prepare",
-                                         fix="use a datasets.Dataset method such as map, filter, shuffle, select")
+                raise RecipeError.single(
+                    f"operation {index}: a dataset has no method {name!r}",
+                    key="Data.prepare",
+                    fix="use a datasets.Dataset method such as map, filter, shuffle, select",
+                )
             with progress_bars_on_main_rank():
                 dataset = method(function, **(kwargs or {}))
         dataset = self.remove_unused_columns(dataset)
-        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, sampler=self.sampler(dataset),
-                                           collate_fn=self.collate_fn or self.default_collate(),
-                                           drop_last=self.drop_last, num_workers=self.num_workers)
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=self.sampler(dataset),
+            collate_fn=self.collate_fn or self.default_collate(),
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+        )
 
     def remove_unused_columns(self, dataset: Any) -> Any:
         columns = list(getattr(dataset, "column_names", None) or [])
@@ -148,5 +177,5 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
         self.epoch += 1
         window = self.batch_size * GROUP_MEGABATCH
         for start in range(0, len(order), window):
-            chunk = order[start:start + window]
+            chunk = order[start : start + window]
             yield from chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist()

@@ -16,6 +16,7 @@ from ditty.config.errors import RecipeError
 if TYPE_CHECKING:
     from datasets import Dataset
 
+
 @contextlib.contextmanager
 def progress_bars_on_main_rank() -> Iterator[None]:
     """`datasets`' progress bars (loading, "tokenizing", map and filter) on rank 0 only.
@@ -23,9 +24,9 @@ def progress_bars_on_main_rank() -> Iterator[None]:
     Every rank loads and tokenizes the same data; N copies of each bar interleave into noise. On
     the other ranks the bars are off for the duration and back on after (unless already off).
     """
-    from ditty._utils.dist import is_main_process
-
     import datasets
+
+    from ditty._utils.dist import is_main_process
 
     if is_main_process() or datasets.are_progress_bars_disabled():
         yield

@@ -74,7 +74,8 @@ class LoraConverter:
             raise RecipeError.single(
                 f"peft found no module to adapt: {message.splitlines()[0]}",
                 key="peft.target_modules",
-                fix=f"use module names of this model (its linear layers include {_some_linear_names(model)}), or \"all-linear\"",
+                fix="use module names of this model (its linear layers include "
+                f'{_some_linear_names(model)}), or "all-linear"',
             ) from error
         _check_modules_to_save(adapted, self.peft_cfg.modules_to_save)
         return adapted
@@ -147,5 +148,7 @@ def _check_modules_to_save(model: "torch.nn.Module", wanted: list[str]) -> None:
 def _some_linear_names(model: "torch.nn.Module", limit: int = 6) -> str:
     import torch
 
-    names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+    names = sorted(
+        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    )
     return ", ".join(names[:limit]) or "none"

@@ -73,7 +73,9 @@ def build_model(
     return built.to(device)
 
 
-def _load_pretrained(model: ModelConfig, tokenizer, device: "torch.device", quant: Optional[QuantConfig] = None) -> "torch.nn.Module":
+def _load_pretrained(
+    model: ModelConfig, tokenizer, device: "torch.device", quant: Optional[QuantConfig] = None
+) -> "torch.nn.Module":
     from transformers import AutoModelForCausalLM
 
     from ditty.models.quant import bnb_config, is_quantized
@@ -143,7 +145,10 @@ def _hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[
         source = _resolve_source(model)
 
         def make(**values):
-            return _fetching(lambda: AutoConfig.from_pretrained(source, trust_remote_code=model.trust_remote_code, **values), model.path)
+            return _fetching(
+                lambda: AutoConfig.from_pretrained(source, trust_remote_code=model.trust_remote_code, **values),
+                model.path,
+            )
 
     elif model.architecture:
         source = None

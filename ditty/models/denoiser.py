@@ -53,8 +53,9 @@ class DigitsDenoiser(nn.Module):
 
     contract = CONTRACT
 
-    def __init__(self, image_size: int = 8, channels: int = 1, hidden: int = 128, depth: int = 3,
-                 time_dim: int = 64) -> None:
+    def __init__(
+        self, image_size: int = 8, channels: int = 1, hidden: int = 128, depth: int = 3, time_dim: int = 64
+    ) -> None:
         super().__init__()
         pixels = channels * image_size * image_size
         self.time_dim = time_dim
@@ -78,8 +79,9 @@ class DigitsDenoiser(nn.Module):
         return self.output(h).reshape(x.shape)
 
 
-def digits_denoiser(image_size: int = 8, channels: int = 1, hidden: int = 128, depth: int = 3,
-                    time_dim: int = 64) -> DigitsDenoiser:
+def digits_denoiser(
+    image_size: int = 8, channels: int = 1, hidden: int = 128, depth: int = 3, time_dim: int = 64
+) -> DigitsDenoiser:
     """Model factory for recipes: `[model] factory = "ditty.models.denoiser:digits_denoiser"`."""
     return DigitsDenoiser(image_size=image_size, channels=channels, hidden=hidden, depth=depth, time_dim=time_dim)
 

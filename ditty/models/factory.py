@@ -21,7 +21,7 @@ def import_factory(reference: str) -> Callable[..., Any]:
     module_name, _, attr = reference.partition(":")
     if not module_name or not attr:
         raise RecipeError.single(
-            f"{reference!r} is not of the form \"package.module:function\"",
+            f'{reference!r} is not of the form "package.module:function"',
             key="model.factory",
             fix='write the module, a colon, then the function, e.g. "my_models.tiny:build"',
         )

@@ -75,7 +75,9 @@ class Float8Converter:
         if not any(_is_float8(m) for m in model.modules()):
             raise RecipeError.single(
                 "fp8: no linear layer could be converted (float8 needs in/out features that are multiples of 16)",
-                key="fp8.enabled", fix="size hidden_size and intermediate_size as multiples of 16, or set fp8.enabled = false")
+                key="fp8.enabled",
+                fix="size hidden_size and intermediate_size as multiples of 16, or set fp8.enabled = false",
+            )
         return model
 
     def post_optimizer_hook(self, model: nn.Module) -> None:
@@ -93,7 +95,9 @@ def float8_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if _is_float8(m)]
 
 
-def fp8_config_from_accelerator_kwargs(kwargs: Optional[Mapping[str, Any]], base: Optional[Fp8Config] = None) -> Optional[Fp8Config]:
+def fp8_config_from_accelerator_kwargs(
+    kwargs: Optional[Mapping[str, Any]], base: Optional[Fp8Config] = None
+) -> Optional[Fp8Config]:
     """The Python API's accelerate-style `accelerator_kwargs` -> an `Fp8Config`, or None when they
     do not ask for FP8 (`mixed_precision` other than "fp8").
 
@@ -116,13 +120,17 @@ def fp8_config_from_accelerator_kwargs(kwargs: Optional[Mapping[str, Any]], base
     elif str(backend).lower() in names:
         chosen = names[str(backend).lower()]
     else:
-        raise RecipeError.single(f"accelerator_kwargs asks for FP8 backend {backend!r}, which ditty does not support",
-                                 key="fp8.backend", fix='use "AO" (torchao, the default) or "TE" (Transformer Engine)')
+        raise RecipeError.single(
+            f"accelerator_kwargs asks for FP8 backend {backend!r}, which ditty does not support",
+            key="fp8.backend",
+            fix='use "AO" (torchao, the default) or "TE" (Transformer Engine)',
+        )
     emulate = base.emulate or (chosen == "torchao" and not _fp8_hardware())
     return Fp8Config(enabled=True, backend=chosen, emulate=emulate)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
 
 def _is_float8(module: nn.Module) -> bool:
     return type(module).__name__ == "Float8Linear" or type(module).__module__.startswith("transformer_engine")
@@ -143,8 +151,11 @@ def _convert_te(model: nn.Module) -> nn.Module:
     forward under `te.fp8_autocast`. Untested here: this machine has no CUDA and no TE."""
     if importlib.util.find_spec("transformer_engine") is None:
         raise RecipeError.single(
-            "fp8.backend = \"te\" needs Transformer Engine, and the `transformer_engine` package is not installed (it needs CUDA)",
-            key="fp8.backend", fix="pip install 'ditty[te]' on a CUDA machine, or use fp8.backend = \"torchao\"")
+            'fp8.backend = "te" needs Transformer Engine, and the `transformer_engine` package is not '
+            "installed (it needs CUDA)",
+            key="fp8.backend",
+            fix="pip install 'ditty[te]' on a CUDA machine, or use fp8.backend = \"torchao\"",
+        )
     import transformer_engine.pytorch as te
 
     for fqn, module in list(model.named_modules()):
@@ -152,8 +163,13 @@ def _convert_te(model: nn.Module) -> nn.Module:
             full = f"{fqn}.{child_name}" if fqn else child_name
             if not fp8_eligible(child, full):
                 continue
-            new = te.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                            params_dtype=child.weight.dtype, device=child.weight.device)
+            new = te.Linear(
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                params_dtype=child.weight.dtype,
+                device=child.weight.device,
+            )
             with torch.no_grad():
                 new.weight.copy_(child.weight)
                 if child.bias is not None:

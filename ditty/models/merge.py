@@ -37,7 +37,15 @@ if TYPE_CHECKING:
 
 # Submodules peft adds; their tensors are the adapter's, not the base's.
 _ADAPTER_SEGMENTS = frozenset(
-    {"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "lora_dropout", "modules_to_save"}
+    {
+        "lora_A",
+        "lora_B",
+        "lora_embedding_A",
+        "lora_embedding_B",
+        "lora_magnitude_vector",
+        "lora_dropout",
+        "modules_to_save",
+    }
 )
 # Wrapper segments peft inserts between a module's name and the original layer.
 # Module names that wrappers insert: peft's base_layer/original_module, and torch's activation
@@ -55,8 +63,9 @@ def save_adapter(model: "torch.nn.Module", directory: str, tokenizer: Any = None
     return directory
 
 
-def merge_to_full(model: "torch.nn.Module",
-                  state_dict: "Optional[dict[str, torch.Tensor]]" = None) -> "torch.nn.Module":
+def merge_to_full(
+    model: "torch.nn.Module", state_dict: "Optional[dict[str, torch.Tensor]]" = None
+) -> "torch.nn.Module":
     """A plain model with the adapter of `model` merged in (see the module docstring); `model` is unchanged.
 
     `state_dict`: the full state dict of `model` (its own parameter names) gathered from a sharded
@@ -78,8 +87,10 @@ def merge_to_full(model: "torch.nn.Module",
     peft_config = copy.deepcopy(model.peft_config[adapter_name])
     if not isinstance(base, PreTrainedModel):
         if state_dict is not None:
-            raise TypeError("merging a sharded custom nn.Module (no Hugging Face config to rebuild it from) is not "
-                            "supported: export it from a checkpoint with `ditty export --merge-lora`")
+            raise TypeError(
+                "merging a sharded custom nn.Module (no Hugging Face config to rebuild it from) is not "
+                "supported: export it from a checkpoint with `ditty export --merge-lora`"
+            )
         # A custom nn.Module has no config to rebuild it from: merge a copy.
         return copy.deepcopy(model).merge_and_unload(safe_merge=True)
 
@@ -108,8 +119,13 @@ def merge_to_full(model: "torch.nn.Module",
     return merged.eval()
 
 
-def save_merged(model: "torch.nn.Module", directory: str, tokenizer: Any = None, *,
-                state_dict: "Optional[dict[str, torch.Tensor]]" = None) -> str:
+def save_merged(
+    model: "torch.nn.Module",
+    directory: str,
+    tokenizer: Any = None,
+    *,
+    state_dict: "Optional[dict[str, torch.Tensor]]" = None,
+) -> str:
     """Write the merged full model in Hugging Face format (safetensors, config) plus the tokenizer.
 
     `model` is a peft model (merged here with `merge_to_full`, from `state_dict` when it is sharded)
@@ -132,8 +148,9 @@ def _require_peft_model(model: "torch.nn.Module") -> None:
         raise TypeError(f"expected a peft model (from LoraConverter), got {type(model).__name__}")
 
 
-def _plain_base_tensors(base: "torch.nn.Module", gathered: "Optional[dict[str, torch.Tensor]]" = None,
-                        base_prefix: str = "") -> "tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]":
+def _plain_base_tensors(
+    base: "torch.nn.Module", gathered: "Optional[dict[str, torch.Tensor]]" = None, base_prefix: str = ""
+) -> "tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]":
     """The base model's own tensors under the names a plain (un-adapted, unquantized) model of the
     same class uses: (persistent parameters and buffers, non-persistent buffers).
 

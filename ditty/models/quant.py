@@ -144,7 +144,9 @@ def quantized_skeleton(model: "torch.nn.Module") -> dict:
         if isinstance(module, bnb.nn.Linear4bit):
             weight = module.weight
             layers[name] = {
-                "attrs": {k: v for k, v in vars(module).items() if not k.startswith("_") and k not in _LAYER_ATTRS_SKIPPED},
+                "attrs": {
+                    k: v for k, v in vars(module).items() if not k.startswith("_") and k not in _LAYER_ATTRS_SKIPPED
+                },
                 "bias": module.bias is not None,
                 "weight": (tuple(weight.shape), weight.dtype, {a: getattr(weight, a) for a in _WEIGHT_ATTRS}),
             }
@@ -177,8 +179,9 @@ def rebuild_quantized_on_meta(model: "torch.nn.Module", skeleton: dict) -> "torc
             new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=layer["bias"])
         new.__dict__.update(layer["attrs"])
         shape, dtype, settings = layer["weight"]
-        new.weight = bnb.nn.Params4bit(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False,
-                                       module=new, **settings)
+        new.weight = bnb.nn.Params4bit(
+            torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False, module=new, **settings
+        )
         if layer["bias"]:
             new.bias = old.bias
         parent, _, child = name.rpartition(".")
@@ -213,8 +216,10 @@ def _match_dtypes(model: "torch.nn.Module", specs: dict) -> None:
     if mine != specs:
         differ = sorted(set(mine) ^ set(specs)) or sorted(n for n in mine if mine[n] != specs[n])
         name = differ[0]
-        raise ValueError(f"the meta-device model differs from rank 0's quantized model at {name}: "
-                         f"{mine.get(name)} here, {specs.get(name)} on rank 0")
+        raise ValueError(
+            f"the meta-device model differs from rank 0's quantized model at {name}: "
+            f"{mine.get(name)} here, {specs.get(name)} on rank 0"
+        )
 
 
 def share_4bit_quant_states(model: "torch.nn.Module", device: "torch.device | str" = "cpu") -> int:

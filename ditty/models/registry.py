@@ -43,7 +43,8 @@ class ModelSpec:
     """Class names of the repeated blocks: each is one FSDP2 unit, one activation-checkpoint region
     (train.activation_checkpointing) and one compile unit (train.compile_scope = "blocks")."""
     loss: Union[str, Callable[[], Any], None] = None
-    """"package.module:Class" of the LossCalculator (or a zero-argument callable making one); used when the recipe names none."""
+    """"package.module:Class" of the LossCalculator (or a zero-argument callable making one); used
+    when the recipe names none."""
     contract: Optional[str] = None
     """The model's contract (ditty.contracts syntax), checked in the pipeline chain."""
     description: str = ""
@@ -79,8 +80,12 @@ def register_model_spec(spec: ModelSpec) -> ModelSpec:
 
 def model_spec(name: str) -> ModelSpec:
     if name not in _REGISTRY:
-        raise RecipeError.single(f"no model spec named {name!r}", key="model.factory",
-                                 fix=f"register it with ditty.models.registry.register_model_spec; known: {', '.join(sorted(_REGISTRY)) or 'none'}")
+        raise RecipeError.single(
+            f"no model spec named {name!r}",
+            key="model.factory",
+            fix="register it with ditty.models.registry.register_model_spec; known: "
+            f"{', '.join(sorted(_REGISTRY)) or 'none'}",
+        )
     return _REGISTRY[name]
 
 
@@ -94,9 +99,15 @@ def _digits_denoiser(**kwargs: Any) -> "torch.nn.Module":
     return DigitsDenoiser(**kwargs)
 
 
-DIGITS_DENOISER = register_model_spec(ModelSpec(
-    name="digits_denoiser", build=_digits_denoiser, config={"hidden": 128, "depth": 3},
-    block_classes=("ResidualBlock",), loss="ditty.loss:MSELoss",
-    contract="x:4:f32, ctx.forward_kwargs.t:1:i64 -> eps:4:f32",
-    description="The 8x8 digits DDPM denoiser (ditty.models.denoiser) as a spec."))
+DIGITS_DENOISER = register_model_spec(
+    ModelSpec(
+        name="digits_denoiser",
+        build=_digits_denoiser,
+        config={"hidden": 128, "depth": 3},
+        block_classes=("ResidualBlock",),
+        loss="ditty.loss:MSELoss",
+        contract="x:4:f32, ctx.forward_kwargs.t:1:i64 -> eps:4:f32",
+        description="The 8x8 digits DDPM denoiser (ditty.models.denoiser) as a spec.",
+    )
+)
 """`[model] factory = "ditty.models.registry:DIGITS_DENOISER"`: the bundled example spec."""

@@ -153,13 +153,20 @@ def _check_path(path: str) -> list[Problem]:
             ]
         return []
     if os.path.exists(os.path.expanduser(path)):
-        return [Problem(key="model.path", message=f"{path!r} is a file, not a model directory", fix="point it at the directory that holds config.json")]
+        return [
+            Problem(
+                key="model.path",
+                message=f"{path!r} is a file, not a model directory",
+                fix="point it at the directory that holds config.json",
+            )
+        ]
     if not looks_like_hub_id(path):
         return [
             Problem(
                 key="model.path",
                 message=f"local directory {path!r} does not exist",
-                fix="check the path (relative paths start from the current directory), or use a hub id such as org/name",
+                fix="check the path (relative paths start from the current directory), or use a hub id such "
+                "as org/name",
             )
         ]
     invalid = invalid_hub_id_reason(path)
@@ -176,7 +183,8 @@ def _check_path(path: str) -> list[Problem]:
     return [
         Problem(
             key="model.path",
-            message=f"hub id {path!r} cannot be verified offline (no local directory has that name and it is not in the Hugging Face cache)",
+            message=f"hub id {path!r} cannot be verified offline (no local directory has that name and it is "
+            "not in the Hugging Face cache)",
             fix="it is fetched when the run starts; to check it now, download it first (`hf download ID`)",
             severity="warning",
         )
@@ -221,6 +229,10 @@ def _check_architecture(model: ModelConfig) -> list[Problem]:
         Problem(
             key="model.architecture",
             message=f"unknown architecture {model.architecture!r} (not a transformers model type)",
-            fix=did_you_mean(model.architecture, architectures, what='use a model type such as "llama", "mistral", "qwen2" or "gpt_neox"'),
+            fix=did_you_mean(
+                model.architecture,
+                architectures,
+                what='use a model type such as "llama", "mistral", "qwen2" or "gpt_neox"',
+            ),
         )
     ]

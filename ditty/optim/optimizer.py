@@ -30,7 +30,7 @@ def check_optimizer(opt: OptimizerConfig) -> list[Problem]:
     backends = BACKENDS[opt.kind]
     if opt.backend == "default" or opt.backend in backends:
         return []
-    fix = f'use {" or ".join(repr(b) for b in ("default",) + backends)}'
+    fix = f"use {' or '.join(repr(b) for b in ('default',) + backends)}"
     if opt.backend in BACKENDS["adamw8bit"]:
         fix += ', or kind = "adamw8bit" for an 8-bit optimizer'
     return [Problem(key="optimizer.backend", message=f'kind "{opt.kind}" has no "{opt.backend}" backend', fix=fix)]
@@ -57,7 +57,8 @@ def param_groups(model: "torch.nn.Module", weight_decay: float) -> list[dict[str
     if not decay and not no_decay:
         raise RecipeError.single(
             "the model has no trainable parameters: every parameter has requires_grad = False",
-            fix="check that peft.target_modules names modules the model has, or that a custom model leaves some parameters trainable",
+            fix="check that peft.target_modules names modules the model has, or that a custom model leaves "
+            "some parameters trainable",
         )
     groups = [
         {"params": decay, "weight_decay": weight_decay},
@@ -121,7 +122,5 @@ def _kernel_choice(groups: list[dict[str, Any]]) -> dict[str, bool]:
     except ImportError:  # a private helper: if a torch release moves it, fall back to the default
         return {}
     supported = set(_get_fused_kernels_supported_devices())
-    fusable = all(
-        p.device.type in supported and p.is_floating_point() for group in groups for p in group["params"]
-    )
+    fusable = all(p.device.type in supported and p.is_floating_point() for group in groups for p in group["params"])
     return {"fused": True} if fusable else {}

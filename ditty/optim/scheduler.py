@@ -62,7 +62,9 @@ def lr_shape(sched: SchedulerConfig, total_steps: int) -> LRShape:
     return LRShape(sched.kind, total_steps, sched.warmup_steps, sched.min_lr_ratio, decay_start)
 
 
-def build_scheduler(sched: SchedulerConfig, optimizer: "torch.optim.Optimizer", total_steps: int) -> "torch.optim.lr_scheduler.LRScheduler":
+def build_scheduler(
+    sched: SchedulerConfig, optimizer: "torch.optim.Optimizer", total_steps: int
+) -> "torch.optim.lr_scheduler.LRScheduler":
     """A LambdaLR (ClosedFormLR) over `optimizer` following `sched`; call `.step()` after each optimizer step."""
     from ditty.optim.closed_form import ClosedFormLR
 
@@ -85,7 +87,8 @@ def check_scheduler(sched: SchedulerConfig, total_steps: Optional[int] = None) -
         problems.append(
             Problem(
                 key="scheduler.warmup_steps",
-                message=f"{sched.warmup_steps} warmup steps are more than the run's {total_steps} steps: the rate would never reach its peak",
+                message=f"{sched.warmup_steps} warmup steps are more than the run's {total_steps} steps: "
+                "the rate would never reach its peak",
                 fix=f"use at most {total_steps} (a few percent of the run is usual)",
             )
         )

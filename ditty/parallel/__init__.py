@@ -20,11 +20,18 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "DistInfo": "env", "init_distributed": "env", "destroy_distributed": "env",
-    "MeshShape": "mesh", "mesh_shape": "mesh", "build_mesh": "mesh",
-    "apply_parallelism": "wrap", "find_blocks": "wrap",
-    "no_sync_context": "accumulation", "grad_average_correction": "accumulation",
-    "meta_init": "materialize", "load_sharded_from_rank0": "materialize",
+    "DistInfo": "env",
+    "init_distributed": "env",
+    "destroy_distributed": "env",
+    "MeshShape": "mesh",
+    "mesh_shape": "mesh",
+    "build_mesh": "mesh",
+    "apply_parallelism": "wrap",
+    "find_blocks": "wrap",
+    "no_sync_context": "accumulation",
+    "grad_average_correction": "accumulation",
+    "meta_init": "materialize",
+    "load_sharded_from_rank0": "materialize",
     "load_sharded_from_safetensors": "materialize",
     "deepspeed_config": "deepspeed",
 }

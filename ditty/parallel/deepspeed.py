@@ -23,8 +23,11 @@ def require_deepspeed() -> Any:
     try:
         import deepspeed
     except ImportError as error:
-        raise RecipeError.single(f"parallel.kind = \"deepspeed\" needs the deepspeed package ({error})",
-                                 key="parallel.kind", fix=f"{INSTALL_HINT}, or use parallel.kind = \"fsdp\"") from None
+        raise RecipeError.single(
+            f'parallel.kind = "deepspeed" needs the deepspeed package ({error})',
+            key="parallel.kind",
+            fix=f'{INSTALL_HINT}, or use parallel.kind = "fsdp"',
+        ) from None
     return deepspeed
 
 
@@ -36,14 +39,26 @@ def deepspeed_problems(parallel: "ParallelConfig") -> list[Problem]:
     if parallel.zero_stage not in (2, 3):
         problems.append(Problem("parallel.zero_stage", f"must be 2 or 3, got {parallel.zero_stage}"))
     if parallel.offload_params and parallel.zero_stage != 3:
-        problems.append(Problem("parallel.offload_params", "offloads parameters, which only ZeRO stage 3 partitions",
-                                fix="set parallel.zero_stage = 3, or parallel.offload_params = false"))
+        problems.append(
+            Problem(
+                "parallel.offload_params",
+                "offloads parameters, which only ZeRO stage 3 partitions",
+                fix="set parallel.zero_stage = 3, or parallel.offload_params = false",
+            )
+        )
     return problems
 
 
-def deepspeed_config(parallel: "ParallelConfig", *, micro_batch_size: int, accumulation_steps: int,
-                     world_size: int, precision: str = "fp32", max_grad_norm: float | None = None,
-                     pin_memory: bool = False) -> dict[str, Any]:
+def deepspeed_config(
+    parallel: "ParallelConfig",
+    *,
+    micro_batch_size: int,
+    accumulation_steps: int,
+    world_size: int,
+    precision: str = "fp32",
+    max_grad_norm: float | None = None,
+    pin_memory: bool = False,
+) -> dict[str, Any]:
     """The engine config dict. `pin_memory` only on CUDA (pinning needs an accelerator)."""
     problems = deepspeed_problems(parallel)
     if problems:

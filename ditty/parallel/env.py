@@ -42,7 +42,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> torch.device:
-    """"auto" picks CUDA when present; a CUDA device becomes this process's local GPU."""
+    """ "auto" picks CUDA when present; a CUDA device becomes this process's local GPU."""
     if isinstance(device, torch.device):
         kind = device.type
     else:
@@ -59,7 +59,7 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     (no WORLD_SIZE, or 1) it creates no group and returns rank 0 of 1.
     """
     world_size = _env_int("WORLD_SIZE", 1)
-    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
     resolved = resolve_device(device, local_rank)
     if world_size <= 1:
         return DistInfo(0, 1, 0, resolved)
@@ -69,8 +69,11 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
         seconds = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
         # On CUDA, CPU tensors (object collectives, DCP metadata) still need a backend: gloo.
         backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=seconds),
-                                device_id=resolved if resolved.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=seconds),
+            device_id=resolved if resolved.type == "cuda" else None,
+        )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, resolved)
 
 

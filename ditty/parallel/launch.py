@@ -28,20 +28,46 @@ USER_ERROR = 2
 FAILURE = 1
 
 
-def torchrun_args(argv_for_worker: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                  rdzv_endpoint: Optional[str] = None, module: str = "ditty", run_id: Optional[str] = None,
-                  rdzv_timeout_s: Optional[int] = None) -> list[str]:
+def torchrun_args(
+    argv_for_worker: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: Optional[str] = None,
+    module: str = "ditty",
+    run_id: Optional[str] = None,
+    rdzv_timeout_s: Optional[int] = None,
+) -> list[str]:
     """The torchrun command line (without "torchrun") that runs `python -m MODULE ARGV` per rank."""
-    args = ["--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
-            "--monitor-interval", str(MONITOR_INTERVAL_S)]
+    args = [
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        str(MONITOR_INTERVAL_S),
+    ]
     if nnodes > 1:
         if not rdzv_endpoint:
             from ditty.config.errors import RecipeError
 
-            raise RecipeError.single("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)",
-                                     fix="e.g. --rdzv-endpoint node0.example:29400")
-        args += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", run_id or os.environ.get("DITTY_RUN_ID", "ditty")]
+            raise RecipeError.single(
+                "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)",
+                fix="e.g. --rdzv-endpoint node0.example:29400",
+            )
+        args += [
+            "--nnodes",
+            str(nnodes),
+            "--node-rank",
+            str(node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rdzv_endpoint,
+            "--rdzv-id",
+            run_id or os.environ.get("DITTY_RUN_ID", "ditty"),
+        ]
         if rdzv_timeout_s is not None:
             args += ["--rdzv-conf", f"join_timeout={rdzv_timeout_s}"]
     else:
@@ -49,18 +75,35 @@ def torchrun_args(argv_for_worker: list[str], *, nproc_per_node: int, nnodes: in
     return args + ["-m", module, *argv_for_worker]
 
 
-def launch(argv_for_worker: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-           rdzv_endpoint: Optional[str] = None, module: str = "ditty", run_id: Optional[str] = None,
-           rdzv_timeout_s: Optional[int] = None) -> int:
+def launch(
+    argv_for_worker: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: Optional[str] = None,
+    module: str = "ditty",
+    run_id: Optional[str] = None,
+    rdzv_timeout_s: Optional[int] = None,
+) -> int:
     """Run the workers; return 0, 2 (a worker's user error, its message printed) or 1 (a failure)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    args = parse_args(torchrun_args(argv_for_worker, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                    node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, module=module,
-                                    run_id=run_id, rdzv_timeout_s=rdzv_timeout_s))
+    args = parse_args(
+        torchrun_args(
+            argv_for_worker,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            module=module,
+            run_id=run_id,
+            rdzv_timeout_s=rdzv_timeout_s,
+        )
+    )
     if args.standalone:  # what torch.distributed.run.run does for --standalone
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, cmd, cmd_args = config_from_args(args)
@@ -73,8 +116,11 @@ def launch(argv_for_worker: list[str], *, nproc_per_node: int, nnodes: int = 1, 
         except ChildFailedError as failure:
             return _report(failure, error_dir)
         except RendezvousError as error:  # e.g. a node that never joined: no worker ever ran
-            print(f"error: the rendezvous at {args.rdzv_endpoint} failed ({type(error).__name__}: {error}); start all "
-                  f"{nnodes} nodes with the same --rdzv-endpoint and --nnodes", file=sys.stderr)
+            print(
+                f"error: the rendezvous at {args.rdzv_endpoint} failed ({type(error).__name__}: {error}); start all "
+                f"{nnodes} nodes with the same --rdzv-endpoint and --nnodes",
+                file=sys.stderr,
+            )
             return FAILURE
         finally:
             if previous is None:
@@ -94,14 +140,19 @@ def _report(failure, error_dir: str) -> int:
     codes = {rank: f.exitcode for rank, f in failure.failures.items()}
     if USER_ERROR in codes.values():
         rank = min(r for r, code in codes.items() if code == USER_ERROR)
-        print(f"error: rank {rank} stopped on a user error (exit code 2); its message is in its output above",
-              file=sys.stderr)
+        print(
+            f"error: rank {rank} stopped on a user error (exit code 2); its message is in its output above",
+            file=sys.stderr,
+        )
         return USER_ERROR
     first = _first_recorded_failure(error_dir)
     if first is not None:
         rank, summary = first
-        print(f"error: rank {rank} failed first: {summary} (its traceback is above; the other ranks stopped "
-              "because of it)", file=sys.stderr)
+        print(
+            f"error: rank {rank} failed first: {summary} (its traceback is above; the other ranks stopped "
+            "because of it)",
+            file=sys.stderr,
+        )
         return FAILURE
     listed = ", ".join(f"rank {r} (exit code {c})" for r, c in sorted(codes.items()))
     print(f"error: {listed} failed; see the tracebacks above", file=sys.stderr)
@@ -115,7 +166,7 @@ def _first_recorded_failure(error_dir: str) -> Optional[tuple[int, str]]:
         try:
             with open(path, encoding="utf-8") as handle:
                 stamp, _, summary = handle.read().partition("\n")
-            found.append((int(stamp), int(os.path.basename(path)[len("failure-"):-len(".txt")]), summary))
+            found.append((int(stamp), int(os.path.basename(path)[len("failure-") : -len(".txt")]), summary))
         except (OSError, ValueError):
             continue
     if not found:
@@ -126,6 +177,6 @@ def _first_recorded_failure(error_dir: str) -> Optional[tuple[int, str]]:
 
 def _rank_of(path: str) -> int:
     try:
-        return int(os.path.basename(path)[len("rank-"):-len(".txt")])
+        return int(os.path.basename(path)[len("rank-") : -len(".txt")])
     except ValueError:
         return 1 << 30

@@ -2,8 +2,8 @@
 
 The order (each rank): `with meta_init(): model = build()`; `apply_parallelism(...)` (fully_shard
 turns the meta parameters into meta DTensor shards); `load_sharded_from_safetensors(model,
-model_dir if rank == 0 else None)` (or `load_sharded_from_rank0` with an in-memory state dict, or `load_sharded_from_rank0_tensors` with
-full tensors rank 0 built itself: a base quantized on rank 0 for QLoRA).
+model_dir if rank == 0 else None)` (or `load_sharded_from_rank0` with an in-memory state dict, or
+`load_sharded_from_rank0_tensors` with full tensors rank 0 built itself: a base quantized on rank 0 for QLoRA).
 Rank 0 reads the checkpoint one tensor at a time and broadcasts it; every rank keeps its slice. No
 rank ever holds the whole model, so resident memory falls with the world size (not only tensor bytes:
 building the full model on each rank and then sharding leaves the peak where it was).
@@ -57,13 +57,23 @@ def materialize(model: nn.Module, device: Union[str, torch.device]) -> nn.Module
     Works on FSDP2-sharded models (each rank allocates only its shard). The values must then come
     from a load; a non-persistent buffer that is still on meta has no source and raises.
     """
-    kept = {(id(m), name): (m, name, b) for m in model.modules() for name, b in m._buffers.items()
-            if b is not None and not b.is_meta}
-    lost = [f"{prefix}.{name}".lstrip(".") for prefix, m in model.named_modules() for name, b in m._buffers.items()
-            if b is not None and b.is_meta and name in m._non_persistent_buffers_set]
+    kept = {
+        (id(m), name): (m, name, b)
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None and not b.is_meta
+    }
+    lost = [
+        f"{prefix}.{name}".lstrip(".")
+        for prefix, m in model.named_modules()
+        for name, b in m._buffers.items()
+        if b is not None and b.is_meta and name in m._non_persistent_buffers_set
+    ]
     if lost:
-        raise ValueError(f"non-persistent buffers {lost[:4]} are on the meta device and no checkpoint holds them; "
-                         "build the model under ditty.parallel.materialize.meta_init() so buffers stay real")
+        raise ValueError(
+            f"non-persistent buffers {lost[:4]} are on the meta device and no checkpoint holds them; "
+            "build the model under ditty.parallel.materialize.meta_init() so buffers stay real"
+        )
     model.to_empty(device=device)
     for module, name, buffer in kept.values():
         module._buffers[name] = buffer.to(device)
@@ -91,8 +101,13 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def load_sharded_from_rank0(model: nn.Module, full_state_dict: Optional[Mapping[str, torch.Tensor]],
-                            *, device: Union[str, torch.device, None] = None, strict: bool = True) -> nn.Module:
+def load_sharded_from_rank0(
+    model: nn.Module,
+    full_state_dict: Optional[Mapping[str, torch.Tensor]],
+    *,
+    device: Union[str, torch.device, None] = None,
+    strict: bool = True,
+) -> nn.Module:
     """Load a full state dict held by rank 0 (None elsewhere) into a sharded (or meta) model.
 
     torch's `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)` broadcasts one
@@ -109,12 +124,14 @@ def load_sharded_from_rank0(model: nn.Module, full_state_dict: Optional[Mapping[
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     state = dict(full_state_dict) if rank == 0 and full_state_dict is not None else {}
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                                strict=strict))
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+    )
     return model
 
 
 # --- streaming from safetensors files -----------------------------------------------------------
+
 
 def safetensors_index(model_dir: str) -> dict[str, str]:
     """Tensor name -> file, from model.safetensors.index.json or the single model.safetensors."""
@@ -125,8 +142,11 @@ def safetensors_index(model_dir: str) -> dict[str, str]:
         return {name: os.path.join(model_dir, file) for name, file in weight_map.items()}
     single = os.path.join(model_dir, "model.safetensors")
     if not os.path.exists(single):
-        raise RecipeError.single(f"no model.safetensors (or its index) in {model_dir}", key="model.path",
-                                 fix="point model.path at a Hugging Face model directory saved as safetensors")
+        raise RecipeError.single(
+            f"no model.safetensors (or its index) in {model_dir}",
+            key="model.path",
+            fix="point model.path at a Hugging Face model directory saved as safetensors",
+        )
     return {name: single for name in SafetensorsFile(single).entries}
 
 
@@ -186,8 +206,9 @@ def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
             target.copy_(full)
 
 
-def load_sharded_from_safetensors(model: nn.Module, model_dir: Optional[str], *,
-                                  device: Union[str, torch.device, None] = None) -> nn.Module:
+def load_sharded_from_safetensors(
+    model: nn.Module, model_dir: Optional[str], *, device: Union[str, torch.device, None] = None
+) -> nn.Module:
     """Fill a sharded (or meta) model from a safetensors checkpoint that only rank 0 reads.
 
     Rank 0 passes the directory, the others None. Tensor by tensor: rank 0 reads it, broadcasts it,
@@ -210,8 +231,9 @@ def load_sharded_from_safetensors(model: nn.Module, model_dir: Optional[str], *,
     return _stream_from_rank0(model, plan, read, device)
 
 
-def load_sharded_from_rank0_tensors(model: nn.Module, tensors: "Optional[dict[str, torch.Tensor]]", *,
-                                    device: Union[str, torch.device, None] = None) -> nn.Module:
+def load_sharded_from_rank0_tensors(
+    model: nn.Module, tensors: "Optional[dict[str, torch.Tensor]]", *, device: Union[str, torch.device, None] = None
+) -> nn.Module:
     """Fill a sharded (or meta) model from full tensors that rank 0 holds in memory (None elsewhere).
 
     `tensors` maps a parameter / persistent buffer name (as `named_parameters` gives it before
@@ -233,8 +255,9 @@ def load_sharded_from_rank0_tensors(model: nn.Module, tensors: "Optional[dict[st
                 continue
             full = tensors[key]
             if tuple(full.shape) != tuple(tensor.shape):
-                return ValueError(f"rank 0's tensor {key} has shape {list(full.shape)}, the sharded model wants "
-                                  f"{list(tensor.shape)}")
+                return ValueError(
+                    f"rank 0's tensor {key} has shape {list(full.shape)}, the sharded model wants {list(tensor.shape)}"
+                )
             out.append((key, tuple(full.shape), full.dtype))
         if missing:
             return ValueError(f"rank 0 holds no value for {', '.join(missing[:5])}")
@@ -302,8 +325,10 @@ def _stream_from_rank0(model: nn.Module, make_plan, read, device) -> nn.Module:
     plan = share_from_rank0(plan)  # every rank learns the plan, or the error to raise
     if isinstance(plan, BaseException):
         raise plan
-    comm_device = torch.device("cuda", torch.cuda.current_device()) if target_device.type == "cuda" else torch.device("cpu")
-    for (names, tensor), entry in zip(targets, plan):
+    comm_device = (
+        torch.device("cuda", torch.cuda.current_device()) if target_device.type == "cuda" else torch.device("cpu")
+    )
+    for (_names, tensor), entry in zip(targets, plan):
         shape, dtype = entry[-2], entry[-1]
         if rank == 0:
             full = read(entry).to(comm_device)
@@ -331,20 +356,34 @@ def _plan(targets, model_dir: str):
             files[file] = SafetensorsFile(file)
         shape, dtype = files[file].shape_and_dtype(key)
         if shape != tuple(tensor.shape):
-            return RecipeError.single(f"checkpoint tensor {key} has shape {list(shape)}, the model wants "
-                                      f"{list(tensor.shape)}", key="model.path",
-                                      fix="the model config must match the checkpoint's config.json")
+            return RecipeError.single(
+                f"checkpoint tensor {key} has shape {list(shape)}, the model wants {list(tensor.shape)}",
+                key="model.path",
+                fix="the model config must match the checkpoint's config.json",
+            )
         plan.append((key, file, shape, dtype))
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        return RecipeError.single(f"the checkpoint in {model_dir} has no weights for {', '.join(missing[:5])}{more}",
-                                  key="model.path", fix="point model.path at the checkpoint of this architecture")
+        return RecipeError.single(
+            f"the checkpoint in {model_dir} has no weights for {', '.join(missing[:5])}{more}",
+            key="model.path",
+            fix="point model.path at the checkpoint of this architecture",
+        )
     return plan
 
 
-_DTYPE_NAMES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                "BOOL": torch.bool}
+_DTYPE_NAMES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def full_tensor_references(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -27,8 +27,9 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 def optimizer_state_bytes(optimizer: Optional[torch.optim.Optimizer]) -> int:
     if optimizer is None:
         return 0
-    return sum(local_nbytes(v) for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))
+    return sum(
+        local_nbytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    )
 
 
 def gradient_bytes(parameters: Iterable[torch.nn.Parameter]) -> int:
@@ -93,7 +94,9 @@ def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * int(mmap_threshold)))
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        mallopt(_M_TRIM_THRESHOLD, 2 * int(mmap_threshold))
+    )
 
 
 # The policy of a CPU process in a multi-process run (see `apply_distributed_allocator_policy`).
@@ -101,8 +104,13 @@ ALLOCATOR_ENV = "DITTY_CPU_ALLOCATOR"
 """"glibc" (or "off"): keep glibc's own malloc settings in multi-process CPU runs."""
 DISTRIBUTED_MMAP_THRESHOLD = 2 * 2**20
 # glibc's own variables: a user who set any of them chose a policy, and ditty leaves it alone.
-_GLIBC_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                     "MALLOC_ARENA_MAX")
+_GLIBC_MALLOC_ENV = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_ARENA_MAX",
+)
 
 
 def apply_distributed_allocator_policy() -> bool:

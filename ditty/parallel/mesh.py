@@ -70,9 +70,13 @@ def mesh_shape(parallel: "ParallelConfig", world_size: int) -> Union[MeshShape, 
         return [Problem("", f"world size must be at least 1, got {world_size}", fix="--nproc-per-node 1 or more")]
     if kind == "none":
         if world_size > 1:
-            problems.append(Problem("parallel.kind", f"is \"none\" but {world_size} processes were asked for; each "
-                                    "would train its own copy", fix="set parallel.kind to \"ddp\" or \"fsdp\" "
-                                    "(or run one process)"))
+            problems.append(
+                Problem(
+                    "parallel.kind",
+                    f'is "none" but {world_size} processes were asked for; each would train its own copy',
+                    fix='set parallel.kind to "ddp" or "fsdp" (or run one process)',
+                )
+            )
         return problems or MeshShape("none", ("dp",), (1,))
     if kind != "hsdp":
         shape = MeshShape(kind, ("dp",), (world_size,), zero_stage=parallel.zero_stage if kind == "deepspeed" else 0)
@@ -86,20 +90,35 @@ def mesh_shape(parallel: "ParallelConfig", world_size: int) -> Union[MeshShape, 
             return problems
         if shard == -1:
             if world_size % replicate:
-                return [Problem("parallel.replicate_size", f"= {replicate} does not divide the world size {world_size}",
-                                fix=f"choose a divisor of {world_size}, or change --nproc-per-node / --nnodes")]
+                return [
+                    Problem(
+                        "parallel.replicate_size",
+                        f"= {replicate} does not divide the world size {world_size}",
+                        fix=f"choose a divisor of {world_size}, or change --nproc-per-node / --nnodes",
+                    )
+                ]
             shard = world_size // replicate
         if replicate * shard != world_size:
-            return [Problem("parallel.shard_size", f"replicate_size x shard_size = {replicate} x {shard} = "
-                            f"{replicate * shard}, but the world size is {world_size}",
-                            fix="make the product equal nproc-per-node x nnodes, or set shard_size = -1")]
+            return [
+                Problem(
+                    "parallel.shard_size",
+                    f"replicate_size x shard_size = {replicate} x {shard} = "
+                    f"{replicate * shard}, but the world size is {world_size}",
+                    fix="make the product equal nproc-per-node x nnodes, or set shard_size = -1",
+                )
+            ]
         shape = MeshShape("hsdp", ("replicate", "shard"), (replicate, shard))
     reshard = parallel.reshard_after_forward
     if kind in ("fsdp", "hsdp") and not isinstance(reshard, bool):
         n = shape.shard_size
         if reshard < 1 or n % reshard:
-            problems.append(Problem("parallel.reshard_after_forward", f"as a group size must divide the shard size "
-                                    f"{n}, got {reshard}", fix="use true, false, or a divisor of the shard size"))
+            problems.append(
+                Problem(
+                    "parallel.reshard_after_forward",
+                    f"as a group size must divide the shard size {n}, got {reshard}",
+                    fix="use true, false, or a divisor of the shard size",
+                )
+            )
     return problems or shape
 
 

@@ -25,14 +25,23 @@ if TYPE_CHECKING:  # pragma: no cover
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-CPU_OFFLOAD_WARNING = ("parallel.cpu_offload on a CPU device: parameters already live on the CPU, so offloading "
-                       "saves nothing here")
-CPU_PIN_WARNING = ("parallel.pin_memory needs an accelerator (pinning raises \"Cannot access accelerator device\" on "
-                   "a CPU-only machine); offloading without pinned memory")
+CPU_OFFLOAD_WARNING = (
+    "parallel.cpu_offload on a CPU device: parameters already live on the CPU, so offloading saves nothing here"
+)
+CPU_PIN_WARNING = (
+    'parallel.pin_memory needs an accelerator (pinning raises "Cannot access accelerator device" on '
+    "a CPU-only machine); offloading without pinned memory"
+)
 
 
-def apply_parallelism(model: nn.Module, parallel: "ParallelConfig", mesh: "Optional[DeviceMesh]", *,
-                      precision: str = "fp32", block_classes: Optional[list[type]] = None) -> nn.Module:
+def apply_parallelism(
+    model: nn.Module,
+    parallel: "ParallelConfig",
+    mesh: "Optional[DeviceMesh]",
+    *,
+    precision: str = "fp32",
+    block_classes: Optional[list[type]] = None,
+) -> nn.Module:
     """Return `model` wrapped for `parallel.kind` on `mesh` (unchanged for "none" or without a mesh).
 
     ddp returns a DistributedDataParallel wrapper; fsdp/hsdp shard in place and return the same
@@ -72,8 +81,12 @@ def mixed_precision_policy(parallel: "ParallelConfig", precision: str):
     param = dtype(parallel.param_dtype) if parallel.param_dtype else _PRECISION_DTYPES.get(precision)
     # Reducing gradients in 16 bits loses the small ones; fp32 costs one cast per bucket.
     reduce = dtype(parallel.reduce_dtype) if parallel.reduce_dtype else (torch.float32 if param is not None else None)
-    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce, output_dtype=dtype(parallel.output_dtype),
-                                cast_forward_inputs=parallel.cast_forward_inputs)
+    return MixedPrecisionPolicy(
+        param_dtype=param,
+        reduce_dtype=reduce,
+        output_dtype=dtype(parallel.output_dtype),
+        cast_forward_inputs=parallel.cast_forward_inputs,
+    )
 
 
 def offload_policy(parallel: "ParallelConfig", device_type: str):
@@ -91,14 +104,23 @@ def offload_policy(parallel: "ParallelConfig", device_type: str):
     return CPUOffloadPolicy(pin_memory=pin)
 
 
-def shard_fsdp(model: nn.Module, parallel: "ParallelConfig", mesh: "DeviceMesh", *, precision: str = "fp32",
-               block_classes: Optional[list[type]] = None) -> nn.Module:
+def shard_fsdp(
+    model: nn.Module,
+    parallel: "ParallelConfig",
+    mesh: "DeviceMesh",
+    *,
+    precision: str = "fp32",
+    block_classes: Optional[list[type]] = None,
+) -> nn.Module:
     """fully_shard each block (children before parents), then the root. Shards in place."""
     from torch.distributed.fsdp import fully_shard
 
     blocks = find_blocks(model, names=list(parallel.block_classes), classes=block_classes)
-    options = dict(mesh=mesh, mp_policy=mixed_precision_policy(parallel, precision),
-                   offload_policy=offload_policy(parallel, mesh.device_type))
+    options = dict(
+        mesh=mesh,
+        mp_policy=mixed_precision_policy(parallel, precision),
+        offload_policy=offload_policy(parallel, mesh.device_type),
+    )
     for block in reversed(blocks):  # modules() lists parents first; FSDP2 wants the inner ones first
         fully_shard(block, reshard_after_forward=parallel.reshard_after_forward, **options)
     embeddings, head = _embeddings_and_head(model, blocks)
@@ -118,6 +140,7 @@ def shard_fsdp(model: nn.Module, parallel: "ParallelConfig", mesh: "DeviceMesh",
 
 def _embeddings_and_head(model: nn.Module, blocks: list[nn.Module]) -> tuple[Optional[nn.Module], Optional[nn.Module]]:
     """A Hugging Face model's input embedding and output head, when they can be units of their own."""
+
     def get(name):
         getter = getattr(model, name, None)
         try:
@@ -144,8 +167,9 @@ def no_split_module_names(model: nn.Module) -> list[str]:
     return []
 
 
-def find_blocks(model: nn.Module, *, names: Optional[list[str]] = None,
-                classes: Optional[list[type]] = None) -> list[nn.Module]:
+def find_blocks(
+    model: nn.Module, *, names: Optional[list[str]] = None, classes: Optional[list[type]] = None
+) -> list[nn.Module]:
     """The modules to shard one by one, in `model.modules()` order.
 
     Chosen by, first match wins: `classes`; class `names` (the recipe's parallel.block_classes); the
@@ -164,8 +188,15 @@ def find_blocks(model: nn.Module, *, names: Optional[list[str]] = None,
     present = sorted({type(m).__name__ for m in model.modules()})
     if asked:
         close = sorted({c for name in asked for c in difflib.get_close_matches(name, present, n=2)})
-        raise RecipeError.single(f"no module of class {', '.join(asked)} in the model", key=key,
-                                 fix=f"did you mean {', '.join(close)}?" if close
-                                 else f"name block classes the model has, e.g. {', '.join(present[:6])}")
-    raise RecipeError.single("the model declares no blocks to shard (no _no_split_modules)", key=key,
-                             fix=f"name the repeated block class, e.g. one of {', '.join(present[:6])}")
+        raise RecipeError.single(
+            f"no module of class {', '.join(asked)} in the model",
+            key=key,
+            fix=f"did you mean {', '.join(close)}?"
+            if close
+            else f"name block classes the model has, e.g. {', '.join(present[:6])}",
+        )
+    raise RecipeError.single(
+        "the model declares no blocks to shard (no _no_split_modules)",
+        key=key,
+        fix=f"name the repeated block class, e.g. one of {', '.join(present[:6])}",
+    )

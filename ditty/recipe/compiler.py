@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from ditty.config.loader import LoadedRecipe
 from ditty.parallel.mesh import mesh_shape
+from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
-from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
 
 
 def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
@@ -56,22 +56,35 @@ def _builds(config) -> list[tuple[str, str]]:
         model_text = f"custom model from {model.factory}"
     elif model.resolved_init == "random":
         model_text = f"random {model.architecture or 'architecture of ' + str(model.path)}" + (
-            f" with {model.config}" if model.config else "")
+            f" with {model.config}" if model.config else ""
+        )
     else:
         model_text = f"pretrained {model.path}"
     data = config.data
-    source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[data.source]
+    source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[
+        data.source
+    ]
     images = data.source == "builtin" and data.name in IMAGE_BUILTINS
     rows = [
         ("model", f"{model_text} ({model.dtype})"),
         ("tokenizer", config.tokenizer.source(model) or ("none (non-text data)" if images else "built-in byte-level")),
-        ("data", f"{source} images, samples collated as tensors" if images else
-         f"{source}, {data.format}, max_seq_len {data.max_seq_len}, " + ("packed" if data.packing else "padded")),
+        (
+            "data",
+            f"{source} images, samples collated as tensors"
+            if images
+            else f"{source}, {data.format}, max_seq_len {data.max_seq_len}, "
+            + ("packed" if data.packing else "padded"),
+        ),
         ("optimizer", f"{config.optimizer.kind} ({config.optimizer.backend}), lr {config.optimizer.lr:g}"),
         ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),
     ]
     if config.peft.kind != "none":
-        rows.append(("adapter", f"{config.peft.kind} r={config.peft.r} alpha={config.peft.alpha:g} on {config.peft.target_modules}"))
+        rows.append(
+            (
+                "adapter",
+                f"{config.peft.kind} r={config.peft.r} alpha={config.peft.alpha:g} on {config.peft.target_modules}",
+            )
+        )
     if config.quant.kind != "none":
         rows.append(("quantization", config.quant.kind))
     if config.fp8.enabled:

@@ -41,18 +41,34 @@ def resolve(reference: str, key: str) -> tuple[Any, list[Problem]]:
     """Import "package.module:attr" without calling anything in it but the module's own import."""
     module_name, colon, attr = reference.partition(":")
     if not colon or not module_name or not attr:
-        return None, [error(key, f"{reference!r} is not of the form \"package.module:Name\"",
-                            'write the module, a colon, then the name, e.g. "my_pkg.stages:AddNoise"')]
+        return None, [
+            error(
+                key,
+                f'{reference!r} is not of the form "package.module:Name"',
+                'write the module, a colon, then the name, e.g. "my_pkg.stages:AddNoise"',
+            )
+        ]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        return None, [error(key, f"cannot import module {module_name!r}: {exc}",
-                            "check the module name and that it is importable (installed, or on PYTHONPATH)")]
+        return None, [
+            error(
+                key,
+                f"cannot import module {module_name!r}: {exc}",
+                "check the module name and that it is importable (installed, or on PYTHONPATH)",
+            )
+        ]
     obj = module
     for part in attr.split("."):
         obj = getattr(obj, part, _MISSING)
         if obj is _MISSING:
-            return None, [error(key, f"module {module_name!r} has no attribute {attr!r}", f"define {attr} in {module_name}, or fix the name")]
+            return None, [
+                error(
+                    key,
+                    f"module {module_name!r} has no attribute {attr!r}",
+                    f"define {attr} in {module_name}, or fix the name",
+                )
+            ]
     return obj, []
 
 
@@ -69,11 +85,21 @@ def check_component(obj: Any, slot: str, key: str, kwargs: dict, reference: str)
     base = _slot_base(slot)
     if not (isinstance(obj, type) and issubclass(obj, base)):
         what = f"a {type(obj).__name__}" if not isinstance(obj, type) else f"class {obj.__name__}"
-        return [error(key, f"{reference} is {what}, not a subclass of {base.__module__}.{base.__name__}; refused, never called",
-                      f"name a class that extends {base.__name__}")]
+        return [
+            error(
+                key,
+                f"{reference} is {what}, not a subclass of {base.__module__}.{base.__name__}; refused, never called",
+                f"name a class that extends {base.__name__}",
+            )
+        ]
     if inspect.isabstract(obj):
-        return [error(key, f"{reference} is abstract (it does not implement {', '.join(sorted(obj.__abstractmethods__))})",
-                      "name a concrete subclass")]
+        return [
+            error(
+                key,
+                f"{reference} is abstract (it does not implement {', '.join(sorted(obj.__abstractmethods__))})",
+                "name a concrete subclass",
+            )
+        ]
     return _bind(obj, kwargs, key + ".kwargs", reference)
 
 
@@ -96,22 +122,48 @@ def check_factory(obj: Any, key: str, kwargs: dict, reference: str) -> list[Prob
     from ditty.models.registry import ModelSpec
 
     if isinstance(obj, ModelSpec):  # a spec builds `obj.build` with its config updated by kwargs
-        return check_factory(obj.build, key, {**obj.config, **kwargs}, reference) if inspect.isfunction(obj.build) \
-            or isinstance(obj.build, type) else []
+        return (
+            check_factory(obj.build, key, {**obj.config, **kwargs}, reference)
+            if inspect.isfunction(obj.build) or isinstance(obj.build, type)
+            else []
+        )
     if isinstance(obj, type):
         if not issubclass(obj, torch.nn.Module):
-            return [error(key, f"{reference} is class {obj.__name__}, not a torch.nn.Module", "name an nn.Module class or a factory function")]
+            return [
+                error(
+                    key,
+                    f"{reference} is class {obj.__name__}, not a torch.nn.Module",
+                    "name an nn.Module class or a factory function",
+                )
+            ]
         return _bind(obj, kwargs, "model.factory_kwargs", reference)
     if not inspect.isfunction(obj):
-        return [error(key, f"{reference} is a {type(obj).__name__}, not a Python function or nn.Module class; refused, never called",
-                      "name a function defined in Python that returns the model")]
+        return [
+            error(
+                key,
+                f"{reference} is a {type(obj).__name__}, not a Python function or nn.Module class; refused, "
+                "never called",
+                "name a function defined in Python that returns the model",
+            )
+        ]
     returned = _return_type(obj)
     if returned is None:
-        return [error(key, f"{reference} has no return annotation, so the compiler cannot tell that it returns an nn.Module "
-                      "without calling it", f"annotate it: def {obj.__name__}(...) -> torch.nn.Module")]
+        return [
+            error(
+                key,
+                f"{reference} has no return annotation, so the compiler cannot tell that it returns an nn.Module "
+                "without calling it",
+                f"annotate it: def {obj.__name__}(...) -> torch.nn.Module",
+            )
+        ]
     if not (isinstance(returned, type) and issubclass(returned, torch.nn.Module)):
-        return [error(key, f"{reference} is annotated to return {getattr(returned, '__name__', returned)}, not a torch.nn.Module",
-                      "return the model instance (an nn.Module)")]
+        return [
+            error(
+                key,
+                f"{reference} is annotated to return {getattr(returned, '__name__', returned)}, not a torch.nn.Module",
+                "return the model instance (an nn.Module)",
+            )
+        ]
     return _bind(obj, kwargs, "model.factory_kwargs", reference)
 
 
@@ -128,15 +180,22 @@ def _return_type(function: Any) -> Optional[Any]:
     if isinstance(returned, str) or returned is None or returned is type(None):
         return None if returned in (None, type(None)) else returned
     args = [a for a in typing.get_args(returned) if a is not type(None)]  # Optional[Module] / Module | X
-    return args[0] if typing.get_origin(returned) is typing.Union and len(args) == 1 else \
-        returned if not typing.get_origin(returned) else None
+    return (
+        args[0]
+        if typing.get_origin(returned) is typing.Union and len(args) == 1
+        else returned
+        if not typing.get_origin(returned)
+        else None
+    )
 
 
 def contract_of(obj: Any) -> Any:
     return getattr(obj, "contract", None)
 
 
-def chain_problems(pre: list, model_name: str, model_contract: Any, post: list, loss: Any, loss_name: str) -> list[Problem]:
+def chain_problems(
+    pre: list, model_name: str, model_contract: Any, post: list, loss: Any, loss_name: str
+) -> list[Problem]:
     """check_chain over (name, instance) lists; `loss` may be a CompositeLoss (its parts' indices)."""
     stages = [Stage(name, contract_of(p), "preprocessor") for name, p in pre]
     stages.append(Stage(model_name, model_contract, "model"))
@@ -151,8 +210,14 @@ def chain_problems(pre: list, model_name: str, model_contract: Any, post: list, 
 def check_instances(pre: list, model: Any, post: list, loss: Any, *, model_name: Optional[str] = None) -> list[Problem]:
     """The contract chain of Python API objects, named by class (used by ditty.pipeline)."""
     named = lambda items, slot: [(f"{slot}[{i}] ({type(p).__name__})", p) for i, p in enumerate(items)]  # noqa: E731
-    return chain_problems(named(pre, "preprocessors"), model_name or f"model ({type(model).__name__})", contract_of(model),
-                          named(post, "postprocessors"), loss, f"loss ({type(loss).__name__})")
+    return chain_problems(
+        named(pre, "preprocessors"),
+        model_name or f"model ({type(model).__name__})",
+        contract_of(model),
+        named(post, "postprocessors"),
+        loss,
+        f"loss ({type(loss).__name__})",
+    )
 
 
 @rule("pipeline.components")
@@ -170,8 +235,11 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
         return  # reported by pipeline.components; nothing unchecked is called
     if not (cfg.pipeline.preprocessors or cfg.pipeline.postprocessors or cfg.pipeline.loss):
         if cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS:
-            yield error("pipeline.loss", f'data.name = "{cfg.data.name}" is not text: the default causal-LM loss cannot train on it',
-                        'add [[pipeline.loss]] use = "ditty.loss:MSELoss" (and the stages that make its target)')
+            yield error(
+                "pipeline.loss",
+                f'data.name = "{cfg.data.name}" is not text: the default causal-LM loss cannot train on it',
+                'add [[pipeline.loss]] use = "ditty.loss:MSELoss" (and the stages that make its target)',
+            )
         return
     instances: dict[str, list] = {}
     for slot in SLOTS:
@@ -197,8 +265,14 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
         loss, loss_name = CausalLMLoss(), "pipeline.loss (default CausalLMLoss)"
     model_contract = contract_of(resolved["factory"]) if resolved["factory"] is not None else None
     model_name = f"model.factory ({cfg.model.factory})" if cfg.model.factory else "model"
-    problems = chain_problems([(n, p) for n, p, _ in instances["preprocessors"]], model_name, model_contract,
-                              [(n, p) for n, p, _ in instances["postprocessors"]], loss, loss_name)
+    problems = chain_problems(
+        [(n, p) for n, p, _ in instances["preprocessors"]],
+        model_name,
+        model_contract,
+        [(n, p) for n, p, _ in instances["postprocessors"]],
+        loss,
+        loss_name,
+    )
     for problem in problems:
         if problem.rule == "contract.unchecked":
             yield warning(problem.key, problem.message, problem.fix)
@@ -240,8 +314,11 @@ def image_data_extra(ctx: Context) -> Iterator[Problem]:
 
     data = ctx.config.data
     if data.source == "builtin" and data.name == "digits" and importlib.util.find_spec("sklearn") is None:
-        yield error("data.name", 'data.name = "digits" needs scikit-learn, which is not installed',
-                    'pip install "ditty[diffusion]" (or pip install scikit-learn)')
+        yield error(
+            "data.name",
+            'data.name = "digits" needs scikit-learn, which is not installed',
+            'pip install "ditty[diffusion]" (or pip install scikit-learn)',
+        )
 
 
 BUILTIN_CONVERTERS = {"peft": "the [peft] adapter", "fp8": "the float8 linears of [fp8]"}
@@ -262,23 +339,36 @@ def model_converters(ctx: Context) -> Iterator[Problem]:
         if name in BUILTIN_CONVERTERS:
             if not configured[name]:
                 section = "peft.kind" if name == "peft" else "fp8.enabled"
-                yield error(key, f"lists {name!r} but {section} leaves {BUILTIN_CONVERTERS[name]} off",
-                            f"set {section}, or remove {name!r} from model.converters")
+                yield error(
+                    key,
+                    f"lists {name!r} but {section} leaves {BUILTIN_CONVERTERS[name]} off",
+                    f"set {section}, or remove {name!r} from model.converters",
+                )
             continue
         if ":" not in name:
-            yield error(key, f"{name!r} is neither a built-in converter ({', '.join(map(repr, BUILTIN_CONVERTERS))}) "
-                             "nor \"package.module:Class\"", "use one of those names, or name your converter class")
+            yield error(
+                key,
+                f"{name!r} is neither a built-in converter ({', '.join(map(repr, BUILTIN_CONVERTERS))}) "
+                'nor "package.module:Class"',
+                "use one of those names, or name your converter class",
+            )
             continue
         obj, problems = resolve(name, key)
         if problems:
             yield from problems
             continue
         if not (isinstance(obj, type) and callable(getattr(obj, "convert", None))):
-            yield error(key, f"{name!r} is not a converter class (a class with convert(model) -> model)",
-                        "see ditty.models.converters.ModelConverter")
+            yield error(
+                key,
+                f"{name!r} is not a converter class (a class with convert(model) -> model)",
+                "see ditty.models.converters.ModelConverter",
+            )
             continue
         yield from _bind(obj, {}, key, name)
     for name, on in configured.items():
         if on and name not in names:
-            yield error(key, f"does not list {name!r}, so {BUILTIN_CONVERTERS[name]} would not apply",
-                        f"add {name!r} where it belongs in the order, or leave model.converters empty for the default")
+            yield error(
+                key,
+                f"does not list {name!r}, so {BUILTIN_CONVERTERS[name]} would not apply",
+                f"add {name!r} where it belongs in the order, or leave model.converters empty for the default",
+            )

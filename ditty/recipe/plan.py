@@ -39,9 +39,18 @@ class Plan:
         train = cfg.train
         rows = [
             ("world size", f"{self.world_size} ({cfg.parallel.kind}, data-parallel size {self.data_parallel_size})"),
-            ("global batch", f"{train.global_batch_size} samples = micro {train.micro_batch_size} x accumulation "
-                             f"{self.accumulation_steps if self.accumulation_steps is not None else '?'} x data-parallel {self.data_parallel_size}"),
-            ("steps", str(self.steps) if self.steps is not None else f"{train.epochs:g} epoch(s), counted once the data is read"),
+            (
+                "global batch",
+                f"{train.global_batch_size} samples = micro {train.micro_batch_size} x accumulation "
+                f"{self.accumulation_steps if self.accumulation_steps is not None else '?'} x data-parallel "
+                f"{self.data_parallel_size}",
+            ),
+            (
+                "steps",
+                str(self.steps)
+                if self.steps is not None
+                else f"{train.epochs:g} epoch(s), counted once the data is read",
+            ),
             ("tokens per step", f"at most {self.tokens_per_step:,}" if self.tokens_per_step else "?"),
             ("precision", f"{train.precision} (weights stored as {cfg.model.dtype})"),
         ]

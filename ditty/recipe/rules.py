@@ -52,6 +52,7 @@ def rule(rule_id: str) -> Callable:
     def register(function: Callable[[Context], Iterator[Problem]]) -> Callable:
         ALL_RULES.append(Rule(rule_id, function, (function.__doc__ or "").strip()))
         return function
+
     return register
 
 
@@ -65,11 +66,31 @@ def warning(key: str, message: str, fix: str = "") -> Problem:
 
 # --- values that must be positive, non-negative, or in a range ----------------------------------
 
-_POSITIVE = ["train.global_batch_size", "train.micro_batch_size", "train.log_every", "train.max_skipped_steps",
-             "data.max_seq_len", "data.num_samples", "optimizer.lr", "optimizer.eps", "peft.r"]
-_NON_NEGATIVE = ["train.eval_every", "train.eval_samples", "train.max_grad_norm", "optimizer.weight_decay",
-                 "optimizer.momentum", "scheduler.warmup_steps", "scheduler.min_lr_ratio", "checkpoint.every",
-                 "checkpoint.keep_last", "peft.dropout", "run.seed", "run.num_threads"]
+_POSITIVE = [
+    "train.global_batch_size",
+    "train.micro_batch_size",
+    "train.log_every",
+    "train.max_skipped_steps",
+    "data.max_seq_len",
+    "data.num_samples",
+    "optimizer.lr",
+    "optimizer.eps",
+    "peft.r",
+]
+_NON_NEGATIVE = [
+    "train.eval_every",
+    "train.eval_samples",
+    "train.max_grad_norm",
+    "optimizer.weight_decay",
+    "optimizer.momentum",
+    "scheduler.warmup_steps",
+    "scheduler.min_lr_ratio",
+    "checkpoint.every",
+    "checkpoint.keep_last",
+    "peft.dropout",
+    "run.seed",
+    "run.num_threads",
+]
 
 
 @functools.cache
@@ -119,6 +140,7 @@ def ranges(ctx: Context) -> Iterator[Problem]:
 
 # --- batch and schedule -------------------------------------------------------------------------
 
+
 @rule("batch.divisible")
 def batch_divisible(ctx: Context) -> Iterator[Problem]:
     """The global batch splits exactly into micro-batches on every data-parallel rank."""
@@ -127,12 +149,18 @@ def batch_divisible(ctx: Context) -> Iterator[Problem]:
     if per_pass <= 0 or train.global_batch_size <= 0:
         return
     if train.global_batch_size % per_pass:
-        options = sorted({per_pass * k for k in (max(1, train.global_batch_size // per_pass), train.global_batch_size // per_pass + 1)})
+        options = sorted(
+            {
+                per_pass * k
+                for k in (max(1, train.global_batch_size // per_pass), train.global_batch_size // per_pass + 1)
+            }
+        )
         yield error(
             "train.global_batch_size",
             f"{train.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
             f"= {train.micro_batch_size} x {ctx.data_parallel_size} = {per_pass}",
-            "set train.global_batch_size to " + " or ".join(str(o) for o in options)
+            "set train.global_batch_size to "
+            + " or ".join(str(o) for o in options)
             + " (or change train.micro_batch_size)",
         )
 
@@ -143,8 +171,11 @@ def warmup_within_training(ctx: Context) -> Iterator[Problem]:
     steps = ctx.config.train.steps
     warmup = ctx.config.scheduler.warmup_steps
     if steps is not None and steps > 0 and warmup >= steps:
-        yield error("scheduler.warmup_steps", f"warmup ({warmup} steps) is not shorter than training ({steps} steps)",
-                    f"set scheduler.warmup_steps below {steps}, e.g. {max(0, steps // 10)}")
+        yield error(
+            "scheduler.warmup_steps",
+            f"warmup ({warmup} steps) is not shorter than training ({steps} steps)",
+            f"set scheduler.warmup_steps below {steps}, e.g. {max(0, steps // 10)}",
+        )
 
 
 @rule("schedule.intervals")
@@ -162,6 +193,7 @@ def intervals(ctx: Context) -> Iterator[Problem]:
 
 # --- paths --------------------------------------------------------------------------------------
 
+
 @rule("paths.output")
 def output_directory(ctx: Context) -> Iterator[Problem]:
     """The run directory must be a directory (or creatable)."""
@@ -169,8 +201,11 @@ def output_directory(ctx: Context) -> Iterator[Problem]:
     if not output.strip():
         yield error("run.output_dir", "is empty", 'set run.output_dir, e.g. "runs/my-run"')
     elif os.path.isfile(output):
-        yield error("run.output_dir", f"{output} is an existing file, not a directory",
-                    "choose another run.output_dir; ditty never overwrites your files")
+        yield error(
+            "run.output_dir",
+            f"{output} is an existing file, not a directory",
+            "choose another run.output_dir; ditty never overwrites your files",
+        )
     else:
         parent = os.path.dirname(os.path.abspath(output))
         while parent and not os.path.exists(parent):
@@ -185,7 +220,11 @@ def data_paths(ctx: Context) -> Iterator[Problem]:
     data = ctx.config.data
     if data.source == "file":
         if not data.path:
-            yield error("data.path", 'is required when data.source = "file"', "set data.path to a .jsonl/.json/.csv/.parquet/.txt file")
+            yield error(
+                "data.path",
+                'is required when data.source = "file"',
+                "set data.path to a .jsonl/.json/.csv/.parquet/.txt file",
+            )
         elif not glob.glob(os.path.expanduser(data.path)):
             yield error("data.path", f"no file matches {data.path}", "check the path (globs like data/*.jsonl work)")
         elif os.path.isdir(data.path):
@@ -194,7 +233,9 @@ def data_paths(ctx: Context) -> Iterator[Problem]:
         if not data.name:
             yield error("data.name", 'is required when data.source = "hub"')
         else:
-            yield warning("data.name", f"hub dataset {data.name!r} cannot be verified offline; it is fetched at build time")
+            yield warning(
+                "data.name", f"hub dataset {data.name!r} cannot be verified offline; it is fetched at build time"
+            )
     if data.val_path and not glob.glob(os.path.expanduser(data.val_path)):
         yield error("data.val_path", f"no file matches {data.val_path}", "check the path")
 
@@ -204,8 +245,11 @@ def resume_path(ctx: Context) -> Iterator[Problem]:
     """`checkpoint.resume` is "auto", "never" or an existing checkpoint."""
     resume = ctx.config.checkpoint.resume
     if resume not in ("auto", "never") and not os.path.exists(resume):
-        yield error("checkpoint.resume", f"{resume!r} is neither \"auto\", \"never\" nor an existing checkpoint path",
-                    "use \"auto\", \"never\" or the path of a checkpoints/step-N folder")
+        yield error(
+            "checkpoint.resume",
+            f'{resume!r} is neither "auto", "never" nor an existing checkpoint path',
+            'use "auto", "never" or the path of a checkpoints/step-N folder',
+        )
 
 
 @rule("model.source")
@@ -223,8 +267,12 @@ def tokenizer_source(ctx: Context) -> Iterator[Problem]:
     """The tokenizer fits the model."""
     cfg = ctx.config
     if cfg.tokenizer.kind == "byte" and cfg.model.resolved_init == "pretrained":
-        yield warning("tokenizer.kind", "the byte tokenizer replaces the pretrained model's own tokenizer: its token ids mean "
-                      "something else to the model", 'use tokenizer.kind = "auto" for the model\'s tokenizer')
+        yield warning(
+            "tokenizer.kind",
+            "the byte tokenizer replaces the pretrained model's own tokenizer: its token ids mean "
+            "something else to the model",
+            'use tokenizer.kind = "auto" for the model\'s tokenizer',
+        )
     if cfg.tokenizer.path and os.path.sep in cfg.tokenizer.path and not os.path.isdir(cfg.tokenizer.path):
         yield error("tokenizer.path", f"{cfg.tokenizer.path} is not a directory")
 
@@ -246,13 +294,36 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "fp8.emulate": ("fp8.enabled", {True}),
     "hub.private": ("hub.push", {"end", "checkpoints"}),
     "logging.wandb_project": ("logging.wandb", {True}),
-    **{f"peft.{name}": ("peft.kind", {"lora", "dora"}) for name in ("r", "alpha", "dropout", "target_modules", "modules_to_save")},
-    **{f"quant.{name}": ("quant.kind", {"bnb-4bit"}) for name in ("quant_type", "double_quant", "compute_dtype", "storage_dtype")},
-    **{f"parallel.{name}": ("parallel.kind", {"fsdp", "hsdp"}) for name in (
-        "param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs", "reshard_after_forward", "cpu_offload",
-        "pin_memory", "sync_grad_accum", "block_classes")},
-    **{f"parallel.{name}": ("parallel.kind", {"ddp"}) for name in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")},
-    **{f"parallel.{name}": ("parallel.kind", {"deepspeed"}) for name in ("zero_stage", "offload_optimizer", "offload_params")},
+    **{
+        f"peft.{name}": ("peft.kind", {"lora", "dora"})
+        for name in ("r", "alpha", "dropout", "target_modules", "modules_to_save")
+    },
+    **{
+        f"quant.{name}": ("quant.kind", {"bnb-4bit"})
+        for name in ("quant_type", "double_quant", "compute_dtype", "storage_dtype")
+    },
+    **{
+        f"parallel.{name}": ("parallel.kind", {"fsdp", "hsdp"})
+        for name in (
+            "param_dtype",
+            "reduce_dtype",
+            "output_dtype",
+            "cast_forward_inputs",
+            "reshard_after_forward",
+            "cpu_offload",
+            "pin_memory",
+            "sync_grad_accum",
+            "block_classes",
+        )
+    },
+    **{
+        f"parallel.{name}": ("parallel.kind", {"ddp"})
+        for name in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
+    },
+    **{
+        f"parallel.{name}": ("parallel.kind", {"deepspeed"})
+        for name in ("zero_stage", "offload_optimizer", "offload_params")
+    },
     **{f"parallel.{name}": ("parallel.kind", {"hsdp"}) for name in ("replicate_size", "shard_size")},
     **{f"data.{name}": ("data.format", {"text"}) for name in ("text_column",)},
     **{f"data.{name}": ("data.format", {"prompt_completion"}) for name in ("prompt_column", "completion_column")},
@@ -266,8 +337,11 @@ def settings_without_effect(ctx: Context) -> Iterator[Problem]:
     """A value the user set that the chosen kind ignores is a warning, never silence."""
     for path, (chooser, users) in _OPTION_USED_BY.items():
         if ctx.is_set(path) and _get(ctx.config, chooser) not in users:
-            yield warning(path, f"has no effect because {chooser} = {_show(_get(ctx.config, chooser))}",
-                          f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)))
+            yield warning(
+                path,
+                f"has no effect because {chooser} = {_show(_get(ctx.config, chooser))}",
+                f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)),
+            )
     leaves = {leaf.path for leaf in walk_leaves(type(ctx.config))}
     if ctx.is_set("train.epochs") and ctx.config.train.steps is not None and "train.steps" in leaves:
         yield warning("train.epochs", "has no effect because train.steps is set", "remove one of them")
@@ -280,11 +354,17 @@ def dtype_agreement(ctx: Context) -> Iterator[Problem]:
     stored = cfg.model.dtype
     compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.train.precision]
     if stored not in ("auto", compute) and not (stored == "float32" and compute != "float32"):
-        yield warning("model.dtype", f"weights stored as {stored} but train.precision is {cfg.train.precision}: "
-                      f"the computation runs in {compute} where autocast applies, the weights and optimizer state stay {stored}")
+        yield warning(
+            "model.dtype",
+            f"weights stored as {stored} but train.precision is {cfg.train.precision}: "
+            f"the computation runs in {compute} where autocast applies, the weights and optimizer state stay {stored}",
+        )
     if cfg.train.precision != "fp32" and cfg.run.device == "cpu":
-        yield warning("train.precision", f"{cfg.train.precision} on the CPU is very slow (no low-precision units on most CPUs)",
-                      "use fp32 for CPU training")
+        yield warning(
+            "train.precision",
+            f"{cfg.train.precision} on the CPU is very slow (no low-precision units on most CPUs)",
+            "use fp32 for CPU training",
+        )
 
 
 @rule("hub.repo")
@@ -328,19 +408,31 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
     if not cfg.data.packing:
         return
     if cfg.model.factory:
-        yield error("data.packing", "a custom model (model.factory) gets no block-diagonal attention mask, so packed samples would see each other",
-                    "set data.packing = false")
+        yield error(
+            "data.packing",
+            "a custom model (model.factory) gets no block-diagonal attention mask, so packed samples would "
+            "see each other",
+            "set data.packing = false",
+        )
         return
     if cfg.model.attn_implementation == "flash_attention_2":
-        yield error("data.packing", "flash_attention_2 takes no 4-D mask, so ditty cannot isolate packed samples with it",
-                    'use model.attn_implementation = "sdpa" (or "eager") with packing')
+        yield error(
+            "data.packing",
+            "flash_attention_2 takes no 4-D mask, so ditty cannot isolate packed samples with it",
+            'use model.attn_implementation = "sdpa" (or "eager") with packing',
+        )
     try:
         from ditty.models import read_model_type, supports_packed_attention
     except ImportError:
         return
     model_type = read_model_type(cfg.model)
     if model_type is None:
-        yield warning("data.packing", "cannot tell offline whether this model isolates packed samples; checked when it loads")
+        yield warning(
+            "data.packing", "cannot tell offline whether this model isolates packed samples; checked when it loads"
+        )
     elif not supports_packed_attention(model_type):
-        yield error("data.packing", f"{model_type} models cannot isolate packed samples (attention would leak across samples)",
-                    "set data.packing = false (data.group_by_length = true cuts padding instead)")
+        yield error(
+            "data.packing",
+            f"{model_type} models cannot isolate packed samples (attention would leak across samples)",
+            "set data.packing = false (data.group_by_length = true cuts padding instead)",
+        )

@@ -66,7 +66,8 @@ class Builders:
 
         cfg, components = self.config, getattr(self, "components", None)
         non_text = (components is not None and components.has_data) or (
-            cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS)
+            cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS
+        )
         if non_text and cfg.tokenizer.kind == "auto" and not cfg.tokenizer.source(cfg.model):
             return None
         return build_tokenizer(cfg.tokenizer, cfg.model)
@@ -116,9 +117,13 @@ class Builders:
 
         model = distributed.parallelize(model, self.config, getattr(self, "mesh", None))
         if getattr(self, "meta_source", None):
-            model = distributed.load_meta_weights(model, self.meta_source, self.device,
-                                                  rank0_tensors=getattr(self, "_meta_rank0_tensors", None),
-                                                  quantized=self.config.quant.kind != "none")
+            model = distributed.load_meta_weights(
+                model,
+                self.meta_source,
+                self.device,
+                rank0_tensors=getattr(self, "_meta_rank0_tensors", None),
+                quantized=self.config.quant.kind != "none",
+            )
             self._meta_rank0_tensors = None  # sent (and emptied) by the load
         return model
 
@@ -151,8 +156,11 @@ class Builders:
                 module, _, attr = name.partition(":")
                 converters.append(getattr(importlib.import_module(module), attr)())
             else:
-                raise RecipeError.single(f"model.converters lists {name!r}, which is not configured",
-                                         key="model.converters", fix="run `ditty check` on the recipe")
+                raise RecipeError.single(
+                    f"model.converters lists {name!r}, which is not configured",
+                    key="model.converters",
+                    fix="run `ditty check` on the recipe",
+                )
         return converters
 
     def build_threads(self) -> None:
@@ -169,9 +177,13 @@ class Builders:
             from ditty.data.generic import GenericData
 
             seed = self.config.data.shuffle_seed if self.config.data.shuffle_seed is not None else self.config.run.seed
-            return GenericData(train=components.dataloader if components.dataloader is not None else components.dataset,
-                               val=components.val_dataset, task=components.task, seed=seed,
-                               collate_fn=components.collate_fn)
+            return GenericData(
+                train=components.dataloader if components.dataloader is not None else components.dataset,
+                val=components.val_dataset,
+                task=components.task,
+                seed=seed,
+                collate_fn=components.collate_fn,
+            )
         from ditty.data import build_data
 
         data = build_data(self.config.data, self.tokenizer, self.config.run.seed)
@@ -199,8 +211,11 @@ class Builders:
         if no_loss and spec is not None and spec.make_loss() is not None:
             pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
         if getattr(self.data, "generic", False) and no_loss:
-            raise RecipeError.single("non-text data needs a loss: the default causal-LM loss needs token labels",
-                                     key="pipeline.loss", fix='add [[pipeline.loss]] use = "ditty.loss:MSELoss" (or pass loss_calculator=)')
+            raise RecipeError.single(
+                "non-text data needs a loss: the default causal-LM loss needs token labels",
+                key="pipeline.loss",
+                fix='add [[pipeline.loss]] use = "ditty.loss:MSELoss" (or pass loss_calculator=)',
+            )
         return pipeline
 
     def build_grad_accum(self) -> int:
@@ -209,7 +224,8 @@ class Builders:
         per_step = t.micro_batch_size * self.world_size
         if t.global_batch_size % per_step:
             raise RecipeError.single(
-                f"train.global_batch_size = {t.global_batch_size} is not a multiple of micro_batch_size x world size = {per_step}",
+                f"train.global_batch_size = {t.global_batch_size} is not a multiple of micro_batch_size x "
+                f"world size = {per_step}",
                 key="train.global_batch_size",
                 fix=f"use a multiple of {per_step}, e.g. {max(per_step, t.global_batch_size // per_step * per_step)}",
             )
@@ -224,9 +240,15 @@ class Builders:
 
             if self.data.is_loader:
                 return LoaderStream(self.data.train, accumulation_steps=self.grad_accum)
-            return GenericStream(self.data.train, global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
-                                 rank=self.rank, world_size=self.world_size, seed=self.data.seed,
-                                 collate_fn=self.data.collate_fn)
+            return GenericStream(
+                self.data.train,
+                global_batch_size=t.global_batch_size,
+                micro_batch_size=t.micro_batch_size,
+                rank=self.rank,
+                world_size=self.world_size,
+                seed=self.data.seed,
+                collate_fn=self.data.collate_fn,
+            )
         return BatchStream(
             self.data.train,
             global_batch_size=t.global_batch_size,
@@ -274,9 +296,14 @@ class Builders:
             return None
         from ditty.train import deepspeed_engine
 
-        engine, self.optimizer = deepspeed_engine.initialize(self.model, self.optimizer, self.config,
-                                                             accumulation_steps=self.grad_accum,
-                                                             world_size=self.world_size, device=self.device)
+        engine, self.optimizer = deepspeed_engine.initialize(
+            self.model,
+            self.optimizer,
+            self.config,
+            accumulation_steps=self.grad_accum,
+            world_size=self.world_size,
+            device=self.device,
+        )
         self.model = engine
         self._deepspeed_skipped = engine.skipped_steps  # finish_step reports the steps the engine skips after this
         return engine
@@ -292,8 +319,13 @@ class Builders:
         run_dir = self.config.run.output_dir
         if is_main_process():
             os.makedirs(run_dir, exist_ok=True)
-            info = run_env.environment(self.model, world_size=self.world_size, seed=self.config.run.seed, device=self.device,
-                                       extra={"grad_accum": self.grad_accum, "total_steps": self.total_steps})
+            info = run_env.environment(
+                self.model,
+                world_size=self.world_size,
+                seed=self.config.run.seed,
+                device=self.device,
+                extra={"grad_accum": self.grad_accum, "total_steps": self.total_steps},
+            )
             run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
             write_recipe(run_dir, self.config, self.trainer_ref())
             if getattr(self, "components", None) is not None:
@@ -313,7 +345,7 @@ class Builders:
         return build_logger(self.config.logging, self.run_dir, run_name=self.config.run.name, append=resuming)
 
     def trainer_ref(self):
-        """"pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml), None for ditty's own."""
+        """ "pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml), None for ditty's own."""
         cls = type(self)
         if cls.__module__ == "ditty.train.trainer":
             return None

@@ -37,14 +37,25 @@ log = logging.getLogger("ditty.train")
 # Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
 # resume: where things go and how often they are logged, evaluated, saved or pushed.
 IGNORED = (
-    "run.output_dir", "run.name", "run.num_threads", "logging.", "hub.", "train.eval_every", "train.eval_samples",
-    "train.log_every", "checkpoint.every", "checkpoint.keep_last", "checkpoint.async_save",
-    "checkpoint.resume", "checkpoint.force_resume",
+    "run.output_dir",
+    "run.name",
+    "run.num_threads",
+    "logging.",
+    "hub.",
+    "train.eval_every",
+    "train.eval_samples",
+    "train.log_every",
+    "checkpoint.every",
+    "checkpoint.keep_last",
+    "checkpoint.async_save",
+    "checkpoint.resume",
+    "checkpoint.force_resume",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
 
 
 # ---------------------------------------------------------------------------- recipe comparison
+
 
 def _default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -84,14 +95,20 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
         old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
         if old == new or _ignored(key):
             continue
-        if key == "train.steps" and isinstance(new, int) and (old is None or isinstance(old, int)) and new >= step \
-                and (old is None or new >= old):
+        if (
+            key == "train.steps"
+            and isinstance(new, int)
+            and (old is None or isinstance(old, int))
+            and new >= step
+            and (old is None or new >= old)
+        ):
             continue  # more steps: allowed, the schedule is rebuilt for the new total
         lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)}")
     return lines
 
 
 # ---------------------------------------------------------------------------- the resume decision
+
 
 @dataclass
 class ResumePlan:
@@ -114,9 +131,10 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
     if ckpt_cfg.resume == "never":
         if holds_run:
             raise RecipeError.single(
-                f"{out!r} already holds a run and checkpoint.resume = \"never\"; nothing was touched",
+                f'{out!r} already holds a run and checkpoint.resume = "never"; nothing was touched',
                 key="checkpoint.resume",
-                fix="choose a new run.output_dir, remove the old run, or set checkpoint.resume = \"auto\" to continue it")
+                fix='choose a new run.output_dir, remove the old run, or set checkpoint.resume = "auto" to continue it',
+            )
         return ResumePlan()
     if ckpt_cfg.resume == "auto":
         root = Path(out) / "checkpoints"
@@ -139,7 +157,8 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
                 f"training:\n    " + "\n    ".join(diffs),
                 key="checkpoint.resume",
                 fix=f"run the saved recipe ({os.path.join(out, 'recipe.toml')}), choose a new run.output_dir "
-                    f"to start afresh, or add --checkpoint.force_resume true to continue with the new values")
+                f"to start afresh, or add --checkpoint.force_resume true to continue with the new values",
+            )
         if diffs:
             log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
     from ditty.train.deepspeed_engine import check_engine_state
@@ -148,8 +167,10 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
     steps = config.train.steps
     if steps is not None and step > steps:
         raise RecipeError.single(
-            f"checkpoint {found} is at step {step}, past train.steps = {steps}", key="train.steps",
-            fix=f"use train.steps >= {step}, or a new run.output_dir")
+            f"checkpoint {found} is at step {step}, past train.steps = {steps}",
+            key="train.steps",
+            fix=f"use train.steps >= {step}, or a new run.output_dir",
+        )
     target = steps if steps is not None else doc.get("total_steps")
     final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
     if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
@@ -179,6 +200,7 @@ def truncate_metrics(run_dir: str, step: int) -> None:
 
 # ---------------------------------------------------------------------------- saving and loading
 
+
 class Checkpointer:
     """Saves and restores one trainer's state through a `CheckpointManager`."""
 
@@ -190,8 +212,9 @@ class Checkpointer:
         cfg = trainer.config.checkpoint
         # DeepSpeed writes its own files synchronously (save_checkpoint), inside ditty's step-N directory.
         self.engine = getattr(trainer, "engine", None)
-        self.manager = CheckpointManager(trainer.run_dir, keep_last=cfg.keep_last,
-                                         async_save=cfg.async_save and self.engine is None)
+        self.manager = CheckpointManager(
+            trainer.run_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and self.engine is None
+        )
         self.last_saved_step: Optional[int] = None
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
@@ -281,8 +304,9 @@ class Checkpointer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self.stop_signal = signum
         if is_main_process():
-            print(f"\nreceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint",
-                  flush=True)
+            print(
+                f"\nreceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True
+            )
 
     def stop_requested(self) -> bool:
         """Whether any rank was signalled (one small all-reduce per step when there are several)."""
@@ -294,6 +318,7 @@ class Checkpointer:
 
 
 # ---------------------------------------------------------------------------- the Hub
+
 
 def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
     """Push `folder` to `hub.repo_id` with a model card (rank 0). A failure is reported, not raised:
@@ -307,10 +332,17 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
         recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
         recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
         metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
-        write_model_card(folder, base_model=cfg.model.path, recipe_text=recipe_text, metrics=metrics,
-                         adapter=cfg.peft.kind != "none", title=cfg.run.name)
-        return push_folder(folder, repo_id=cfg.hub.repo_id, private=cfg.hub.private, commit_message=message,
-                           run_dir=trainer.run_dir)
+        write_model_card(
+            folder,
+            base_model=cfg.model.path,
+            recipe_text=recipe_text,
+            metrics=metrics,
+            adapter=cfg.peft.kind != "none",
+            title=cfg.run.name,
+        )
+        return push_folder(
+            folder, repo_id=cfg.hub.repo_id, private=cfg.hub.private, commit_message=message, run_dir=trainer.run_dir
+        )
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)
         return None
@@ -338,6 +370,8 @@ def push_checkpoint_snapshot(trainer: Any) -> None:
 
 
 def preempted_message(trainer: Any, signum: int) -> str:
-    return (f"stopped by {signal.Signals(signum).name} after step {trainer.state.step}; checkpoint saved in "
-            f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
-            f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint).")
+    return (
+        f"stopped by {signal.Signals(signum).name} after step {trainer.state.step}; checkpoint saved in "
+        f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
+        f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint)."
+    )

@@ -55,7 +55,9 @@ def describe(value: Any, *, each: bool = False) -> str:
     name = name or type(value).__qualname__
     sized = getattr(value, "dataset", value)  # a DataLoader's len() counts batches: count its dataset's samples
     try:
-        countable = hasattr(sized, "__len__") and not isinstance(sized, (str, bytes, dict)) and not hasattr(sized, "forward")
+        countable = (
+            hasattr(sized, "__len__") and not isinstance(sized, (str, bytes, dict)) and not hasattr(sized, "forward")
+        )
         size = f" of {len(sized)} samples" if countable else ""
     except TypeError:
         size = ""
@@ -68,8 +70,10 @@ def annotate_recipe(run_dir: str, components: RuntimeComponents) -> None:
     path = os.path.join(run_dir, "recipe.toml")
     if not given or not os.path.exists(path):
         return
-    lines = ["# This run was built from Python objects (ditty.pipeline.Pipeline or RuntimeComponents):",
-             "# it is NOT re-runnable from this file alone. The objects, which replace the sections below:"]
+    lines = [
+        "# This run was built from Python objects (ditty.pipeline.Pipeline or RuntimeComponents):",
+        "# it is NOT re-runnable from this file alone. The objects, which replace the sections below:",
+    ]
     lines += [f"# {name}: {describe(value, each=name.endswith('processors'))}" for name, value in given.items()]
     with open(path, encoding="utf-8") as f:
         text = f.read()

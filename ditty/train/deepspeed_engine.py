@@ -50,26 +50,44 @@ def ensure_process_group(device: torch.device) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
-                       ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+    for key, value in (
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(port)),
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+    ):
         os.environ.setdefault(key, value)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
-def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, config: Any, *, accumulation_steps: int,
-               world_size: int, device: torch.device):
+def initialize(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    *,
+    accumulation_steps: int,
+    world_size: int,
+    device: torch.device,
+):
     """Wrap `model` and `optimizer` in a DeepSpeed engine; returns (engine, engine's optimizer)."""
     from ditty.parallel.deepspeed import deepspeed_config, require_deepspeed
 
     select_accelerator(device)
     deepspeed = require_deepspeed()
     ensure_process_group(device)
-    ds_config = deepspeed_config(config.parallel, micro_batch_size=config.train.micro_batch_size,
-                                 accumulation_steps=accumulation_steps, world_size=world_size,
-                                 precision=config.train.precision, max_grad_norm=config.train.max_grad_norm,
-                                 pin_memory=device.type == "cuda")
-    engine, engine_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
-                                                          dist_init_required=False)
+    ds_config = deepspeed_config(
+        config.parallel,
+        micro_batch_size=config.train.micro_batch_size,
+        accumulation_steps=accumulation_steps,
+        world_size=world_size,
+        precision=config.train.precision,
+        max_grad_norm=config.train.max_grad_norm,
+        pin_memory=device.type == "cuda",
+    )
+    engine, engine_optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
+    )
     return engine, engine_optimizer
 
 
@@ -92,6 +110,7 @@ def step_figures(engine: Any, skipped_before: int) -> tuple[float, bool]:
 
 
 # ---------------------------------------------------------------------------- final weights
+
 
 def full_state_dict(engine: Any) -> Optional[dict[str, torch.Tensor]]:
     """ZeRO-3: the module's full state dict on rank 0 (CPU), None elsewhere; every rank must call it.
@@ -120,6 +139,7 @@ def full_state_dict(engine: Any) -> Optional[dict[str, torch.Tensor]]:
 
 # ---------------------------------------------------------------------------- checkpoints
 
+
 def save_engine(engine: Any, checkpoint_dir: str) -> None:
     """Every rank writes its partition of the model and optimizer state with DeepSpeed's own API."""
     engine.save_checkpoint(os.path.join(checkpoint_dir, ENGINE_DIR), tag=ENGINE_TAG, save_latest=False)
@@ -136,14 +156,18 @@ def check_engine_state(checkpoint_dir: Any, kind: str, saved_world_size: Optiona
     if has_engine_state != (kind == "deepspeed"):
         raise RecipeError.single(
             f"checkpoint {checkpoint_dir} was written by {'DeepSpeed' if has_engine_state else 'a non-DeepSpeed run'}; "
-            f"this run has parallel.kind = {kind!r}", key="parallel.kind",
-            fix="resume with the parallel.kind that wrote the checkpoint, or start a new run")
+            f"this run has parallel.kind = {kind!r}",
+            key="parallel.kind",
+            fix="resume with the parallel.kind that wrote the checkpoint, or start a new run",
+        )
     current = world_size()
     if has_engine_state and saved_world_size is not None and saved_world_size != current:
         raise RecipeError.single(
             f"checkpoint {checkpoint_dir} was written by {saved_world_size} DeepSpeed processes, this run has "
             f"{current}; DeepSpeed's checkpoint files are partitioned per process",
-            key="checkpoint.resume", fix=f"resume with {saved_world_size} processes in all, or start a new run")
+            key="checkpoint.resume",
+            fix=f"resume with {saved_world_size} processes in all, or start a new run",
+        )
 
 
 def load_engine(engine: Any, checkpoint_dir: str) -> None:
@@ -152,17 +176,22 @@ def load_engine(engine: Any, checkpoint_dir: str) -> None:
 
     path = os.path.join(checkpoint_dir, ENGINE_DIR)
     if not os.path.isdir(os.path.join(path, ENGINE_TAG)):
-        raise RecipeError.single(f"checkpoint {checkpoint_dir} holds no DeepSpeed state (was it written by another "
-                                 "parallel.kind?)", key="checkpoint.resume",
-                                 fix="resume with the parallel.kind that wrote it, or start a new run")
-    loaded, _ = engine.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
-                                       load_lr_scheduler_states=False)
+        raise RecipeError.single(
+            f"checkpoint {checkpoint_dir} holds no DeepSpeed state (was it written by another parallel.kind?)",
+            key="checkpoint.resume",
+            fix="resume with the parallel.kind that wrote it, or start a new run",
+        )
+    loaded, _ = engine.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
     if loaded is None:
-        raise RecipeError.single(f"DeepSpeed could not load {path}", key="checkpoint.resume",
-                                 fix="resume from another checkpoint, or start a new run")
+        raise RecipeError.single(
+            f"DeepSpeed could not load {path}",
+            key="checkpoint.resume",
+            fix="resume from another checkpoint, or start a new run",
+        )
 
 
 # ---------------------------------------------------------------------------- the step's figures
+
 
 def finish_step(trainer: Any, loss: torch.Tensor, tokens: torch.Tensor, supervised: torch.Tensor, metrics: dict):
     """The StepOutput of a step the engine has already taken (at the last micro-batch's `engine.step()`).
@@ -185,16 +214,19 @@ def finish_step(trainer: Any, loss: torch.Tensor, tokens: torch.Tensor, supervis
     loss_value, tokens_value, supervised_value = values.tolist()
     if not skipped and not (math.isfinite(loss_value) and math.isfinite(norm_value)):
         raise NonFiniteLossError(
-            f"stopping: step {trainer.state.step + 1} had a non-finite {'loss' if not math.isfinite(loss_value) else 'gradient'} "
-            f"and DeepSpeed applied it. Try a lower optimizer.lr, train.max_grad_norm, or train.precision = \"fp32\". "
-            f"Files already in {trainer.config.run.output_dir} are kept; no final model was written.")
+            f"stopping: step {trainer.state.step + 1} had a non-finite "
+            f"{'loss' if not math.isfinite(loss_value) else 'gradient'} "
+            f'and DeepSpeed applied it. Try a lower optimizer.lr, train.max_grad_norm, or train.precision = "fp32". '
+            f"Files already in {trainer.config.run.output_dir} are kept; no final model was written."
+        )
     lr = trainer.optimizer.param_groups[0]["lr"]
     with warnings.catch_warnings():  # torch warns when the scheduler steps before any optimizer step
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
         trainer.scheduler.step()
     reason = "fp16 overflow (DeepSpeed lowered the loss scale)" if skipped else ""
-    return StepOutput(loss_value, norm_value, int(tokens_value), int(supervised_value), skipped, reason,
-                      metrics | {"lr": lr})
+    return StepOutput(
+        loss_value, norm_value, int(tokens_value), int(supervised_value), skipped, reason, metrics | {"lr": lr}
+    )
 
 
 def memory_figures(engine: Any) -> tuple[int, int]:
@@ -220,12 +252,18 @@ def load_weights_for_export(model: nn.Module, checkpoint_dir: str, *, strict: bo
 
     path = os.path.join(checkpoint_dir, ENGINE_DIR)
     if not os.path.isdir(os.path.join(path, ENGINE_TAG)):
-        raise RecipeError.single(f"checkpoint {checkpoint_dir} holds no DeepSpeed state", key="checkpoint.resume",
-                                 fix="export a checkpoint of the run that wrote it")
+        raise RecipeError.single(
+            f"checkpoint {checkpoint_dir} holds no DeepSpeed state",
+            key="checkpoint.resume",
+            fix="export a checkpoint of the run that wrote it",
+        )
     state = get_fp32_state_dict_from_zero_checkpoint(path, tag=ENGINE_TAG)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if strict or "lora_" in k]  # an adapter run saves the frozen base too
     if missing or unexpected:
-        raise RecipeError.single(f"checkpoint {checkpoint_dir} does not fit the recipe's model (missing "
-                                 f"{missing[:3]}, unexpected {unexpected[:3]})", key="checkpoint.resume",
-                                 fix="export with the recipe the run was trained with")
+        raise RecipeError.single(
+            f"checkpoint {checkpoint_dir} does not fit the recipe's model (missing "
+            f"{missing[:3]}, unexpected {unexpected[:3]})",
+            key="checkpoint.resume",
+            fix="export with the recipe the run was trained with",
+        )

@@ -92,7 +92,9 @@ def parallelize(model: nn.Module, config: Any, mesh: Any, *, block_classes: Opti
         return model
     from ditty.parallel import apply_parallelism
 
-    return apply_parallelism(model, config.parallel, mesh, precision=config.train.precision, block_classes=block_classes)
+    return apply_parallelism(
+        model, config.parallel, mesh, precision=config.train.precision, block_classes=block_classes
+    )
 
 
 def micro_batch_sync(model: nn.Module, config: Any, index: int, count: int):
@@ -168,8 +170,10 @@ def memory_record(trainer: Any) -> dict[str, Any]:
     trainer._memory_reported = True
     figures = memory_figures(trainer.model, trainer.optimizer)
     if dist.get_rank() == 0 if is_distributed() else True:
-        _add_to_env(trainer.run_dir, {"memory": {**figures, "world_size": trainer.world_size,
-                                                 "parallel": trainer.config.parallel.kind}})
+        _add_to_env(
+            trainer.run_dir,
+            {"memory": {**figures, "world_size": trainer.world_size, "parallel": trainer.config.parallel.kind}},
+        )
     return record
 
 
@@ -209,8 +213,14 @@ def full_state_dict(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     return state if dist.get_rank() == 0 else None
 
 
-def load_meta_weights(model: nn.Module, model_dir: Optional[str], device: torch.device, *,
-                      rank0_tensors: Optional[dict[str, torch.Tensor]] = None, quantized: bool = False) -> nn.Module:
+def load_meta_weights(
+    model: nn.Module,
+    model_dir: Optional[str],
+    device: torch.device,
+    *,
+    rank0_tensors: Optional[dict[str, torch.Tensor]] = None,
+    quantized: bool = False,
+) -> nn.Module:
     """Fill a sharded model built on the meta device (every rank calls it, after `parallelize`).
 
     Full finetune: rank 0 reads the safetensors directory tensor by tensor. Quantized base
@@ -253,7 +263,9 @@ def meta_build_source(config: Any, components: Any) -> Optional[str]:
     quantized = config.quant.kind != "none"
     if quantized and not _low_memory_qlora(config):
         return None
-    if not quantized and config.peft.kind != "none":  # peft would create the adapter on the meta device of its base layer
+    if (
+        not quantized and config.peft.kind != "none"
+    ):  # peft would create the adapter on the meta device of its base layer
         return None
     if m.resolved_init != "pretrained" or not m.path:
         return None
@@ -261,16 +273,21 @@ def meta_build_source(config: Any, components: Any) -> Optional[str]:
     if dist.get_rank() == 0 and os.path.isdir(m.path):
         # rank 0 loads a quantized base with from_pretrained (any format it reads); a full finetune
         # streams safetensors.
-        has_weights = quantized or any(os.path.exists(os.path.join(m.path, name)) for name in
-                                       ("model.safetensors", "model.safetensors.index.json"))
+        has_weights = quantized or any(
+            os.path.exists(os.path.join(m.path, name)) for name in ("model.safetensors", "model.safetensors.index.json")
+        )
         source = m.path if has_weights else None
     return share_from_rank0(source)
 
 
 def _low_memory_qlora(config: Any) -> bool:
     fp8 = getattr(config, "fp8", None)
-    return (config.quant.kind == "bnb-4bit" and config.peft.kind == "lora" and not getattr(fp8, "enabled", False)
-            and not config.model.trust_remote_code)
+    return (
+        config.quant.kind == "bnb-4bit"
+        and config.peft.kind == "lora"
+        and not getattr(fp8, "enabled", False)
+        and not config.model.trust_remote_code
+    )
 
 
 def build_on_meta(config: Any, tokenizer: Any, device: torch.device) -> Optional[nn.Module]:
@@ -295,8 +312,9 @@ def build_on_meta(config: Any, tokenizer: Any, device: torch.device) -> Optional
         dtype = getattr(hf_config, "dtype", None) or torch.float32
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     with meta_init():
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=m.trust_remote_code,
-                                                 **_attention_kwargs(m))
+        model = AutoModelForCausalLM.from_config(
+            hf_config, dtype=dtype, trust_remote_code=m.trust_remote_code, **_attention_kwargs(m)
+        )
     if getattr(model.config, "pad_token_id", None) is None and getattr(tokenizer, "pad_token_id", None) is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -343,7 +361,9 @@ def build_quantized_on_meta(config: Any, tokenizer: Any, device: torch.device) -
             for key in ("quantization_config", "_is_quantized"):  # a plain architecture first
                 hf_config.__dict__.pop(key, None)
             with meta_init():
-                model = AutoModelForCausalLM.from_config(hf_config, dtype=skeleton["dtype"], **_attention_kwargs(config.model))
+                model = AutoModelForCausalLM.from_config(
+                    hf_config, dtype=skeleton["dtype"], **_attention_kwargs(config.model)
+                )
             model = rebuild_quantized_on_meta(model, skeleton)
             torch.set_rng_state(payload["rng"])
         except Exception as exc:  # noqa: BLE001 - shared below, so rank 0 does not wait in fully_shard's peers

@@ -21,8 +21,11 @@ def trainer_class(ref: Optional[str]) -> type[Trainer]:
     module_name, _, attr = ref.partition(":")
     cls = getattr(importlib.import_module(module_name), attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Trainer)):
-        raise RecipeError.single(f"{ref} is not a subclass of ditty.train.Trainer", key="trainer",
-                                 fix="name a class that extends ditty.train.Trainer")
+        raise RecipeError.single(
+            f"{ref} is not a subclass of ditty.train.Trainer",
+            key="trainer",
+            fix="name a class that extends ditty.train.Trainer",
+        )
     return cls
 
 

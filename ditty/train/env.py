@@ -13,7 +13,17 @@ from typing import Any, Optional
 
 import torch
 
-_PACKAGES = ("torch", "transformers", "datasets", "peft", "accelerate", "torchao", "bitsandbytes", "tokenizers", "safetensors")
+_PACKAGES = (
+    "torch",
+    "transformers",
+    "datasets",
+    "peft",
+    "accelerate",
+    "torchao",
+    "bitsandbytes",
+    "tokenizers",
+    "safetensors",
+)
 
 
 def _version(name: str) -> Optional[str]:
@@ -31,7 +41,10 @@ def git_commit(path: str) -> Optional[dict[str, Any]]:
         ).stdout.strip()
         status = subprocess.run(
             ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -45,7 +58,9 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return trainable_parameter_counts(model)
 
 
-def environment(model: torch.nn.Module, *, world_size: int, seed: int, device: torch.device, extra: Optional[dict] = None) -> dict:
+def environment(
+    model: torch.nn.Module, *, world_size: int, seed: int, device: torch.device, extra: Optional[dict] = None
+) -> dict:
     import ditty
 
     trainable, total = count_parameters(model)

@@ -22,8 +22,9 @@ from ditty.train.builders import Builders
 
 def _check_output(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecipeError.single(f"{out} already exists and is not empty; ditty export never overwrites",
-                                 fix="choose a new or empty -o DIR")
+        raise RecipeError.single(
+            f"{out} already exists and is not empty; ditty export never overwrites", fix="choose a new or empty -o DIR"
+        )
 
 
 def _recipe(checkpoint: Path, doc: dict):
@@ -34,8 +35,10 @@ def _recipe(checkpoint: Path, doc: dict):
     if not text:
         path = checkpoint.parent.parent / "recipe.toml"
         if not path.is_file():
-            raise RecipeError.single(f"{checkpoint} carries no recipe and {path} does not exist",
-                                     fix="export a checkpoint written by `ditty run`")
+            raise RecipeError.single(
+                f"{checkpoint} carries no recipe and {path} does not exist",
+                fix="export a checkpoint written by `ditty run`",
+            )
         text, source = path.read_text(encoding="utf-8"), str(path)
     return parse_recipe(text, source=source)
 
@@ -60,8 +63,9 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
     config = _recipe(checkpoint, doc).config
     adapter = config.peft.kind != "none"
     if merge_lora and not adapter:
-        raise RecipeError.single(f"{checkpoint} is a full finetune: there is no adapter to merge",
-                                 fix="drop --merge-lora")
+        raise RecipeError.single(
+            f"{checkpoint} is a full finetune: there is no adapter to merge", fix="drop --merge-lora"
+        )
 
     builder = _ModelBuilder(config)
     builder.build_seed()
@@ -86,14 +90,19 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
         save_merged(model, str(partial), builder.tokenizer)
     else:
         if not hasattr(model, "save_pretrained"):
-            raise RecipeError.single(f"the model of {checkpoint} is a custom nn.Module without save_pretrained",
-                                     key="model.factory", fix="export works for Hugging Face models")
+            raise RecipeError.single(
+                f"the model of {checkpoint} is a custom nn.Module without save_pretrained",
+                key="model.factory",
+                fix="export works for Hugging Face models",
+            )
         model.save_pretrained(str(partial))
         if hasattr(builder.tokenizer, "save_pretrained"):
             builder.tokenizer.save_pretrained(str(partial))
     if out.exists():
         out.rmdir()  # empty (checked above)
     os.replace(partial, out)
-    print(f"exported {checkpoint} (step {doc['step']}) to {out}"
-          + (" (adapter merged into the base)" if merge_lora else " (adapter)" if adapter else ""))
+    print(
+        f"exported {checkpoint} (step {doc['step']}) to {out}"
+        + (" (adapter merged into the base)" if merge_lora else " (adapter)" if adapter else "")
+    )
     return str(out)

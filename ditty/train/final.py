@@ -82,8 +82,14 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: bool = False,
-               state_dict: Optional[dict[str, torch.Tensor]] = None) -> str:
+def save_final(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    run_dir: str,
+    *,
+    merged: bool = False,
+    state_dict: Optional[dict[str, torch.Tensor]] = None,
+) -> str:
     """Write `final/` in Hugging Face format (safetensors, config, tokenizer); return its path.
 
     Written to `final.partial/` and then renamed, so a crash mid-write never leaves a half model
@@ -106,7 +112,9 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
 
         os.makedirs(partial, exist_ok=True)
         # Tied weights arrive as one tensor under two names: safetensors refuses shared storage.
-        save_file({k: v.contiguous().clone() for k, v in state_dict.items()}, os.path.join(partial, "model.safetensors"))
+        save_file(
+            {k: v.contiguous().clone() for k, v in state_dict.items()}, os.path.join(partial, "model.safetensors")
+        )
     else:  # a custom nn.Module from `model.factory`: weights only
         from safetensors.torch import save_model
 
@@ -121,8 +129,11 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: str, *, merged: 
 
         if state_dict is not None and not isinstance(model.get_base_model(), PreTrainedModel):
             # A sharded custom nn.Module has no config to rebuild a plain copy from on rank 0.
-            log.warning("checkpoint.final_format = \"merged\": final/merged/ not written (a custom model under "
-                        "FSDP); run `ditty export %s --merge-lora` for it", run_dir)
+            log.warning(
+                'checkpoint.final_format = "merged": final/merged/ not written (a custom model under '
+                "FSDP); run `ditty export %s --merge-lora` for it",
+                run_dir,
+            )
         else:
             save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
     old = final + ".old"

@@ -20,7 +20,9 @@ def load_final(run_dir: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = os.path.join(run_dir, FINAL_DIR) if os.path.isdir(os.path.join(run_dir, FINAL_DIR)) else run_dir
-    if not os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+    if not os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(
+        os.path.join(path, "adapter_config.json")
+    ):
         raise RecipeError.single(
             f"no final model in {run_dir!r} (expected {os.path.join(run_dir, FINAL_DIR)}/config.json)",
             fix="give the directory of a finished run (it writes final/ at the end)",

@@ -35,7 +35,9 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise RecipeError.single(f"cannot import {spec.use!r}: {exc}", key=key, fix='use "package.module:Class"') from exc
+        raise RecipeError.single(
+            f"cannot import {spec.use!r}: {exc}", key=key, fix='use "package.module:Class"'
+        ) from exc
     return cls(**spec.kwargs)
 
 
@@ -93,8 +95,16 @@ def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: 
     return model(batch, **forward_kwargs)
 
 
-def run_pipeline(pipeline: Pipeline, model: torch.nn.Module, batch: Any, ctx: dict, autocast: Callable, *,
-                 lm: bool = True, check: bool = False) -> Any:
+def run_pipeline(
+    pipeline: Pipeline,
+    model: torch.nn.Module,
+    batch: Any,
+    ctx: dict,
+    autocast: Callable,
+    *,
+    lm: bool = True,
+    check: bool = False,
+) -> Any:
     """One micro-batch through the pipeline; returns the loss calculator's LossOutput.
 
     Context keys set here (see ditty.processors.Context): "original_batch" before the
@@ -110,7 +120,9 @@ def run_pipeline(pipeline: Pipeline, model: torch.nn.Module, batch: Any, ctx: di
         before = batch
         batch, ctx = processor.process(batch, ctx)
         if checker:
-            checker.stage(f"pipeline.preprocessors[{index}] ({type(processor).__name__})", processor, before, batch, ctx)
+            checker.stage(
+                f"pipeline.preprocessors[{index}] ({type(processor).__name__})", processor, before, batch, ctx
+            )
     ctx["batch"] = batch
     with autocast():
         output = call_model(model, batch, ctx.get("forward_kwargs", {}), lm=lm)
@@ -120,7 +132,9 @@ def run_pipeline(pipeline: Pipeline, model: torch.nn.Module, batch: Any, ctx: di
         before = output
         output, ctx = processor.process(output, ctx)
         if checker:
-            checker.stage(f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx)
+            checker.stage(
+                f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx
+            )
     if checker:
         checker.loss(pipeline.loss, output, ctx)
         checker.raise_errors()
@@ -147,8 +161,12 @@ class ContractCheck:
         contract = getattr(stage, "contract", None)
         if contract is None:
             return
-        self.problems += check_tensors(contract, bind_tensors(contract, given, ctx, side="inputs"), side="inputs", stage=name)
-        self.problems += check_tensors(contract, bind_tensors(contract, produced, ctx, side="outputs"), side="outputs", stage=name)
+        self.problems += check_tensors(
+            contract, bind_tensors(contract, given, ctx, side="inputs"), side="inputs", stage=name
+        )
+        self.problems += check_tensors(
+            contract, bind_tensors(contract, produced, ctx, side="outputs"), side="outputs", stage=name
+        )
 
     def loss(self, loss: Any, output: Any, ctx: dict) -> None:
         from ditty.contracts import as_contract, check_tensors
@@ -162,7 +180,9 @@ class ContractCheck:
         except (IndexError, KeyError, TypeError) as exc:
             from ditty.config.errors import Problem
 
-            self.problems.append(Problem(name, f"output_index {loss.output_index!r}: {exc}", rule="contract.output-index"))
+            self.problems.append(
+                Problem(name, f"output_index {loss.output_index!r}: {exc}", rule="contract.output-index")
+            )
             return
         bound = {contract.inputs[0].name: prediction}
         checked = [s for s in contract.inputs[:1]]

@@ -37,17 +37,30 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     final = os.path.join(run_dir, "final")
     recipe_path = os.path.join(run_dir, "recipe.toml")
     if not os.path.isdir(final):
-        raise RecipeError.single(f"{run_dir} has no final/ model to push",
-                                 fix="push the output_dir of a finished run (or let it finish: `ditty run` resumes it)")
+        raise RecipeError.single(
+            f"{run_dir} has no final/ model to push",
+            fix="push the output_dir of a finished run (or let it finish: `ditty run` resumes it)",
+        )
     config = load_recipe(recipe_path).config if os.path.isfile(recipe_path) else None
     repo_id = repo_id or (config.hub.repo_id if config is not None else None)
     if not repo_id:
-        raise RecipeError.single(f"no Hub repository for {run_dir}", key="hub.repo_id",
-                                 fix=f"ditty push {run_dir} --repo-id you/model-name")
+        raise RecipeError.single(
+            f"no Hub repository for {run_dir}", key="hub.repo_id", fix=f"ditty push {run_dir} --repo-id you/model-name"
+        )
     recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
     adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
-    write_model_card(final, base_model=config.model.path if config is not None else None, recipe_text=recipe_text,
-                     metrics=_last_eval(run_dir), adapter=adapter,
-                     title=config.run.name if config is not None else None)
-    return push_folder(final, repo_id=repo_id, private=config.hub.private if config is not None else True,
-                       commit_message="ditty: final model", run_dir=run_dir)
+    write_model_card(
+        final,
+        base_model=config.model.path if config is not None else None,
+        recipe_text=recipe_text,
+        metrics=_last_eval(run_dir),
+        adapter=adapter,
+        title=config.run.name if config is not None else None,
+    )
+    return push_folder(
+        final,
+        repo_id=repo_id,
+        private=config.hub.private if config is not None else True,
+        commit_message="ditty: final model",
+        run_dir=run_dir,
+    )

@@ -61,8 +61,9 @@ def apply_speedups(model: nn.Module, config: Any) -> nn.Module:
     return model
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str, block_classes: Optional[Sequence[type]] = None,
-                                   block_names: Optional[list[str]] = None) -> nn.Module:
+def apply_activation_checkpointing(
+    model: nn.Module, mode: str, block_classes: Optional[Sequence[type]] = None, block_names: Optional[list[str]] = None
+) -> nn.Module:
     """Wrap each block in a non-reentrant `CheckpointWrapper` ("full") or an op-level selective
     one ("selective"); "none" returns the model untouched."""
     if mode not in AC_MODES:
@@ -79,8 +80,13 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, block_classes: O
     return model
 
 
-def apply_compile(model: nn.Module, scope: str = "blocks", block_classes: Optional[Sequence[type]] = None,
-                  block_names: Optional[list[str]] = None, **compile_kwargs: Any) -> nn.Module:
+def apply_compile(
+    model: nn.Module,
+    scope: str = "blocks",
+    block_classes: Optional[Sequence[type]] = None,
+    block_names: Optional[list[str]] = None,
+    **compile_kwargs: Any,
+) -> nn.Module:
     """Compile each block in place ("blocks"; a checkpoint-wrapped block is compiled with its
     wrapper) or the whole model ("model"). Returns the same module object."""
     if scope not in COMPILE_SCOPES:
@@ -93,8 +99,9 @@ def apply_compile(model: nn.Module, scope: str = "blocks", block_classes: Option
     return model
 
 
-def outer_blocks(model: nn.Module, block_classes: Optional[Sequence[type]] = None,
-                 block_names: Optional[list[str]] = None) -> list[nn.Module]:
+def outer_blocks(
+    model: nn.Module, block_classes: Optional[Sequence[type]] = None, block_names: Optional[list[str]] = None
+) -> list[nn.Module]:
     """The blocks, each replaced by its checkpoint wrapper when it has one."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
 
@@ -113,8 +120,11 @@ def compiled_modules(model: nn.Module) -> list[nn.Module]:
     """Modules compiled in place (`_compiled_call_impl` set) or wrapped by torch.compile (for tests)."""
     from torch._dynamo.eval_frame import OptimizedModule
 
-    return [m for m in model.modules()
-            if getattr(m, "_compiled_call_impl", None) is not None or isinstance(m, OptimizedModule)]
+    return [
+        m
+        for m in model.modules()
+        if getattr(m, "_compiled_call_impl", None) is not None or isinstance(m, OptimizedModule)
+    ]
 
 
 def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
@@ -125,6 +135,7 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
 
 def _blocks(model: nn.Module, classes: Optional[Sequence[type]], names: Optional[list[str]]) -> list[nn.Module]:
     from ditty.parallel.wrap import find_blocks
@@ -151,4 +162,3 @@ def _selective_context():
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return create_selective_checkpoint_contexts(_save_matmuls)
-

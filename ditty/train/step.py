@@ -98,8 +98,9 @@ def clip_grads(parameters: Iterable[torch.nn.Parameter], max_norm: Optional[floa
         return
     # torch takes the parameters (it reads and scales their .grad); given the gradients themselves it
     # would find no .grad on them and silently clip nothing.
-    torch.nn.utils.clip_grads_with_norm_([p for p in parameters if p.grad is not None], max_norm, total_norm,
-                                         foreach=None)
+    torch.nn.utils.clip_grads_with_norm_(
+        [p for p in parameters if p.grad is not None], max_norm, total_norm, foreach=None
+    )
 
 
 @dataclass

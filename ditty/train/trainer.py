@@ -25,19 +25,27 @@ from ditty._utils.dist import is_main_process
 from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
 from ditty.config.root import TrainerConfig
+from ditty.data.generic import batch_samples, is_generic, to_device
 from ditty.metrics import Progress, plot_run
-from ditty.models.converters import run_post_optimizer_hooks
 from ditty.metrics.progress import format_record
-from ditty.train.builders import Builders
-from ditty.train.speed import apply_speedups
+from ditty.models.converters import run_post_optimizer_hooks
 from ditty.train import checkpointing, deepspeed_engine, distributed
+from ditty.train.builders import Builders
+from ditty.train.components import RuntimeComponents
 from ditty.train.evaluate import eval_batches, validation_loss
 from ditty.train.final import save_final, unwrap_model
-from ditty.data.generic import batch_samples, is_generic, to_device
-from ditty.train.components import RuntimeComponents
 from ditty.train.pipeline import run_pipeline
+from ditty.train.speed import apply_speedups
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
-from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, clip_grads, grad_norm, input_tokens, supervised_tokens
+from ditty.train.step import (
+    LossNormaliser,
+    StepOutput,
+    all_reduce_sum,
+    clip_grads,
+    grad_norm,
+    input_tokens,
+    supervised_tokens,
+)
 
 log = logging.getLogger("ditty.train")
 
@@ -167,13 +175,24 @@ class Trainer(Builders):
         On the first micro-batch of the run (`pipeline.check_tensors`), every stage's real tensors
         are compared with its declared contract; a mismatch is a RecipeError naming the stage.
         """
-        check = bool(self.config.pipeline.check_tensors and ctx.get("training") and not getattr(self, "contracts_checked", False))
+        check = bool(
+            self.config.pipeline.check_tensors and ctx.get("training") and not getattr(self, "contracts_checked", False)
+        )
         if check:
             self.contracts_checked = True  # once per process: the first training micro-batch (also after a resume)
-        return run_pipeline(self.pipeline, self.model, to_device(batch, self.device), ctx, self.precision.autocast,
-                            lm=not is_generic(self.data), check=check)
+        return run_pipeline(
+            self.pipeline,
+            self.model,
+            to_device(batch, self.device),
+            ctx,
+            self.precision.autocast,
+            lm=not is_generic(self.data),
+            check=check,
+        )
 
-    def optimizer_step(self, loss: torch.Tensor, tokens: torch.Tensor, supervised: torch.Tensor, metrics: dict) -> StepOutput:
+    def optimizer_step(
+        self, loss: torch.Tensor, tokens: torch.Tensor, supervised: torch.Tensor, metrics: dict
+    ) -> StepOutput:
         """Clip and step, unless the loss or the gradient is not finite: then zero grads and skip.
 
         Cost: one host sync per step (loss, grad norm and counts read together) to decide whether to step.
@@ -184,7 +203,9 @@ class Trainer(Builders):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.precision.unscale_(self.optimizer)
         norm = grad_norm(params)  # a DTensor under FSDP: clipping takes it as is, the log reads its full value
-        values = torch.stack([t.to(self.device, torch.float64) for t in (loss, distributed.local_value(norm), tokens, supervised)])
+        values = torch.stack(
+            [t.to(self.device, torch.float64) for t in (loss, distributed.local_value(norm), tokens, supervised)]
+        )
         loss_value, norm_value, tokens, supervised = values.tolist()
         lr = self.optimizer.param_groups[0]["lr"]
         skipped, reason = False, ""
@@ -214,12 +235,18 @@ class Trainer(Builders):
         self.state.skipped_steps += 1
         self.state.consecutive_skips += 1
         limit = self.config.train.max_skipped_steps
-        log.warning("step %d skipped: %s (%d in a row, limit %d)", self.state.step, out.skip_reason, self.state.consecutive_skips, limit)
+        log.warning(
+            "step %d skipped: %s (%d in a row, limit %d)",
+            self.state.step,
+            out.skip_reason,
+            self.state.consecutive_skips,
+            limit,
+        )
         if self.state.consecutive_skips >= limit:
             raise NonFiniteLossError(
                 f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
                 f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
-                f"Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = \"fp32\". "
+                f'Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "fp32". '
                 f"Files already in {self.config.run.output_dir} are kept; no final model was written."
             )
 
@@ -238,7 +265,9 @@ class Trainer(Builders):
         task = getattr(self.data, "task", None)
         if task is not None and self.config.train.eval_samples > 0:
             with self.precision.autocast():
-                scores = task.evaluate(unwrap_model(self.model), self.tokenizer, self.device, self.config.train.eval_samples)
+                scores = task.evaluate(
+                    unwrap_model(self.model), self.tokenizer, self.device, self.config.train.eval_samples
+                )
             metrics.update({k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()})
         self.model.train()
         self.state.last_eval_step = self.state.step
@@ -264,7 +293,9 @@ class Trainer(Builders):
         if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
             self.progress.write(format_record(record))
         elif any(k.startswith("val_") for k in record):
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float))
+            shown = ", ".join(
+                f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float)
+            )
             self.progress.write(f"step {record['step']}: {shown}")
 
     def save(self, final: bool = False) -> Optional[str]:
@@ -281,8 +312,13 @@ class Trainer(Builders):
         path = None
         full = distributed.full_state_dict(self.model)  # FSDP: gathered on every rank, kept on rank 0 (CPU)
         if is_main_process():
-            path = save_final(self.model, self.tokenizer, self.run_dir, merged=self.config.checkpoint.final_format == "merged",
-                              state_dict=full)
+            path = save_final(
+                self.model,
+                self.tokenizer,
+                self.run_dir,
+                merged=self.config.checkpoint.final_format == "merged",
+                state_dict=full,
+            )
         del full
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()  # nobody reads final/ before it is complete
@@ -309,10 +345,18 @@ class Trainer(Builders):
         """`resume = "auto"` on a finished run: report it, touch nothing."""
         final = os.path.join(self.config.run.output_dir, "final")
         if is_main_process():
-            print(f"{self.config.run.output_dir} is a finished run (step {self.resume.step}, {final}); nothing to do. "
-                  f"To train further, raise train.steps; to start afresh, choose a new run.output_dir.")
-        return TrainResult(run_dir=self.config.run.output_dir, final_dir=final, steps=self.resume.step,
-                           tokens=0, skipped_steps=0, elapsed_s=0.0)
+            print(
+                f"{self.config.run.output_dir} is a finished run (step {self.resume.step}, {final}); nothing to do. "
+                f"To train further, raise train.steps; to start afresh, choose a new run.output_dir."
+            )
+        return TrainResult(
+            run_dir=self.config.run.output_dir,
+            final_dir=final,
+            steps=self.resume.step,
+            tokens=0,
+            skipped_steps=0,
+            elapsed_s=0.0,
+        )
 
     def close(self) -> None:
         """Wait for a pending checkpoint save and close the sinks, then draw curves.png; also after
@@ -359,8 +403,15 @@ class Trainer(Builders):
     def make_context(self, *, index: int, count: int, training: bool) -> dict:
         from ditty.processors import Context
 
-        return Context(step=self.state.step, micro_step=index, num_micro_steps=count, training=training,
-                       model=self.model, tokenizer=self.tokenizer, device=self.device)
+        return Context(
+            step=self.state.step,
+            micro_step=index,
+            num_micro_steps=count,
+            training=training,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            device=self.device,
+        )
 
     def count_inputs(self, batch: Any) -> torch.Tensor:
         """The `tokens` metric's increment: non-padding tokens, or samples for generic data."""
@@ -388,8 +439,13 @@ class Trainer(Builders):
         if task is not None and self.config.train.eval_samples > 0:
             # Every rank runs the task (a sharded model's forward needs them all); rank 0 writes files.
             with self.precision.autocast():
-                scores = task.evaluate(unwrap_model(self.model), device=self.device, pipeline=self.pipeline,
-                                       run_dir=self.config.run.output_dir if is_main_process() else "", step=self.state.step)
+                scores = task.evaluate(
+                    unwrap_model(self.model),
+                    device=self.device,
+                    pipeline=self.pipeline,
+                    run_dir=self.config.run.output_dir if is_main_process() else "",
+                    step=self.state.step,
+                )
             metrics.update({k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()})
         self.model.train()
         self.state.last_eval_step = self.state.step

@@ -17,8 +17,12 @@ from examples.custom_section.trainer import MyTrainer
 
 def main(output_dir: str = "runs/greeting_digits", steps: int = 300):
     config = greeting_digits()
-    config = replace(config, run=replace(config.run, output_dir=output_dir), train=replace(config.train, steps=steps),
-                     scheduler=replace(config.scheduler, warmup_steps=min(config.scheduler.warmup_steps, steps // 2)))
+    config = replace(
+        config,
+        run=replace(config.run, output_dir=output_dir),
+        train=replace(config.train, steps=steps),
+        scheduler=replace(config.scheduler, warmup_steps=min(config.scheduler.warmup_steps, steps // 2)),
+    )
     return MyTrainer(config).train()
 
 

@@ -95,8 +95,7 @@ class FakeHub:
             if m.group(1) not in self.repos:
                 return 404, {"error": "Repository not found"}
             files = json.loads(body)["files"]
-            return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                   for f in files]}
+            return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
         m = re.fullmatch(r"/api/models/(.+)/commit/([^/]+)", path)
         if method == "POST" and m:
             repo_id = m.group(1)
@@ -113,6 +112,5 @@ class FakeHub:
             self.files[repo_id].update(added)
             oid = f"{len(self.commits) + 1:040x}"
             self.commits.append({"repo_id": repo_id, "header": lines[0]["value"], "files": sorted(added)})
-            return 200, {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid,
-                         "success": True}
+            return 200, {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid, "success": True}
         return 404, {"error": f"fake hub does not serve {method} {path}"}

@@ -11,8 +11,7 @@ from ditty.checkpoint import ModelOptimizerState
 def build(seed: int = 0, shard=None):
     """shard: applied to the model before the optimizer is made (FSDP2's fully_shard)."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Dropout(0.2),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
     if shard is not None:
         shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)

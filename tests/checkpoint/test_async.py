@@ -115,8 +115,7 @@ gate.set()
 @pytest.mark.parametrize("ending", ["pass", "raise RuntimeError('training crashed after the save')"])
 def test_exit_waits_for_a_pending_save(tmp_path, ending):
     script = SCRIPT.format(repo=str(REPO), run=str(tmp_path), ending=ending)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120)
     assert "pending at exit: True" in proc.stdout, proc.stderr
     assert proc.returncode == (0 if ending == "pass" else 1), proc.stderr
     path = tmp_path / "checkpoints" / "step-1"

@@ -29,8 +29,11 @@ def _full_state(model, opt) -> dict:
     """The unsharded model and optimizer state keyed by parameter name (collective under FSDP)."""
     # deepcopy: unsharded entries (AdamW's `step`) come back as the live tensors, not copies.
     model_sd, optim_sd = copy.deepcopy(get_state_dict(model, opt, options=FULL))
-    return {"model": model_sd, "optim_state": optim_sd.get("state", {}),
-            "param_groups": optim_sd.get("param_groups", [])}
+    return {
+        "model": model_sd,
+        "optim_state": optim_sd.get("state", {}),
+        "param_groups": optim_sd.get("param_groups", []),
+    }
 
 
 def _assert_equal_states(a: dict, b: dict) -> None:
@@ -101,12 +104,18 @@ def test_fsdp2_two_processes_save_load_and_reshard(tmp_path):
     for _ in range(2):
         train_step(model, opt, sched)
     src = CheckpointManager(tmp_path / "one", keep_last=1).save(
-        2, app_state(model, opt), {"scheduler": sched.state_dict()})
+        2, app_state(model, opt), {"scheduler": sched.state_dict()}
+    )
     torch.save(_full_state(model, opt), tmp_path / "expected.pt")
 
     run_dir, dump = tmp_path / "two", tmp_path / "at_save.pt"
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(src), str(tmp_path / "expected.pt"), str(run_dir),
-                                            str(dump)), nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _worker,
+        args=(_free_port(), str(src), str(tmp_path / "expected.pt"), str(run_dir), str(dump)),
+        nprocs=WORLD,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + 150
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

@@ -43,13 +43,18 @@ print("RESULTS " + json.dumps(results))
 
 def _push(run: Path, endpoint: str, attempts: int) -> tuple[list[dict], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
-    env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, HF_HOME=str(run / "hf-home"),
-               HF_HUB_DISABLE_TELEMETRY="1")
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HUB_DISABLE_XET="1",
+        HF_TOKEN=TOKEN,
+        HF_HOME=str(run / "hf-home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
     code = PUSH.format(repo=str(REPO), folder=str(run / "final"), run=str(run), attempts=attempts)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULTS "))
-    return json.loads(line[len("RESULTS "):]), proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
+    return json.loads(line[len("RESULTS ") :]), proc.stdout + proc.stderr
 
 
 def _final_folder(run: Path) -> dict[str, bytes]:
@@ -57,8 +62,9 @@ def _final_folder(run: Path) -> dict[str, bytes]:
     final.mkdir(parents=True)
     (final / "config.json").write_text('{"model_type": "llama"}')
     (final / "model.safetensors").write_bytes(os.urandom(4096))
-    write_model_card(final, base_model="tiny/llama", recipe_text=RECIPE, metrics={"loss": 1.25, "val_loss": 1.5},
-                     adapter=False)
+    write_model_card(
+        final, base_model="tiny/llama", recipe_text=RECIPE, metrics={"loss": 1.25, "val_loss": 1.5}, adapter=False
+    )
     return {p.name: p.read_bytes() for p in final.iterdir()}
 
 
@@ -94,8 +100,9 @@ def test_push_arrives_with_the_token_and_an_interrupted_push_can_be_retried(tmp_
     assert 'base_model: "tiny/llama"' in card and "steps = 3" in card and "| val_loss | 1.5 |" in card
     # The token reached the server, in the Authorization header of every API call...
     api_calls = [r for r in hub.requests if r.path.startswith(("/api/repos", "/api/models"))]
-    assert api_calls and all(r.headers.get("authorization", r.headers.get("Authorization")) == f"Bearer {TOKEN}"
-                             for r in api_calls)
+    assert api_calls and all(
+        r.headers.get("authorization", r.headers.get("Authorization")) == f"Bearer {TOKEN}" for r in api_calls
+    )
     # ...and nowhere else: not in a file under the run dir (nor HF_HOME inside it), not in the output.
     _assert_token_written_nowhere(tmp_path)
     assert TOKEN not in output
@@ -117,9 +124,10 @@ def test_connection_refused_is_a_clear_error_and_keeps_files(tmp_path):
 
 def test_model_card_front_matter_recipe_and_no_token(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    recipe = RECIPE + '# a note with ``` inside\n# leaked: ' + TOKEN + "\n"
-    path = write_model_card(tmp_path, base_model="org/base-1b", recipe_text=recipe,
-                            metrics={"loss": 0.123456789, "steps": 3}, adapter=True)
+    recipe = RECIPE + "# a note with ``` inside\n# leaked: " + TOKEN + "\n"
+    path = write_model_card(
+        tmp_path, base_model="org/base-1b", recipe_text=recipe, metrics={"loss": 0.123456789, "steps": 3}, adapter=True
+    )
     text = path.read_text()
     front = text.split("---")[1]
     assert 'base_model: "org/base-1b"' in front and 'license: "apache-2.0"' in front

@@ -196,7 +196,9 @@ def test_adapter_state_saves_only_trainable_weights(tmp_path):
 
     model2, opt2 = adapter_model(5)
     frozen_before = model2[0].weight.clone()
-    CheckpointManager(tmp_path, keep_last=1).load(path, {"train": ModelOptimizerState(model2, opt2, trainable_only=True)})
+    CheckpointManager(tmp_path, keep_last=1).load(
+        path, {"train": ModelOptimizerState(model2, opt2, trainable_only=True)}
+    )
     assert torch.equal(model2[0].weight, frozen_before)  # the base is what it was built as
     assert torch.equal(model2[3].weight, model[3].weight)
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])

@@ -9,8 +9,14 @@ from ditty.checkpoint import rng
 
 
 def _draws():
-    return (random.random(), random.gauss(0, 1), np.random.rand(3).tolist(), np.random.randn(),
-            torch.rand(4).tolist(), torch.randn(2).tolist())
+    return (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.rand(3).tolist(),
+        np.random.randn(),
+        torch.rand(4).tolist(),
+        torch.randn(2).tolist(),
+    )
 
 
 def test_round_trip_is_exact_through_json():

@@ -16,7 +16,9 @@ KNOWN_NAMES = sorted({part for leaf in walk_leaves(TrainerConfig) for part in le
 keys = st.one_of(st.sampled_from(KNOWN_NAMES), st.text(min_size=1, max_size=6))
 documents = st.recursive(
     st.dictionaries(keys, toml_values, max_size=4),
-    lambda inner: st.dictionaries(keys, st.one_of(toml_values, inner, st.lists(inner, min_size=1, max_size=2)), max_size=4),
+    lambda inner: st.dictionaries(
+        keys, st.one_of(toml_values, inner, st.lists(inner, min_size=1, max_size=2)), max_size=4
+    ),
     max_leaves=12,
 )
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -66,5 +68,5 @@ def test_mutated_bundled_recipes(text, data):
             if mutation == "insert":
                 lines[index] = line[:position] + char + line[position:]
             else:
-                lines[index] = line[:position] + char + line[position + 1:]
+                lines[index] = line[:position] + char + line[position + 1 :]
     load_or_recipe_error("\n".join(lines))

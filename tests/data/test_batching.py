@@ -32,7 +32,13 @@ def dataset(request):
 
 def _stream(dataset, **overrides) -> BatchStream:
     settings = dict(
-        global_batch_size=8, micro_batch_size=4, rank=0, world_size=1, seed=3, packing=False, max_seq_len=24,
+        global_batch_size=8,
+        micro_batch_size=4,
+        rank=0,
+        world_size=1,
+        seed=3,
+        packing=False,
+        max_seq_len=24,
         pad_token_id=PAD,
     )
     settings.update(overrides)

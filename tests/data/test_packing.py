@@ -124,8 +124,15 @@ def test_a_packed_batch_stream_step_feeds_the_model_in_isolation(model):
         ids = torch.randint(3, 259, (length,), generator=generator).tolist()
         dataset.append({"input_ids": ids, "labels": [-100] + ids[1:]})
     stream = BatchStream(
-        dataset, global_batch_size=2, micro_batch_size=2, rank=0, world_size=1, seed=0, packing=True,
-        max_seq_len=24, pad_token_id=PAD,
+        dataset,
+        global_batch_size=2,
+        micro_batch_size=2,
+        rank=0,
+        world_size=1,
+        seed=0,
+        packing=True,
+        max_seq_len=24,
+        pad_token_id=PAD,
     )
     (batch,) = stream.next_step()
     with torch.no_grad():

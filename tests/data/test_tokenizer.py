@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from ditty.config.errors import RecipeError
 from ditty.config.sections import ModelConfig, TokenizerConfig
-from ditty.data.tokenizer import byte_tokenizer, build_tokenizer
+from ditty.data.tokenizer import build_tokenizer, byte_tokenizer
 
 # Like every Hugging Face tokenizer, "<s>" written in the text is read as the special token (the
 # chat template relies on it), so texts here avoid the special tokens' spelling.

@@ -20,9 +20,17 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 # kind -> (peft section, quant section, the module names it must adapt in each layer)
 SETUPS = {
-    "lora": (PeftConfig(kind="lora", r=4, alpha=8, target_modules=["q_proj", "v_proj"]), QuantConfig(), ("q_proj", "v_proj")),
+    "lora": (
+        PeftConfig(kind="lora", r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+        QuantConfig(),
+        ("q_proj", "v_proj"),
+    ),
     "dora": (PeftConfig(kind="dora", r=4, alpha=8, target_modules="all-linear"), QuantConfig(), ALL_LINEAR),
-    "qlora": (PeftConfig(kind="lora", r=4, alpha=8, target_modules="all-linear"), QuantConfig(kind="bnb-4bit"), ALL_LINEAR),
+    "qlora": (
+        PeftConfig(kind="lora", r=4, alpha=8, target_modules="all-linear"),
+        QuantConfig(kind="bnb-4bit"),
+        ALL_LINEAR,
+    ),
 }
 
 
@@ -83,8 +91,12 @@ def test_adapter_trains_on_its_targets_with_the_base_frozen_and_unchanged(model_
     peft_cfg, quant, targets = SETUPS[kind]
     model = build_adapted(model_dir, kind)
 
-    expected = {f"base_model.model.model.layers.{i}.{'self_attn' if t.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{t}"
-                for i in range(LAYERS) for t in targets}
+    attention = ("q_proj", "k_proj", "v_proj", "o_proj")
+    expected = {
+        f"base_model.model.model.layers.{i}.{'self_attn' if t.endswith(attention) else 'mlp'}.{t}"
+        for i in range(LAYERS)
+        for t in targets
+    }
     assert set(adapted_module_names(model)) == expected  # exactly the targets; never lm_head
     counts = quantized_linear_count(model)
     assert counts["Linear4bit"] == (LAYERS * len(ALL_LINEAR) if quant.kind == "bnb-4bit" else 0)
@@ -110,13 +122,22 @@ def test_parameter_counts_see_through_4bit_packing(tiny_llama_dir):
     full = build_adapted(tiny_llama_dir, "dora")
     peft_cfg = SETUPS["dora"][0]
     torch.manual_seed(0)
-    quantized = apply_converters(build_model(ModelConfig(path=tiny_llama_dir), quant=QuantConfig(kind="bnb-4bit")), [LoraConverter(peft_cfg)])
+    quantized = apply_converters(
+        build_model(ModelConfig(path=tiny_llama_dir), quant=QuantConfig(kind="bnb-4bit")), [LoraConverter(peft_cfg)]
+    )
     assert trainable_parameter_counts(quantized) == trainable_parameter_counts(full)
     trainable, total = trainable_parameter_counts(full)
     assert (trainable, total) == full.get_nb_trainable_parameters()  # peft's own count agrees
     # DoRA on all 7 linears of 2 layers: rank-4 A and B plus one magnitude per output feature.
-    shapes = {"q_proj": (64, 64), "k_proj": (64, 32), "v_proj": (64, 32), "o_proj": (64, 64),
-              "gate_proj": (64, 128), "up_proj": (64, 128), "down_proj": (128, 64)}
+    shapes = {
+        "q_proj": (64, 64),
+        "k_proj": (64, 32),
+        "v_proj": (64, 32),
+        "o_proj": (64, 64),
+        "gate_proj": (64, 128),
+        "up_proj": (64, 128),
+        "down_proj": (128, 64),
+    }
     assert trainable == LAYERS * sum(4 * (i + o) + o for i, o in shapes.values())
 
 
@@ -140,7 +161,9 @@ def test_misspelled_modules_to_save_is_a_recipe_error_not_silence(tiny_llama_dir
 
 def test_modules_to_save_trains_a_full_copy(tiny_llama_dir):
     base = build_model(ModelConfig(path=tiny_llama_dir))
-    model = LoraConverter(PeftConfig(kind="lora", r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])).convert(base)
+    model = LoraConverter(PeftConfig(kind="lora", r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])).convert(
+        base
+    )
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert any(name.endswith("lm_head.modules_to_save.default.weight") for name in trainable)
     assert not any("original_module" in name for name in trainable)
@@ -179,11 +202,19 @@ def test_lora_on_a_custom_module_targets_by_name_and_trains():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0], losses
-    base_now = {name.replace("base_layer.", ""): t for name, t in model.get_base_model().state_dict().items() if "lora_" not in name}
+    base_now = {
+        name.replace("base_layer.", ""): t
+        for name, t in model.get_base_model().state_dict().items()
+        if "lora_" not in name
+    }
     assert base_now.keys() == original.keys()
     assert all(torch.equal(base_now[name], original[name]) for name in original)
 
 
 def test_all_linear_on_a_custom_module_adapts_every_linear():
     model = LoraConverter(PeftConfig(kind="lora", r=2)).convert(TinyMLP())
-    assert sorted(adapted_module_names(model)) == ["base_model.model.encoder.0", "base_model.model.head", "base_model.model.hidden"]
+    assert sorted(adapted_module_names(model)) == [
+        "base_model.model.encoder.0",
+        "base_model.model.head",
+        "base_model.model.hidden",
+    ]

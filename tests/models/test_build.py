@@ -41,11 +41,16 @@ def test_random_init_applies_overrides_and_tokenizer(tokenizer):
     assert len(model.model.layers) == 3
     assert model.get_input_embeddings().weight.shape == (len(tokenizer), 32)
     assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (
-        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+    )
 
 
 def test_random_init_from_a_path_takes_its_architecture(tiny_llama_dir, tokenizer):
-    model = build_model(ModelConfig(path=tiny_llama_dir, init="random", config={"num_hidden_layers": 1}), tokenizer=tokenizer)
+    model = build_model(
+        ModelConfig(path=tiny_llama_dir, init="random", config={"num_hidden_layers": 1}), tokenizer=tokenizer
+    )
     pretrained = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     assert model.config.num_hidden_layers == 1
     assert model.config.hidden_size == pretrained.config.hidden_size
@@ -62,10 +67,14 @@ def test_random_init_uses_the_callers_seed(tokenizer):
 
 
 def test_explicit_vocab_size_wins_but_must_fit_the_tokenizer(tokenizer):
-    padded = build_model(ModelConfig(init="random", architecture="llama", config={**TINY, "vocab_size": 320}), tokenizer=tokenizer)
+    padded = build_model(
+        ModelConfig(init="random", architecture="llama", config={**TINY, "vocab_size": 320}), tokenizer=tokenizer
+    )
     assert padded.config.vocab_size == 320
     with pytest.raises(RecipeError) as error:
-        build_model(ModelConfig(init="random", architecture="llama", config={**TINY, "vocab_size": 100}), tokenizer=tokenizer)
+        build_model(
+            ModelConfig(init="random", architecture="llama", config={**TINY, "vocab_size": 100}), tokenizer=tokenizer
+        )
     assert error.value.problems[0].key == "model.config.vocab_size"
 
 
@@ -79,7 +88,9 @@ def test_unknown_override_key_names_a_close_match():
 
 def test_inconsistent_override_values_are_a_recipe_error():
     with pytest.raises(RecipeError) as error:
-        build_model(ModelConfig(init="random", architecture="llama", config={"hidden_size": 30, "num_attention_heads": 4}))
+        build_model(
+            ModelConfig(init="random", architecture="llama", config={"hidden_size": 30, "num_attention_heads": 4})
+        )
     assert error.value.problems[0].key == "model.config"
     assert "not a multiple" in error.value.problems[0].message
 
@@ -141,7 +152,9 @@ def test_pretrained_embeddings_grow_for_a_larger_tokenizer(tiny_llama_dir):
 
 
 def test_factory_builds_a_custom_model():
-    model = build_model(ModelConfig(factory="tests.models.factories:tiny_mlp", factory_kwargs={"width": 4}, dtype="float16"))
+    model = build_model(
+        ModelConfig(factory="tests.models.factories:tiny_mlp", factory_kwargs={"width": 4}, dtype="float16")
+    )
     assert isinstance(model, torch.nn.Sequential)
     assert model[0].weight.shape == (4, 4) and model[0].weight.dtype == torch.float16
 

@@ -78,7 +78,9 @@ def test_merge_from_an_8bit_base_is_a_recipe_error(tiny_llama_dir):
 def test_merge_with_modules_to_save_keeps_the_trained_copy(tiny_llama_dir, tmp_path):
     torch.manual_seed(0)
     base = build_model(ModelConfig(path=tiny_llama_dir))
-    model = LoraConverter(PeftConfig(kind="lora", r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])).convert(base)
+    model = LoraConverter(PeftConfig(kind="lora", r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])).convert(
+        base
+    )
     train_steps(model, batch(), steps=3)
     ids = batch(seed=2)
     plain = AutoModelForCausalLM.from_pretrained(save_merged(model, str(tmp_path / "merged")))

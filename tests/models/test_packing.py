@@ -11,8 +11,18 @@ from ditty.models import supports_packed_attention
 from ditty.models.packing import PACKED_MASK_MODEL_TYPES
 
 LENGTHS = (5, 7, 4)
-TINY = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TINY = dict(
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 # Kernels each model type has in transformers 5.23 (gemma2 has no sdpa path).
 SDPA_MISSING = {"gemma2"}
 
@@ -23,7 +33,7 @@ def block_diagonal_mask(lengths) -> torch.Tensor:
     allowed = torch.zeros(total, total, dtype=torch.bool)
     start = 0
     for length in lengths:
-        allowed[start:start + length, start:start + length] = torch.ones(length, length, dtype=torch.bool).tril()
+        allowed[start : start + length, start : start + length] = torch.ones(length, length, dtype=torch.bool).tril()
         start += length
     mask = torch.zeros(total, total).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     return mask[None, None]
@@ -39,13 +49,20 @@ def packing_error(model_type: str, attn_implementation: str, *, isolate: bool = 
     position_ids = torch.cat([torch.arange(n) for n in LENGTHS])[None]
     mask = block_diagonal_mask(LENGTHS) if isolate else torch.ones_like(ids)
     with torch.no_grad():
-        separate = torch.cat([model(input_ids=ids[:, s:s + n], use_cache=False).logits for s, n in zip(starts, LENGTHS)], 1)
+        separate = torch.cat(
+            [model(input_ids=ids[:, s : s + n], use_cache=False).logits for s, n in zip(starts, LENGTHS)], 1
+        )
         packed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
     return (packed - separate).abs().max().item()
 
 
 def _cases(model_types):
-    return [(t, impl) for t in sorted(model_types) for impl in ("sdpa", "eager") if not (impl == "sdpa" and t in SDPA_MISSING)]
+    return [
+        (t, impl)
+        for t in sorted(model_types)
+        for impl in ("sdpa", "eager")
+        if not (impl == "sdpa" and t in SDPA_MISSING)
+    ]
 
 
 @pytest.mark.parametrize(("model_type", "attn_implementation"), _cases({"llama", "mistral", "qwen2", "gpt_neox"}))

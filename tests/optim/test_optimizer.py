@@ -101,7 +101,9 @@ def test_a_model_without_trainable_parameters_is_a_recipe_error():
         build_optimizer(OptimizerConfig(), model)
 
 
-@pytest.mark.parametrize(("kind", "backend"), [("sgd", "bnb"), ("sgd", "torchao"), ("adamw", "bnb"), ("adamw8bit", "torch")])
+@pytest.mark.parametrize(
+    ("kind", "backend"), [("sgd", "bnb"), ("sgd", "torchao"), ("adamw", "bnb"), ("adamw8bit", "torch")]
+)
 def test_impossible_kind_and_backend_pairs_are_refused(kind, backend):
     config = OptimizerConfig(kind=kind, backend=backend)
     problems = check_optimizer(config)

@@ -93,8 +93,13 @@ def test_a_resumed_run_follows_the_recipes_shape():
 
 
 def test_every_param_group_follows_its_own_peak():
-    optimizer = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 1.0},
-                                 {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5}], lr=1.0)
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 1.0},
+            {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5},
+        ],
+        lr=1.0,
+    )
     build_scheduler(SchedulerConfig(kind="constant", warmup_steps=2), optimizer, 4)
     assert [g["lr"] for g in optimizer.param_groups] == [0.5, 0.25]
 
@@ -104,5 +109,7 @@ def test_impossible_settings_are_recipe_errors():
     with pytest.raises(RecipeError, match="never reach its peak"):
         build_scheduler(SchedulerConfig(warmup_steps=11), optimizer, 10)
     assert [p.key for p in check_scheduler(SchedulerConfig(min_lr_ratio=1.5, decay_fraction=-0.1))] == [
-        "scheduler.min_lr_ratio", "scheduler.decay_fraction"]
+        "scheduler.min_lr_ratio",
+        "scheduler.decay_fraction",
+    ]
     assert check_scheduler(SchedulerConfig(warmup_steps=11)) == []  # the run length is not known yet

@@ -26,8 +26,15 @@ def free_port() -> int:
 
 
 def _entry(fn, rank, world_size, port, results, args, collective_timeout=COLLECTIVE_TIMEOUT_S):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)  # 2 shared cores: one thread per rank keeps ranks from fighting
     try:
         from ditty.parallel.env import destroy_distributed, init_distributed
@@ -43,14 +50,18 @@ def _entry(fn, rank, world_size, port, results, args, collective_timeout=COLLECT
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> list:
+def run_ranks(
+    fn, world_size: int, *args, timeout: float = 120.0, collective_timeout: float = COLLECTIVE_TIMEOUT_S
+) -> list:
     """`collective_timeout`: how long a collective waits for the other ranks (raise it when ranks
     compile with torch.compile: one rank may compile its graphs much later than the other)."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args, collective_timeout), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args, collective_timeout), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out: dict[int, object] = {}
@@ -61,7 +72,9 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, collective_tim
         while len(out) < world_size:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"ranks {sorted(set(range(world_size)) - set(out))} did not finish in {timeout:.0f} s")
+                raise AssertionError(
+                    f"ranks {sorted(set(range(world_size)) - set(out))} did not finish in {timeout:.0f} s"
+                )
             try:
                 rank, status, value = results.get(timeout=min(left, 1.0))
             except queue.Empty:
@@ -82,6 +95,7 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, collective_tim
 
 
 # --- a tiny model with blocks (uneven widths, so FSDP pads its shards) ---------------------------
+
 
 class TinyBlock(nn.Module):
     def __init__(self, width: int):

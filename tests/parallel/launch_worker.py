@@ -19,7 +19,6 @@ from ditty.config.errors import RecipeError
 from ditty.parallel.env import init_distributed
 
 
-
 def main(mode: str, out_dir: str) -> int:
     # A long collective timeout on purpose: the run must end because torchrun tears it down.
     info = init_distributed("cpu", timeout=300)

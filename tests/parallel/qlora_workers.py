@@ -13,18 +13,41 @@ QLORA = dict(quant=dict(kind="bnb-4bit", storage_dtype="float32"), peft=dict(kin
 
 def _config(model_dir: str, out: str, *, steps: int = 3):
     from ditty.config import TrainerConfig
-    from ditty.config.sections import (DataConfig, LoggingConfig, ModelConfig, OptimizerConfig, ParallelConfig,
-                                       PeftConfig, QuantConfig, RunConfig, SchedulerConfig, TokenizerConfig,
-                                       TrainConfig)
+    from ditty.config.sections import (
+        DataConfig,
+        LoggingConfig,
+        ModelConfig,
+        OptimizerConfig,
+        ParallelConfig,
+        PeftConfig,
+        QuantConfig,
+        RunConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainConfig,
+    )
 
     return TrainerConfig(
         run=RunConfig(name="qlora", output_dir=out, seed=0, device="cpu"),
         model=ModelConfig(path=model_dir, init="pretrained"),
         tokenizer=TokenizerConfig(kind="byte"),
-        data=DataConfig(source="builtin", name="addition", format="prompt_completion", max_seq_len=32,
-                        num_samples=64, val_fraction=0.05),
-        train=TrainConfig(steps=steps, global_batch_size=4, micro_batch_size=2, max_grad_norm=1.0, log_every=1,
-                          eval_every=0, eval_samples=2),
+        data=DataConfig(
+            source="builtin",
+            name="addition",
+            format="prompt_completion",
+            max_seq_len=32,
+            num_samples=64,
+            val_fraction=0.05,
+        ),
+        train=TrainConfig(
+            steps=steps,
+            global_batch_size=4,
+            micro_batch_size=2,
+            max_grad_norm=1.0,
+            log_every=1,
+            eval_every=0,
+            eval_samples=2,
+        ),
         optimizer=OptimizerConfig(lr=1e-2),
         scheduler=SchedulerConfig(kind="constant"),
         parallel=ParallelConfig(kind="fsdp"),
@@ -47,10 +70,12 @@ class CheckpointReads:
         self.reads: list[str] = []
         self.active = True
         sys.addaudithook(self._hook)  # cannot be removed: `active` turns it off
-        self._saved = [(safetensors, "safe_open", safetensors.safe_open),
-                       (safetensors.torch, "safe_open", safetensors.torch.safe_open),
-                       (safetensors.torch, "load_file", safetensors.torch.load_file),
-                       (transformers.modeling_utils, "safe_open", transformers.modeling_utils.safe_open)]
+        self._saved = [
+            (safetensors, "safe_open", safetensors.safe_open),
+            (safetensors.torch, "safe_open", safetensors.torch.safe_open),
+            (safetensors.torch, "load_file", safetensors.torch.load_file),
+            (transformers.modeling_utils, "safe_open", transformers.modeling_utils.safe_open),
+        ]
 
         def refuse(path, *args, **kwargs):
             self.reads.append(str(path))
@@ -129,9 +154,9 @@ def memory_both_ways(rank: int, world: int, model_dir: str, warmup_dir: str):
     transformers, peft and bitsandbytes are in the baseline, not in the first figure measured."""
     import gc
 
+    from ditty.parallel.env import init_distributed
     from ditty.parallel.memory import local_nbytes, peak_rss_bytes, reset_peak_rss, return_freed_memory_to_os
     from ditty.parallel.mesh import build_mesh
-    from ditty.parallel.env import init_distributed
 
     assert return_freed_memory_to_os()  # freed tensors leave RSS, so the second build starts clean
     config = _config(model_dir, "/nonexistent")

@@ -9,20 +9,32 @@ import pytest
 from ditty.parallel import memory
 
 
-@pytest.mark.parametrize("env", [{"DITTY_CPU_ALLOCATOR": "glibc"}, {"MALLOC_ARENA_MAX": "2"},
-                                 {"MALLOC_MMAP_THRESHOLD_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"DITTY_CPU_ALLOCATOR": "glibc"},
+        {"MALLOC_ARENA_MAX": "2"},
+        {"MALLOC_MMAP_THRESHOLD_": "65536"},
+        {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    ],
+)
 def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert memory.apply_distributed_allocator_policy() is False
 
 
-@pytest.mark.parametrize("kind, device, world, applies", [
-    ("fsdp", "cpu", "2", True), ("hsdp", "cpu", "4", True),
-    ("fsdp", "cpu", "1", False),  # one process: glibc's defaults
-    ("ddp", "cpu", "2", False), ("deepspeed", "cpu", "2", False),  # no per-step gathers
-    ("fsdp", "cuda", "2", False),  # CUDA tensors have their own caching allocator
-])
+@pytest.mark.parametrize(
+    "kind, device, world, applies",
+    [
+        ("fsdp", "cpu", "2", True),
+        ("hsdp", "cpu", "4", True),
+        ("fsdp", "cpu", "1", False),  # one process: glibc's defaults
+        ("ddp", "cpu", "2", False),
+        ("deepspeed", "cpu", "2", False),  # no per-step gathers
+        ("fsdp", "cuda", "2", False),  # CUDA tensors have their own caching allocator
+    ],
+)
 def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeypatch, kind, device, world, applies):
     import torch
 

@@ -13,8 +13,9 @@ from ditty.parallel.deepspeed import INSTALL_HINT, deepspeed_config, deepspeed_p
 
 def build(**kw):
     extra = {k: kw.pop(k) for k in ("precision", "max_grad_norm", "pin_memory") if k in kw}
-    return deepspeed_config(ParallelConfig(kind="deepspeed", **kw), micro_batch_size=4, accumulation_steps=2,
-                            world_size=2, **extra)
+    return deepspeed_config(
+        ParallelConfig(kind="deepspeed", **kw), micro_batch_size=4, accumulation_steps=2, world_size=2, **extra
+    )
 
 
 def test_zero2_with_optimizer_offload():

@@ -41,8 +41,20 @@ def test_two_ranks_match_one_process_with_accumulation(kind, reference):
 
 def test_fsdp_sync_every_micro_batch_and_cpu_offload_without_pinning(reference):
     # The offload code path on a CPU device (pinning forced off there, with a warning).
-    results = run_ranks(workers.train, 2, {"kind": "fsdp", "sync_grad_accum": True, "cpu_offload": True,
-                                            "pin_memory": True, "reshard_after_forward": False}, 4, 2, timeout=180)
+    results = run_ranks(
+        workers.train,
+        2,
+        {
+            "kind": "fsdp",
+            "sync_grad_accum": True,
+            "cpu_offload": True,
+            "pin_memory": True,
+            "reshard_after_forward": False,
+        },
+        4,
+        2,
+        timeout=180,
+    )
     _check(results, reference)
 
 
@@ -61,7 +73,7 @@ def test_meta_build_then_each_rank_loads_its_shard(how, tiny_llama_dir):
     reference = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     with torch.no_grad():
         ref_logits = reference(torch.arange(10)[None, :]).logits
-    for weights, logits, local in results:
+    for weights, logits, _local in results:
         for name, value in expected.items():
             assert torch.equal(weights[name], value), name
         torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)

@@ -21,8 +21,10 @@ LIMIT_S = 60  # issue 6: every rank gone within a minute of one failing
 
 
 def _command(mode: str, out_dir: Path, options: str = "nproc_per_node=2") -> list[str]:
-    code = ("import sys; from ditty.parallel.launch import launch; "
-            f"sys.exit(launch([{mode!r}, {str(out_dir)!r}], {options}, module='tests.parallel.launch_worker'))")
+    code = (
+        "import sys; from ditty.parallel.launch import launch; "
+        f"sys.exit(launch([{mode!r}, {str(out_dir)!r}], {options}, module='tests.parallel.launch_worker'))"
+    )
     return [sys.executable, "-c", code]
 
 
@@ -31,8 +33,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 def _launch(mode: str, out_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    done = subprocess.run(_command(mode, out_dir), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=LIMIT_S + 60)
+    done = subprocess.run(
+        _command(mode, out_dir), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=LIMIT_S + 60
+    )
     return done, time.monotonic() - start
 
 
@@ -73,10 +76,22 @@ def test_two_node_groups_join_through_c10d_rendezvous(tmp_path):
     from tests.parallel.harness import free_port
 
     endpoint = f"localhost:{free_port()}"
-    nodes = [subprocess.Popen(_command("ok", tmp_path, f"nproc_per_node=1, nnodes=2, node_rank={rank}, "
-                                                       f"rdzv_endpoint={endpoint!r}, run_id='t', rdzv_timeout_s=60"),
-                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            _command(
+                "ok",
+                tmp_path,
+                f"nproc_per_node=1, nnodes=2, node_rank={rank}, "
+                f"rdzv_endpoint={endpoint!r}, run_id='t', rdzv_timeout_s=60",
+            ),
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         outputs = [node.communicate(timeout=LIMIT_S + 60) for node in nodes]
     finally:
@@ -89,8 +104,12 @@ def test_two_node_groups_join_through_c10d_rendezvous(tmp_path):
 def test_a_node_that_never_joins_ends_the_rendezvous_with_a_message(tmp_path):
     from tests.parallel.harness import free_port
 
-    command = _command("ok", tmp_path, f"nproc_per_node=1, nnodes=2, node_rank=0, "
-                                       f"rdzv_endpoint='localhost:{free_port()}', run_id='alone', rdzv_timeout_s=3")
+    command = _command(
+        "ok",
+        tmp_path,
+        f"nproc_per_node=1, nnodes=2, node_rank=0, "
+        f"rdzv_endpoint='localhost:{free_port()}', run_id='alone', rdzv_timeout_s=3",
+    )
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=LIMIT_S)
     assert done.returncode == 1
     assert "error: the rendezvous at localhost:" in done.stderr and "--rdzv-endpoint" in done.stderr

@@ -32,9 +32,16 @@ def llama_100m(tmp_path_factory):
     # Blocks dominate, as in real LLMs (7B Llama: the embedding and the head are 2% each). With a 32k
     # vocabulary at this width they would be 23% each, and FSDP's transient for the largest unit
     # (gathered weight, full gradient, reduce-scatter buffers) would set the peak (see the report).
-    config = LlamaConfig(vocab_size=8192, hidden_size=768, intermediate_size=2048, num_hidden_layers=13,
-                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=256,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=13,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     with torch.device("meta"):
         parameters = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
@@ -51,10 +58,12 @@ def _summary(name, results):
     after_load = max(r["peak_after_load"] for r in results)
     cpu = max(max(r["step_cpu_seconds"]) for r in results)
     faults = [max(r["step_page_faults"][i] for r in results) for i in range(len(results[0]["losses"]))]
-    print(f"\n{name}: peak RSS above baseline {peak / MB:.0f} MB (after load {after_load / MB:.0f} MB), "
-          f"params+optimizer {state / MB:.0f} MB, baseline RSS {results[0]['baseline_rss'] / MB:.0f} MB, "
-          f"CPU s/step (max) {cpu:.1f}, page faults/step {faults}, "
-          f"losses {results[0]['losses']}")
+    print(
+        f"\n{name}: peak RSS above baseline {peak / MB:.0f} MB (after load {after_load / MB:.0f} MB), "
+        f"params+optimizer {state / MB:.0f} MB, baseline RSS {results[0]['baseline_rss'] / MB:.0f} MB, "
+        f"CPU s/step (max) {cpu:.1f}, page faults/step {faults}, "
+        f"losses {results[0]['losses']}"
+    )
     return peak, state
 
 
@@ -67,8 +76,10 @@ def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m):
     peak1, state1 = _summary("1 process", one)
     peak2, state2 = _summary("2 ranks, meta build + sharded load", two)
     peak_naive, state_naive = _summary("2 ranks, full build then shard", naive)
-    print(f"ratios (2 ranks / 1 process): params+optimizer {state2 / state1:.3f}, peak RSS {peak2 / peak1:.3f}; "
-          f"full-build-then-shard: params+optimizer {state_naive / state1:.3f}, peak RSS {peak_naive / peak1:.3f}")
+    print(
+        f"ratios (2 ranks / 1 process): params+optimizer {state2 / state1:.3f}, peak RSS {peak2 / peak1:.3f}; "
+        f"full-build-then-shard: params+optimizer {state_naive / state1:.3f}, peak RSS {peak_naive / peak1:.3f}"
+    )
     assert state1 == pytest.approx(3 * 4 * parameters, rel=1e-5)  # fp32 weights, two moments (+ step counters)
     assert state2 / state1 <= 0.55
     assert peak2 / peak1 <= 0.6

@@ -36,24 +36,33 @@ def test_hsdp_derives_the_shard_size():
 
 
 def test_per_rank_share_in_the_plan():
-    assert shape(4, kind="fsdp").describe() == ("fsdp mesh (dp 4): each rank holds 1/4 of parameters, gradients "
-                                                "and optimizer state")
+    assert shape(4, kind="fsdp").describe() == (
+        "fsdp mesh (dp 4): each rank holds 1/4 of parameters, gradients and optimizer state"
+    )
     assert shape(4, kind="hsdp", replicate_size=2).describe() == (
-        "hsdp mesh (replicate 2 x shard 2): each rank holds 1/2 of parameters, gradients and optimizer state")
+        "hsdp mesh (replicate 2 x shard 2): each rank holds 1/2 of parameters, gradients and optimizer state"
+    )
     assert "whole model" in shape(2, kind="ddp").describe()
-    assert shape(2, kind="deepspeed", zero_stage=2).describe().endswith(
-        "whole parameters; 1/2 of gradients and optimizer state per rank")
+    assert (
+        shape(2, kind="deepspeed", zero_stage=2)
+        .describe()
+        .endswith("whole parameters; 1/2 of gradients and optimizer state per rank")
+    )
     assert shape(2, kind="deepspeed", zero_stage=3).shard_size == 2
     assert shape(1, kind="none").describe().startswith("1 process")
 
 
 def test_hsdp_product_must_equal_the_world_size():
     assert problems(4, kind="hsdp", replicate_size=2, shard_size=4) == [
-        ("parallel.shard_size", "replicate_size x shard_size = 2 x 4 = 8, but the world size is 4")]
+        ("parallel.shard_size", "replicate_size x shard_size = 2 x 4 = 8, but the world size is 4")
+    ]
     assert problems(4, kind="hsdp", replicate_size=3) == [
-        ("parallel.replicate_size", "= 3 does not divide the world size 4")]
+        ("parallel.replicate_size", "= 3 does not divide the world size 4")
+    ]
     assert [k for k, _ in problems(4, kind="hsdp", replicate_size=0, shard_size=0)] == [
-        "parallel.replicate_size", "parallel.shard_size"]
+        "parallel.replicate_size",
+        "parallel.shard_size",
+    ]
 
 
 def test_kind_none_on_several_processes_is_an_error():
@@ -68,6 +77,8 @@ def test_reshard_group_size_must_divide_the_shard_size():
 
 
 def test_mesh_shape_imports_no_torch():
-    code = ("import sys; from ditty.parallel.mesh import mesh_shape; from ditty.parallel.deepspeed import "
-            "deepspeed_problems; import ditty.parallel; assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; from ditty.parallel.mesh import mesh_shape; from ditty.parallel.deepspeed import "
+        "deepspeed_problems; import ditty.parallel; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

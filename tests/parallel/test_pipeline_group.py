@@ -21,9 +21,18 @@ def _pipeline_runs(rank: int, world: int, out: str) -> tuple[bool, bool]:
     from tests.parallel.harness import free_port
 
     def run(name: str) -> None:
-        Pipeline(model_factory=ModelFactory.from_instance(Regressor()), dataset=make_rows(32), loss_calculator=MSELoss(),
-                 preprocessors=[SplitTarget()], output_dir=f"{out}/{name}", steps=2, batch_size=4, device="cpu",
-                 num_threads=1, progress=False).run()
+        Pipeline(
+            model_factory=ModelFactory.from_instance(Regressor()),
+            dataset=make_rows(32),
+            loss_calculator=MSELoss(),
+            preprocessors=[SplitTarget()],
+            output_dir=f"{out}/{name}",
+            steps=2,
+            batch_size=4,
+            device="cpu",
+            num_threads=1,
+            progress=False,
+        ).run()
 
     run("given")  # the harness made the group, as a script that calls init_process_group itself
     after_given = dist.is_initialized()

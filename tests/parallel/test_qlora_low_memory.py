@@ -74,9 +74,16 @@ def llama_50m(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=4096, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=128,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("llama-50m")
     LlamaForCausalLM(config).save_pretrained(path)
@@ -95,8 +102,13 @@ def test_rank_1_never_holds_the_whole_quantized_model(llama_50m, tiny_llama_dir)
     """
     results = run_ranks(qlora_workers.memory_both_ways, 2, llama_50m, tiny_llama_dir, timeout=400)
     for rank, result in enumerate(results):
-        print(f"\nrank {rank}: " + ", ".join(f"{mode} {v['peak_build'] / MB:.0f} MB (shard {v['local_param_bytes'] / MB:.0f} MB)"
-                                            for mode, v in result.items()))
+        print(
+            f"\nrank {rank}: "
+            + ", ".join(
+                f"{mode} {v['peak_build'] / MB:.0f} MB (shard {v['local_param_bytes'] / MB:.0f} MB)"
+                for mode, v in result.items()
+            )
+        )
     low0, low1 = results[0]["low"], results[1]["low"]
     every1 = results[1]["every"]
     assert low1["reads"] == []  # rank 1 never opened a file of the checkpoint

@@ -17,10 +17,15 @@ from ditty.config.sections import ParallelConfig
 from ditty.parallel.accumulation import grad_average_correction, no_sync_context
 from ditty.parallel.env import init_distributed
 from ditty.parallel.launch import _report, torchrun_args
-from ditty.parallel.materialize import (load_sharded_from_rank0, load_sharded_from_safetensors, materialize,
-                                        meta_init)
-from ditty.parallel.wrap import (CPU_OFFLOAD_WARNING, CPU_PIN_WARNING, apply_parallelism, find_blocks,
-                                 mixed_precision_policy, offload_policy)
+from ditty.parallel.materialize import load_sharded_from_rank0, load_sharded_from_safetensors, materialize, meta_init
+from ditty.parallel.wrap import (
+    CPU_OFFLOAD_WARNING,
+    CPU_PIN_WARNING,
+    apply_parallelism,
+    find_blocks,
+    mixed_precision_policy,
+    offload_policy,
+)
 from tests.parallel.harness import TinyBlock, TinyNet
 
 # --- wrap ----------------------------------------------------------------------------------------
@@ -50,10 +55,22 @@ def test_mixed_precision_defaults_from_train_precision():
     assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
     bf16 = mixed_precision_policy(ParallelConfig(kind="fsdp"), "bf16")
     assert (bf16.param_dtype, bf16.reduce_dtype, bf16.cast_forward_inputs) == (torch.bfloat16, torch.float32, True)
-    explicit = mixed_precision_policy(ParallelConfig(kind="fsdp", param_dtype="float16", reduce_dtype="bfloat16",
-                                                     output_dtype="float32", cast_forward_inputs=False), "bf16")
+    explicit = mixed_precision_policy(
+        ParallelConfig(
+            kind="fsdp",
+            param_dtype="float16",
+            reduce_dtype="bfloat16",
+            output_dtype="float32",
+            cast_forward_inputs=False,
+        ),
+        "bf16",
+    )
     assert (explicit.param_dtype, explicit.reduce_dtype, explicit.output_dtype, explicit.cast_forward_inputs) == (
-        torch.float16, torch.bfloat16, torch.float32, False)
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        False,
+    )
 
 
 def test_cpu_offload_on_a_cpu_device_warns_and_never_pins():
@@ -76,6 +93,7 @@ def test_one_process_or_no_mesh_leaves_the_model_alone():
 
 # --- accumulation --------------------------------------------------------------------------------
 
+
 def test_grad_average_correction_is_the_data_parallel_size():
     assert grad_average_correction(1) == 1.0 and grad_average_correction(4) == 4.0
     with pytest.raises(ValueError):
@@ -91,6 +109,7 @@ def test_no_sync_context_is_a_no_op_on_a_plain_module():
 
 # --- env and launch ------------------------------------------------------------------------------
 
+
 def test_init_distributed_on_one_process_creates_no_group(monkeypatch):
     import torch.distributed as dist
 
@@ -102,12 +121,46 @@ def test_init_distributed_on_one_process_creates_no_group(monkeypatch):
 
 def test_torchrun_arguments():
     one = torchrun_args(["run", "r.toml"], nproc_per_node=2)
-    assert one == ["--nproc-per-node", "2", "--max-restarts", "0", "--monitor-interval", "0.5", "--standalone",
-                   "-m", "ditty", "run", "r.toml"]
-    many = torchrun_args(["run", "r.toml"], nproc_per_node=4, nnodes=2, node_rank=1, rdzv_endpoint="h:29400",
-                         run_id="job7", rdzv_timeout_s=30)
-    assert many[6:] == ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400",
-                        "--rdzv-id", "job7", "--rdzv-conf", "join_timeout=30", "-m", "ditty", "run", "r.toml"]
+    assert one == [
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.5",
+        "--standalone",
+        "-m",
+        "ditty",
+        "run",
+        "r.toml",
+    ]
+    many = torchrun_args(
+        ["run", "r.toml"],
+        nproc_per_node=4,
+        nnodes=2,
+        node_rank=1,
+        rdzv_endpoint="h:29400",
+        run_id="job7",
+        rdzv_timeout_s=30,
+    )
+    assert many[6:] == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "h:29400",
+        "--rdzv-id",
+        "job7",
+        "--rdzv-conf",
+        "join_timeout=30",
+        "-m",
+        "ditty",
+        "run",
+        "r.toml",
+    ]
     with pytest.raises(RecipeError, match="--rdzv-endpoint"):
         torchrun_args(["run"], nproc_per_node=1, nnodes=2)
 
@@ -151,6 +204,7 @@ def test_record_user_error_is_a_no_op_outside_the_launcher(monkeypatch, tmp_path
 
 
 # --- meta build and loading, one process ----------------------------------------------------------
+
 
 def test_meta_init_puts_parameters_on_meta_and_keeps_buffers(tiny_llama_dir):
     from transformers import AutoConfig, AutoModelForCausalLM

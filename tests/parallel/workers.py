@@ -107,8 +107,7 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2,
     from ditty.config.sections import ParallelConfig
     from ditty.parallel.env import init_distributed
     from ditty.parallel.materialize import load_sharded_from_safetensors, meta_init
-    from ditty.parallel.memory import (optimizer_state_bytes, parameter_bytes, peak_rss_bytes,
-                                       return_freed_memory_to_os)
+    from ditty.parallel.memory import optimizer_state_bytes, parameter_bytes, peak_rss_bytes, return_freed_memory_to_os
     from ditty.parallel.mesh import build_mesh
     from ditty.parallel.wrap import apply_parallelism
 
@@ -139,7 +138,7 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2,
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (4, 64), generator=g)
     per_rank = 4 // world
-    mine = tokens[rank * per_rank:(rank + 1) * per_rank]
+    mine = tokens[rank * per_rank : (rank + 1) * per_rank]
     losses, step_seconds, step_cpu_seconds, step_page_faults = [], [], [], []
     for _ in range(steps):
         start, cpu_start = time.perf_counter(), time.process_time()

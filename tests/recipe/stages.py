@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ditty.loss import LossCalculator, LossOutput, MSELoss
+from ditty.loss import LossCalculator, MSELoss
 from ditty.processors import PostProcessor, PreProcessor
 
 CALLS: list[str] = []

@@ -21,15 +21,33 @@ micro_batch_size = 4
 
 # rule id -> (extra TOML, world size)
 FAILING = {
-    "compat.bnb-8bit-optimizer-fsdp": ('[optimizer]\nkind = "adamw8bit"\nbackend = "bnb"\n[parallel]\nkind = "fsdp"\n', 2),
-    "compat.8bit-optimizer-cpu-offload": ('[optimizer]\nkind = "adamw8bit"\n[parallel]\nkind = "fsdp"\ncpu_offload = true\n', 2),
+    "compat.bnb-8bit-optimizer-fsdp": (
+        '[optimizer]\nkind = "adamw8bit"\nbackend = "bnb"\n[parallel]\nkind = "fsdp"\n',
+        2,
+    ),
+    "compat.8bit-optimizer-cpu-offload": (
+        '[optimizer]\nkind = "adamw8bit"\n[parallel]\nkind = "fsdp"\ncpu_offload = true\n',
+        2,
+    ),
     "compat.optimizer-backend": ('[optimizer]\nkind = "sgd"\nbackend = "bnb"\n', 1),
     "compat.quantized-needs-adapter": ('[quant]\nkind = "bnb-4bit"\n', 1),
-    "compat.qlora-fsdp-storage-dtype": ('[quant]\nkind = "bnb-4bit"\nstorage_dtype = "uint8"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n', 2),
+    "compat.qlora-fsdp-storage-dtype": (
+        '[quant]\nkind = "bnb-4bit"\nstorage_dtype = "uint8"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n',
+        2,
+    ),
     "compat.8bit-loading-fsdp": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n', 2),
-    "compat.quant-deepspeed": ('[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[parallel]\nkind = "deepspeed"\n', 2),
-    "compat.merge-8bit": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n', 1),
-    "compat.merge-4bit-dequantized": ('[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n', 1),
+    "compat.quant-deepspeed": (
+        '[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[parallel]\nkind = "deepspeed"\n',
+        2,
+    ),
+    "compat.merge-8bit": (
+        '[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n',
+        1,
+    ),
+    "compat.merge-4bit-dequantized": (
+        '[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n[checkpoint]\nfinal_format = "merged"\n',
+        1,
+    ),
     "compat.merge-needs-adapter": ('[checkpoint]\nfinal_format = "merged"\n', 1),
     "compat.dora-8bit": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "dora"\n', 1),
     "compat.fp8-hardware": ('[run]\ndevice = "cpu"\n[fp8]\nenabled = true\n', 1),
@@ -39,15 +57,14 @@ FAILING = {
     "compat.deepspeed-fp8": ('[parallel]\nkind = "deepspeed"\n[fp8]\nenabled = true\nemulate = true\n', 2),
     "compat.deepspeed-8bit-optimizer": ('[parallel]\nkind = "deepspeed"\n[optimizer]\nkind = "adamw8bit"\n', 2),
     "compat.fp16-weights-with-scaler": ('[model]\ndtype = "float16"\n[train]\nprecision = "fp16"\n', 1),
-    "compat.wandb-missing": ('[logging]\nwandb = true\n', 1),
+    "compat.wandb-missing": ("[logging]\nwandb = true\n", 1),
 }
 
 
 def merge(base: str, extra: str) -> str:
     """Extra tables replace or extend the base's tables of the same name."""
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     data = tomllib.loads(base)
     for section, values in tomllib.loads(extra).items():
@@ -90,7 +107,21 @@ def test_readme_shows_the_table():
 def test_bnb_fsdp_check_exits_2_and_suggests_torchao(capsys):
     from ditty.cli import main
 
-    code = main(["check", "tiny_sft", "--parallel.kind", "fsdp", "--optimizer.kind", "adamw8bit",
-                 "--optimizer.backend", "bnb", "--nproc-per-node", "2", "--train.micro_batch_size", "64"])
+    code = main(
+        [
+            "check",
+            "tiny_sft",
+            "--parallel.kind",
+            "fsdp",
+            "--optimizer.kind",
+            "adamw8bit",
+            "--optimizer.backend",
+            "bnb",
+            "--nproc-per-node",
+            "2",
+            "--train.micro_batch_size",
+            "64",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and 'optimizer.backend = "torchao"' in err

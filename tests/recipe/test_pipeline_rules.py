@@ -57,13 +57,17 @@ def no_calls():
 
 # --- pipeline.components -------------------------------------------------------------------------
 
+
 def test_the_diffusion_pipeline_is_valid(tmp_path):
     assert problems(tmp_path) == []
     assert problems(tmp_path, severity="warning") == []  # every stage declares a contract
 
 
 def test_missing_module_is_a_recipe_error(tmp_path):
-    found = one(problems(tmp_path, NOISE.replace("ditty.diffusion", "tests.recipe.no_such_module") + LOSS), "pipeline.components")
+    found = one(
+        problems(tmp_path, NOISE.replace("ditty.diffusion", "tests.recipe.no_such_module") + LOSS),
+        "pipeline.components",
+    )
     assert found.key == "pipeline.preprocessors[0].use" and "cannot import module" in found.message
 
 
@@ -91,7 +95,7 @@ def test_a_class_of_the_wrong_slot_is_refused_and_not_constructed(tmp_path):
 
 
 def test_arguments_are_bound_not_called(tmp_path):
-    body = NOISE + LOSS + 'kwargs = { wrong = 1 }\n'
+    body = NOISE + LOSS + "kwargs = { wrong = 1 }\n"
     found = one(problems(tmp_path, body), "pipeline.components")
     assert found.key == "pipeline.loss[0].use.kwargs" and "wrong" in found.message
     assert stages.CALLS == []
@@ -102,11 +106,14 @@ def test_abstract_loss_is_refused(tmp_path):
     assert "abstract" in found.message
 
 
-@pytest.mark.parametrize(("factory", "text"), [
-    ("tests.recipe.stages:unannotated_factory", "no return annotation"),
-    ("tests.recipe.stages:dict_factory", "not a torch.nn.Module"),
-    ("tests.recipe.stages:Stage", "not a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    ("factory", "text"),
+    [
+        ("tests.recipe.stages:unannotated_factory", "no return annotation"),
+        ("tests.recipe.stages:dict_factory", "not a torch.nn.Module"),
+        ("tests.recipe.stages:Stage", "not a torch.nn.Module"),
+    ],
+)
 def test_a_factory_must_be_known_to_return_a_module(tmp_path, factory, text):
     found = one(problems(tmp_path, factory=factory), "pipeline.components")
     assert found.key == "model.factory" and text in found.message
@@ -114,7 +121,9 @@ def test_a_factory_must_be_known_to_return_a_module(tmp_path, factory, text):
 
 
 def test_factory_kwargs_bind(tmp_path):
-    text = recipe(tmp_path).replace(f'factory = "{DENOISER}"', f'factory = "{DENOISER}"\nfactory_kwargs = {{ widht = 3 }}')
+    text = recipe(tmp_path).replace(
+        f'factory = "{DENOISER}"', f'factory = "{DENOISER}"\nfactory_kwargs = {{ widht = 3 }}'
+    )
     plan = compile_recipe(parse_recipe(text, source="r.toml"))
     found = [p for p in plan.errors if p.rule == "pipeline.components"]
     assert [p.key for p in found] == ["model.factory_kwargs"] and "widht" in found[0].message
@@ -125,6 +134,7 @@ def test_a_model_spec_is_a_factory(tmp_path):
 
 
 # --- pipeline.contracts: one valid and one failing chain per contract rule -------------------------
+
 
 def stage(contract: str, slot: str = "preprocessors", cls: str = "Stage") -> str:
     return f'[[pipeline.{slot}]]\nuse = "tests.recipe.stages:{cls}"\nkwargs = {{ contract = "{contract}" }}\n'
@@ -163,12 +173,12 @@ def test_loss_output_index(tmp_path):
     two_heads = "tests.recipe.stages:TwoHeads"
     index_one = LOSS + 'kwargs = { output_index = 1, contract = "logits:2:f32 -> loss:0:f32" }\n'
     assert problems(tmp_path, NOISE + index_one, factory=two_heads) == []
-    found = one(problems(tmp_path, NOISE + LOSS + 'kwargs = { output_index = 1 }\n'), "contract.output-index")
+    found = one(problems(tmp_path, NOISE + LOSS + "kwargs = { output_index = 1 }\n"), "contract.output-index")
     assert found.key == "pipeline.loss[0] (ContractLoss)" and "output_index 1 does not exist" in found.message
 
 
 def test_composite_loss_checks_each_part_index(tmp_path):
-    composite = LOSS + 'weight = 1.0\n' + LOSS + 'weight = 0.1\nkwargs = { output_index = 1 }\n'
+    composite = LOSS + "weight = 1.0\n" + LOSS + "weight = 0.1\nkwargs = { output_index = 1 }\n"
     assert problems(tmp_path, NOISE + composite, factory="tests.recipe.stages:TwoHeads") == []
     found = one(problems(tmp_path, NOISE + composite), "contract.output-index")
     assert found.key == "pipeline.loss (composite)"
@@ -176,8 +186,10 @@ def test_composite_loss_checks_each_part_index(tmp_path):
 
 def test_postprocessor_output_feeds_the_loss(tmp_path):
     assert problems(tmp_path, NOISE + stage("eps:4:f32 -> eps:4:f32", "postprocessors", "Post") + LOSS) == []
-    found = one(problems(tmp_path, NOISE + stage("eps:4:f32 -> eps:2:f32", "postprocessors", "Post") + LOSS),
-                "contract.mismatch")
+    found = one(
+        problems(tmp_path, NOISE + stage("eps:4:f32 -> eps:2:f32", "postprocessors", "Post") + LOSS),
+        "contract.mismatch",
+    )
     assert found.key == "pipeline.loss[0] (ContractLoss)"
 
 
@@ -188,12 +200,16 @@ def test_non_text_data_needs_a_loss(tmp_path):
 
 # --- exit code 2 at `ditty check`, stage named -----------------------------------------------------
 
-@pytest.mark.parametrize(("body", "factory", "named"), [
-    (NOISE + stage("x_t:4:q32 -> x_t") + LOSS, DENOISER, "pipeline.preprocessors[1] (Stage)"),
-    (NOISE + stage("x_t:4:f32 -> x_t:2:f32") + LOSS, DENOISER, f"model.factory ({DENOISER})"),
-    (NOISE + LOSS + 'kwargs = { output_index = 3 }\n', DENOISER, "pipeline.loss[0] (ContractLoss)"),
-    (NOISE + LOSS, "tests.recipe.nowhere:build", "model.factory"),
-])
+
+@pytest.mark.parametrize(
+    ("body", "factory", "named"),
+    [
+        (NOISE + stage("x_t:4:q32 -> x_t") + LOSS, DENOISER, "pipeline.preprocessors[1] (Stage)"),
+        (NOISE + stage("x_t:4:f32 -> x_t:2:f32") + LOSS, DENOISER, f"model.factory ({DENOISER})"),
+        (NOISE + LOSS + "kwargs = { output_index = 3 }\n", DENOISER, "pipeline.loss[0] (ContractLoss)"),
+        (NOISE + LOSS, "tests.recipe.nowhere:build", "model.factory"),
+    ],
+)
 def test_bad_pipelines_stop_at_check_with_exit_2(tmp_path, capsys, body, factory, named):
     path = tmp_path / "bad.toml"
     path.write_text(recipe(tmp_path, body, factory))

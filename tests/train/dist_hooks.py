@@ -28,7 +28,8 @@ class FailAt(PreProcessor):
             if self.user:
                 from ditty.config.errors import RecipeError
 
-                raise RecipeError.single(f"injected user error on rank {self.rank}", key="data.path",
-                                         fix="nothing to fix: a test")
+                raise RecipeError.single(
+                    f"injected user error on rank {self.rank}", key="data.path", fix="nothing to fix: a test"
+                )
             raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
         return batch, ctx

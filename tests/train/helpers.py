@@ -37,11 +37,15 @@ def write_chat(path, n: int = 48) -> str:
     rows = []
     for i in range(n):
         a, b = i % 10, (3 * i) % 10
-        rows.append({"messages": [
-            {"role": "system", "content": "You add numbers."},
-            {"role": "user", "content": f"{a} plus {b}?"},
-            {"role": "assistant", "content": f"{a + b}"},
-        ]})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": "You add numbers."},
+                    {"role": "user", "content": f"{a} plus {b}?"},
+                    {"role": "assistant", "content": f"{a + b}"},
+                ]
+            }
+        )
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return str(path)

@@ -19,8 +19,15 @@ def tiny_config(tmp_path, name: str = "run", steps: int = 4, **sections):
         config,
         run=replace(config.run, output_dir=str(tmp_path / name), device="cpu"),
         data=replace(config.data, num_samples=400, val_fraction=0.05),
-        train=replace(config.train, steps=steps, global_batch_size=16, micro_batch_size=16, log_every=1,
-                      eval_every=0, eval_samples=0),
+        train=replace(
+            config.train,
+            steps=steps,
+            global_batch_size=16,
+            micro_batch_size=16,
+            log_every=1,
+            eval_every=0,
+            eval_samples=0,
+        ),
         scheduler=replace(config.scheduler, kind="constant", warmup_steps=0),
         logging=replace(config.logging, progress=False),
     )

@@ -16,7 +16,7 @@ def _global_batch(pad_id: int) -> list[tuple[list[int], list[int]]]:
     """8 samples of lengths 5..33 with different numbers of supervised tokens (1 to 28)."""
     g = torch.Generator().manual_seed(0)
     samples = []
-    for i, (length, prompt) in enumerate([(5, 2), (33, 4), (9, 8), (17, 3), (12, 11), (28, 6), (7, 1), (21, 15)]):
+    for length, prompt in [(5, 2), (33, 4), (9, 8), (17, 3), (12, 11), (28, 6), (7, 1), (21, 15)]:
         ids = torch.randint(3, 250, (length,), generator=g).tolist()
         labels = [-100] * prompt + ids[prompt:]
         samples.append((ids, labels))

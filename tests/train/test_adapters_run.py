@@ -24,8 +24,12 @@ def test_lora_run_saves_adapter_and_merged_model(tmp_path, tiny_llama_dir):
 
     data = write_prompt_completion(tmp_path / "pc.jsonl")
     config = small_config(tmp_path, tiny_llama_dir, data, steps=6)
-    config = replace(config, peft=PeftConfig(kind="lora", r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
-                     optimizer=replace(config.optimizer, lr=1e-2), checkpoint=CheckpointConfig(final_format="merged"))
+    config = replace(
+        config,
+        peft=PeftConfig(kind="lora", r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+        optimizer=replace(config.optimizer, lr=1e-2),
+        checkpoint=CheckpointConfig(final_format="merged"),
+    )
     trainer = Trainer(config)
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
     trainer.train()
@@ -49,8 +53,12 @@ def test_qlora_run_builds_4bit_layers_and_learns(tmp_path, tiny_llama_dir):
 
     data = write_prompt_completion(tmp_path / "pc.jsonl")
     config = small_config(tmp_path, tiny_llama_dir, data, steps=8)
-    config = replace(config, peft=PeftConfig(kind="lora", r=8, alpha=16), quant=QuantConfig(kind="bnb-4bit"),
-                     optimizer=replace(config.optimizer, lr=1e-2))
+    config = replace(
+        config,
+        peft=PeftConfig(kind="lora", r=8, alpha=16),
+        quant=QuantConfig(kind="bnb-4bit"),
+        optimizer=replace(config.optimizer, lr=1e-2),
+    )
     trainer = Trainer(config)
     linear4bit = [m for m in trainer.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert len(linear4bit) == 2 * 7  # 2 layers x (q, k, v, o, gate, up, down)

@@ -34,14 +34,17 @@ def test_listed_converters_in_any_order_pass():
     assert problems("", extra) == []  # empty: the default order
 
 
-@pytest.mark.parametrize("converters, extra, message", [
-    ('converters = ["peft"]', "", "lists 'peft' but peft.kind leaves the [peft] adapter off"),
-    ('converters = ["fp8"]', '[peft]\nkind = "lora"\n', "does not list 'peft'"),
-    ('converters = ["peft", "peft"]', '[peft]\nkind = "lora"\n', "lists 'peft' twice"),
-    ('converters = ["float8"]', "", "neither a built-in converter"),
-    ('converters = ["tests.train.converter_hooks:NotAConverter"]', "", "is not a converter class"),
-    ('converters = ["tests.train.nowhere:Thing"]', "", "cannot import module"),
-])
+@pytest.mark.parametrize(
+    "converters, extra, message",
+    [
+        ('converters = ["peft"]', "", "lists 'peft' but peft.kind leaves the [peft] adapter off"),
+        ('converters = ["fp8"]', '[peft]\nkind = "lora"\n', "does not list 'peft'"),
+        ('converters = ["peft", "peft"]', '[peft]\nkind = "lora"\n', "lists 'peft' twice"),
+        ('converters = ["float8"]', "", "neither a built-in converter"),
+        ('converters = ["tests.train.converter_hooks:NotAConverter"]', "", "is not a converter class"),
+        ('converters = ["tests.train.nowhere:Thing"]', "", "cannot import module"),
+    ],
+)
 def test_bad_converter_lists_are_recipe_errors(converters, extra, message):
     found = problems(converters, extra)
     assert any(message in p.message for p in found) and all(p.fix for p in found)

@@ -3,7 +3,8 @@
 Real deepspeed (the dev set-up installs it; `DS_ACCELERATOR=cpu`), real gloo ranks, one spawn for
 every scenario. Measured here (fp32, 8 steps, global batch 8, clipping active): the per-step losses
 agree with one process within 1e-7 relative and the final weights within 6e-7, for both stages (and
-ZeRO-3 with optimizer and parameter offload, or with activation checkpointing), so the tolerance is ditty's usual parity bound of 1e-5.
+ZeRO-3 with optimizer and parameter offload, or with activation checkpointing), so the tolerance is
+ditty's usual parity bound of 1e-5.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import torch
 
 from tests.parallel.harness import run_ranks
 from tests.train.test_distributed import (
-    TOLERANCE, final_weights, loss_error, losses, relative_error, single, tiny_config,  # noqa: F401 (fixture)
+    TOLERANCE,
+    final_weights,
+    loss_error,
+    losses,
+    relative_error,
+    single,  # noqa: F401 (a fixture)
+    tiny_config,
 )
 
 pytest.importorskip("deepspeed")
@@ -37,8 +44,9 @@ def adapter_weights(run_dir: str) -> dict[str, torch.Tensor]:
 
 
 def deepspeed_config(out: str, stage: int, offload: bool = False, **train):
-    config = tiny_config(out, micro=2, parallel="deepspeed", zero_stage=stage, offload_optimizer=offload,
-                         offload_params=offload)
+    config = tiny_config(
+        out, micro=2, parallel="deepspeed", zero_stage=stage, offload_optimizer=offload, offload_params=offload
+    )
     return replace(config, train=replace(config.train, **train)) if train else config
 
 
@@ -53,25 +61,35 @@ def _run_all(rank: int, world: int, configs: list) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("deepspeed")
-    paths = {name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "zero3_ac", "zero3_lora", "resumed")}
+    paths = {
+        name: str(base / name) for name in ("zero2", "zero3", "zero3_offload", "zero3_ac", "zero3_lora", "resumed")
+    }
     first_half = deepspeed_config(paths["resumed"], 2, steps=4)
     first_half = replace(first_half, checkpoint=replace(first_half.checkpoint, every=2))
-    run_ranks(_run_all, 2, [
-        deepspeed_config(paths["zero2"], 2),
-        deepspeed_config(paths["zero3"], 3),
-        deepspeed_config(paths["zero3_offload"], 3, offload=True),  # the offload code path (CPU to CPU here)
-        deepspeed_config(paths["zero3_ac"], 3, activation_checkpointing="full"),
-        with_lora(deepspeed_config(paths["zero3_lora"], 3)),  # frozen base partitioned, adapter gathered for final/
-        first_half,  # 4 steps, checkpoints at 2 and 4 ...
-        replace(first_half, train=replace(first_half.train, steps=8)),  # ... then resumed to 8
-    ], timeout=600)
+    run_ranks(
+        _run_all,
+        2,
+        [
+            deepspeed_config(paths["zero2"], 2),
+            deepspeed_config(paths["zero3"], 3),
+            deepspeed_config(paths["zero3_offload"], 3, offload=True),  # the offload code path (CPU to CPU here)
+            deepspeed_config(paths["zero3_ac"], 3, activation_checkpointing="full"),
+            with_lora(deepspeed_config(paths["zero3_lora"], 3)),  # frozen base partitioned, adapter gathered for final/
+            first_half,  # 4 steps, checkpoints at 2 and 4 ...
+            replace(first_half, train=replace(first_half.train, steps=8)),  # ... then resumed to 8
+        ],
+        timeout=600,
+    )
     return paths
 
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "zero3_offload", "zero3_ac"])
 def test_deepspeed_on_two_ranks_matches_one_process(runs, single, name):
     run = runs[name]
-    loss_err, weight_err = loss_error(losses(run), losses(single)), relative_error(final_weights(run), final_weights(single))
+    loss_err, weight_err = (
+        loss_error(losses(run), losses(single)),
+        relative_error(final_weights(run), final_weights(single)),
+    )
     print(f"deepspeed {name}: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
     assert loss_err < TOLERANCE and weight_err < TOLERANCE
 
@@ -83,9 +101,12 @@ def test_zero_partitions_the_optimizer_state(runs, single):
             figures[run] = json.load(f)["memory"]
     one = figures[single]
     zero2, zero3 = figures[runs["zero2"]], figures[runs["zero3"]]
-    print(f"optimizer state per rank: zero2 {zero2['optimizer_state_bytes_per_rank'] / one['optimizer_state_bytes_per_rank']:.3f}, "
-          f"zero3 {zero3['optimizer_state_bytes_per_rank'] / one['optimizer_state_bytes_per_rank']:.3f} of one process; "
-          f"parameters zero3 {zero3['parameter_bytes_per_rank'] / one['parameter_bytes_per_rank']:.3f}")
+    print(
+        "optimizer state per rank: zero2 "
+        f"{zero2['optimizer_state_bytes_per_rank'] / one['optimizer_state_bytes_per_rank']:.3f}, "
+        f"zero3 {zero3['optimizer_state_bytes_per_rank'] / one['optimizer_state_bytes_per_rank']:.3f} of one process; "
+        f"parameters zero3 {zero3['parameter_bytes_per_rank'] / one['parameter_bytes_per_rank']:.3f}"
+    )
     for figure in (zero2, zero3):  # partitions of the flat parameters, padded to an even split
         assert figure["optimizer_state_bytes_per_rank"] <= 0.55 * one["optimizer_state_bytes_per_rank"]
     assert zero2["parameter_bytes_per_rank"] == one["parameter_bytes_per_rank"]  # ZeRO-2 keeps whole parameters
@@ -97,7 +118,9 @@ def test_resume_through_deepspeed_checkpoints_continues_exactly(runs):
     last = os.path.join(resumed, "checkpoints", "step-8")  # written by the resumed half
     engine_files = os.listdir(os.path.join(last, "deepspeed", "state"))
     assert sorted(f for f in engine_files if f.endswith("optim_states.pt")) == [
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
     assert os.path.exists(os.path.join(last, "COMPLETE"))
     assert losses(resumed) == pytest.approx(losses(straight), rel=1e-6)
     a, b = final_weights(resumed), final_weights(straight)

@@ -34,19 +34,41 @@ from tests.parallel.harness import free_port, run_ranks
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-5
 STEPS = 8
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=64, tie_word_embeddings=False)
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
 
 
-def tiny_config(out: str, *, micro: int, parallel: str = "none", steps: int = STEPS, **parallel_options) -> TrainerConfig:
+def tiny_config(
+    out: str, *, micro: int, parallel: str = "none", steps: int = STEPS, **parallel_options
+) -> TrainerConfig:
     return TrainerConfig(
         run=RunConfig(name="dist", output_dir=out, seed=0, device="cpu"),
         model=ModelConfig(init="random", architecture="llama", config=dict(TINY)),
         tokenizer=TokenizerConfig(kind="byte"),
-        data=DataConfig(source="builtin", name="addition", format="prompt_completion", max_seq_len=32,
-                        num_samples=200, val_fraction=0.05),
-        train=TrainConfig(steps=steps, global_batch_size=8, micro_batch_size=micro, max_grad_norm=1.0,
-                          log_every=1, eval_every=0, eval_samples=3),
+        data=DataConfig(
+            source="builtin",
+            name="addition",
+            format="prompt_completion",
+            max_seq_len=32,
+            num_samples=200,
+            val_fraction=0.05,
+        ),
+        train=TrainConfig(
+            steps=steps,
+            global_batch_size=8,
+            micro_batch_size=micro,
+            max_grad_norm=1.0,
+            log_every=1,
+            eval_every=0,
+            eval_samples=3,
+        ),
         optimizer=OptimizerConfig(lr=3e-3),
         scheduler=SchedulerConfig(kind="constant"),
         parallel=ParallelConfig(kind=parallel, **parallel_options),
@@ -97,6 +119,7 @@ def single(tmp_path_factory):
 
 # ------------------------------------------------------------------ fast (one process)
 
+
 def test_eval_batches_are_equal_in_number_on_every_rank(monkeypatch):
     from ditty.train import evaluate
 
@@ -122,14 +145,19 @@ def test_single_process_reports_memory(single):
 
 # ------------------------------------------------------------------ several processes
 
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("parallel")
 def test_ddp_and_fsdp_on_two_ranks_match_one_process(single, tmp_path):
     # 2 ranks x 2 micro-batches of 2 = the reference's 2 x 4: gradients sync on the last micro-batch only.
     ddp, fsdp = str(tmp_path / "ddp"), str(tmp_path / "fsdp")
     started = time.monotonic()
-    run_ranks(_train_all, 2, [tiny_config(ddp, micro=2, parallel="ddp"), tiny_config(fsdp, micro=2, parallel="fsdp")],
-              timeout=300)
+    run_ranks(
+        _train_all,
+        2,
+        [tiny_config(ddp, micro=2, parallel="ddp"), tiny_config(fsdp, micro=2, parallel="fsdp")],
+        timeout=300,
+    )
     print(f"ddp + fsdp on 2 ranks: {time.monotonic() - started:.0f} s")
     ref_losses, ref_weights = losses(single), final_weights(single)
     for run in (ddp, fsdp):
@@ -154,19 +182,25 @@ def test_hsdp_on_four_ranks_matches_one_process(single, tmp_path):
     started = time.monotonic()
     run_ranks(_train_all, 4, [tiny_config(hsdp, micro=1, parallel="hsdp", replicate_size=2)], timeout=400)
     print(f"hsdp on 4 ranks: {time.monotonic() - started:.0f} s")
-    loss_err, weight_err = loss_error(losses(hsdp), losses(single)), relative_error(final_weights(hsdp), final_weights(single))
+    loss_err, weight_err = (
+        loss_error(losses(hsdp), losses(single)),
+        relative_error(final_weights(hsdp), final_weights(single)),
+    )
     print(f"hsdp: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
     assert loss_err < TOLERANCE and weight_err < TOLERANCE
 
 
 # ------------------------------------------------------------------ through `ditty run` (torchrun)
 
+
 def write_recipe(path, config: TrainerConfig, pipeline: bool = False) -> str:
     from ditty.config.sections import ComponentSpec, PipelineConfig
     from ditty.config.writer import recipe_to_toml
 
     if pipeline:
-        config = replace(config, pipeline=PipelineConfig(preprocessors=[ComponentSpec(use="tests.train.dist_hooks:FailAt")]))
+        config = replace(
+            config, pipeline=PipelineConfig(preprocessors=[ComponentSpec(use="tests.train.dist_hooks:FailAt")])
+        )
     path.write_text(recipe_to_toml(config, comments=False))
     return str(path)
 
@@ -177,7 +211,9 @@ def ditty(*args: str, env: dict | None = None, timeout: int = 300, wait: bool = 
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO, DITTY_DIST_TIMEOUT_S="30", **(env or {}))
     command = [sys.executable, "-m", "ditty", *args]
     if not wait:
-        return subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -193,12 +229,33 @@ def logits(final_dir: str, prompt: str = "12+47=") -> torch.Tensor:
 @pytest.mark.slow
 @pytest.mark.xdist_group("parallel")
 def test_tiny_sft_on_two_fsdp_ranks_saves_a_final_model_matching_one_process(tmp_path):
-    common = ["--train.steps", "6", "--scheduler.warmup_steps", "2", "--train.micro_batch_size", "32", "--train.eval_samples", "8",
-              "--train.log_every", "1", "--logging.progress", "false"]
+    common = [
+        "--train.steps",
+        "6",
+        "--scheduler.warmup_steps",
+        "2",
+        "--train.micro_batch_size",
+        "32",
+        "--train.eval_samples",
+        "8",
+        "--train.log_every",
+        "1",
+        "--logging.progress",
+        "false",
+    ]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     started = time.monotonic()
-    done = ditty("run", "recipes/tiny_sft.toml", "--nproc-per-node", "2", "--parallel.kind", "fsdp",
-                 "--run.output_dir", two, *common)
+    done = ditty(
+        "run",
+        "recipes/tiny_sft.toml",
+        "--nproc-per-node",
+        "2",
+        "--parallel.kind",
+        "fsdp",
+        "--run.output_dir",
+        two,
+        *common,
+    )
     print(f"tiny_sft, 2 fsdp ranks, 6 steps: {time.monotonic() - started:.0f} s")
     assert done.returncode == 0, done.stderr[-3000:]
     done = ditty("run", "recipes/tiny_sft.toml", "--run.output_dir", one, *common)
@@ -217,11 +274,18 @@ def test_tiny_sft_on_two_fsdp_ranks_saves_a_final_model_matching_one_process(tmp
 @pytest.mark.xdist_group("parallel")
 @pytest.mark.parametrize("kind", ["crash", "user"])
 def test_one_failing_rank_ends_every_rank_quickly_with_its_error(tmp_path, kind):
-    recipe = write_recipe(tmp_path / "r.toml", tiny_config(str(tmp_path / "run"), micro=2, parallel="fsdp", steps=50),
-                          pipeline=True)
+    recipe = write_recipe(
+        tmp_path / "r.toml", tiny_config(str(tmp_path / "run"), micro=2, parallel="fsdp", steps=50), pipeline=True
+    )
     started = time.monotonic()
-    done = ditty("run", recipe, "--nproc-per-node", "2", timeout=120,
-                 env={"DITTY_TEST_FAIL_AT": "1:2" + (":user" if kind == "user" else "")})
+    done = ditty(
+        "run",
+        recipe,
+        "--nproc-per-node",
+        "2",
+        timeout=120,
+        env={"DITTY_TEST_FAIL_AT": "1:2" + (":user" if kind == "user" else "")},
+    )
     elapsed = time.monotonic() - started
     print(f"{kind} on rank 1: exit {done.returncode} after {elapsed:.0f} s")
     assert elapsed < 60
@@ -245,8 +309,23 @@ def test_two_nodes_on_localhost_run_hsdp_matching_one_process(single, tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     env = {"DITTY_RUN_ID": f"test-{os.getpid()}"}
     started = time.monotonic()
-    nodes = [ditty("run", recipe, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", str(rank),
-                   "--rdzv-endpoint", endpoint, env=env, wait=False) for rank in (0, 1)]
+    nodes = [
+        ditty(
+            "run",
+            recipe,
+            "--nproc-per-node",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--rdzv-endpoint",
+            endpoint,
+            env=env,
+            wait=False,
+        )
+        for rank in (0, 1)
+    ]
     try:
         outputs = [node.communicate(timeout=400) for node in nodes]
     finally:
@@ -256,12 +335,16 @@ def test_two_nodes_on_localhost_run_hsdp_matching_one_process(single, tmp_path):
     print(f"2 nodes x 2 ranks, hsdp: {time.monotonic() - started:.0f} s")
     for node, (_, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
-    loss_err, weight_err = loss_error(losses(out), losses(single)), relative_error(final_weights(out), final_weights(single))
+    loss_err, weight_err = (
+        loss_error(losses(out), losses(single)),
+        relative_error(final_weights(out), final_weights(single)),
+    )
     print(f"2 nodes hsdp: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
     assert loss_err < TOLERANCE and weight_err < TOLERANCE
 
 
 # ------------------------------------------------------------------ FSDP with adapters and 8-bit AdamW
+
 
 def _lora(config: TrainerConfig) -> TrainerConfig:
     from ditty.config.sections import PeftConfig
@@ -306,6 +389,7 @@ def test_fsdp_with_torchao_adamw8bit_trains(tmp_path):
 
 # ------------------------------------------------------------------ low-memory build of a pretrained model
 
+
 def _pretrained(config: TrainerConfig, model_dir: str) -> TrainerConfig:
     return replace(config, model=ModelConfig(path=model_dir, init="pretrained"))
 
@@ -330,7 +414,9 @@ def test_fsdp_builds_a_pretrained_model_on_meta_and_loads_shards_like_one_proces
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     Trainer(_pretrained(tiny_config(one, micro=4, steps=3), model_dir)).train()
     started = time.monotonic()
-    flags = run_ranks(_train_meta, 2, _pretrained(tiny_config(two, micro=2, parallel="fsdp", steps=3), model_dir), timeout=240)
+    flags = run_ranks(
+        _train_meta, 2, _pretrained(tiny_config(two, micro=2, parallel="fsdp", steps=3), model_dir), timeout=240
+    )
     print(f"fsdp from pretrained (meta build) on 2 ranks: {time.monotonic() - started:.0f} s")
     assert flags == [True, True]
     loss_err, weight_err = loss_error(losses(two), losses(one)), relative_error(final_weights(two), final_weights(one))
@@ -344,13 +430,19 @@ def test_fsdp_with_activation_checkpointing_matches_one_process(single, tmp_path
     # Checkpoint-wrapped blocks (wrapped before sharding) recompute the same values in backward.
     run = str(tmp_path / "ac")
     config = tiny_config(run, micro=2, parallel="fsdp")
-    run_ranks(_train_all, 2, [replace(config, train=replace(config.train, activation_checkpointing="full"))], timeout=240)
-    loss_err, weight_err = loss_error(losses(run), losses(single)), relative_error(final_weights(run), final_weights(single))
+    run_ranks(
+        _train_all, 2, [replace(config, train=replace(config.train, activation_checkpointing="full"))], timeout=240
+    )
+    loss_err, weight_err = (
+        loss_error(losses(run), losses(single)),
+        relative_error(final_weights(run), final_weights(single)),
+    )
     print(f"fsdp + activation checkpointing: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
     assert loss_err < TOLERANCE and weight_err < TOLERANCE
 
 
 # ------------------------------------------------------------------ DDP with activation checkpointing and torch.compile
+
 
 def _train_and_inspect(rank: int, world: int, configs: list) -> list:
     """Train each config in turn; report what is really in the model (wrappers, compiled blocks, graphs)."""
@@ -365,10 +457,14 @@ def _train_and_inspect(rank: int, world: int, configs: list) -> list:
         counters.clear()
         trainer = Trainer(config)
         trainer.train()
-        found.append(dict(wrapper=type(trainer.model).__name__,
-                          checkpointed=[type(m._checkpoint_wrapped_module).__name__ for m in checkpointed_modules(trainer.model)],
-                          compiled=[type(m).__name__ for m in compiled_modules(trainer.model)],
-                          graphs=counters["stats"]["unique_graphs"]))
+        found.append(
+            dict(
+                wrapper=type(trainer.model).__name__,
+                checkpointed=[type(m._checkpoint_wrapped_module).__name__ for m in checkpointed_modules(trainer.model)],
+                compiled=[type(m).__name__ for m in compiled_modules(trainer.model)],
+                graphs=counters["stats"]["unique_graphs"],
+            )
+        )
     return found
 
 
@@ -382,8 +478,12 @@ def test_ddp_with_activation_checkpointing_and_compile_matches_plain_ddp(tmp_pat
     ac = tiny_config(runs["ac"], micro=2, parallel="ddp", steps=4)
     configs.append(replace(ac, train=replace(ac.train, activation_checkpointing="selective")))
     compiled = tiny_config(runs["compile"], micro=2, parallel="ddp", steps=4)
-    configs.append(replace(compiled, train=replace(compiled.train, activation_checkpointing="full", compile=True,
-                                                   compile_scope="blocks")))
+    configs.append(
+        replace(
+            compiled,
+            train=replace(compiled.train, activation_checkpointing="full", compile=True, compile_scope="blocks"),
+        )
+    )
     started = time.monotonic()
     found = run_ranks(_train_and_inspect, 2, configs, timeout=600, collective_timeout=300)  # ranks compile unevenly
     print(f"ddp plain + ac + compile on 2 ranks: {time.monotonic() - started:.0f} s")

@@ -60,7 +60,9 @@ def _worker(rank, world_size, port, queue):
         micro = [pad_samples(samples[i : i + 2], 0) for i in (0, 2)]  # micro 2 x accumulation 2
         loss, grads = _loss_and_grads(TinyLM(), micro, world_size)
         if rank == 0:
-            queue.put((loss, [g.tolist() for g in grads]))  # plain lists: tensors would go through shared memory that dies with the worker
+            queue.put(
+                (loss, [g.tolist() for g in grads])
+            )  # plain lists: tensors would go through shared memory that dies with the worker
     finally:
         dist.destroy_process_group()
 

@@ -44,7 +44,14 @@ def test_run_directory_contents(trained):
     from pathlib import Path
 
     run = Path(result.run_dir)
-    for name in ("recipe.toml", "env.json", "metrics.jsonl", "curves.png", "final/config.json", "final/model.safetensors"):
+    for name in (
+        "recipe.toml",
+        "env.json",
+        "metrics.jsonl",
+        "curves.png",
+        "final/config.json",
+        "final/model.safetensors",
+    ):
         assert (run / name).exists(), name
     env = json.loads((run / "env.json").read_text())
     assert env["world_size"] == 1 and env["seed"] == 0

@@ -17,7 +17,9 @@ def _losses(result) -> list[float]:
 @pytest.mark.parametrize("writer", [write_prompt_completion, write_chat], ids=["prompt_completion", "chat"])
 def test_loss_falls(tmp_path, tiny_llama_dir, writer):
     path = writer(tmp_path / f"{writer.__name__.split('_', 1)[1]}.jsonl")
-    config = small_config(tmp_path, tiny_llama_dir, path, steps=12, global_batch_size=8, micro_batch_size=4, log_every=1)
+    config = small_config(
+        tmp_path, tiny_llama_dir, path, steps=12, global_batch_size=8, micro_batch_size=4, log_every=1
+    )
     result = Trainer(config).train()
     losses = _losses(result)
     assert len(losses) == 12
@@ -31,7 +33,9 @@ def test_packed_rows_and_epochs(tmp_path, tiny_llama_dir):
     from dataclasses import replace
 
     path = write_prompt_completion(tmp_path / "pc.jsonl", n=40)
-    config = small_config(tmp_path, tiny_llama_dir, path, steps=None, epochs=1.0, global_batch_size=2, micro_batch_size=1)
+    config = small_config(
+        tmp_path, tiny_llama_dir, path, steps=None, epochs=1.0, global_batch_size=2, micro_batch_size=1
+    )
     config = replace(config, data=replace(config.data, packing=True, max_seq_len=48))
     trainer = Trainer(config)
     result = trainer.train()

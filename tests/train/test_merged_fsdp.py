@@ -31,9 +31,13 @@ def _config(tmp_path, model_dir: str, data: str, name: str, quant=None):
     from tests.train.helpers import small_config
 
     config = small_config(tmp_path / name, model_dir, data, steps=3, micro_batch_size=2)
-    config = replace(config, peft=PeftConfig(kind="lora", r=4, alpha=8), parallel=ParallelConfig(kind="fsdp"),
-                     checkpoint=CheckpointConfig(final_format="merged"),
-                     optimizer=replace(config.optimizer, lr=1e-2))  # a visible adapter after 3 steps
+    config = replace(
+        config,
+        peft=PeftConfig(kind="lora", r=4, alpha=8),
+        parallel=ParallelConfig(kind="fsdp"),
+        checkpoint=CheckpointConfig(final_format="merged"),
+        optimizer=replace(config.optimizer, lr=1e-2),
+    )  # a visible adapter after 3 steps
     if quant:  # FSDP flattens a block in one dtype: the packed 4-bit bytes are viewed as fp32
         config = replace(config, quant=QuantConfig(kind=quant, storage_dtype="float32"))
     return config
@@ -49,12 +53,17 @@ def test_fsdp_writes_a_merged_final_model_matching_the_adapter(tmp_path, tiny_ll
     from tests.train.helpers import write_prompt_completion
 
     data = write_prompt_completion(tmp_path / "pc.jsonl")
-    configs = [_config(tmp_path, tiny_llama_dir, data, "lora"), _config(tmp_path, tiny_llama_dir, data, "qlora", "bnb-4bit")]
+    configs = [
+        _config(tmp_path, tiny_llama_dir, data, "lora"),
+        _config(tmp_path, tiny_llama_dir, data, "qlora", "bnb-4bit"),
+    ]
     run_ranks(_train_all, 2, configs, timeout=300)
     ids = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46]])
     for config in configs:
         final = os.path.join(config.run.output_dir, "final")
-        base = build_model(ModelConfig(path=tiny_llama_dir), quant=config.quant if config.quant.kind != "none" else None)
+        base = build_model(
+            ModelConfig(path=tiny_llama_dir), quant=config.quant if config.quant.kind != "none" else None
+        )
         adapter = keep_4bit_layout_fixed(PeftModel.from_pretrained(base, final)).eval()
         merged = AutoModelForCausalLM.from_pretrained(os.path.join(final, "merged")).eval()
         assert quantized_linear_count(merged) == {"Linear4bit": 0, "Linear8bitLt": 0}

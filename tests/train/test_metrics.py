@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -12,13 +13,14 @@ from ditty.metrics import JsonlSink, plot_run
 from ditty.metrics.logger import read_metrics
 from ditty.train import Trainer
 from tests.train.helpers import read_jsonl, small_config, write_prompt_completion
-from dataclasses import replace
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_llama_dir):
     tmp = tmp_path_factory.mktemp("metrics")
-    config = small_config(tmp, tiny_llama_dir, write_prompt_completion(tmp / "pc.jsonl"), steps=6, log_every=2, eval_every=3)
+    config = small_config(
+        tmp, tiny_llama_dir, write_prompt_completion(tmp / "pc.jsonl"), steps=6, log_every=2, eval_every=3
+    )
     config = replace(config, logging=replace(config.logging, tensorboard=True))
     return Trainer(config).train()
 

@@ -15,8 +15,15 @@ from tests.train.helpers import read_jsonl, small_config, write_prompt_completio
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, tiny_llama_dir, precision):
-    config = small_config(tmp_path, tiny_llama_dir, write_prompt_completion(tmp_path / "pc.jsonl", n=24), steps=2,
-                          global_batch_size=4, micro_batch_size=2, precision=precision)
+    config = small_config(
+        tmp_path,
+        tiny_llama_dir,
+        write_prompt_completion(tmp_path / "pc.jsonl", n=24),
+        steps=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        precision=precision,
+    )
     result = Trainer(config).train()
     records = read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
     assert all(math.isfinite(r["loss"]) for r in records if not r.get("skipped"))

@@ -68,13 +68,21 @@ progress = false
 [[pipeline.preprocessors]]
 use = "tests.train.resume_hooks:SignalAt"
 """
-RANDOM_LLAMA = ('init = "random"\narchitecture = "llama"\nconfig = { hidden_size = 32, intermediate_size = 64, '
-                'num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, '
-                'max_position_embeddings = 64, tie_word_embeddings = false, attention_dropout = 0.1 }')
+RANDOM_LLAMA = (
+    'init = "random"\narchitecture = "llama"\nconfig = { hidden_size = 32, intermediate_size = 64, '
+    "num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, "
+    "max_position_embeddings = 64, tie_word_embeddings = false, attention_dropout = 0.1 }"
+)
 
 
-def write_recipe(tmp_path: Path, name: str = "recipe.toml", *, out: str = "run", model: str = RANDOM_LLAMA,
-                 peft: str = 'kind = "none"') -> Path:
+def write_recipe(
+    tmp_path: Path,
+    name: str = "recipe.toml",
+    *,
+    out: str = "run",
+    model: str = RANDOM_LLAMA,
+    peft: str = 'kind = "none"',
+) -> Path:
     path = tmp_path / name
     path.write_text(RECIPE.format(out=tmp_path / out, model=model, peft=peft))
     return path
@@ -83,8 +91,9 @@ def write_recipe(tmp_path: Path, name: str = "recipe.toml", *, out: str = "run",
 def ditty(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DITTY_TEST_")}
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "ditty", *args], cwd=REPO, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ditty", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:
@@ -157,8 +166,7 @@ def test_a_kill_inside_the_checkpoint_writer_resumes_from_the_previous_checkpoin
 def test_sigterm_finishes_the_step_saves_and_the_resumed_losses_are_equal(tmp_path, reference, async_save):
     _, ref = reference
     recipe = write_recipe(tmp_path)
-    stopped = ditty("run", str(recipe), "--checkpoint.async_save", async_save,
-                    env={"DITTY_TEST_SIGNAL_AT": "5:0:TERM"})
+    stopped = ditty("run", str(recipe), "--checkpoint.async_save", async_save, env={"DITTY_TEST_SIGNAL_AT": "5:0:TERM"})
     assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
     assert "stopped by SIGTERM after step 6" in stopped.stdout and "ditty run <same recipe>" in stopped.stdout
     assert "step-6" in complete_steps(tmp_path / "run")
@@ -207,8 +215,20 @@ def test_policy_finished_never_mismatch_and_more_steps(tmp_path, reference):
     assert finished.returncode == 0 and "is a finished run" in finished.stdout, finished.stderr[-2000:]
     never = ditty("run", str(recipe), "--checkpoint.resume", "never")
     assert never.returncode == 2 and "already holds a run" in never.stderr and "Traceback" not in never.stderr
-    differs = ditty("run", str(recipe), "--optimizer.lr", "1e-3", "--data.max_seq_len", "48",
-                    "--train.log_every", "2", "--checkpoint.every", "3", "--train.steps", "14")
+    differs = ditty(
+        "run",
+        str(recipe),
+        "--optimizer.lr",
+        "1e-3",
+        "--data.max_seq_len",
+        "48",
+        "--train.log_every",
+        "2",
+        "--checkpoint.every",
+        "3",
+        "--train.steps",
+        "14",
+    )
     assert differs.returncode == 2, differs.stderr[-2000:]
     assert "optimizer.lr: 0.003 -> 0.001" in differs.stderr and "data.max_seq_len: 32 -> 48" in differs.stderr
     for ignored in ("train.log_every", "checkpoint.every", "train.steps", "run.output_dir"):
@@ -223,8 +243,9 @@ def test_policy_finished_never_mismatch_and_more_steps(tmp_path, reference):
     assert got[:12] == ref and [s for s, _ in got] == list(range(1, 15))
     assert "step-14" in complete_steps(work)
 
-    forced = ditty("run", str(recipe), "--train.steps", "15", "--optimizer.lr", "1e-3",
-                   "--checkpoint.force_resume", "true")
+    forced = ditty(
+        "run", str(recipe), "--train.steps", "15", "--optimizer.lr", "1e-3", "--checkpoint.force_resume", "true"
+    )
     assert forced.returncode == 0 and "resumed from step 14" in forced.stdout, forced.stderr[-3000:]
 
 
@@ -290,8 +311,14 @@ def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
     server = FakeHub().start()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
-        env.update(HF_ENDPOINT=server.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=token, HF_HOME=str(tmp_path / "hf"),
-                   HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(REPO))
+        env.update(
+            HF_ENDPOINT=server.url,
+            HF_HUB_DISABLE_XET="1",
+            HF_TOKEN=token,
+            HF_HOME=str(tmp_path / "hf"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            PYTHONPATH=str(REPO),
+        )
         work = tmp_path / "run"
         import shutil
 
@@ -300,12 +327,14 @@ def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
         missing = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert missing.returncode == 2 and "--repo-id" in missing.stderr
         server.fail_commits = 1
-        failed = subprocess.run(base + ["--repo-id", "me/resume"], cwd=REPO, env=env, capture_output=True,
-                                text=True, timeout=120)
+        failed = subprocess.run(
+            base + ["--repo-id", "me/resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
         assert failed.returncode == 2 and f"ditty push {work}" in failed.stderr
         assert (work / "final" / "model.safetensors").is_file()  # every local file kept
-        ok = subprocess.run(base + ["--repo-id", "me/resume"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=120)
+        ok = subprocess.run(
+            base + ["--repo-id", "me/resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
         assert ok.returncode == 0, ok.stderr[-2000:]
         files = server.files["me/resume"]
         assert files["model.safetensors"] == (work / "final" / "model.safetensors").read_bytes()
@@ -326,12 +355,38 @@ def test_hub_push_from_the_trainer_at_checkpoints_and_end(tmp_path):
     server = FakeHub().start()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
-        env.update(HF_ENDPOINT=server.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=token, HF_HOME=str(tmp_path / "hf"),
-                   HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        env.update(
+            HF_ENDPOINT=server.url,
+            HF_HUB_DISABLE_XET="1",
+            HF_TOKEN=token,
+            HF_HOME=str(tmp_path / "hf"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            PYTHONPATH=str(REPO),
+            OMP_NUM_THREADS="1",
+        )
         recipe = write_recipe(tmp_path)
-        proc = subprocess.run([sys.executable, "-m", "ditty", "run", str(recipe), "--train.steps", "4",
-                               "--hub.repo_id", "me/end", "--hub.push", "checkpoints", "--checkpoint.every", "2"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ditty",
+                "run",
+                str(recipe),
+                "--train.steps",
+                "4",
+                "--hub.repo_id",
+                "me/end",
+                "--hub.push",
+                "checkpoints",
+                "--checkpoint.every",
+                "2",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert [c["header"]["summary"] for c in server.commits] == ["ditty: step 2", "ditty: final model, step 4"]
         assert not (tmp_path / "run" / ".hub-staging").exists()
@@ -363,7 +418,10 @@ def test_world_size_change_continues_the_same_global_order(tmp_path, first, seco
     recipe = write_recipe(tmp_path, model=no_dropout)
     ditty("run", str(recipe), *FSDP, "--nproc-per-node", str(first), env={"DITTY_TEST_SIGNAL_AT": "8:0:KILL"})
     assert complete_steps(tmp_path / "run")[-1] == "step-8"
-    assert json.loads((tmp_path / "run" / "checkpoints" / "step-8" / "ditty_state.json").read_text())["world_size"] == first
+    assert (
+        json.loads((tmp_path / "run" / "checkpoints" / "step-8" / "ditty_state.json").read_text())["world_size"]
+        == first
+    )
     proc = ditty("run", str(recipe), *FSDP, "--nproc-per-node", str(second))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from step 8" in proc.stdout
@@ -402,7 +460,9 @@ def test_recipe_differences_ignore_intervals_paths_and_growing_steps():
             current[key] = "changed"
     current["train.steps"] = 100
     assert recipe_differences({**saved, "train.steps": 50}, current, step=50) == []
-    assert recipe_differences({**saved, "train.steps": 50}, {**current, "train.steps": 40}, step=30) == \
-        ["train.steps: 50 -> 40"]
-    assert recipe_differences(saved, {**current, "run.seed": 1, "train.steps": saved["train.steps"]}, step=0) == \
-        [f"run.seed: {saved['run.seed']} -> 1"]
+    assert recipe_differences({**saved, "train.steps": 50}, {**current, "train.steps": 40}, step=30) == [
+        "train.steps: 50 -> 40"
+    ]
+    assert recipe_differences(saved, {**current, "run.seed": 1, "train.steps": saved["train.steps"]}, step=0) == [
+        f"run.seed: {saved['run.seed']} -> 1"
+    ]

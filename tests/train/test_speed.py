@@ -33,8 +33,9 @@ def test_fp8_on_lora_converts_the_frozen_base_layers_but_not_the_adapters(tmp_pa
     # r = 16 so that lora_A (128 -> 16) and lora_B (16 -> 128) have float8-compatible sizes: only the
     # adapter filter keeps them out, not the multiple-of-16 rule.
     peft = dict(kind="lora", r=16, alpha=32.0, target_modules="all-linear")
-    trainer, losses = train(tiny_config(tmp_path, steps=6, peft=peft, fp8=dict(enabled=True, emulate=True),
-                                        optimizer=dict(lr=1e-2)))
+    trainer, losses = train(
+        tiny_config(tmp_path, steps=6, peft=peft, fp8=dict(enabled=True, emulate=True), optimizer=dict(lr=1e-2))
+    )
     names = {name: module for name, module in trainer.model.named_modules()}
     converted = [name for name, module in names.items() if type(module).__name__ == "Float8Linear"]
     # 4 blocks x 7 projections, each peft's frozen base_layer; lm_head is not adapted by "all-linear"
@@ -51,7 +52,9 @@ def test_fp8_on_lora_converts_the_frozen_base_layers_but_not_the_adapters(tmp_pa
 def test_activation_checkpointing_same_losses(tmp_path, eager, mode):
     trainer, losses = train(tiny_config(tmp_path, train=dict(activation_checkpointing=mode)))
     wrappers = checkpointed_modules(trainer.model)
-    assert len(wrappers) == 4 and all(type(w._checkpoint_wrapped_module).__name__ == "LlamaDecoderLayer" for w in wrappers)
+    assert len(wrappers) == 4 and all(
+        type(w._checkpoint_wrapped_module).__name__ == "LlamaDecoderLayer" for w in wrappers
+    )
     assert losses == pytest.approx(eager, rel=1e-5, abs=1e-5)
     # the saved model keeps plain keys: the wrapper's prefix is stripped from the state dict
     assert not any("_checkpoint_wrapped_module" in k for k in trainer.model.state_dict())

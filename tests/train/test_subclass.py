@@ -25,8 +25,9 @@ class GreetingTrainer(Trainer):
 
 def test_subclass_config_and_overridden_step(tmp_path, tiny_llama_dir):
     base = small_config(tmp_path, tiny_llama_dir, write_prompt_completion(tmp_path / "pc.jsonl"), steps=2)
-    config = GreetingTrainer.Config(**{name: getattr(base, name) for name in base.__dataclass_fields__},
-                                    greeting=Greeting("bonjour"))
+    config = GreetingTrainer.Config(
+        **{name: getattr(base, name) for name in base.__dataclass_fields__}, greeting=Greeting("bonjour")
+    )
     result = GreetingTrainer(config).train()
     assert {r.get("greeting") for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")} == {"bonjour"}
     recipe = (tmp_path / "run" / "recipe.toml").read_text()
