@@ -201,7 +201,7 @@ def cmd_run(args: list[str]) -> int:
         )
     from ditty.train.entry import run_training
 
-    result = run_training(loaded)
+    result = run_training(loaded, plan)
     # Preempted (SIGTERM/SIGINT) after saving a checkpoint: the shell's convention, 128 + signal.
     return 128 + result.stopped_by if result.stopped_by else 0
 

@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from ditty._utils.labels import IGNORE_INDEX
+
 if TYPE_CHECKING:
     from torch import Tensor
-
-IGNORE_INDEX = -100
-"""Label of positions that take no loss (the Hugging Face and torch convention)."""
 
 
 @dataclass

@@ -339,15 +339,16 @@ class Pipeline:
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the component slots, and the contract chain; raise them all at once."""
-        from ditty.config.loader import from_config
-        from ditty.recipe import compile_recipe
+        from ditty.recipe import compile_config
         from ditty.recipe.pipeline_rules import check_instances
 
         problems: list[Problem] = []
-        plan = compile_recipe(from_config(self.config(data)), world_size=self.world_size())
         # The Python objects replace [model], [tokenizer] and [data]: their defaults are not the user's.
-        replaced = ("model.", "tokenizer.", "data.")
-        problems += [p for p in plan.problems if p.severity == "error" and not p.key.startswith(replaced)]
+        plan = compile_config(
+            self.config(data), world_size=self.world_size(), replaced=("model.", "tokenizer.", "data.")
+        )
+        self.plan = plan  # the Trainer runs on this plan instead of compiling again
+        problems += plan.errors
         problems += self._slot_problems()
         if not [p for p in problems if p.severity == "error"]:
             model_name = f"model ({getattr(self.model_factory, 'description', '') or 'unknown'})"
@@ -428,7 +429,7 @@ class Pipeline:
         config = self.config(data)
         if isinstance(data, torch.utils.data.DataLoader):
             self.check(data)  # the loader's batch size is the micro-batch size
-        return self.trainer_class(config, components=self.components(data))
+        return self.trainer_class(config, components=self.components(data), plan=self.plan)
 
     def run(self) -> Any:
         """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics).
@@ -440,7 +441,7 @@ class Pipeline:
 
         import torch.distributed as dist
 
-        from ditty.train.distributed import process_group_for_run
+        from ditty.train.runtime import process_group_for_run
 
         created_here = not (dist.is_available() and dist.is_initialized())
         with process_group_for_run() if created_here else contextlib.nullcontext():

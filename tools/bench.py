@@ -282,7 +282,7 @@ def worker_fsdp_rank(a: dict) -> dict:
             kinds[name] = kinds.get(name, 0) + 1
             eight_bit += quantized and name == "OptimState8bit"
     out = {
-        "rank": trainer.rank,
+        "rank": trainer.runtime.rank,
         "params": sum(local(p).numel() for p in params),
         "opt_state_bytes": optimizer_state_bytes(trainer.optimizer),
         "state_kinds": kinds,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any, Optional
 
 
 def world_size() -> int:
@@ -58,3 +59,55 @@ def _leave(name: str, message: str) -> None:
         os.replace(path + ".tmp", path)  # the launcher never reads half a message
     except OSError:
         pass  # the exit code 2 still reaches the launcher; only the text is lost
+
+
+# --- rank 0 decides, every rank learns ----------------------------------------------------------
+# Several builders let rank 0 read or decide something (a checkpoint's layout, a model skeleton) and
+# send it to the others. An exception travels like any value, so a failure on one rank ends every
+# rank with the same error instead of leaving the others waiting in the next collective.
+
+
+def share_from_rank0(value: Any) -> Any:
+    """Rank 0's `value` on every rank (one `broadcast_object_list`; the value itself on one process).
+    An exception that cannot be pickled travels as a RuntimeError with its text."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    box = [portable_error(value) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return value if dist.get_rank() == 0 else box[0]
+
+
+def portable_error(value: Any) -> Any:
+    """`value`, with an exception that does not pickle replaced by a RuntimeError with its text (for
+    object collectives; RecipeError pickles from its fields)."""
+    if isinstance(value, BaseException):
+        import pickle
+
+        try:
+            pickle.loads(pickle.dumps(value))
+        except Exception:  # noqa: BLE001 - any unpicklable error still reaches the other ranks
+            return RuntimeError(f"{type(value).__name__}: {value}")
+    return value
+
+
+def raise_on_every_rank(error: Optional[BaseException], what: str) -> None:
+    """All ranks learn whether any rank failed (one all_gather_object); all raise the first failure.
+    `what` says what the ranks were doing, for a failure that arrives only as text."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if error is not None:
+            raise error
+        return
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, None if error is None else portable_error(error))
+    for failed_rank, failure in enumerate(errors):
+        if failure is None:
+            continue
+        if error is not None:
+            raise error
+        if isinstance(failure, BaseException):
+            raise failure
+        raise RuntimeError(f"rank {failed_rank} failed while {what}: {failure}")

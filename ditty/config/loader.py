@@ -6,7 +6,6 @@ dotted key, the TOML line and a fix, and every problem in a file is reported at 
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from ditty.config import coerce
 from ditty.config.bundled import find_bundled
 from ditty.config.errors import Problem, RecipeError
 from ditty.config.lines import LineIndex, index_lines
+from ditty.config.references import import_reference, resolve_reference
 from ditty.config.root import TrainerConfig
 from ditty.config.schema import is_config_class, walk_leaves
 
@@ -158,23 +158,12 @@ def _trainer_schema(ref: Any, problems: list[Problem]) -> type:
             )
         )
         return TrainerConfig
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        problems.append(
-            Problem(
-                TRAINER_KEY,
-                f"cannot import module {module_name!r}: {error}",
-                fix="check the name and that the package is importable (PYTHONPATH)",
-            )
-        )
+    trainer, found = resolve_reference(ref, key=TRAINER_KEY)
+    if found:
+        problems.extend(found)
         return TrainerConfig
-    trainer = getattr(module, attr, None)
     schema = getattr(trainer, "Config", None)
-    if trainer is None:
-        problems.append(Problem(TRAINER_KEY, f"module {module_name!r} has no attribute {attr!r}"))
-    elif not (is_config_class(schema) and issubclass(schema, TrainerConfig)):
+    if not (is_config_class(schema) and issubclass(schema, TrainerConfig)):
         problems.append(
             Problem(
                 TRAINER_KEY,
@@ -199,18 +188,9 @@ def _provenance(schema: type, data: dict) -> dict[str, str]:
 
 def load_python_recipe(ref: str) -> LoadedRecipe:
     """`package.module:function` returning a Trainer.Config (a config registry, torchtitan style)."""
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise RecipeError.single(
-            f"cannot import {module_name!r} for recipe {ref}: {error}", fix="check the module name and PYTHONPATH"
-        ) from None
-    function = getattr(module, attr, None)
+    function = import_reference(ref, key="")  # the recipe itself, not a key inside one
     if not callable(function):
-        raise RecipeError.single(
-            f"{module_name!r} has no function {attr!r}", fix="name a function returning a Trainer.Config"
-        )
+        raise RecipeError.single(f"{ref} is not a function", fix="name a function returning a Trainer.Config")
     config = function()
     if not isinstance(config, TrainerConfig):
         raise RecipeError.single(

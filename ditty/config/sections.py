@@ -145,6 +145,14 @@ class TrainConfig:
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     """Recompute activations in the backward pass to save memory."""
 
+    def accumulation_steps(self, data_parallel_size: int) -> Optional[int]:
+        """Micro-batches per rank per optimizer step: global / (micro x data-parallel size); None when
+        that does not divide exactly (the compiler's rule batch.divisible reports it)."""
+        per_pass = self.micro_batch_size * data_parallel_size
+        if per_pass <= 0 or self.global_batch_size <= 0 or self.global_batch_size % per_pass:
+            return None
+        return self.global_batch_size // per_pass
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -204,6 +212,10 @@ class QuantConfig:
     """Dtype the 4-bit layers compute in."""
     storage_dtype: Literal["uint8", "float32", "bfloat16", "float16"] = "uint8"
     """Dtype the packed 4-bit weights are stored as; under FSDP it must equal the parameter dtype."""
+
+
+SHARDED_KINDS = ("fsdp", "hsdp")
+"""The parallel kinds that shard parameters with FSDP2 (one per-block wrapping, DTensor parameters)."""
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,28 @@ import torch
 from ditty.config.errors import RecipeError
 from ditty.data.collate import Sample, pack_rows, pad_samples
 
-GROUP_WINDOW_STEPS = 16
-"""group_by_length sorts the order within windows of this many global batches: wide enough to
-cut most padding, narrow enough that lengths still vary from window to window."""
+GROUP_WINDOW_BATCHES = 16
+"""group_by_length sorts the order within windows of this many batches: wide enough to cut most
+padding, narrow enough that lengths still vary from window to window."""
+
+
+def group_by_length(order: np.ndarray, lengths: np.ndarray, batch_size: int) -> np.ndarray:
+    """`order` sorted by length, longest first, within consecutive windows of GROUP_WINDOW_BATCHES
+    batches: batches of similar lengths, whose lengths still vary from window to window. The sort is
+    stable, so equal lengths keep the permutation's order and the result is deterministic. The
+    longest batch of the first window comes first, so a sequence length that does not fit in
+    memory fails at the first step rather than hours in."""
+    window = batch_size * GROUP_WINDOW_BATCHES
+    chunks = [order[start : start + window] for start in range(0, len(order), window)]
+    return np.concatenate([chunk[np.argsort(-lengths[chunk], kind="stable")] for chunk in chunks])
 
 
 def accumulation_steps_for(global_batch_size: int, micro_batch_size: int, rank: int, world_size: int) -> int:
     """Micro-batches per rank per optimizer step; ValueError when the global batch does not split
     evenly into micro-batches on every rank, or `rank` is not one of `world_size`."""
     per_forward = micro_batch_size * world_size
+    # The recipe compiler reports an uneven split to users (rule batch.divisible); this guards
+    # direct callers of the stream.
     if micro_batch_size < 1 or global_batch_size % per_forward:
         raise ValueError(
             f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} "
@@ -182,13 +195,10 @@ class BatchStream(GlobalOrder):
         return rows
 
     def _arrange(self, order: np.ndarray) -> np.ndarray:
-        """group_by_length: sort the permutation by length within windows of GROUP_WINDOW_STEPS steps."""
+        """group_by_length: sort the permutation by length within windows of global batches."""
         if not self.group_by_length:
             return order
-        window = self.global_batch_size * GROUP_WINDOW_STEPS
-        chunks = [order[start : start + window] for start in range(0, len(order), window)]
-        # A stable sort keeps the permutation's order among equal lengths, so the result is deterministic.
-        return np.concatenate([chunk[np.argsort(self._lengths[chunk], kind="stable")] for chunk in chunks])
+        return group_by_length(order, self._lengths, self.global_batch_size)
 
     def _collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
         flat = [index for row in rows for index in row]

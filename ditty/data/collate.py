@@ -2,9 +2,10 @@
 
 Both produce {"input_ids", "labels", "attention_mask", "position_ids"} as tensors of shape [B, T]
 (the packed attention mask is [B, 1, T, T]). Labels are NOT shifted (Hugging Face convention: the
-loss shifts them). The first token of every sample gets label -100: nothing predicts it, and in a
-packed row the previous sample's last position would otherwise be asked to predict it. So
-`labels != -100` counts exactly the tokens that take loss.
+loss shifts them) and are copied as given, like every collator of ditty's (ditty.data.hf's too): the
+formats already give the first token of every language-model sample label -100, since nothing
+predicts it. A packed row also blanks each sample's first label, so the previous sample's last
+position is never asked to predict it. So `labels != -100` counts exactly the tokens that take loss.
 
 Packed rows and transformers 5.23 (measured on a tiny LlamaForCausalLM, use_cache=False):
 - A 4D mask [B, 1, T, T] is passed to the attention kernel as is (`masking_utils` returns any 4D
@@ -27,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ditty.data.formats import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX
 
 Sample = tuple[Sequence[int], Sequence[int]]  # (input_ids, labels)
 
@@ -42,7 +43,7 @@ def pad_samples(samples: Sequence[Sample], pad_token_id: int) -> dict[str, torch
     attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
     for row, (ids, sample_labels) in enumerate(samples):
         input_ids[row, : len(ids)] = torch.as_tensor(ids)
-        labels[row, 1 : len(ids)] = torch.as_tensor(sample_labels[1:])
+        labels[row, : len(ids)] = torch.as_tensor(sample_labels)  # as given, like every collator
         attention_mask[row, : len(ids)] = 1
     position_ids = torch.arange(width).expand(len(samples), width).clone()
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask, "position_ids": position_ids}

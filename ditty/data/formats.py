@@ -20,6 +20,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
     from ditty.config.sections import DataConfig
 
-IGNORE_INDEX = -100
-"""Label of positions that take no loss (PyTorch's cross-entropy default ignore_index)."""
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "token_type_ids")
-IGNORE_INDEX = -100
-GROUP_MEGABATCH = 50
-"""group_by_length sorts within windows of this many batches (as transformers' LengthGroupedSampler)."""
 
 
 class Data:
@@ -160,8 +158,8 @@ def lengths_of(dataset: Any) -> list[int]:
 
 
 class LengthGroupedSampler(torch.utils.data.Sampler):
-    """A seeded permutation sorted by length (longest first) within windows of 50 batches: batches
-    of similar lengths, in a random order; a new permutation each epoch."""
+    """A seeded permutation grouped by length (`ditty.data.batching.group_by_length`, the rule the
+    recipe's `data.group_by_length` uses too); a new permutation each epoch."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int) -> None:
         self.lengths = np.asarray(lengths)
@@ -173,9 +171,8 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
         return len(self.lengths)
 
     def __iter__(self) -> Iterator[int]:
+        from ditty.data.batching import group_by_length
+
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.lengths))
         self.epoch += 1
-        window = self.batch_size * GROUP_MEGABATCH
-        for start in range(0, len(order), window):
-            chunk = order[start : start + window]
-            yield from chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist()
+        yield from group_by_length(order, self.lengths, self.batch_size).tolist()

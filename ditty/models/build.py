@@ -86,10 +86,10 @@ def _load_pretrained(
             key="model.path",
             fix='set model.path to a local directory or a hub id (org/name), or use model.init = "random"',
         )
-    source, config = _hf_config(model, {})
+    source, config = hf_config(model, {})
     # "auto" on CPU means fp32: bf16/fp16 matmuls crawl on most CPUs (0.3 vs 120 GFLOP/s here).
-    dtype = _resolve_dtype(model.dtype, device, default_accelerator="auto")
-    extra = _attention_kwargs(model)
+    dtype = resolve_dtype(model.dtype, device, default_accelerator="auto")
+    extra = attention_kwargs(model)
     if is_quantized(quant):
         extra["quantization_config"] = bnb_config(quant)
         extra["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else device.type}
@@ -107,17 +107,17 @@ def _load_pretrained(
 def _build_random(model: ModelConfig, tokenizer, device: "torch.device") -> "torch.nn.Module":
     from transformers import AutoModelForCausalLM
 
-    _, config = _hf_config(model, _tokenizer_config(tokenizer) if tokenizer is not None else {})
+    _, config = hf_config(model, _tokenizer_config(tokenizer) if tokenizer is not None else {})
     if tokenizer is not None and config.vocab_size < len(tokenizer):
         raise RecipeError.single(
             f"vocab_size = {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens",
             key="model.config.vocab_size",
             fix=f"remove the override or set it to at least {len(tokenizer)}",
         )
-    dtype = _resolve_dtype(model.dtype, device, default_accelerator=config.dtype or "float32")
+    dtype = resolve_dtype(model.dtype, device, default_accelerator=config.dtype or "float32")
     try:
         return AutoModelForCausalLM.from_config(
-            config, dtype=dtype, trust_remote_code=model.trust_remote_code, **_attention_kwargs(model)
+            config, dtype=dtype, trust_remote_code=model.trust_remote_code, **attention_kwargs(model)
         )
     except ValueError as error:  # transformers' word for "no causal-LM head for this model type"
         raise RecipeError.single(
@@ -127,7 +127,7 @@ def _build_random(model: ModelConfig, tokenizer, device: "torch.device") -> "tor
         ) from error
 
 
-def _hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[str], PretrainedConfig]":
+def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[str], PretrainedConfig]":
     """The transformers config of `model.path` (or of `model.architecture`), built with `defaults`
     then `model.config` as constructor arguments; also the resolved source to load weights from.
 
@@ -285,7 +285,7 @@ def _fit_to_tokenizer(model: "torch.nn.Module", tokenizer) -> None:
         model.config.pad_token_id = tokenizer.pad_token_id
 
 
-def _resolve_dtype(dtype: str, device: "torch.device", *, default_accelerator) -> Any:
+def resolve_dtype(dtype: str, device: "torch.device", *, default_accelerator) -> Any:
     """`model.dtype` as transformers takes it. "auto": fp32 on CPU, `default_accelerator` elsewhere."""
     import torch
 
@@ -296,7 +296,7 @@ def _resolve_dtype(dtype: str, device: "torch.device", *, default_accelerator) -
     return default_accelerator
 
 
-def _attention_kwargs(model: ModelConfig) -> dict[str, str]:
+def attention_kwargs(model: ModelConfig) -> dict[str, str]:
     return {} if model.attn_implementation == "auto" else {"attn_implementation": model.attn_implementation}
 
 

@@ -10,7 +10,7 @@ applies the recipe's converters in order, once, in this place of the build:
       -> loop: ... optimizer.step(); run_post_optimizer_hooks(model, converters)
 
 When a rewrite can run is the converter's own business, documented on it:
-- float8 (issue 8) swaps `nn.Linear` for `Float8Linear` without touching weight values, so it runs
+- float8 swaps `nn.Linear` for `Float8Linear` without touching weight values, so it runs
   on the meta device, before weights are materialized, and FSDP then shards the converted model;
 - LoRA/DoRA (`ditty.models.adapters.LoraConverter`) runs after the weights are loaded: peft wraps
   existing (possibly bitsandbytes-quantized) layers and needs their real shapes and dtypes, and a

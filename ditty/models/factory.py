@@ -6,11 +6,11 @@ reference or in `factory_kwargs` is a RecipeError, not a traceback from inside u
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
 from ditty.config.errors import RecipeError
+from ditty.config.references import import_reference
 
 if TYPE_CHECKING:
     import torch
@@ -18,27 +18,12 @@ if TYPE_CHECKING:
 
 def import_factory(reference: str) -> Callable[..., Any]:
     """The callable "package.module:function" names (a class works too)."""
-    module_name, _, attr = reference.partition(":")
-    if not module_name or not attr:
-        raise RecipeError.single(
-            f'{reference!r} is not of the form "package.module:function"',
-            key="model.factory",
-            fix='write the module, a colon, then the function, e.g. "my_models.tiny:build"',
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise RecipeError.single(
-            f"cannot import module {module_name!r}: {error}",
-            key="model.factory",
-            fix="check the module name and that it is importable (installed, or on PYTHONPATH)",
-        ) from error
-    factory = getattr(module, attr, None)
+    factory = import_reference(reference, key="model.factory")
     if not callable(factory):
         raise RecipeError.single(
-            f"module {module_name!r} has no callable {attr!r}",
+            f"{reference} is a {type(factory).__name__}, not a function or class",
             key="model.factory",
-            fix=f"define {attr}(...) in {module_name}, or fix the name after the colon",
+            fix="name a function (or nn.Module class) that builds the model",
         )
     return factory
 

@@ -148,7 +148,7 @@ def _fp8_hardware() -> bool:
 
 def _convert_te(model: nn.Module) -> nn.Module:
     """Swap eligible linears for `transformer_engine.pytorch.Linear` (weights copied) and run the
-    forward under `te.fp8_autocast`. Untested here: this machine has no CUDA and no TE."""
+    forward under `te.fp8_autocast`. Not exercised by the CPU test suite: it needs CUDA and TE."""
     if importlib.util.find_spec("transformer_engine") is None:
         raise RecipeError.single(
             'fp8.backend = "te" needs Transformer Engine, and the `transformer_engine` package is not '

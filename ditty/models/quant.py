@@ -75,7 +75,7 @@ def prepare_quantized_for_training(model: "torch.nn.Module", *, upcast_to_fp32: 
 def keep_4bit_layout_fixed(model: "torch.nn.Module") -> "torch.nn.Module":
     """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel.
 
-    bitsandbytes 0.50, on a CPU with AVX512-BF16 (this machine has it), rewrites a `Linear4bit`'s
+    bitsandbytes 0.50, on a CPU with AVX512-BF16, rewrites a `Linear4bit`'s
     weight the first time the layer runs in eval mode without grad (a validation pass, or
     generation): it repacks the nibbles, rounds the block scales (absmax) to bf16, and un-nests the
     double quantization. The rewrite is permanent: back in training, the inverse re-quantizes

@@ -19,7 +19,6 @@ that activation checkpointing and per-block compile wrap, read as for Hugging Fa
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -64,8 +63,9 @@ class ModelSpec:
         if self.loss is None:
             return None
         if isinstance(self.loss, str):
-            module, _, attr = self.loss.partition(":")
-            return getattr(importlib.import_module(module), attr)()
+            from ditty.config.references import import_reference
+
+            return import_reference(self.loss, key="pipeline.loss")()
         return self.loss()
 
 

@@ -1,7 +1,7 @@
 """Where a model comes from, checked without the network and without importing torch.
 
 `ditty check` calls `check_model_source` for every recipe, so everything here must stay cheap:
-no torch, no transformers package import (about 0.9 s on this machine), no HTTP. A hub id that is
+no torch, no transformers package import (about a second), no HTTP. A hub id that is
 not in the local Hugging Face cache cannot be verified offline; that is a warning, never an error
 (DESIGN.md, `ditty check`). The build step (`build_model`) turns a real failure into a RecipeError.
 """

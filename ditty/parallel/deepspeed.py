@@ -3,7 +3,7 @@
 deepspeed is an optional extra (`pip install 'ditty[deepspeed]'`; it compiles ops on install), so
 nothing here imports it at module level. `deepspeed_problems` and `deepspeed_config` are pure.
 
-The trainer drives the engine through `ditty.train.deepspeed_engine`.
+The trainer drives the engine through `ditty.train.engines.deepspeed`.
 """
 
 from __future__ import annotations

@@ -11,40 +11,17 @@ building the full model on each rank and then sharding leaves the peak where it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ditty._utils.dist import share_from_rank0
+from ditty._utils.meta import meta_init as meta_init  # part of this module's public steps (see above)
 from ditty.config.errors import RecipeError
-
-
-@contextlib.contextmanager
-def meta_init() -> Iterator[None]:
-    """Create parameters on the meta device while buffers stay real.
-
-    Buffers (rotary frequencies and the like) are small and often not in any checkpoint (not
-    persistent), so they are computed as usual; parameters cost nothing until `materialize`.
-    Plain `nn.Parameter`s only: subclasses (bitsandbytes' quantized ones) stay where they were made.
-    """
-    original = nn.Module.register_parameter
-
-    def register_parameter(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
-        original(module, name, param)
-        if type(param) is nn.Parameter and param.device.type != "meta":
-            moved = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-            moved.__dict__.update(param.__dict__)  # attributes libraries hang on parameters
-            module._parameters[name] = moved
-
-    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
 def has_meta_parameters(model: nn.Module) -> bool:
@@ -274,34 +251,6 @@ def clean_name(name: str) -> str:
     for part in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
         name = name.replace(part, "")
     return name
-
-
-def share_from_rank0(value: Any) -> Any:
-    """Rank 0's `value` on every rank (one `broadcast_object_list`; the value itself on one process).
-
-    An exception is a value like any other: the callers raise it on every rank, so a failure on
-    rank 0 (a bad checkpoint) ends every rank with the same error instead of leaving them waiting.
-    An exception that cannot be pickled travels as a RuntimeError with its text.
-    """
-    rank, world = _world()
-    if world == 1:
-        return value
-    box = [portable_error(value) if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return value if rank == 0 else box[0]
-
-
-def portable_error(value: Any) -> Any:
-    """`value`, with an exception that does not pickle replaced by a RuntimeError with its text (for
-    object collectives; RecipeError pickles from its fields)."""
-    if isinstance(value, BaseException):
-        import pickle
-
-        try:
-            pickle.loads(pickle.dumps(value))
-        except Exception:  # noqa: BLE001 - any unpicklable error still reaches the other ranks
-            return RuntimeError(f"{type(value).__name__}: {value}")
-    return value
 
 
 def _stream_from_rank0(model: nn.Module, make_plan, read, device) -> nn.Module:

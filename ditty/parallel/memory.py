@@ -78,7 +78,7 @@ def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
     free). Every allocation of at least `mmap_threshold` bytes then gets fresh pages from the kernel
     and gives them back when freed: resident memory follows the live tensors, at the price of a page
     fault per 4 KB page on every reuse. Multi-process CPU runs get it with 2 MB by default
-    (`apply_distributed_allocator_policy`, whose docstring has the measured trade-off); the 64 KB
+    (`apply_distributed_allocator_policy`, whose docstring gives the trade-off); the 64 KB
     default here is an opt-in for CPU runs where resident memory matters more than speed, a single
     process included (105M Llama, AdamW: peak above baseline 1.67 GB instead of 1.96 GB on one
     process, 0.91 GB per rank on 2 ranks). `malloc_trim` after each step kept most of the growth
@@ -117,7 +117,7 @@ def apply_distributed_allocator_policy() -> bool:
     """Fix glibc's mmap threshold at 2 MB in a CPU process of a multi-process run; returns whether it applied.
 
     Applied by default by the trainer for fsdp/hsdp on the CPU with more than one process
-    (`ditty.train.distributed.apply_allocator_policy`), before the process group starts its threads.
+    (`ditty.train.runtime.apply_allocator_policy`), before the process group starts its threads.
     Opt out with DITTY_CPU_ALLOCATOR=glibc; ditty also leaves
     glibc alone when MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_,
     MALLOC_ARENA_MAX or a glibc.malloc tunable (GLIBC_TUNABLES) is set (the user's policy wins).
@@ -129,30 +129,12 @@ def apply_distributed_allocator_policy() -> bool:
     fresh pages of the kernel and go back on free: resident memory follows the tensors, at the price
     of a page fault per 4 KB page on every reuse.
 
-    Measured (tests/parallel/workers.py `memory_run`: 105M Llama, AdamW, global batch 4 x 64
-    tokens, 4 steps, 2 gloo ranks on 2 cores shared with other jobs, interleaved rounds; peak RSS
-    above the after-import baseline, max over ranks; ratio to one process with glibc's defaults,
-    1955-1975 MB; CPU time per step per rank, steps 2-4, which the other jobs disturb less than wall
-    time; minor page faults per step per rank; wall time per step from a quieter interleaved run):
-
-        policy (2 ranks)                  peak RSS MB  ratio       CPU s/step  faults/step  wall s/step
-        glibc default (dynamic)           2170-2583    1.10-1.32   2.3-3.9     50-90k       4.4-4.9
-        mmap threshold 16 MB              1326-1384    0.68-0.70   3.2-3.7     570-670k
-        mmap threshold 8 MB               1297-1311    0.66-0.67   3.5-4.2     680-730k
-        mmap threshold 4 MB               1143-1170    0.58-0.60   3.7-4.1     850-910k
-        mmap threshold 2 MB (default)     1106-1114    0.56-0.57   3.6-4.2     890-980k     7.3-7.8
-        mmap threshold 64 KB              911          0.46        3.9-4.4     1170k        8.0-9.4
-
-    No glibc setting reaches 0.6 without the page faults: 2 MB costs about 1.5x glibc's CPU time
-    (1.6x its wall time) per step on this model, 64 KB (`return_freed_memory_to_os()`) about 1.6x
-    (1.75x); 2 MB is the smallest cost that meets 0.6 with a margin (4 MB sits on it); the opt-out
-    is for runs that want glibc's speed back. Also measured, without effect or worse:
-    MALLOC_ARENA_MAX 1 or 2 (2310 and 2495 MB: the waste is in one heap, not in the communication
-    threads' arenas); transparent huge pages for malloc's mmaps (GLIBC_TUNABLES=glibc.malloc.hugetlb=1,
-    with the 2 MB threshold: 3.3-9.5 CPU s/step on one process instead of 2.1-2.5, compaction and
-    2 MB zeroing). An earlier measurement found `malloc_trim` after each step keeps most of the
-    growth (the heap grows within the first step). One process keeps glibc's defaults: there the
-    fixed threshold saves little (1891-1902 MB at 2 MB, 1670 MB at 64 KB) for 3-5x the page faults.
+    The cost: a page fault per page on every reuse, about 1.5x the CPU time (1.6x the wall time)
+    of a step of a 105M Llama on 2 ranks, for a per-rank peak of 0.56-0.57 of one process instead of
+    1.1-1.3. 2 MB is the smallest cost that keeps the peak under 0.6 with a margin; the opt-out is
+    for runs that want glibc's speed back. One process keeps glibc's defaults: there the fixed
+    threshold saves little for 3-5x the page faults. The measurements behind these figures, and the
+    settings tried without effect, are in BENCHMARKS.md ("Host memory of FSDP on the CPU").
     Host memory only: CUDA tensors have their own caching allocator.
     """
     if os.environ.get(ALLOCATOR_ENV, "").strip().lower() in ("glibc", "off", "0", "none"):

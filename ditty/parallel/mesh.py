@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from ditty.config.errors import Problem, RecipeError
+from ditty.config.sections import SHARDED_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -41,7 +42,7 @@ class MeshShape:
     @property
     def shard_size(self) -> int:
         """How many ranks share one copy of the parameters (1: each rank holds them whole)."""
-        if self.kind in ("fsdp", "hsdp"):
+        if self.kind in SHARDED_KINDS:
             return self.sizes[-1]
         if self.kind == "deepspeed" and self.zero_stage == 3:
             return self.world_size
@@ -109,7 +110,7 @@ def mesh_shape(parallel: "ParallelConfig", world_size: int) -> Union[MeshShape, 
             ]
         shape = MeshShape("hsdp", ("replicate", "shard"), (replicate, shard))
     reshard = parallel.reshard_after_forward
-    if kind in ("fsdp", "hsdp") and not isinstance(reshard, bool):
+    if kind in SHARDED_KINDS and not isinstance(reshard, bool):
         n = shape.shard_size
         if reshard < 1 or n % reshard:
             problems.append(

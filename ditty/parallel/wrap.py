@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ditty.config.errors import RecipeError
+from ditty.config.sections import SHARDED_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -52,7 +53,7 @@ def apply_parallelism(
         return model
     if parallel.kind == "ddp":
         return wrap_ddp(model, parallel, mesh)
-    if parallel.kind in ("fsdp", "hsdp"):
+    if parallel.kind in SHARDED_KINDS:
         return shard_fsdp(model, parallel, mesh, precision=precision, block_classes=block_classes)
     raise RecipeError.single(f"unknown parallel kind {parallel.kind!r}", key="parallel.kind")
 

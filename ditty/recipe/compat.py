@@ -15,9 +15,9 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from ditty.config.sections import SHARDED_KINDS
 from ditty.optim import check_optimizer
 
-SHARDED = ("fsdp", "hsdp")
 _DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -62,7 +62,7 @@ COMPAT_RULES: list[CompatRule] = [
     CompatRule(
         "compat.bnb-8bit-optimizer-fsdp",
         "optimizer.backend",
-        lambda c: c.optimizer.kind == "adamw8bit" and c.optimizer.backend == "bnb" and c.parallel.kind in SHARDED,
+        lambda c: c.optimizer.kind == "adamw8bit" and c.optimizer.backend == "bnb" and c.parallel.kind in SHARDED_KINDS,
         "bitsandbytes' 8-bit AdamW fails on FSDP's sharded (DTensor) parameters",
         'set optimizer.backend = "torchao" (its AdamW8bit works with FSDP2)',
         condition='optimizer.kind = "adamw8bit", backend = "bnb", parallel.kind fsdp or hsdp',
@@ -70,7 +70,7 @@ COMPAT_RULES: list[CompatRule] = [
     CompatRule(
         "compat.8bit-optimizer-cpu-offload",
         "parallel.cpu_offload",
-        lambda c: c.optimizer.kind == "adamw8bit" and c.parallel.kind in SHARDED and c.parallel.cpu_offload,
+        lambda c: c.optimizer.kind == "adamw8bit" and c.parallel.kind in SHARDED_KINDS and c.parallel.cpu_offload,
         "8-bit optimizers do not work with FSDP CPU offload (the state is created on the wrong device)",
         'set optimizer.kind = "adamw" or parallel.cpu_offload = false',
         condition="adamw8bit with FSDP cpu_offload",
@@ -95,7 +95,9 @@ COMPAT_RULES: list[CompatRule] = [
         "compat.qlora-fsdp-storage-dtype",
         "quant.storage_dtype",
         lambda c: (
-            c.quant.kind == "bnb-4bit" and c.parallel.kind in SHARDED and c.quant.storage_dtype != fsdp_param_dtype(c)
+            c.quant.kind == "bnb-4bit"
+            and c.parallel.kind in SHARDED_KINDS
+            and c.quant.storage_dtype != fsdp_param_dtype(c)
         ),
         "FSDP shards all parameters of a block as one flat dtype: the 4-bit storage dtype must equal the "
         "FSDP parameter dtype",
@@ -105,7 +107,7 @@ COMPAT_RULES: list[CompatRule] = [
     CompatRule(
         "compat.8bit-loading-fsdp",
         "quant.kind",
-        lambda c: c.quant.kind == "bnb-8bit" and c.parallel.kind in SHARDED,
+        lambda c: c.quant.kind == "bnb-8bit" and c.parallel.kind in SHARDED_KINDS,
         "LLM.int8 weights (int8 with separate scale buffers) cannot be sharded by FSDP",
         'use quant.kind = "bnb-4bit" with a storage dtype (QLoRA), or parallel.kind = "ddp"',
         condition="bnb-8bit under fsdp/hsdp",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from ditty.config.loader import LoadedRecipe
+from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
@@ -12,15 +13,22 @@ from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
 
 
-def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
-    """Check everything at once; a rule that raises is a bug in ditty, so it propagates."""
+def compile_config(config: Any, *, world_size: int = 1, replaced: tuple[str, ...] = ()) -> Plan:
+    """`compile_recipe` for a config built in code (a `Trainer(config)`, the Python API): every value
+    counts as a default, so no line numbers and no "set but ignored" warnings."""
+    return compile_recipe(from_config(config), world_size=world_size, replaced=replaced)
+
+
+def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple[str, ...] = ()) -> Plan:
+    """Check everything at once; a rule that raises is a bug in ditty, so it propagates.
+
+    `replaced`: sections ("model.", "data.", ...) that Python objects stand in for (the Python API):
+    their problems describe defaults nobody chose, so they are left out."""
     config = loaded.config
     context = Context(config=config, provenance=loaded.provenance, world_size=world_size)
     plan = Plan(config=config, world_size=world_size, source=loaded.source)
     plan.data_parallel_size = context.data_parallel_size
-    micro_total = config.train.micro_batch_size * context.data_parallel_size
-    if micro_total > 0 and config.train.global_batch_size % micro_total == 0:
-        plan.accumulation_steps = config.train.global_batch_size // micro_total
+    plan.accumulation_steps = config.train.accumulation_steps(context.data_parallel_size)
     plan.steps = _steps(config)
     plan.tokens_per_step = config.train.global_batch_size * config.data.max_seq_len
     plan.builds = _builds(config)
@@ -29,6 +37,8 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1) -> Plan:
         plan.builds.insert(0, ("mesh", shape.describe()))
     for rule in ALL_RULES:
         for problem in rule.check(context):
+            if replaced and problem.key.startswith(replaced):
+                continue
             plan.problems.append(_locate(replace(problem, rule=problem.rule or rule.id), loaded))
     return plan
 

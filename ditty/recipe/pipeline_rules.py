@@ -25,6 +25,7 @@ import typing
 from typing import Any, Iterator, Optional
 
 from ditty.config.errors import Problem
+from ditty.config.references import resolve_reference
 from ditty.contracts import Stage, check_chain
 from ditty.recipe.rules import Context, error, rule, warning
 
@@ -35,44 +36,6 @@ SLOTS = {
 }
 IMAGE_BUILTINS = ("digits",)
 """Built-in non-text datasets (ditty.data.build.IMAGE_BUILTINS): they need a [[pipeline.loss]]."""
-
-
-def resolve(reference: str, key: str) -> tuple[Any, list[Problem]]:
-    """Import "package.module:attr" without calling anything in it but the module's own import."""
-    module_name, colon, attr = reference.partition(":")
-    if not colon or not module_name or not attr:
-        return None, [
-            error(
-                key,
-                f'{reference!r} is not of the form "package.module:Name"',
-                'write the module, a colon, then the name, e.g. "my_pkg.stages:AddNoise"',
-            )
-        ]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        return None, [
-            error(
-                key,
-                f"cannot import module {module_name!r}: {exc}",
-                "check the module name and that it is importable (installed, or on PYTHONPATH)",
-            )
-        ]
-    obj = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, _MISSING)
-        if obj is _MISSING:
-            return None, [
-                error(
-                    key,
-                    f"module {module_name!r} has no attribute {attr!r}",
-                    f"define {attr} in {module_name}, or fix the name",
-                )
-            ]
-    return obj, []
-
-
-_MISSING = object()
 
 
 def _slot_base(slot: str) -> type:
@@ -289,7 +252,7 @@ def _components(cfg: Any) -> tuple[dict, list[Problem]]:
         resolved[slot] = []
         for index, spec in enumerate(getattr(pipeline, slot, []) or []):
             key = f"pipeline.{slot}[{index}]"
-            obj, found = resolve(spec.use, f"{key}.use")
+            obj, found = resolve_reference(spec.use, key=f"{key}.use")
             problems += found
             if obj is None:
                 continue
@@ -298,7 +261,7 @@ def _components(cfg: Any) -> tuple[dict, list[Problem]]:
             if not checked:
                 resolved[slot].append((obj, spec))
     if cfg.model.factory:
-        obj, found = resolve(cfg.model.factory, "model.factory")
+        obj, found = resolve_reference(cfg.model.factory, key="model.factory")
         problems += found
         if obj is not None:
             checked = check_factory(obj, "model.factory", dict(cfg.model.factory_kwargs), cfg.model.factory)
@@ -353,7 +316,7 @@ def model_converters(ctx: Context) -> Iterator[Problem]:
                 "use one of those names, or name your converter class",
             )
             continue
-        obj, problems = resolve(name, key)
+        obj, problems = resolve_reference(name, key=key)
         if problems:
             yield from problems
             continue

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ditty.config.errors import Problem
 from ditty.config.schema import walk_leaves
+from ditty.config.sections import SHARDED_KINDS
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,15 @@ def _get(config: Any, path: str) -> Any:
 
 @rule("value.positive")
 def positive_values(ctx: Context) -> Iterator[Problem]:
-    """Counts, sizes and rates that must be above zero (or at least zero)."""
+    """Counts, sizes and rates that must be above zero (or at least zero). A config built in Python
+    may leave a value None ("not set": train.max_grad_norm = None turns clipping off)."""
     for path in _POSITIVE:
         value = _get(ctx.config, path)
-        if value <= 0:
+        if value is not None and value <= 0:
             yield error(path, f"must be greater than 0, got {value}", f"set `{path}` to a positive number")
     for path in _NON_NEGATIVE:
         value = _get(ctx.config, path)
-        if value < 0:
+        if value is not None and value < 0:
             yield error(path, f"must not be negative, got {value}", f"set `{path}` to 0 or more")
 
 
@@ -148,7 +150,7 @@ def batch_divisible(ctx: Context) -> Iterator[Problem]:
     per_pass = train.micro_batch_size * ctx.data_parallel_size
     if per_pass <= 0 or train.global_batch_size <= 0:
         return
-    if train.global_batch_size % per_pass:
+    if train.accumulation_steps(ctx.data_parallel_size) is None:
         options = sorted(
             {
                 per_pass * k
@@ -303,7 +305,7 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
         for name in ("quant_type", "double_quant", "compute_dtype", "storage_dtype")
     },
     **{
-        f"parallel.{name}": ("parallel.kind", {"fsdp", "hsdp"})
+        f"parallel.{name}": ("parallel.kind", set(SHARDED_KINDS))
         for name in (
             "param_dtype",
             "reduce_dtype",

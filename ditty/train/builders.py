@@ -1,216 +1,143 @@
 """How the Trainer builds each component from its config section.
 
 `Trainer` inherits these `build_*` methods, so a subclass replaces any one of them (a custom
-tokenizer, a different data stream) without touching the loop. Each takes only the sections it
-needs from `self.config`; imports of the heavy builders are deferred to the call.
+tokenizer, a different data mode) without touching the loop. Each returns what it builds and takes
+what an earlier step built as an argument; the only state they read is what `Trainer.__init__` sets
+first (`config`, `components`, `plan`, `runtime`). Imports of the heavy builders are deferred to the
+call.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from ditty._utils.dist import is_main_process
-from ditty.config.errors import RecipeError
-from ditty.metrics import build_logger
-from ditty.train import env as run_env
-from ditty.train.final import write_recipe
-from ditty.train.precision import build_precision
+
+
+@dataclass
+class BuiltModel:
+    """What `build_model` hands on: the model, its converters (whose hooks run after each optimizer
+    step), and the weights a meta-built model still needs after sharding (ditty.models.meta)."""
+
+    model: torch.nn.Module
+    converters: list
+    pending: Any = None
 
 
 class Builders:
-    """Mixin of `build_*` methods; expects `self.config`, `self.world_size`, `self.rank`."""
+    """Mixin of `build_*` methods (see the module doc)."""
 
-    def build_device(self) -> torch.device:
-        """cuda when asked or available ("auto"), else the CPU with one thread per available core."""
-        want = self.config.run.device
-        if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local)
-            return self.build_process_group(torch.device("cuda", local))
-        if "OMP_NUM_THREADS" not in os.environ:
-            # Oversubscribing cores (threads x local processes > cores) slows CPU matmuls a lot.
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            torch.set_num_threads(max(1, cores // local_procs))
-        return self.build_process_group(torch.device("cpu"))
+    def build_plan(self):
+        """The recipe compiler on this config (the CLI and `Pipeline` pass their compiled plan instead):
+        every error at once as a RecipeError, warnings logged."""
+        import logging
 
-    def build_process_group(self, device: torch.device) -> torch.device:
-        """Under torchrun: join the process group and build the mesh (`self.dist_info`, `self.mesh`)
-        before anything heavy, so a rank that cannot join fails first. One process: mesh None."""
-        from ditty.train import distributed
+        from ditty._utils.dist import world_size
+        from ditty.recipe import compile_config
 
-        self.dist_info, self.mesh = distributed.setup(self.config, device)
-        self.world_size, self.rank = self.dist_info.world_size, self.dist_info.rank
-        return device
+        plan = compile_config(self.config, world_size=world_size(), replaced=self.components.replaced_sections())
+        if is_main_process():
+            for problem in plan.warnings:
+                logging.getLogger("ditty.train").warning("%s", problem.format(plan.source))
+        plan.raise_for_errors()
+        return plan
 
-    def build_seed(self) -> None:
-        seed = self.config.run.seed
-        random.seed(seed)
-        torch.manual_seed(seed)  # also seeds CUDA
-        try:
-            import numpy as np
+    def build_runtime(self):
+        from ditty.train.runtime import start_runtime
 
-            np.random.seed(seed)
-        except ImportError:
-            pass
+        return start_runtime(self.config)
+
+    def build_engine(self):
+        from ditty.train.engines import build_engine
+
+        return build_engine(self.config, self.runtime)
 
     def build_tokenizer(self):
-        """The recipe's tokenizer; None for non-text data (built-in images, a Python API dataset)
-        unless a tokenizer source is named."""
-        from ditty.data.build import IMAGE_BUILTINS
-        from ditty.data.tokenizer import build_tokenizer
+        return tokenizer_for(self.config, non_text_data=self.components.has_data)
 
-        cfg, components = self.config, getattr(self, "components", None)
-        non_text = (components is not None and components.has_data) or (
-            cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS
-        )
-        if non_text and cfg.tokenizer.kind == "auto" and not cfg.tokenizer.source(cfg.model):
-            return None
-        return build_tokenizer(cfg.tokenizer, cfg.model)
-
-    def build_model(self) -> torch.nn.Module:
-        """The model as `[model]` and `[quant]` describe it, then the converters (adapters) in order.
-
-        Converters run after loading and before parallelization, compile and the optimizer, so
-        the optimizer sees only the parameters they leave trainable.
-        """
-        from ditty.models import build_model
+    def build_model(self, tokenizer: Any) -> BuiltModel:
+        """The model as `[model]` and `[quant]` describe it (or the Python API's instance), then the
+        converters (adapters, float8) in order. fsdp/hsdp on several processes build a local
+        pretrained checkpoint on the meta device when they can (ditty.models.meta)."""
         from ditty.models.converters import apply_converters
 
-        cfg = self.config
-        given = getattr(getattr(self, "components", None), "model", None)  # a Python API model instance
-        if given is not None:
-            model = given.to(self.device)
-        else:
-            from ditty.train import distributed
-
-            # fsdp/hsdp full finetune of a local checkpoint: meta parameters now, each rank's shard
-            # read after sharding (build_parallel), so no rank ever holds the whole model. QLoRA
-            # (4-bit base + LoRA): rank 0 loads and quantizes, the others build on meta, and rank 0
-            # sends the shards after sharding.
-            self.meta_source = distributed.meta_build_source(cfg, getattr(self, "components", None))
-            model = distributed.build_on_meta(cfg, self.tokenizer, self.device) if self.meta_source else None
-            if model is None:
-                self.meta_source = None
-                model = build_model(cfg.model, tokenizer=self.tokenizer, device=self.device, quant=cfg.quant)
-        self.converters = self.build_converters()
-        model = apply_converters(model, self.converters)
-        self._meta_rank0_tensors = None
-        if getattr(self, "meta_source", None) and given is None and cfg.quant.kind != "none":
-            from ditty.train import distributed
-
-            # Rank 0's full (quantized) tensors, adapters included, kept until build_parallel sends them.
-            self._meta_rank0_tensors = distributed.rank0_full_tensors(model)
+        model, pending = base_model_for(self.config, tokenizer, self.runtime.device, given=self.components.model)
+        converters = self.build_converters()
+        model = apply_converters(model, converters)
         if is_main_process():
-            trainable, total = run_env.count_parameters(model)
+            from ditty.train.env import count_parameters
+
+            trainable, total = count_parameters(model)
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
-        return model
-
-    def build_parallel(self, model: torch.nn.Module) -> torch.nn.Module:
-        """`[parallel]`: DDP, or FSDP2/HSDP shards on `self.mesh` (unchanged on one process). After the
-        converters, before the optimizer; a meta-built model then loads its shards (rank 0 reads)."""
-        from ditty.train import distributed
-
-        model = distributed.parallelize(model, self.config, getattr(self, "mesh", None))
-        if getattr(self, "meta_source", None):
-            model = distributed.load_meta_weights(
-                model,
-                self.meta_source,
-                self.device,
-                rank0_tensors=getattr(self, "_meta_rank0_tensors", None),
-                quantized=self.config.quant.kind != "none",
-            )
-            self._meta_rank0_tensors = None  # sent (and emptied) by the load
-        return model
+        return BuiltModel(model, converters, pending)
 
     def build_converters(self) -> list:
-        """Model rewrites applied in order: `model.converters`, or by default the adapter (LoRA/DoRA)
-        then FP8 linears. A "package.module:Class" entry is built without arguments (the compiler
-        checked it: rule model.converters)."""
-        from ditty.train.distributed import SHARDED_KINDS
+        return converters_for(self.config)
 
-        cfg = self.config
-        sharded = cfg.parallel.kind in SHARDED_KINDS
-        builtin = {}
-        if cfg.peft.kind != "none":
-            from ditty.models.adapters import LoraConverter
+    def build_model_ready(self, built: BuiltModel) -> torch.nn.Module:
+        """Activation checkpointing and compile (in torchtitan's order, before wrapping), then the
+        engine's wrapping (DDP, FSDP2 shards, a meta-built model's weights)."""
+        from ditty.train.speed import apply_speedups
 
-            # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
-            builtin["peft"] = lambda: LoraConverter(cfg.peft, upcast_quantized=not sharded)
-        if cfg.fp8.enabled:
-            from ditty.models.float8 import Float8Converter
+        return self.engine.wrap(apply_speedups(built.model, self.config), built.pending)
 
-            builtin["fp8"] = lambda: Float8Converter(cfg.fp8, fsdp=sharded)
-        order = list(getattr(cfg.model, "converters", None) or builtin)
-        converters = []
-        for name in order:
-            if name in builtin:
-                converters.append(builtin[name]())
-            elif ":" in name:
-                import importlib
+    def build_data(self, tokenizer: Any):
+        """The data mode: the recipe's [data], or the Python API's dataset/dataloader."""
+        from ditty.train.data_modes import build_data_mode
 
-                module, _, attr = name.partition(":")
-                converters.append(getattr(importlib.import_module(module), attr)())
-            else:
-                raise RecipeError.single(
-                    f"model.converters lists {name!r}, which is not configured",
-                    key="model.converters",
-                    fix="run `ditty check` on the recipe",
-                )
-        return converters
+        return build_data_mode(self.config, self.runtime, tokenizer, self.components)
 
-    def build_threads(self) -> None:
-        """`run.num_threads` CPU threads for torch (0 leaves build_device's choice). Tiny models
-        (the digits denoiser) train several times faster on one thread of a busy CPU."""
-        threads = getattr(self.config.run, "num_threads", 0)
-        if threads and self.device.type == "cpu":
-            torch.set_num_threads(threads)
+    def build_total_steps(self, data: Any) -> int:
+        """`train.steps`, or enough steps for `train.epochs` passes over the training samples."""
+        t = self.config.train
+        if t.steps is not None:
+            return t.steps
+        return max(1, math.ceil((t.epochs or 1.0) * data.train_samples() / t.global_batch_size))
 
-    def build_data(self):
-        """The recipe's [data], or the Python API's dataset/dataloader (generic data, see ditty.data.generic)."""
-        components = getattr(self, "components", None)
-        if components is not None and components.has_data:
-            from ditty.data.generic import GenericData
+    def build_optimizer(self, model: torch.nn.Module, converters: list):
+        """`[optimizer]` over the trainable parameters; the converters' post-step hooks (float8's scale
+        precompute under FSDP) are registered on it, so they run after every real optimizer step."""
+        from ditty.models.converters import run_post_optimizer_hooks
+        from ditty.optim import build_optimizer
 
-            seed = self.config.data.shuffle_seed if self.config.data.shuffle_seed is not None else self.config.run.seed
-            return GenericData(
-                train=components.dataloader if components.dataloader is not None else components.dataset,
-                val=components.val_dataset,
-                task=components.task,
-                seed=seed,
-                collate_fn=components.collate_fn,
-            )
-        from ditty.data import build_data
+        optimizer = build_optimizer(self.config.optimizer, model)
+        if any(getattr(c, "post_optimizer_hook", None) for c in converters):
+            optimizer.register_step_post_hook(lambda *_: run_post_optimizer_hooks(model, converters))
+        return optimizer
 
-        data = build_data(self.config.data, self.tokenizer, self.config.run.seed)
-        if components is not None and components.task is not None and getattr(data, "generic", False):
-            from dataclasses import replace
+    def build_scheduler(self, optimizer: Any, total_steps: int):
+        from ditty.optim import build_scheduler
 
-            data = replace(data, task=components.task)
-        return data
+        return build_scheduler(self.config.scheduler, optimizer, total_steps)
 
-    def build_pipeline(self):
-        """[pipeline] from the recipe; Python API instances replace the matching parts. Generic data
+    def build_precision(self):
+        from ditty.train.precision import build_precision
+
+        return self.engine.adapt_precision(build_precision(self.config.train.precision, self.runtime.device))
+
+    def build_pipeline(self, model: torch.nn.Module, data: Any):
+        """[pipeline] from the recipe; Python API instances replace the matching parts. Non-token data
         has no default loss (the causal-LM loss needs token labels)."""
+        from ditty.config.errors import RecipeError
         from ditty.train.pipeline import Pipeline, build_pipeline
 
-        cfg, components = self.config.pipeline, getattr(self, "components", None)
+        cfg, components = self.config.pipeline, self.components
         pipeline = build_pipeline(cfg)
-        if components is not None:
-            pipeline = Pipeline(
-                components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
-                components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,
-                components.loss if components.loss is not None else pipeline.loss,
-            )
-        no_loss = not cfg.loss and (components is None or components.loss is None)
-        spec = getattr(self.model, "ditty_spec", None)  # a ditty.models.registry.ModelSpec brings its loss
+        pipeline = Pipeline(
+            components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
+            components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,
+            components.loss if components.loss is not None else pipeline.loss,
+        )
+        no_loss = not cfg.loss and components.loss is None
+        spec = getattr(self.engine.unwrap(model), "ditty_spec", None)  # a registered ModelSpec brings its loss
         if no_loss and spec is not None and spec.make_loss() is not None:
             pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
-        if getattr(self.data, "generic", False) and no_loss:
+        if not data.token_batches and no_loss:
             raise RecipeError.single(
                 "non-text data needs a loss: the default causal-LM loss needs token labels",
                 key="pipeline.loss",
@@ -218,135 +145,109 @@ class Builders:
             )
         return pipeline
 
-    def build_grad_accum(self) -> int:
-        """Accumulation steps = global / (micro x data-parallel size); it must divide exactly."""
-        t = self.config.train
-        per_step = t.micro_batch_size * self.world_size
-        if t.global_batch_size % per_step:
-            raise RecipeError.single(
-                f"train.global_batch_size = {t.global_batch_size} is not a multiple of micro_batch_size x "
-                f"world size = {per_step}",
-                key="train.global_batch_size",
-                fix=f"use a multiple of {per_step}, e.g. {max(per_step, t.global_batch_size // per_step * per_step)}",
-            )
-        return t.global_batch_size // per_step
+    def build_checkpointer(self):
+        from ditty.train.checkpointing import Checkpointer
 
-    def build_stream(self):
-        from ditty.data import BatchStream
+        return Checkpointer(self.config, self.engine, self.resume)
 
-        d, t = self.config.data, self.config.train
-        if getattr(self.data, "generic", False):
-            from ditty.data.generic import GenericStream, LoaderStream
-
-            if self.data.is_loader:
-                return LoaderStream(self.data.train, accumulation_steps=self.grad_accum)
-            return GenericStream(
-                self.data.train,
-                global_batch_size=t.global_batch_size,
-                micro_batch_size=t.micro_batch_size,
-                rank=self.rank,
-                world_size=self.world_size,
-                seed=self.data.seed,
-                collate_fn=self.data.collate_fn,
-            )
-        return BatchStream(
-            self.data.train,
-            global_batch_size=t.global_batch_size,
-            micro_batch_size=t.micro_batch_size,
-            rank=self.rank,
-            world_size=self.world_size,
-            seed=self.data.seed,  # data.shuffle_seed, else run.seed (decided by build_data)
-            packing=d.packing,
-            max_seq_len=d.max_seq_len,
-            pad_token_id=self.tokenizer.pad_token_id,
-            group_by_length=d.group_by_length,
-        )
-
-    def build_total_steps(self) -> int:
-        """`train.steps`, or enough steps for `train.epochs` passes over the training samples."""
-        t = self.config.train
-        if t.steps is not None:
-            return t.steps
-        return max(1, math.ceil((t.epochs or 1.0) * self.train_samples() / t.global_batch_size))
-
-    def train_samples(self) -> int:
-        """Training samples per epoch (a DataLoader counts its dataset's samples, not its batches)."""
-        if getattr(self.data, "generic", False) and self.data.is_loader:
-            from ditty.data.generic import loader_samples
-
-            return loader_samples(self.data.train)
-        return len(self.data.train)
-
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        from ditty.optim import build_optimizer
-
-        return build_optimizer(self.config.optimizer, self.model)
-
-    def build_scheduler(self):
-        from ditty.optim import build_scheduler
-
-        return build_scheduler(self.config.scheduler, self.optimizer, self.total_steps)
-
-    def build_engine(self):
-        """`parallel.kind = "deepspeed"`: wrap the model and optimizer in a DeepSpeed engine, which then
-        stands for both (`self.model` is the engine; `self.optimizer` its ZeRO optimizer, whose param
-        groups are the torch optimizer's, so the LR scheduler built on that one still drives it).
-        None for every other kind."""
-        if self.config.parallel.kind != "deepspeed":
-            return None
-        from ditty.train import deepspeed_engine
-
-        engine, self.optimizer = deepspeed_engine.initialize(
-            self.model,
-            self.optimizer,
-            self.config,
-            accumulation_steps=self.grad_accum,
-            world_size=self.world_size,
-            device=self.device,
-        )
-        self.model = engine
-        self._deepspeed_skipped = engine.skipped_steps  # finish_step reports the steps the engine skips after this
-        return engine
-
-    def build_precision(self):
-        precision = build_precision(self.config.train.precision, self.device)
-        if self.config.parallel.kind == "deepspeed":
-            precision.scaler = None  # the engine scales fp16 losses itself ("fp16": {"loss_scale": 0})
-        return precision
-
-    def build_run_dir(self) -> str:
+    def build_run_dir(self, model: torch.nn.Module, total_steps: int) -> str:
         """Create the run directory and write recipe.toml and env.json (rank 0)."""
+        from ditty.train import env as run_env
+        from ditty.train.final import write_recipe
+
         run_dir = self.config.run.output_dir
         if is_main_process():
             os.makedirs(run_dir, exist_ok=True)
             info = run_env.environment(
-                self.model,
-                world_size=self.world_size,
+                model,
+                world_size=self.runtime.world_size,
                 seed=self.config.run.seed,
-                device=self.device,
-                extra={"grad_accum": self.grad_accum, "total_steps": self.total_steps},
+                device=self.runtime.device,
+                extra={"grad_accum": self.plan.accumulation_steps, "total_steps": total_steps},
             )
             run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
             write_recipe(run_dir, self.config, self.trainer_ref())
-            if getattr(self, "components", None) is not None:
+            if self.components.given():
                 from ditty.train.components import annotate_recipe
 
                 annotate_recipe(run_dir, self.components)  # says the file alone cannot re-run this
         return run_dir
 
-    def build_logger(self):
+    def build_logger(self, resuming: bool):
         """metrics.jsonl and friends; a resumed run appends after the records up to its checkpoint."""
-        resume = getattr(self, "resume", None)
-        resuming = resume is not None and resume.checkpoint is not None
+        from ditty.metrics import build_logger
+
         if resuming:
             from ditty.train.checkpointing import truncate_metrics
 
-            truncate_metrics(self.run_dir, resume.step)
-        return build_logger(self.config.logging, self.run_dir, run_name=self.config.run.name, append=resuming)
+            truncate_metrics(self.config.run.output_dir, self.resume.step)
+        cfg = self.config
+        return build_logger(cfg.logging, cfg.run.output_dir, run_name=cfg.run.name, append=resuming)
 
-    def trainer_ref(self):
+    def trainer_ref(self) -> Optional[str]:
         """ "pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml), None for ditty's own."""
         cls = type(self)
         if cls.__module__ == "ditty.train.trainer":
             return None
         return f"{cls.__module__}:{cls.__qualname__}"
+
+
+# The build steps that `ditty export` shares with the trainer, as plain functions of the config.
+
+
+def tokenizer_for(config: Any, *, non_text_data: bool = False):
+    """The recipe's tokenizer; None for non-text data (built-in images, a Python API dataset) unless a
+    tokenizer source is named."""
+    from ditty.data.build import IMAGE_BUILTINS
+    from ditty.data.tokenizer import build_tokenizer
+
+    non_text = non_text_data or (config.data.source == "builtin" and config.data.name in IMAGE_BUILTINS)
+    if non_text and config.tokenizer.kind == "auto" and not config.tokenizer.source(config.model):
+        return None
+    return build_tokenizer(config.tokenizer, config.model)
+
+
+def base_model_for(
+    config: Any,
+    tokenizer: Any,
+    device: torch.device,
+    *,
+    given: Optional[torch.nn.Module] = None,
+    low_memory: bool = True,
+) -> tuple[torch.nn.Module, Any]:
+    """(model before converters, weights still pending after sharding or None): the Python API's
+    instance, a low-memory meta build (`low_memory`, sharded runs), or the ordinary build."""
+    from ditty.models import build_model
+
+    if given is not None:
+        return given.to(device), None
+    if low_memory:
+        from ditty.models.meta import build_low_memory
+
+        built = build_low_memory(config, tokenizer, device)
+        if built is not None:
+            return built
+    return build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant), None
+
+
+def converters_for(config: Any) -> list:
+    """Model rewrites applied in order: `model.converters`, or by default the adapter (LoRA/DoRA) then
+    FP8 linears. A "package.module:Class" entry is built without arguments (the compiler checked it:
+    rule model.converters). Converters run after loading and before parallelization, compile and the
+    optimizer, so the optimizer sees only the parameters they leave trainable."""
+    from ditty.config.references import import_reference
+    from ditty.config.sections import SHARDED_KINDS
+
+    sharded = config.parallel.kind in SHARDED_KINDS
+    builtin = {}
+    if config.peft.kind != "none":
+        from ditty.models.adapters import LoraConverter
+
+        # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
+        builtin["peft"] = lambda: LoraConverter(config.peft, upcast_quantized=not sharded)
+    if config.fp8.enabled:
+        from ditty.models.float8 import Float8Converter
+
+        builtin["fp8"] = lambda: Float8Converter(config.fp8, fsdp=sharded)
+    order = list(config.model.converters or builtin)
+    return [builtin[name]() if name in builtin else import_reference(name, key="model.converters")() for name in order]

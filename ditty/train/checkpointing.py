@@ -119,7 +119,7 @@ class ResumePlan:
     step: int = 0
 
 
-def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
+def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
     """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
     from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
     from ditty.train.final import FINAL_DIR, check_output_dir, is_ditty_run
@@ -161,9 +161,10 @@ def plan_resume(config: Any, trainer_ref: Optional[str]) -> ResumePlan:
             )
         if diffs:
             log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
-    from ditty.train.deepspeed_engine import check_engine_state
+    from ditty.train.engines import engine_class
 
-    check_engine_state(found, config.parallel.kind, doc.get("world_size"))  # before anything is built or written
+    # Before anything is built or written: a checkpoint resumes only with an engine that can read it.
+    engine_class(config.parallel.kind, world_size).check_resumable(found, doc.get("world_size"), world_size)
     steps = config.train.steps
     if steps is not None and step > steps:
         raise RecipeError.single(
@@ -202,34 +203,30 @@ def truncate_metrics(run_dir: str, step: int) -> None:
 
 
 class Checkpointer:
-    """Saves and restores one trainer's state through a `CheckpointManager`."""
+    """Saves and restores one trainer's state through a `CheckpointManager`; what holds the model and
+    optimizer tensors is the engine's business (ditty's DCP, or the engine's own files)."""
 
-    def __init__(self, trainer: Any, resume: ResumePlan) -> None:
+    def __init__(self, config: Any, engine: Any, resume: ResumePlan) -> None:
         from ditty.checkpoint import CheckpointManager
 
-        self.trainer = trainer
+        self.config = config
+        self.engine = engine
         self.resume = resume
-        cfg = trainer.config.checkpoint
-        # DeepSpeed writes its own files synchronously (save_checkpoint), inside ditty's step-N directory.
-        self.engine = getattr(trainer, "engine", None)
+        cfg = config.checkpoint
         self.manager = CheckpointManager(
-            trainer.run_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and self.engine is None
+            config.run.output_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and engine.async_save
         )
         self.last_saved_step: Optional[int] = None
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
 
-    def app_state(self) -> dict:
-        from ditty.checkpoint import ModelOptimizerState
+    def app_state(self, trainer: Any) -> dict:
+        adapter = self.config.peft.kind != "none"
+        return self.engine.checkpoint_state(trainer.model, trainer.optimizer, trainable_only=adapter)
 
-        t = self.trainer
-        if self.engine is not None:
-            return {}  # the engine's own files hold model and optimizer (see save)
-        return {"train": ModelOptimizerState(t.model, t.optimizer, trainable_only=t.config.peft.kind != "none")}
-
-    def sidecar(self) -> dict:
-        t = self.trainer
-        recipe_path = os.path.join(t.run_dir, "recipe.toml")
+    def sidecar(self, trainer: Any) -> dict:
+        t = trainer
+        recipe_path = os.path.join(self.config.run.output_dir, "recipe.toml")
         recipe_text = None
         if is_main_process() and os.path.isfile(recipe_path):
             with open(recipe_path, encoding="utf-8") as f:
@@ -245,28 +242,24 @@ class Checkpointer:
             "recipe_toml": recipe_text,
         }
 
-    def save(self) -> Path:
-        step = self.trainer.state.step
-        write_extra = None
-        if self.engine is not None:
-            from ditty.train.deepspeed_engine import save_engine
-
-            write_extra = lambda tmp: save_engine(self.engine, str(tmp))  # noqa: E731
-        path = self.manager.save(step, self.app_state(), self.sidecar(), write_extra=write_extra)
+    def save(self, trainer: Any) -> Path:
+        step = trainer.state.step
+        path = self.manager.save(
+            step,
+            self.app_state(trainer),
+            self.sidecar(trainer),
+            write_extra=self.engine.checkpoint_writer(trainer.model),
+        )
         self.last_saved_step = step
         return path
 
-    def restore(self) -> None:
+    def restore(self, trainer: Any) -> None:
         """Load the planned checkpoint into the built trainer; RNG last. Prints where it resumed."""
         if self.resume.checkpoint is None:
             return
-        t = self.trainer
-        doc = self.manager.load(self.resume.checkpoint, self.app_state())
-        if self.engine is not None:
-            from ditty.train.deepspeed_engine import load_engine
-
-            load_engine(self.engine, str(self.resume.checkpoint))
-            t._deepspeed_skipped = self.engine.skipped_steps  # restored by the engine: skips count from here
+        t = trainer
+        doc = self.manager.load(self.resume.checkpoint, self.app_state(t))
+        self.engine.load_checkpoint_files(t.model, self.resume.checkpoint)
         t.state.load_state_dict(doc["train_state"])
         if doc.get("data") is not None and hasattr(t.stream, "load_state_dict"):
             t.stream.load_state_dict(doc["data"])
@@ -351,12 +344,11 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
 def push_checkpoint_snapshot(trainer: Any) -> None:
     """`hub.push = "checkpoints"`: the current model in Hugging Face format, pushed, then removed.
     Collective under FSDP (the full state dict is gathered shard by shard, kept on rank 0)."""
-    from ditty.train import distributed
     from ditty.train.final import save_final
 
     if not trainer.config.hub.repo_id:
         return
-    full = distributed.full_state_dict(trainer.model)
+    full = trainer.engine.full_state_dict(trainer.model)
     if not is_main_process():
         return
     staging = os.path.join(trainer.run_dir, ".hub-staging")

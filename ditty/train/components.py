@@ -46,6 +46,16 @@ class RuntimeComponents:
     def has_data(self) -> bool:
         return self.dataset is not None or self.dataloader is not None
 
+    def replaced_sections(self) -> tuple[str, ...]:
+        """Recipe sections (as key prefixes) these objects stand in for: the compiler leaves their
+        problems out, since their defaults are nobody's choice."""
+        sections = []
+        if self.model is not None:
+            sections.append("model.")
+        if self.has_data:
+            sections += ["data.", "tokenizer."]
+        return tuple(sections)
+
 
 def describe(value: Any, *, each: bool = False) -> str:
     """`<python object MyNet>` as recorded in recipe.toml; `each` lists a list's items (processors)."""

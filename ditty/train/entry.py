@@ -7,10 +7,10 @@ that diverges raises NonFiniteLossError (exit code 1).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Optional
 
 from ditty.config.errors import RecipeError
+from ditty.config.references import import_reference
 from ditty.train.trainer import Trainer, TrainResult
 
 
@@ -18,8 +18,7 @@ def trainer_class(ref: Optional[str]) -> type[Trainer]:
     """The Trainer subclass "package.module:Class" names (already checked by the loader), or Trainer."""
     if not ref:
         return Trainer
-    module_name, _, attr = ref.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr, None)
+    cls = import_reference(ref, key="trainer")
     if not (isinstance(cls, type) and issubclass(cls, Trainer)):
         raise RecipeError.single(
             f"{ref} is not a subclass of ditty.train.Trainer",
@@ -29,10 +28,11 @@ def trainer_class(ref: Optional[str]) -> type[Trainer]:
     return cls
 
 
-def run_training(loaded: Any) -> TrainResult:
-    """Train the recipe a `LoadedRecipe` holds (its `config` and optional `trainer` reference)."""
-    from ditty.train.distributed import process_group_for_run
+def run_training(loaded: Any, plan: Any = None) -> TrainResult:
+    """Train the recipe a `LoadedRecipe` holds (its `config` and optional `trainer` reference); `plan`
+    is its compiled plan when the caller compiled it already (else the Trainer compiles)."""
+    from ditty.train.runtime import process_group_for_run
 
     cls = trainer_class(getattr(loaded, "trainer", None))
     with process_group_for_run():  # torchrun workers leave their process group when the run ends
-        return cls(loaded.config).train()
+        return cls(loaded.config, plan=plan).train()

@@ -1,4 +1,5 @@
-"""env.json: what ran, so a result can be traced back to versions, code and sizes."""
+"""env.json: what ran, so a result can be traced back to versions, code and sizes; and the memory
+figures the first metrics record adds to it."""
 
 from __future__ import annotations
 
@@ -90,3 +91,73 @@ def write_env(run_dir: str, env: dict) -> str:
         json.dump(env, f, indent=2)
         f.write("\n")
     return path
+
+
+class MemoryReport:
+    """Memory figures for metrics records: `peak_mem_mb` (max over ranks) on every record; on the first
+    one also this rank's parameter and optimizer-state bytes (max over ranks, from the local tensors:
+    shards under FSDP), added to env.json as "memory" by rank 0. Every rank logs the same steps, so
+    the collectives match. Optimizer state exists only after the first step, which is why the bytes
+    are taken then."""
+
+    def __init__(self, engine: Any, run_dir: str) -> None:
+        self.engine = engine
+        self.runtime = engine.runtime
+        self.run_dir = run_dir
+        self.reported = False
+
+    def record(self, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+        device = self.runtime.device
+        record: dict[str, Any] = {"peak_mem_mb": peak_memory_mb(device)}
+        if not self.reported:
+            self.reported = True
+            params, states = self.engine.memory_figures(model, optimizer)
+            params, states = _max_over_ranks([params, states])
+            if self.runtime.is_main:
+                memory = {
+                    "parameter_bytes_per_rank": int(params),
+                    "optimizer_state_bytes_per_rank": int(states),
+                    "world_size": self.runtime.world_size,
+                    "parallel": self.engine.config.parallel.kind,
+                }
+                add_to_env(self.run_dir, {"memory": memory})
+        return record
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This rank's peak memory in MB (CUDA: allocated by tensors; CPU: peak resident set size), then
+    the maximum over ranks. Cost: one small all-reduce; call it only when a record is logged."""
+    if device.type == "cuda":
+        value = torch.cuda.max_memory_allocated(device)
+    else:
+        from ditty.parallel.memory import peak_rss_bytes
+
+        value = peak_rss_bytes()
+    return round(_max_over_ranks([float(value) / 2**20])[0], 1)
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def add_to_env(run_dir: str, values: dict[str, Any]) -> None:
+    """Merge `values` into env.json (rewritten atomically); a failure is logged, never raised: a
+    figure must never stop training."""
+    import logging
+
+    path = os.path.join(run_dir, "env.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            env = json.load(f)
+        env.update(values)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(env, f, indent=2)
+            f.write("\n")
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError) as exc:
+        logging.getLogger("ditty.train").warning("could not add memory figures to env.json: %s", exc)

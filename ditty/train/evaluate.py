@@ -12,8 +12,9 @@ import torch
 
 from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
+from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.collate import pad_samples
-from ditty.train.step import IGNORE_INDEX, all_reduce_sum
+from ditty.train.step import all_reduce_sum
 
 
 def eval_batches(dataset: Any, micro_batch_size: int, pad_token_id: int) -> Iterator[dict]:

@@ -3,7 +3,7 @@
 The model is rebuilt from the recipe stored in the checkpoint's sidecar (or the run's recipe.toml)
 on one process, the way training built it (same seed, so a random-init base of an adapter run is the
 same base; a QLoRA base is loaded quantized as in training), then the checkpoint's model weights are
-loaded through DCP, which reshards whatever world size wrote them into one full copy. Only the
+loaded by the engine that wrote them: DCP reshards whatever world size wrote them into one full copy. Only the
 model is read (not the optimizer). Reading is pickle-free: `load_checkpoint` uses ditty's safe
 reader (tensor metadata without unpickling) and the sidecar is JSON. The exception: a DeepSpeed
 run's checkpoint holds DeepSpeed's own files (torch.save pickles), which its zero_to_fp32 reads.
@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.train.builders import Builders
 
 
 def _check_output(out: Path) -> None:
@@ -43,64 +42,45 @@ def _recipe(checkpoint: Path, doc: dict):
     return parse_recipe(text, source=source)
 
 
-class _ModelBuilder(Builders):
-    """The trainer's own model builders (seed, tokenizer, model and adapters), on one CPU process."""
-
-    def __init__(self, config) -> None:
-        self.config, self.world_size, self.rank = config, 1, 0
-        self.device = torch.device("cpu")
-
-
 def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False) -> str:
     """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path."""
-    from ditty.checkpoint import ModelOptimizerState, find_checkpoint, load_checkpoint, read_sidecar
-    from ditty.train.final import unwrap_model
+    from ditty._utils.atomic import atomic_directory
+    from ditty.checkpoint import find_checkpoint, read_sidecar
+    from ditty.models.converters import apply_converters
+    from ditty.recipe import compile_recipe
+    from ditty.train.builders import base_model_for, converters_for, tokenizer_for
+    from ditty.train.engines import engine_class
+    from ditty.train.final import save_model_files, unwrap_model
+    from ditty.train.runtime import seed_everything
 
     out = Path(out_dir)
     _check_output(out)
     checkpoint = find_checkpoint(source, key="")  # a command-line argument, not a recipe key
     doc = read_sidecar(checkpoint)
-    config = _recipe(checkpoint, doc).config
+    loaded = _recipe(checkpoint, doc)
+    config = loaded.config
+    # The compiler first, as for every entry: a recipe it refuses is not rebuilt (for the world size
+    # that trained it, whose mesh rules the recipe was checked against).
+    compile_recipe(loaded, world_size=int(doc.get("world_size") or 1)).raise_for_errors()
     adapter = config.peft.kind != "none"
     if merge_lora and not adapter:
         raise RecipeError.single(
             f"{checkpoint} is a full finetune: there is no adapter to merge", fix="drop --merge-lora"
         )
 
-    builder = _ModelBuilder(config)
-    builder.build_seed()
-    builder.tokenizer = builder.build_tokenizer()
-    model = builder.build_model()
-    if config.parallel.kind == "deepspeed":  # DeepSpeed's own files inside the checkpoint (zero_to_fp32)
-        from ditty.train.deepspeed_engine import load_weights_for_export
-
-        load_weights_for_export(model, str(checkpoint), strict=not adapter)
-    else:
-        load_checkpoint(checkpoint, {"train": ModelOptimizerState(model, None, trainable_only=adapter)})
+    seed_everything(config.run.seed)  # a random-init base of an adapter run is rebuilt as it was trained
+    tokenizer = tokenizer_for(config)
+    base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False)
+    model = apply_converters(base, converters_for(config))
+    engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
     model = unwrap_model(model).eval()
+    with atomic_directory(out, replace=False) as partial:
+        if merge_lora:
+            from ditty.models.merge import save_merged
 
-    partial = out.parent / f".{out.name}.partial"
-    if partial.exists():
-        import shutil
-
-        shutil.rmtree(partial)
-    if merge_lora:
-        from ditty.models.merge import save_merged
-
-        save_merged(model, str(partial), builder.tokenizer)
-    else:
-        if not hasattr(model, "save_pretrained"):
-            raise RecipeError.single(
-                f"the model of {checkpoint} is a custom nn.Module without save_pretrained",
-                key="model.factory",
-                fix="export works for Hugging Face models",
-            )
-        model.save_pretrained(str(partial))
-        if hasattr(builder.tokenizer, "save_pretrained"):
-            builder.tokenizer.save_pretrained(str(partial))
-    if out.exists():
-        out.rmdir()  # empty (checked above)
-    os.replace(partial, out)
+            save_merged(model, str(partial), tokenizer)
+        else:
+            save_model_files(model, tokenizer, str(partial))
     print(
         f"exported {checkpoint} (step {doc['step']}) to {out}"
         + (" (adapter merged into the base)" if merge_lora else " (adapter)" if adapter else "")

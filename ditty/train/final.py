@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from typing import Any, Optional
 
 import torch
@@ -71,15 +70,29 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The user's model under DDP or DeepSpeed (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    from ditty.train.deepspeed_engine import is_engine
+    from ditty.train.engines.base import unwrap_model as unwrap
 
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_engine(model):
-            model = model.module
-        else:
-            return model
+    return unwrap(model)
+
+
+def save_model_files(
+    model: torch.nn.Module, tokenizer: Any, directory: str, *, state_dict: Optional[dict[str, torch.Tensor]] = None
+) -> None:
+    """The model in Hugging Face format (`save_pretrained`: config and safetensors), or for a custom
+    nn.Module its weights as model.safetensors; then the tokenizer's files. `state_dict`: the full
+    weights gathered from a sharded model, saved instead of the module's own (which hold one shard)."""
+    model = unwrap_model(model)
+    if hasattr(model, "save_pretrained"):
+        extra = {"state_dict": state_dict} if state_dict is not None else {}
+        model.save_pretrained(directory, **extra)  # transformers 5 always writes safetensors
+    else:
+        from safetensors.torch import save_file
+
+        weights = state_dict if state_dict is not None else model.state_dict()
+        # Tied weights arrive as one tensor under two names: safetensors refuses shared storage.
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, os.path.join(directory, "model.safetensors"))
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(directory)
 
 
 def save_final(
@@ -92,54 +105,46 @@ def save_final(
 ) -> str:
     """Write `final/` in Hugging Face format (safetensors, config, tokenizer); return its path.
 
-    Written to `final.partial/` and then renamed, so a crash mid-write never leaves a half model
-    where an earlier complete one was. The caller runs this on rank 0 only (full, unsharded model).
+    Written beside it and renamed into place (ditty._utils.atomic), so a crash mid-write never leaves
+    a half model where an earlier complete one was. The caller runs this on rank 0 only.
     Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load, and
     with `merged` also `final/merged/`: the adapter merged into the base (for a 4-bit base, into
     its dequantized weights), a full model that `from_pretrained` loads.
-    `state_dict`: the full weights gathered from a sharded (FSDP) model, saved (and merged) instead
-    of the model's own (which hold only this rank's shards).
     """
+    from ditty._utils.atomic import atomic_directory
+
     final = os.path.join(run_dir, FINAL_DIR)
-    partial = final + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    model = unwrap_model(model)
-    if hasattr(model, "save_pretrained"):
-        extra = {"state_dict": state_dict} if state_dict is not None else {}
-        model.save_pretrained(partial, **extra)  # transformers 5 always writes safetensors
-    elif state_dict is not None:
-        from safetensors.torch import save_file
+    with atomic_directory(final, replace=True) as partial:
+        save_model_files(model, tokenizer, str(partial), state_dict=state_dict)
+        model = unwrap_model(model)
+        if merged and hasattr(model, "peft_config"):
+            from transformers import PreTrainedModel
 
-        os.makedirs(partial, exist_ok=True)
-        # Tied weights arrive as one tensor under two names: safetensors refuses shared storage.
-        save_file(
-            {k: v.contiguous().clone() for k, v in state_dict.items()}, os.path.join(partial, "model.safetensors")
-        )
-    else:  # a custom nn.Module from `model.factory`: weights only
-        from safetensors.torch import save_model
+            from ditty.models.merge import save_merged
 
-        os.makedirs(partial, exist_ok=True)
-        save_model(model, os.path.join(partial, "model.safetensors"))
-    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(partial)
-    if merged and hasattr(model, "peft_config"):
-        from transformers import PreTrainedModel
-
-        from ditty.models.merge import save_merged
-
-        if state_dict is not None and not isinstance(model.get_base_model(), PreTrainedModel):
-            # A sharded custom nn.Module has no config to rebuild a plain copy from on rank 0.
-            log.warning(
-                'checkpoint.final_format = "merged": final/merged/ not written (a custom model under '
-                "FSDP); run `ditty export %s --merge-lora` for it",
-                run_dir,
-            )
-        else:
-            save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
-    old = final + ".old"
-    if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(partial, final)
-    shutil.rmtree(old, ignore_errors=True)
+            if state_dict is not None and not isinstance(model.get_base_model(), PreTrainedModel):
+                # A sharded custom nn.Module has no config to rebuild a plain copy from on rank 0.
+                log.warning(
+                    'checkpoint.final_format = "merged": final/merged/ not written (a custom model under '
+                    "FSDP); run `ditty export %s --merge-lora` for it",
+                    run_dir,
+                )
+            else:
+                save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
     return final
+
+
+def write_final(trainer: Any) -> str:
+    """`final/` of a training run: the engine gathers the full weights (collective: every rank calls
+    this), rank 0 writes them, and no rank goes on before the directory is complete."""
+    import torch.distributed as dist
+
+    full = trainer.engine.full_state_dict(trainer.model)
+    run_dir = trainer.config.run.output_dir
+    if trainer.runtime.is_main:
+        merged = trainer.config.checkpoint.final_format == "merged"
+        save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full)
+    del full
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # nobody reads final/ before it is complete
+    return os.path.join(run_dir, FINAL_DIR)

@@ -6,7 +6,6 @@ empty, it is the causal-LM default (no processors, `CausalLMLoss`).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ditty.config.errors import RecipeError
+from ditty.config.references import import_reference
 from ditty.config.sections import ComponentSpec, PipelineConfig
 
 # Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
@@ -31,14 +31,7 @@ class Pipeline:
 
 def import_component(spec: ComponentSpec, key: str) -> Any:
     """Instantiate "package.module:Class" with the spec's kwargs; a bad reference is a RecipeError."""
-    module_name, _, attr = spec.use.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise RecipeError.single(
-            f"cannot import {spec.use!r}: {exc}", key=key, fix='use "package.module:Class"'
-        ) from exc
-    return cls(**spec.kwargs)
+    return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
 def build_pipeline(cfg: PipelineConfig) -> Pipeline:

@@ -24,7 +24,7 @@ Activation checkpointing (`train.activation_checkpointing`):
 Compile (`train.compile`, `train.compile_scope`):
 - "blocks" (default): `module.compile()` on each (checkpoint-wrapped) block: in place, so no
   `OptimizedModule` wrapper appears, the model's class, state dict and `generate` are untouched, and
-  one compiled graph serves every block of the same shape. Measured here: 1.13-1.2x, ~27 s to compile.
+  one compiled graph serves every block of the same shape (speed-ups in BENCHMARKS.md).
 - "model": `model.compile()` on the whole model (also in place): one graph, no gain on CPU, ~37 s.
 Compilation happens lazily on the first forward, so the first step carries the compile time.
 """

@@ -16,9 +16,8 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.generic import batch_samples
-
-IGNORE_INDEX = -100
 
 
 def supervised_tokens(batch: dict) -> torch.Tensor:
@@ -121,3 +120,14 @@ class StepOutput:
     @property
     def finite(self) -> bool:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+def mean_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """The loss calculator's extra metrics averaged over ranks (one all-reduce; none without extras)."""
+    if not metrics or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return metrics
+    keys = sorted(metrics)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    values /= dist.get_world_size()
+    return dict(zip(keys, values.tolist()))

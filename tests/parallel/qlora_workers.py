@@ -104,19 +104,20 @@ def train_both_ways(rank: int, world: int, model_dir: str, out: str, steps: int 
     Returns whether the first run built on meta, the files of `model_dir` this rank opened during it
     (always recorded on rank != 0), and `bad_checkpoint`'s result (or None).
     """
-    from ditty.train import Trainer, distributed
+    from ditty.models import meta
+    from ditty.train import Trainer
 
     watch = CheckpointReads(model_dir) if rank != 0 else None
     low = Trainer(_config(model_dir, os.path.join(out, "low"), steps=steps))
-    flag = low.meta_source is not None
+    flag = low.built_on_meta
     low.train()
     reads = watch.stop() if watch else []
-    build_source = distributed.meta_build_source
-    distributed.meta_build_source = lambda *a, **k: None  # the every-rank build
+    build_low_memory = meta.build_low_memory
+    meta.build_low_memory = lambda *a, **k: None  # the every-rank build
     try:
         Trainer(_config(model_dir, os.path.join(out, "every"), steps=steps)).train()
     finally:
-        distributed.meta_build_source = build_source
+        meta.build_low_memory = build_low_memory
     bad = bad_checkpoint(rank, world, bad_dir, os.path.join(out, "bad")) if bad_dir else None
     return flag, reads, bad
 
@@ -131,16 +132,20 @@ def _build_shard_load(rank: int, config, mode: str, mesh):
     """One way of building the sharded QLoRA model; returns it."""
     from ditty.models import build_model
     from ditty.models.adapters import LoraConverter
+    from ditty.models.meta import build_quantized_on_meta
+    from ditty.models.quant import share_4bit_quant_states
+    from ditty.parallel.materialize import full_tensor_references, load_sharded_from_rank0_tensors
     from ditty.parallel.wrap import apply_parallelism
-    from ditty.train import distributed
 
     device = torch.device("cpu")
     converter = LoraConverter(config.peft, upcast_quantized=False)
     if mode == "low":
-        model = converter.convert(distributed.build_quantized_on_meta(config, None, device))
-        full = distributed.rank0_full_tensors(model)
+        model = converter.convert(build_quantized_on_meta(config, None, device))
+        full = full_tensor_references(model) if rank == 0 else None
         model = apply_parallelism(model, config.parallel, mesh, precision="fp32")
-        return distributed.load_meta_weights(model, None, device, rank0_tensors=full, quantized=True)
+        load_sharded_from_rank0_tensors(model, full, device=device)
+        share_4bit_quant_states(model, device)
+        return model
     model = converter.convert(build_model(config.model, device=device, quant=config.quant))
     return apply_parallelism(model, config.parallel, mesh, precision="fp32")
 

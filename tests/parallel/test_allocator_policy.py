@@ -40,7 +40,7 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
 
     from ditty.config import TrainerConfig
     from ditty.config.sections import ParallelConfig
-    from ditty.train.distributed import apply_allocator_policy
+    from ditty.train.runtime import apply_allocator_policy
 
     calls = []
     monkeypatch.setattr(memory, "return_freed_memory_to_os", lambda threshold: calls.append(threshold) or True)

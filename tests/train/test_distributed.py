@@ -398,7 +398,7 @@ def _train_meta(rank: int, world: int, config) -> tuple:
     from ditty.train import Trainer
 
     trainer = Trainer(config)
-    built_on_meta = trainer.meta_source is not None
+    built_on_meta = trainer.built_on_meta
     trainer.train()
     return built_on_meta
 

@@ -1,0 +1,42 @@
+"""Writing a directory all at once: into a hidden `.NAME.partial` beside it, then one rename.
+
+A crash mid-write leaves the partial directory (removed on the next attempt), never a half-written
+directory under the final name, and an earlier complete directory stays where it was until the new
+one is whole. Used for `final/` and `ditty export`'s output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Path]:
+    """Yield the partial directory to write into; on success it becomes `target`.
+
+    `replace`: an existing `target` is swapped out (renamed aside, then removed after the rename).
+    Without it, `target` must be absent or an empty directory (the caller checked: nothing a user
+    has is ever overwritten). On an error the partial directory is removed and `target` untouched.
+    """
+    target = Path(target)
+    partial = target.parent / f".{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # a write that died earlier
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = target.parent / f".{target.name}.old"
+    if target.exists():
+        if replace:
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        else:
+            target.rmdir()  # empty by the caller's check; a file added since makes this fail loudly
+    os.replace(partial, target)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,77 @@
+"""How a run ends: preempted by a signal, already finished, or done; closing the sinks; the result.
+
+A mixin of `Trainer` (these are steps a subclass may replace like any other); it reads the trainer's
+built state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+from ditty._utils.dist import is_main_process
+from ditty.metrics import plot_run
+from ditty.train import checkpointing
+from ditty.train.state import TrainResult
+
+log = logging.getLogger("ditty.train")
+
+
+class RunEnding:
+    def preempt(self) -> TrainResult:
+        """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
+        if self.state.step != self.checkpointer.last_saved_step:
+            self.checkpointer.save(self)
+        self.checkpointer.manager.wait()
+        signum = self.checkpointer.stop_signal
+        if is_main_process():
+            print(checkpointing.preempted_message(self, signum), flush=True)
+        result = self.result(None)
+        result.stopped_by = signum
+        return result
+
+    def finished(self) -> TrainResult:
+        """`resume = "auto"` on a finished run: report it, touch nothing."""
+        out = self.config.run.output_dir
+        final = os.path.join(out, "final")
+        if is_main_process():
+            print(
+                f"{out} is a finished run (step {self.resume.step}, {final}); nothing to do. "
+                f"To train further, raise train.steps; to start afresh, choose a new run.output_dir."
+            )
+        return TrainResult(
+            run_dir=out, final_dir=final, steps=self.resume.step, tokens=0, skipped_steps=0, elapsed_s=0.0
+        )
+
+    def close(self) -> None:
+        """Wait for a pending checkpoint save and close the sinks, then draw curves.png; also after
+        an error (the metrics so far are kept)."""
+        try:
+            self.checkpointer.close()
+        finally:
+            self.progress.close()
+            self.logger.close()
+        if is_main_process() and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
+            try:
+                plot_run(self.run_dir)
+            except Exception as exc:  # a plot must never hide the run's own outcome
+                log.warning("could not draw curves.png: %s", exc)
+
+    def result(self, final_dir: Optional[str]) -> TrainResult:
+        return TrainResult(
+            run_dir=self.run_dir,
+            final_dir=final_dir,
+            steps=self.state.step,
+            tokens=self.state.tokens,
+            skipped_steps=self.state.skipped_steps,
+            elapsed_s=round(self.meter.flush()["elapsed_s"], 1),
+            eval_metrics=dict(self.state.eval_metrics),
+        )
+
+    def report(self, result: TrainResult) -> None:
+        if not is_main_process():
+            return
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
+        print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        print(f"model saved to {result.final_dir}")

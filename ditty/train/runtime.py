@@ -1,0 +1,125 @@
+"""Where a run executes: the device, the process group and mesh, and the process-wide settings that
+must be in place before anything heavy is built (CPU threads, allocator, compile caches, seeds).
+
+`start_runtime(config)` is the trainer's first build step, so a rank that cannot join fails before
+any weights load. On one process no process group is ever created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+
+from ditty.config.sections import SHARDED_KINDS
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    rank: int
+    world_size: int
+    mesh: Optional[Any] = None
+    """The DeviceMesh of ddp/fsdp/hsdp on several processes; None on one process and for DeepSpeed."""
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def start_runtime(config: Any) -> Runtime:
+    """Pick the device, join torchrun's process group (a no-op on one process), build the mesh."""
+    from ditty.parallel import build_mesh, init_distributed
+
+    device = _device(config.run.device)
+    apply_allocator_policy(config, device)
+    info = init_distributed(device)
+    mesh = build_mesh(config.parallel, info) if info.is_distributed else None
+    if info.is_distributed:
+        separate_compile_caches(info.rank, info.world_size)
+    threads = config.run.num_threads
+    if threads and device.type == "cpu":  # tiny models train several times faster on one thread
+        torch.set_num_threads(threads)
+    return Runtime(device=device, rank=info.rank, world_size=info.world_size, mesh=mesh)
+
+
+def _device(want: str) -> torch.device:
+    """cuda when asked or available ("auto"), else the CPU with one thread per available core."""
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Oversubscribing cores (threads x local processes > cores) slows CPU matmuls a lot.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, cores // local_procs))
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, torch's (CUDA included) and numpy's global generators: model init, dropout, data."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def apply_allocator_policy(config: Any, device: torch.device) -> bool:
+    """fsdp/hsdp on several CPU processes: fix glibc's mmap threshold, so that resident memory falls
+    with the world size like the shards do (costs page faults: the trade is explained in
+    `ditty.parallel.memory.apply_distributed_allocator_policy`). Other kinds keep glibc's defaults:
+    DDP and DeepSpeed on the CPU have no per-step gathers to leave holes. Runs before the process
+    group starts its threads. Returns whether it applied."""
+    if device.type != "cpu" or config.parallel.kind not in SHARDED_KINDS or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return False
+    from ditty.parallel.memory import apply_distributed_allocator_policy
+
+    return apply_distributed_allocator_policy()
+
+
+def separate_compile_caches(rank: int, world_size: int) -> None:
+    """One inductor cache directory per (world size, rank), unless the user chose one.
+
+    Uneven FSDP shards differ in shape between ranks (259 rows: 130 on rank 0, 129 on rank 1), and
+    inductor's FX graph cache does not tell those graphs apart for DTensor inputs (torch 2.13):
+    torchao's 8-bit AdamW, compiled per parameter, then fails on rank 1 with "expected size
+    129==130" when it finds rank 0's graph in a shared cache. Costs only the sharing of compiled
+    graphs between ranks.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = default_cache_dir()
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # Inductor writes its default into the variable on first use (an import may already have): a
+    # value equal to the default was not the user's choice.
+    if chosen is not None and os.path.abspath(chosen) != os.path.abspath(default):
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, f"ditty-world{world_size}-rank{rank}")
+
+
+def teardown() -> None:
+    """Leave the process group at the end of a run (a no-op on one process)."""
+    from ditty.parallel import destroy_distributed
+
+    destroy_distributed()
+
+
+@contextlib.contextmanager
+def process_group_for_run() -> Iterator[None]:
+    """Destroy the process group when the run ends normally. After an error it is left alone: torchrun
+    stops the other ranks, and a destroy could wait on a peer that is already gone."""
+    yield
+    teardown()
