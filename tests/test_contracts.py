@@ -104,7 +104,7 @@ def test_parse_error_message_snapshot():
         parse_contract("batch:3:i46 -> batch:3:i64")
     assert str(caught.value) == (
         "contract syntax error at column 9: unknown dtype 'i46'; "
-        "use one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool or '*'\n"
+        "use one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool, f (any float), i (any int), b (bool) or '*'\n"
         "  batch:3:i46 -> batch:3:i64\n"
         "          ^"
     )
@@ -282,8 +282,10 @@ def test_unchecked_stage_is_a_warning_and_checking_resumes():
     problems = check_chain(stages)
     assert [(p.key, p.rule, p.severity) for p in problems] == [
         ("b", "contract.unchecked", "warning"),
+        ("c", "contract.ctx-missing", "warning"),  # only b, which declares nothing, may provide it
         ("d", "contract.mismatch", "error"),  # c's outputs are known again
     ]
+    assert "`b`" in problems[1].message
 
 
 def test_contract_that_does_not_parse_is_reported_with_the_stage():
