@@ -65,6 +65,8 @@ class Builders:
         from ditty.data.tokenizer import build_tokenizer
 
         cfg, components = self.config, getattr(self, "components", None)
+        if getattr(components, "tokenizer", None) is not None:  # the Python API's tokenizer_factory
+            return components.tokenizer
         non_text = (components is not None and components.has_data) or (
             cfg.data.source == "builtin" and cfg.data.name in IMAGE_BUILTINS
         )
@@ -99,6 +101,12 @@ class Builders:
                 model = build_model(cfg.model, tokenizer=self.tokenizer, device=self.device, quant=cfg.quant)
         self.converters = self.build_converters()
         model = apply_converters(model, self.converters)
+        # A Python API loss with parameters (UncertaintyWeightedLoss) trains with the model: after the
+        # converters (PEFT would freeze it), before parallelization and the optimizer.
+        from ditty.train.loss_parameters import attach_loss_parameters
+
+        loss = getattr(getattr(self, "components", None), "loss", None)
+        model = attach_loss_parameters(model, loss, parallel_kind=cfg.parallel.kind)
         self._meta_rank0_tensors = None
         if getattr(self, "meta_source", None) and given is None and cfg.quant.kind != "none":
             from ditty.train import distributed
@@ -146,7 +154,7 @@ class Builders:
 
             builtin["fp8"] = lambda: Float8Converter(cfg.fp8, fsdp=sharded)
         order = list(getattr(cfg.model, "converters", None) or builtin)
-        converters = []
+        converters = list(getattr(getattr(self, "components", None), "converters", None) or [])  # a ModelTransform
         for name in order:
             if name in builtin:
                 converters.append(builtin[name]())
@@ -280,6 +288,11 @@ class Builders:
     def build_optimizer(self) -> torch.optim.Optimizer:
         from ditty.optim import build_optimizer
 
+        given = getattr(getattr(self, "components", None), "optimizer", None)
+        if given is not None:  # the Python API's optimizer=: checked against the parameters the run trains
+            from ditty.optim.given import check_given_optimizer
+
+            return check_given_optimizer(given, self.model)
         return build_optimizer(self.config.optimizer, self.model)
 
     def build_scheduler(self):
@@ -342,7 +355,13 @@ class Builders:
             from ditty.train.checkpointing import truncate_metrics
 
             truncate_metrics(self.run_dir, resume.step)
-        return build_logger(self.config.logging, self.run_dir, run_name=self.config.run.name, append=resuming)
+        logger = build_logger(self.config.logging, self.run_dir, run_name=self.config.run.name, append=resuming)
+        user = getattr(getattr(self, "components", None), "metrics_logger", None)  # the Python API's metrics_logger=
+        if user is not None:
+            from ditty.metrics_logger import attach_user_logger
+
+            attach_user_logger(logger, user, self)
+        return logger
 
     def trainer_ref(self):
         """ "pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml), None for ditty's own."""
