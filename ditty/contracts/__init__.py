@@ -42,7 +42,7 @@ torch is imported inside `check_tensors`' helpers.
 """
 
 from ditty.contracts.chain import ROLES, OutputIndex, Stage, check_chain
-from ditty.contracts.errors import ContractParseError, ContractSyntaxError, ContractViolation
+from ditty.contracts.errors import ContractChainError, ContractParseError, ContractSyntaxError, ContractViolation
 from ditty.contracts.legacy import format_pipeline_contracts, validate_pipeline_chain
 from ditty.contracts.spec import (
     ANY,
@@ -68,6 +68,7 @@ __all__ = [
     "ROLES",
     "TRAINER_CTX_KEYS",
     "Contract",
+    "ContractChainError",
     "ContractParseError",
     "ContractSyntaxError",
     "ContractViolation",

@@ -41,3 +41,8 @@ class ContractViolation(RecipeError):
         if isinstance(problems, str):
             problems = [Problem("", problems, rule="contract.tensor", fix="fix the contract or the stage")]
         super().__init__(list(problems), source)
+
+
+class ContractChainError(RecipeError, ContractParseError):
+    """Contracts of a pipeline's stages that do not chain: a RecipeError naming each stage, and a
+    ContractParseError, which the original Ditty raised for the same misfit."""
