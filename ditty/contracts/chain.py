@@ -49,11 +49,14 @@ def check_chain(
     *,
     batch_spec: Union[str, Sequence[TensorSpec], None] = None,
     model_output_count: Optional[int] = None,
+    batch_columns: Optional[Sequence[str]] = None,
 ) -> list[Problem]:
     """Walk preprocessors -> model -> postprocessors -> loss and report every misfit at once.
 
     `batch_spec` describes what the data loader yields (None: unknown, the first stage is trusted).
     `model_output_count` says how many outputs the model returns when its contract does not.
+    `batch_columns` names the batch's columns when its tensors are not described (() for none): a
+    loss reading a context key that neither a stage nor the batch provides is then an error.
     Problems carry the stage name as their key and a rule id: contract.mismatch (rank, dtype or
     count), contract.ctx-missing, contract.output-index, contract.syntax, contract.unchecked.
     """
@@ -62,8 +65,8 @@ def check_chain(
         tensors=None if specs is None else tuple(specs),
         producer="the batch",
         ctx={},
-        batch_names=frozenset(s.name for s in specs or ()),
-        batch_known=specs is not None,
+        batch_names=frozenset(s.name for s in specs or ()) | frozenset(batch_columns or ()),
+        batch_known=specs is not None or batch_columns is not None,
     )
     problems: list[Problem] = []
     for item in stages:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ditty.contracts.errors import ContractParseError, ContractSyntaxError, ContractViolation
+from ditty.contracts.errors import ContractSyntaxError, ContractViolation
 
 DTYPES: dict[str, str] = {
     "f64": "float64",
@@ -192,13 +192,13 @@ class _Scanner:
 def parse_contract(text: str) -> Contract:
     """Parse the terse syntax of the package docstring; raise ContractSyntaxError pointing at the fault.
 
-    An empty string is not a contract (ContractParseError); a stage whose `contract` is "" has none,
+    An empty string is not a contract (a syntax error here); a stage whose `contract` is "" has none,
     which `as_contract` says.
     """
     if not isinstance(text, str):
         raise TypeError(f"a contract is a string, not {type(text).__name__}")
     if not text.strip():
-        raise ContractParseError('an empty contract string; a stage without a contract has contract None (or "")')
+        raise ContractSyntaxError(text, 0, 'an empty contract; a stage without one has contract None (or "")')
     scan = _Scanner(text)
     inputs, ctx_inputs = _parse_side(scan, side="input")
     if scan.accept("|"):  # the original Ditty's placement: the context keys a stage reads

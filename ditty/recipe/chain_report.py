@@ -55,18 +55,20 @@ def describe_chain(
     return "\n".join(lines)
 
 
-def _part_weights(loss: Any, loss_name: str) -> dict[str, float]:
-    """Stage name of each CompositeLoss part -> its weight (nested composites included)."""
-    out: dict[str, float] = {}
+def _part_weights(loss: Any, loss_name: str) -> dict[str, str]:
+    """Stage name of each CompositeLoss part -> its weight as shown (nested composites included);
+    an UncertaintyWeightedLoss learns its weights."""
+    out: dict[str, str] = {}
+    learned = hasattr(loss, "log_vars")
     for index, (part, weight) in enumerate(getattr(loss, "parts", None) or ()):
         name = f"{loss_name} part {index} ({type(part).__name__})"
-        out[name] = weight
+        out[name] = "(learned weight)" if learned else f"x {weight:g}"
         out.update(_part_weights(part, name))
     return out
 
 
-def _label(stage: Stage, weights: dict[str, float]) -> str:
-    return f"{stage.name} x {weights[stage.name]:g}" if stage.name in weights else stage.name
+def _label(stage: Stage, weights: dict[str, str]) -> str:
+    return f"{stage.name} {weights[stage.name]}" if stage.name in weights else stage.name
 
 
 def _contract_text(stage: Stage) -> str:
