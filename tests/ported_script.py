@@ -92,7 +92,8 @@ def build(output_dir: str, max_steps: int, tokenizer_path: str, *, broken: bool 
         fsdp_config=FSDPConfig(enabled=False, transformer_layers=[Block]),
         contract="x:2:f32, ctx.forward_kwargs.t:1:i64 -> eps:2:f32, logits:2:f32",
     )
-    loss = UncertaintyWeightedLoss([MSELoss(output_index=0, contract="eps:2:f | ctx.target:2:f -> loss:0:f"), ClassLoss()])
+    noise_loss = MSELoss(output_index=0, contract="eps:2:f | ctx.target:2:f -> loss:0:f")
+    loss = UncertaintyWeightedLoss([noise_loss, ClassLoss()])
     return Pipeline(
         model_factory=model_factory,
         dataset=rows(),
