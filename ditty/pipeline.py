@@ -208,7 +208,10 @@ class Pipeline:
         return int(os.environ.get("WORLD_SIZE", "1"))
 
     def config(self, data: Any = None) -> Any:
-        """The Trainer.Config this pipeline runs (grad_accum: global = micro x grad_accum x data-parallel size)."""
+        """The Trainer.Config this pipeline runs (grad_accum: global = micro x grad_accum x data-parallel size).
+        `data` defaults to the dataset or DataLoader given (not an overridden dataset(), built at run time)."""
+        if data is None:
+            data = self._dataloader if self._dataloader is not None else self._dataset
         return build_config(self.settings, self.model_factory, data, self.world_size())
 
     def check(self, data: Any = None) -> None:
