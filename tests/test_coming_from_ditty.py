@@ -116,3 +116,77 @@ def test_every_original_name_is_importable_from_ditty():
     assert diffusion.Scheduler is not None
     with pytest.raises(RecipeError, match="optimizer="):
         ditty.optimizers  # noqa: B018 - the original's module of optimizers: refused with what to use
+
+
+HUB_TOKEN = "hf_PipelineTokenNeverOnDisk0123456789"
+PUSH_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {repo!r})
+torch.set_num_threads(1)
+from ditty import Pipeline, ModelFactory, MSELoss
+from examples.custom_pipeline import Regressor, SplitTarget, make_rows
+Pipeline(model_factory=ModelFactory.from_instance(Regressor()), dataset=make_rows(32), loss_calculator=MSELoss(),
+         preprocessors=[SplitTarget()], output_dir={run!r}, max_steps=2, batch_size=8, log_every=1,
+         push_to_hub=True, output_hub_repo="me/ported", hf_hub_token={token!r}, private_repo=True).run()
+"""
+
+
+def test_hf_hub_token_reaches_the_hub_and_is_written_nowhere(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.checkpoint.fake_hub import FakeHub
+
+    hub = FakeHub().start()
+    try:
+        repo = Path(__file__).resolve().parents[1]
+        run = tmp_path / "run"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+        env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf-home"))
+        code = PUSH_SCRIPT.format(repo=str(repo), run=str(run), token=HUB_TOKEN)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        hub.stop()
+    assert hub.repos["me/ported"]["visibility"] == "private" and "model.safetensors" in hub.files["me/ported"]
+    api_calls = [r for r in hub.requests if r.path.startswith(("/api/repos", "/api/models"))]
+    assert api_calls and all(
+        r.headers.get("authorization", r.headers.get("Authorization")) == f"Bearer {HUB_TOKEN}" for r in api_calls
+    )
+    for path in tmp_path.rglob("*"):  # recipe.toml, env.json, metrics.jsonl, the model card, checkpoints, HF_HOME
+        if path.is_file():
+            assert HUB_TOKEN.encode() not in path.read_bytes(), path
+    assert HUB_TOKEN not in proc.stdout + proc.stderr
+    listed = (run / "recipe.toml").read_text().split("\n\n")[0].splitlines()  # the header naming the objects
+    assert any(line.startswith("# model: <python object Regressor>") for line in listed)
+    assert not any("token" in line for line in listed)  # the objects listed in recipe.toml: not the token
+
+
+def test_from_huggingface_with_4bit_quantization_lora_and_a_tokenizer_factory(tmp_path, tiny_llama_dir):
+    from ditty import ModelFactory, PeftConfig, Pipeline, QuantConfig, TokenizerFactory
+    from ditty.models.quant import quantized_linear_count
+
+    ids = torch.arange(3, 35)
+    samples = [{"input_ids": ids.roll(i), "labels": ids.roll(i)} for i in range(8)]
+    model_factory = ModelFactory.from_huggingface(
+        tiny_llama_dir,
+        quant_config=QuantConfig(enabled=True, bits=4),
+        peft_config=PeftConfig(enabled=True, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    pipeline = Pipeline(
+        model_factory=model_factory,
+        dataset=samples,
+        tokenizer_factory=TokenizerFactory(tiny_llama_dir),
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        batch_size=4,
+        lr=1e-3,
+        log_every=1,
+    )
+    result = pipeline.run()
+    assert result.steps == 2 and quantized_linear_count(pipeline.model)["Linear4bit"] == 14  # 7 per block
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").exists() and (final / "tokenizer.json").exists()
+    assert '"q_proj"' in (final / "adapter_config.json").read_text()
