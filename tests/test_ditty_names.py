@@ -210,6 +210,10 @@ def test_a_model_transform_runs_as_a_converter_before_the_adapter(tmp_path):
             model.fc1.requires_grad_(False)
             return model
 
+    checkpoint = tmp_path / "w.pt"
+    torch.save(Regressor().state_dict(), checkpoint)
+    loaded = ModelFactory.from_checkpoint(str(checkpoint), Regressor, model_transform=FreezeFirst(), use_compile=False)
+    assert isinstance(loaded.converters()[0], FreezeFirst) and "train" not in loaded.recipe_overrides()
     factory = ModelFactory(model=Regressor(), model_transform=FreezeFirst())
     p = pipeline(tmp_path, model_factory=factory, steps=1, device="cpu", progress=False)
     trainer = p.build_trainer()

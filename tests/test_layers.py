@@ -28,6 +28,7 @@ LAYERS = {
     "ditty.pipeline": 4,
     "ditty.pipeline_options": 4,
     "ditty.model_factory": 4,
+    "ditty.model_configs": 4,
     "ditty.porting": 4,
     "ditty.cli": 5,
     "ditty.__main__": 5,
@@ -43,6 +44,7 @@ SAME_LAYER_ALLOWED = {
     # The Python API in three modules: the facade, its keyword mapping, and the model factory.
     ("ditty.pipeline", "ditty.pipeline_options"),
     ("ditty.pipeline", "ditty.model_factory"),
+    ("ditty.model_factory", "ditty.model_configs"),
     ("ditty.pipeline_options", "ditty.train"),  # the keywords become the Trainer's Config
     ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
 }

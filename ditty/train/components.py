@@ -13,7 +13,7 @@ of the file and lists each object by type (`# model: <python object MyNet>`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 SECRET_FIELDS = ("hub_token",)
@@ -49,7 +49,7 @@ class RuntimeComponents:
     record too, on rank 0 (ditty.metrics_logger.attach_user_logger)."""
     converters: Optional[list] = None
     """Model converters (e.g. a ModelTransform) applied before the configured ones ([peft], [fp8])."""
-    hub_token: Optional[str] = None
+    hub_token: Optional[str] = field(default=None, repr=False)
     """Hugging Face token for the [hub] push; held in memory only, never written anywhere."""
 
     def given(self) -> dict[str, Any]:
