@@ -1,6 +1,7 @@
 """ditty: train and finetune PyTorch and Hugging Face models from declarative TOML recipes.
 
 Heavy names (torch, transformers) load on first use, so `ditty check` and `ditty ls` stay fast.
+The names below include the original Ditty library's public API (README "Coming from Ditty").
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ _LAZY = {
     "Trainer": "ditty.train",
     # The Python API (ditty.pipeline) and its building blocks, as the README's examples import them.
     "Pipeline": "ditty.pipeline",
-    "ModelFactory": "ditty.pipeline",
-    "FSDPConfig": "ditty.pipeline",
     "Data": "ditty.pipeline",
+    "ModelFactory": "ditty.model_factory",
+    "FSDPConfig": "ditty.model_factory",
+    "QuantConfig": "ditty.model_factory",
+    "PeftConfig": "ditty.model_factory",
+    "TokenizerFactory": "ditty.model_factory",
+    "ModelTransform": "ditty.model_factory",
     "RuntimeComponents": "ditty.train.components",
     "PreProcessor": "ditty.processors",
     "PostProcessor": "ditty.processors",
@@ -29,14 +34,43 @@ _LAZY = {
     "L1Loss": "ditty.loss",
     "CrossEntropyLoss": "ditty.loss",
     "CompositeLoss": "ditty.loss",
+    "UncertaintyWeightedLoss": "ditty.loss",
+    # Contracts (ditty.contracts).
+    "Contract": "ditty.contracts",
+    "TensorSpec": "ditty.contracts",
+    "ContractViolation": "ditty.contracts",
+    "ContractParseError": "ditty.contracts",
+    "parse_contract": "ditty.contracts",
+    "validate_pipeline_chain": "ditty.contracts",
+    "format_pipeline_contracts": "ditty.contracts",
+    # The rest of the original Ditty's names.
+    "print_pipeline": "ditty.porting",
+    "TrainerState": "ditty.porting",
+    "CheckpointManager": "ditty.porting",
+    "Checkpoint": "ditty.porting",
+    "MetricsLogger": "ditty.metrics_logger",
 }
+_MODULES = {"diffusion": "ditty.diffusion"}
+"""Submodules the original exposed as attributes of the package (`from ditty import diffusion`)."""
+_REFUSED = {
+    "DittyBase": "subclass ditty.PreProcessor, ditty.PostProcessor or ditty.LossCalculator (each has name and "
+    "contract)",
+    "optimizers": "pass your own optimizer instance: Pipeline(optimizer=...)",
+}
+"""Names of the original Ditty that ditty does not have, and what to use instead."""
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
+    if name in _REFUSED:
+        from ditty.config.errors import RecipeError
+
+        raise RecipeError.single(f"ditty has no {name} (a name of the original Ditty)", key=name, fix=_REFUSED[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ditty' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, *_MODULES])

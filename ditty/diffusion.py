@@ -46,18 +46,38 @@ class Scheduler:
         beta_end: float = 0.02,
         *,
         clip_sample: bool = True,
+        timesteps: Optional[int] = None,
     ) -> None:
+        max_timesteps = timesteps if timesteps is not None else max_timesteps  # the original's keyword
         _validate(max_timesteps, schedule_type, beta_start, beta_end)
         self.max_timesteps = max_timesteps
-        self.schedule_type = schedule_type
-        self.beta_start = beta_start
-        self.beta_end = beta_end
         self.clip_sample = clip_sample
+        self.create_noise_schedule(schedule_type, beta_start=beta_start, beta_end=beta_end)
+
+    @property
+    def timesteps(self) -> int:
+        return self.max_timesteps
+
+    @property
+    def alphas_cumprod(self) -> torch.Tensor:
+        """alpha_bar under the original Ditty's (and diffusers') name."""
+        return self.alpha_bar
+
+    def create_noise_schedule(
+        self, schedule_type: str = "cosine", F: float = 1.0, beta_start: float = 1e-4, beta_end: float = 0.02
+    ) -> None:
+        """(Re)build the tables for a schedule, as the original's method of this name did: "linear"
+        from beta_start to beta_end, or "cosine" with its betas scaled by F**2 (F = 1 keeps them;
+        scaled betas are clipped to [1e-4, MAX_BETA])."""
+        _validate(self.max_timesteps, schedule_type, beta_start, beta_end)
+        self.schedule_type, self.beta_start, self.beta_end = schedule_type, beta_start, beta_end
         betas = (
-            _cosine_betas(max_timesteps)
+            _cosine_betas(self.max_timesteps)
             if schedule_type == "cosine"
-            else torch.linspace(beta_start, beta_end, max_timesteps, dtype=torch.float64)
+            else torch.linspace(beta_start, beta_end, self.max_timesteps, dtype=torch.float64)
         )
+        if F != 1.0 and schedule_type == "cosine":  # F rescales the cosine schedule only, as in the original
+            betas = (betas * F**2).clamp(1e-4, MAX_BETA)
         alphas = 1.0 - betas
         alpha_bar = torch.cumprod(alphas, dim=0)
         alpha_bar_prev = torch.cat([torch.ones(1, dtype=torch.float64), alpha_bar[:-1]])

@@ -16,7 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 from ditty._utils.labels import IGNORE_INDEX
 
@@ -60,11 +60,17 @@ class LossCalculator(ABC):
         mask_key: Optional[str] = "mask",
         *,
         contract: Optional[str] = None,
+        name: str = "",
+        fsdp: bool = False,
     ) -> None:
         self.output_index = output_index
         self.target_key = target_key
         self.mask_key = mask_key
         self.contract = contract
+        self.name = name or snake_case(type(self).__name__)
+        """How metrics and `print_pipeline` call this loss (the original Ditty's `name`)."""
+        if fsdp:
+            raise loss_sharding_refused()
 
     def __call__(self, model_output: Any, ctx: Mapping) -> LossOutput:
         return self.compute(model_output, ctx)
@@ -138,8 +144,9 @@ class CrossEntropyLoss(LossCalculator):
         *,
         ignore_index: int = IGNORE_INDEX,
         contract: Optional[str] = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(output_index, target_key, mask_key, contract=contract)
+        super().__init__(output_index, target_key, mask_key, contract=contract, **kwargs)
         self.ignore_index = ignore_index
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
@@ -166,8 +173,11 @@ class CausalLMLoss(CrossEntropyLoss):
         *,
         ignore_index: int = IGNORE_INDEX,
         contract: Optional[str] = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(output_index, target_key, mask_key=None, ignore_index=ignore_index, contract=contract)
+        super().__init__(
+            output_index, target_key, mask_key=None, ignore_index=ignore_index, contract=contract, **kwargs
+        )
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         logits = self.get_prediction(model_output)[..., :-1, :]
@@ -200,8 +210,26 @@ class _ElementwiseLoss(LossCalculator):
     """Mean of an elementwise error over the prediction, or over the masked elements.
 
     A mask may cover the leading dimensions only ([B] or [B, T] for a [B, T, D] prediction); it is
-    broadcast over the rest. Computed in fp32.
+    broadcast over the rest. Computed in fp32. `reduction = "sum"` sums instead of averaging.
     """
+
+    def __init__(
+        self,
+        output_index: Union[int, str] = 0,
+        target_key: str = "target",
+        mask_key: Optional[str] = "mask",
+        *,
+        reduction: str = "mean",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(output_index, target_key, mask_key, **kwargs)
+        if reduction not in ("mean", "sum"):
+            from ditty.config.errors import RecipeError
+
+            raise RecipeError.single(
+                f"{type(self).__name__}(reduction={reduction!r}): use 'mean' or 'sum'", key="loss_calculator"
+            )
+        self.reduction = reduction
 
     @abstractmethod
     def elementwise(self, prediction: "Tensor", target: "Tensor") -> "Tensor":
@@ -214,10 +242,11 @@ class _ElementwiseLoss(LossCalculator):
         error = self.elementwise(prediction, self.get_target(ctx).to(prediction.device).float())
         mask = self.get_mask(ctx)
         if mask is None:
-            return LossOutput(loss=error.mean())
+            return LossOutput(loss=error.sum() if self.reduction == "sum" else error.mean())
         mask = mask.to(error.device, torch.float32).reshape(mask.shape + (1,) * (error.dim() - mask.dim()))
         weights = mask.expand_as(error)
-        return LossOutput(loss=(error * weights).sum() / weights.sum().clamp_min(1))
+        total = (error * weights).sum()
+        return LossOutput(loss=total if self.reduction == "sum" else total / weights.sum().clamp_min(1))
 
 
 class MSELoss(_ElementwiseLoss):
@@ -243,12 +272,19 @@ class CompositeLoss(LossCalculator):
     Cost: one host sync per part and micro-batch, to read the part's value for the metrics.
     """
 
-    def __init__(self, parts: Sequence[tuple[LossCalculator, float]], *, contract: Optional[str] = None) -> None:
-        super().__init__(contract=contract)
-        if not parts:
+    def __init__(
+        self, losses: Sequence[tuple[LossCalculator, float]], *, contract: Optional[str] = None, **kwargs: Any
+    ) -> None:
+        super().__init__(contract=contract, **kwargs)
+        if not losses:
             raise ValueError("CompositeLoss needs at least one (loss, weight) part")
-        self.parts = [(loss, float(weight)) for loss, weight in parts]
+        self.parts = [(loss, float(weight)) for loss, weight in losses]
         self.names = _part_names([loss for loss, _ in self.parts])
+
+    @property
+    def losses(self) -> list[tuple[LossCalculator, float]]:
+        """The (loss, weight) parts, under the original Ditty's name."""
+        return self.parts
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         total = None
@@ -270,3 +306,73 @@ def _part_names(losses: Sequence[LossCalculator]) -> list[str]:
         name = type(loss).__name__.removesuffix("Loss") or type(loss).__name__
         bases.append(re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower())
     return [f"{base}_{index}" if bases.count(base) > 1 else base for index, base in enumerate(bases)]
+
+
+class UncertaintyWeightedLoss(CompositeLoss):
+    """Several losses weighted by learned uncertainties (Kendall, Gal & Cipolla, CVPR 2018).
+
+    One learned log-variance s_i per loss; the total is sum_i 0.5 * exp(-s_i) * L_i + 0.5 * s_i, the
+    paper's objective for homoscedastic task uncertainty (s_i = log sigma_i^2). A loss that stays
+    large is down-weighted, and the + s_i term keeps every weight from collapsing to zero. The
+    s_i start at 0 (every weight 1/2). The metrics carry each part's value, its weight exp(-s_i)
+    and s_i. (The original Ditty clamped the regulariser to s_i >= 0; this follows the paper.)
+
+    The log-variances are a trainable `log_vars` parameter (`named_parameters()`): the trainer
+    trains them with the model (`ditty.train.loss_parameters`), so they reach the optimizer, are
+    averaged across DDP ranks and are saved in checkpoints.
+    Cost: one host sync per part and micro-batch (its value and weight for the metrics).
+    """
+
+    def __init__(self, losses: Sequence[LossCalculator], *, contract: Optional[str] = None, **kwargs: Any) -> None:
+        import torch
+
+        pairs = [item for item in losses if isinstance(item, tuple)]
+        if pairs:
+            from ditty.config.errors import RecipeError
+
+            raise RecipeError.single(
+                "UncertaintyWeightedLoss learns each loss's weight: pass the losses alone, not (loss, weight) pairs",
+                key="loss_calculator",
+                fix="UncertaintyWeightedLoss([MSELoss(), CrossEntropyLoss(output_index=1)]), or CompositeLoss for "
+                "fixed weights",
+            )
+        super().__init__([(loss, 1.0) for loss in losses], contract=contract, **kwargs)
+        self.log_vars = torch.nn.Parameter(torch.zeros(len(self.parts)))
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        yield "log_vars", self.log_vars
+
+    def parameters(self) -> Iterator[Any]:
+        yield self.log_vars
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        total = None
+        metrics: dict[str, float] = {}
+        for index, (name, (loss, _)) in enumerate(zip(self.names, self.parts)):
+            out = loss.compute(model_output, ctx)
+            value = out.mean_loss()
+            log_var = self.log_vars[index].to(value.device)
+            term = 0.5 * (-log_var).exp() * value + 0.5 * log_var
+            total = term if total is None else total + term
+            metrics[name] = value.detach().item()
+            metrics[f"{name}/weight"] = (-log_var).exp().detach().item()
+            metrics[f"{name}/log_var"] = log_var.detach().item()
+            metrics.update({f"{name}/{key}": v for key, v in out.metrics.items()})
+        return LossOutput(loss=total, metrics=metrics)
+
+
+def loss_sharding_refused(kind: str = "fsdp") -> Exception:
+    from ditty.config.errors import RecipeError
+
+    return RecipeError.single(
+        f"a loss with trainable parameters (such as UncertaintyWeightedLoss) is not supported with "
+        f"parallel.kind = {kind!r}: its parameters would be sharded with the model, outside whose forward the "
+        f"loss runs",
+        key="loss_calculator",
+        fix="train it on one process or with DDP (FSDPConfig(enabled=False)); its parameters then train with the model",
+    )
+
+
+def snake_case(name: str) -> str:
+    """MSELoss -> "mse_loss", TokenMasker -> "token_masker" (the original Ditty's stage names)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()

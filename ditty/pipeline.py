@@ -1,153 +1,52 @@
 """The Python API: `Pipeline(...).run()` builds a `Trainer.Config` and runs the one `Trainer`.
 
-    from ditty.pipeline import Pipeline, ModelFactory, FSDPConfig
+    from ditty import Pipeline, ModelFactory, FSDPConfig
 
     pipeline = Pipeline(
         model_factory=ModelFactory.from_instance(
             model, fsdp_config=FSDPConfig(enabled=True, transformer_layers=[Block])),
         dataset=dataset, collate_fn=collate, loss_calculator=MSELoss(),
         preprocessors=[NoisePreProcessor()], output_dir="runs/mine", bf16=True, lr=2e-4, epochs=10, grad_accum=4)
+    print(pipeline)          # the stages, their contracts and what the chain check found
     pipeline.run()
 
-There is no second training loop: the keyword arguments become recipe sections (`config()` shows
-the Trainer.Config), the Python objects travel beside it as `RuntimeComponents`, and the run
-directory is the one a recipe run writes; its recipe.toml lists the objects and says the file
-alone cannot re-run it. Everything the recipe compiler checks is checked when `Pipeline(...)` is
-constructed (all problems at once, as a RecipeError), including the contract chain
-preprocessors -> model -> postprocessors -> loss, so a misfit stops before any training.
+There is no second training loop: the keyword arguments become recipe sections
+(ditty.pipeline_options; `config()` shows the Trainer.Config), the Python objects travel beside it
+as `RuntimeComponents`, and the run directory is the one a recipe run writes; its recipe.toml lists
+the objects and says the file alone cannot re-run it. Everything the recipe compiler checks is
+checked when `Pipeline(...)` is constructed (all problems at once, as a RecipeError), including
+the contract chain preprocessors -> model -> postprocessors -> loss (each part of a CompositeLoss
+too), so a misfit stops before any training; warnings are logged and kept in `warnings`.
+
+Code written for the original Ditty runs as is: its keywords (`use_bfloat16`, `max_steps`,
+`tokenizer_factory`, `optimizer`, `metrics_logger`, `push_to_hub`, `hf_hub_token`, ...) are
+accepted, and those ditty cannot honour are refused with what to use instead. Defaults are
+ditty's own; README "Coming from Ditty" lists where they differ from the original's.
 
 The older style still works: subclass `Pipeline` and override `dataset()` to return a DataLoader.
-`extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here
-(e.g. {"peft": {"kind": "lora", "target_modules": ["fc1"]}} for LoRA on a custom model).
+`extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 
 from ditty.config.errors import Problem, RecipeError
 from ditty.data.hf import Data
+from ditty.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
+from ditty.pipeline_options import build_config, keyword_problems, unknown_keyword_problems
 from ditty.train import Trainer
 from ditty.train.components import RuntimeComponents
 
-__all__ = ["Data", "FSDPConfig", "ModelFactory", "Pipeline"]
+__all__ = ["Data", "FSDPConfig", "ModelFactory", "PeftConfig", "Pipeline", "QuantConfig", "TokenizerFactory"]
+__all__ += ["load_weights"]
 
-
-@dataclass(frozen=True)
-class FSDPConfig:
-    """FSDP2 for a Python API model: which block classes to shard (one FSDP unit each)."""
-
-    enabled: bool = False
-    transformer_layers: Sequence[type] = ()
-    """Block classes to shard; empty: the model's `_no_split_modules`."""
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-
-
-class ModelFactory:
-    """How the Pipeline gets its model: an instance, or a class loaded from a checkpoint file."""
-
-    def __init__(
-        self,
-        build: Callable[[], torch.nn.Module],
-        *,
-        contract: Any = None,
-        fsdp_config: Optional[FSDPConfig] = None,
-        description: str = "",
-    ) -> None:
-        self._build = build
-        self.contract = contract
-        self.fsdp_config = fsdp_config or FSDPConfig()
-        self.description = description
-
-    @classmethod
-    def from_instance(cls, model: torch.nn.Module, *, fsdp_config: Optional[FSDPConfig] = None) -> "ModelFactory":
-        if not isinstance(model, torch.nn.Module):
-            raise RecipeError.single(
-                f"from_instance takes an nn.Module, not {type(model).__name__}", key="model_factory"
-            )
-        return cls(
-            lambda: model,
-            contract=getattr(model, "contract", None),
-            fsdp_config=fsdp_config,
-            description=type(model).__qualname__,
-        )
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str,
-        model_class: type,
-        *,
-        fsdp_config: Optional[FSDPConfig] = None,
-        strict: bool = True,
-        **kwargs: Any,
-    ) -> "ModelFactory":
-        """`model_class(**kwargs)` with weights from `path`: a .safetensors file, a directory holding
-        model.safetensors (a run's final/), or a torch file read with `weights_only=True` (never
-        unpickling code). A {"model": ...} or {"state_dict": ...} wrapper is unwrapped."""
-        if not os.path.exists(path):
-            raise RecipeError.single(
-                f"checkpoint {path!r} does not exist",
-                key="model_factory",
-                fix="give the path of a weights file or a run's final/",
-            )
-
-        def build() -> torch.nn.Module:
-            model = model_class(**kwargs)
-            missing, unexpected = model.load_state_dict(load_weights(path), strict=False)
-            if strict and (missing or unexpected):
-                raise RecipeError.single(
-                    f"{path} does not fit {model_class.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}",
-                    key="model_factory",
-                    fix="pass the model_class and kwargs the checkpoint was saved from, or strict=False",
-                )
-            return model
-
-        return cls(
-            build,
-            contract=getattr(model_class, "contract", None),
-            fsdp_config=fsdp_config,
-            description=f"{model_class.__qualname__} from {path}",
-        )
-
-    def build(self) -> torch.nn.Module:
-        model = self._build()
-        if not isinstance(model, torch.nn.Module):
-            raise RecipeError.single(
-                f"the model factory returned {type(model).__name__}, not an nn.Module", key="model_factory"
-            )
-        return model
-
-
-def load_weights(path: str) -> dict[str, torch.Tensor]:
-    if os.path.isdir(path):
-        for name in ("model.safetensors", "pytorch_model.bin", "model.pt"):
-            if os.path.exists(os.path.join(path, name)):
-                return load_weights(os.path.join(path, name))
-        raise RecipeError.single(
-            f"{path} holds no model.safetensors, pytorch_model.bin or model.pt", key="model_factory"
-        )
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        return load_file(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # weights_only refuses pickled code: say so rather than unpickle it
-        raise RecipeError.single(
-            f"cannot read {path} as plain weights: {exc}",
-            key="model_factory",
-            fix="save a state_dict (torch.save(model.state_dict(), ...)) or safetensors",
-        ) from None
-    for wrapper in ("model", "state_dict"):
-        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
-            state = state[wrapper]
-    return state
+log = logging.getLogger("ditty.pipeline")
 
 
 class Pipeline:
@@ -157,41 +56,65 @@ class Pipeline:
         self,
         model_factory: Any = None,
         dataset: Any = None,
-        *,
-        dataloader: Any = None,
         collate_fn: Optional[Callable] = None,
-        val_dataset: Any = None,
+        tokenizer_factory: Any = None,
         loss_calculator: Any = None,
         preprocessors: Optional[list] = None,
         postprocessors: Optional[list] = None,
         output_dir: str = "./output",
+        *,
+        dataloader: Any = None,
+        val_dataset: Any = None,
         name: str = "pipeline",
         fp16: bool = False,
         bf16: bool = False,
+        use_bfloat16: bool = False,
         use_8bit_optim: bool = False,
         optim_backend: str = "torchao",
+        optimizer: Optional[torch.optim.Optimizer] = None,
         lr: float = 2e-4,
+        scale_lr_by_world_size: bool = False,
         weight_decay: float = 0.0,
         epochs: float = 1,
         steps: Optional[int] = None,
+        max_steps: Optional[int] = None,
         batch_size: int = 8,
         grad_accum: int = 1,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 0,
         lr_schedule: str = "constant",
+        gradient_checkpointing: bool = False,
         accelerator_kwargs: Optional[dict] = None,
-        seed: int = 0,
+        accelerator_mixed_precision: Optional[str] = None,
+        seed: Optional[int] = 0,
         device: str = "auto",
         num_threads: int = 0,
         log_every: int = 10,
         eval_every: int = 0,
+        validation_every: Optional[int] = None,
         checkpoint_every: int = 0,
+        load_checkpoint: bool = True,
+        save_final_checkpoint: bool = True,
+        load_optimizer_checkpoint: bool = True,
+        metrics_logger: Any = None,
+        push_to_hub: bool = False,
+        output_hub_repo: Optional[str] = None,
+        hf_hub_token: Optional[str] = None,
+        private_repo: bool = True,
+        merge_adapters: bool = False,
+        shuffle_each_epoch: bool = True,
+        num_workers: Optional[int] = None,
+        shuffle_buffer_size: Optional[int] = None,
         check_contracts: bool = True,
         progress: bool = True,
         task: Any = None,
         extra_config: Optional[dict[str, dict]] = None,
         trainer_class: type = Trainer,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "unknown")]
+            raise RecipeError(unknown_keyword_problems(unknown, known), source="Pipeline(...)")
         if fp16 and bf16:
             raise RecipeError.single(
                 "fp16 and bf16 are both set; pick one compute precision",
@@ -201,6 +124,7 @@ class Pipeline:
         if isinstance(model_factory, torch.nn.Module):
             model_factory = ModelFactory.from_instance(model_factory)
         self.model_factory = model_factory
+        self.tokenizer_factory = tokenizer_factory
         self._dataset = dataset
         self._dataloader = dataloader
         self.collate_fn = collate_fn
@@ -210,34 +134,57 @@ class Pipeline:
         self.postprocessors = list(postprocessors or [])
         self.task = task
         self.trainer_class = trainer_class
+        self.metrics_logger = metrics_logger
+        self._hf_hub_token = hf_hub_token  # memory only: not in settings, recipe.toml, env.json or logs
         self.settings = dict(
             output_dir=output_dir,
             name=name,
             fp16=fp16,
             bf16=bf16,
+            use_bfloat16=use_bfloat16,
             use_8bit_optim=use_8bit_optim,
             optim_backend=optim_backend,
+            optimizer=optimizer,
             lr=lr,
+            scale_lr_by_world_size=scale_lr_by_world_size,
             weight_decay=weight_decay,
             epochs=epochs,
             steps=steps,
+            max_steps=max_steps,
             batch_size=batch_size,
             grad_accum=grad_accum,
             max_grad_norm=max_grad_norm,
             warmup_steps=warmup_steps,
             lr_schedule=lr_schedule,
+            gradient_checkpointing=gradient_checkpointing,
             accelerator_kwargs=dict(accelerator_kwargs or {}),
+            accelerator_mixed_precision=accelerator_mixed_precision,
             seed=seed,
             device=device,
             num_threads=num_threads,
             log_every=log_every,
             eval_every=eval_every,
+            validation_every=validation_every,
             checkpoint_every=checkpoint_every,
+            load_checkpoint=load_checkpoint,
+            save_final_checkpoint=save_final_checkpoint,
+            load_optimizer_checkpoint=load_optimizer_checkpoint,
+            push_to_hub=push_to_hub,
+            output_hub_repo=output_hub_repo,
+            hf_hub_token=bool(hf_hub_token),
+            private_repo=private_repo,
+            merge_adapters=merge_adapters,
+            shuffle_each_epoch=shuffle_each_epoch,
+            num_workers=num_workers,
+            shuffle_buffer_size=shuffle_buffer_size,
             check_contracts=check_contracts,
             progress=progress,
             extra_config=dict(extra_config or {}),
         )
         self.trainer: Optional[Trainer] = None
+        self.model: Optional[torch.nn.Module] = None
+        """The trained model, after `run()` (as in the original Ditty)."""
+        self.warnings: list[Problem] = []
         self.check()
 
     # ---------------------------------------------------------------- overridable hooks
@@ -247,12 +194,13 @@ class Pipeline:
         (the older style) to build and return a DataLoader, e.g. with `Data(...).prepare(...)`."""
         return self._dataloader if self._dataloader is not None else self._dataset
 
-    def model(self) -> torch.nn.Module:
+    def build_model(self) -> Optional[torch.nn.Module]:
+        """The model instance, or None when the Trainer loads it (a Hugging Face model by path)."""
         if self.model_factory is None:
             raise RecipeError.single(
                 "Pipeline needs a model_factory (ModelFactory.from_instance(model))", key="model_factory"
             )
-        return self.model_factory.build()
+        return None if getattr(self.model_factory, "hub_path", None) is not None else self.model_factory.build()
 
     # ---------------------------------------------------------------- config and checks
 
@@ -260,111 +208,84 @@ class Pipeline:
         return int(os.environ.get("WORLD_SIZE", "1"))
 
     def config(self, data: Any = None) -> Any:
-        """The Trainer.Config this pipeline runs (grad_accum: global = micro x grad_accum x data-parallel size)."""
-        from ditty.config import sections as S
-
-        s = self.settings
-        micro = s["batch_size"]
-        if isinstance(data, torch.utils.data.DataLoader) and data.batch_size:
-            micro = data.batch_size  # each of the loader's batches is one micro-batch
-        precision = "fp16" if s["fp16"] else "bf16" if s["bf16"] else "fp32"
-        fp8 = S.Fp8Config()
-        accel = dict(s["accelerator_kwargs"])
-        mixed = accel.pop("mixed_precision", None)
-        if accel:
-            raise RecipeError.single(
-                f"accelerator_kwargs {sorted(accel)} are not supported (only mixed_precision)",
-                key="accelerator_kwargs",
-                fix="use the Pipeline keyword or extra_config for that setting",
-            )
-        if mixed == "fp8":
-            fp8 = S.Fp8Config(enabled=True, backend="te")
-        elif mixed in ("bf16", "fp16"):
-            precision = mixed
-        elif mixed not in (None, "no", "fp32"):
-            raise RecipeError.single(
-                f"accelerator_kwargs mixed_precision {mixed!r} is not one of fp8, bf16, fp16, no",
-                key="accelerator_kwargs",
-            )
-        fsdp = getattr(self.model_factory, "fsdp_config", None) or FSDPConfig()
-        parallel = S.ParallelConfig()
-        if fsdp.enabled:
-            parallel = S.ParallelConfig(
-                kind="fsdp",
-                block_classes=[c.__name__ for c in fsdp.transformer_layers],
-                reshard_after_forward=fsdp.reshard_after_forward,
-                cpu_offload=fsdp.cpu_offload,
-            )
-        elif self.world_size() > 1:
-            parallel = S.ParallelConfig(kind="ddp")
-        config = Trainer.Config(
-            run=S.RunConfig(
-                name=s["name"],
-                output_dir=s["output_dir"],
-                seed=s["seed"],
-                device=s["device"],
-                num_threads=s["num_threads"],
-            ),
-            train=S.TrainConfig(
-                steps=s["steps"],
-                epochs=float(s["epochs"]),
-                micro_batch_size=micro,
-                global_batch_size=micro * s["grad_accum"] * self.world_size(),
-                max_grad_norm=s["max_grad_norm"],
-                precision=precision,
-                log_every=s["log_every"],
-                eval_every=s["eval_every"],
-            ),
-            optimizer=S.OptimizerConfig(
-                kind="adamw8bit" if s["use_8bit_optim"] else "adamw",
-                backend=s["optim_backend"] if s["use_8bit_optim"] else "default",
-                lr=s["lr"],
-                weight_decay=s["weight_decay"],
-            ),
-            scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
-            parallel=parallel,
-            fp8=fp8,
-            checkpoint=S.CheckpointConfig(every=s["checkpoint_every"]),
-            logging=S.LoggingConfig(progress=s["progress"]),
-            pipeline=S.PipelineConfig(check_tensors=s["check_contracts"]),
-        )
-        for section, values in s["extra_config"].items():
-            if not hasattr(config, section):
-                raise RecipeError.single(f"extra_config: no recipe section [{section}]", key=f"extra_config.{section}")
-            try:
-                config = replace(config, **{section: replace(getattr(config, section), **values)})
-            except TypeError as exc:
-                raise RecipeError.single(f"extra_config[{section!r}]: {exc}", key=f"extra_config.{section}") from None
-        return config
+        """The Trainer.Config this pipeline runs (grad_accum: global = micro x grad_accum x data-parallel size).
+        `data` defaults to the dataset or DataLoader given (not an overridden dataset(), built at run time)."""
+        if data is None:
+            data = self._dataloader if self._dataloader is not None else self._dataset
+        return build_config(self.settings, self.model_factory, data, self.world_size())
 
     def check(self, data: Any = None) -> None:
-        """Every compiler rule on the config, the component slots, and the contract chain; raise them all at once."""
+        """Every compiler rule on the config, the keywords, the component slots, and the contract
+        chain; raise the errors all at once, log the warnings (kept in `self.warnings`). The plan is
+        kept for the Trainer, which runs on it instead of compiling again."""
+        from ditty.contracts.errors import ContractChainError
         from ditty.recipe import compile_config
         from ditty.recipe.pipeline_rules import check_instances
 
-        problems: list[Problem] = []
-        # The Python objects replace [model], [tokenizer] and [data]: their defaults are not the user's.
-        plan = compile_config(
-            self.config(data), world_size=self.world_size(), replaced=("model.", "tokenizer.", "data.")
-        )
-        self.plan = plan  # the Trainer runs on this plan instead of compiling again
-        problems += plan.errors
-        problems += self._slot_problems()
+        peek = data if data is not None else self._dataloader if self._dataloader is not None else self._dataset
+        problems = self._slot_problems() + keyword_problems(self.settings, peek, self.model_factory)
         if not [p for p in problems if p.severity == "error"]:
-            model_name = f"model ({getattr(self.model_factory, 'description', '') or 'unknown'})"
-            problems += [
-                p
-                for p in check_instances(
-                    self.preprocessors,
-                    self.model_factory,
-                    self.postprocessors,
-                    self.loss_calculator,
-                    model_name=model_name,
-                )
-                if p.severity == "error"
-            ]
-        if problems:
-            raise RecipeError(problems, source="Pipeline(...)")
+            # The Python objects replace [tokenizer] and [data] (and [model] for an instance): their defaults
+            # are not the user's.
+            replaced = ("tokenizer.", "data.") + (
+                ("model.",) if getattr(self.model_factory, "hub_path", None) is None else ()
+            )
+            self.plan = compile_config(self.config(data), world_size=self.world_size(), replaced=replaced)
+            problems += self.plan.problems
+        if not [p for p in problems if p.severity == "error"]:
+            problems += check_instances(
+                self.preprocessors,
+                self.model_factory,
+                self.postprocessors,
+                self.loss_calculator,
+                model_name=self._model_name(),
+                batch_spec=self.batch_spec(),
+            )
+        errors = [p for p in problems if p.severity == "error"]
+        if errors:
+            contract_only = all(p.rule.startswith("contract.") for p in errors)
+            raise (ContractChainError if contract_only else RecipeError)(errors, source="Pipeline(...)")
+        self.warnings = [p for p in problems if p.severity == "warning" and p.rule != "contract.unchecked"]
+        for problem in self.warnings:
+            log.warning("Pipeline(...): %s", problem.format())
+
+    def batch_spec(self) -> Optional[str]:
+        """What a batch of the given dataset is, for the contract chain: the keys of a dict batch, or
+        one tensor; None (unknown) for a DataLoader, an overridden dataset(), or anything else.
+        Found by collating the first sample (a dict batch lets a loss read its columns from the context)."""
+        if self._dataset is None or type(self).dataset is not Pipeline.dataset:
+            return None
+        try:
+            sample = self._dataset[0]
+            batch = (self.collate_fn or torch.utils.data.default_collate)([sample])
+        except Exception:  # noqa: BLE001 - a peek only: an odd dataset is checked when it runs
+            return None
+        if isinstance(batch, dict):
+            return ", ".join(str(k) for k in batch) or None
+        return "batch" if torch.is_tensor(batch) else None
+
+    def describe(self) -> str:
+        """The stages with their contracts and whether each was checked (what `print(pipeline)` shows)."""
+        from ditty.recipe.chain_report import describe_chain
+
+        factory = self.model_factory
+        title = f"Pipeline -> {self.settings['output_dir']}: model {getattr(factory, 'description', '?')}"
+        text = describe_chain(
+            self.preprocessors,
+            factory,
+            self.postprocessors,
+            self.loss_calculator,
+            model_name=self._model_name(),
+            batch_spec=self.batch_spec(),
+            title=title,
+        )
+        return text
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def _model_name(self) -> str:
+        return f"model ({getattr(self.model_factory, 'description', '') or 'unknown'})"
 
     def _slot_problems(self) -> list[Problem]:
         from ditty.loss import LossCalculator
@@ -400,6 +321,12 @@ class Pipeline:
                     fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
                 )
             )
+        for key, value, method in (
+            ("tokenizer_factory", self.tokenizer_factory, "build"),
+            ("metrics_logger", self.metrics_logger, "log_scalar"),
+        ):
+            if value is not None and not callable(getattr(value, method, None)):
+                problems.append(Problem(key, f"{type(value).__name__} has no {method}()", fix=f"see ditty.{key}"))
         return problems
 
     # ---------------------------------------------------------------- running
@@ -409,7 +336,7 @@ class Pipeline:
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
         return RuntimeComponents(
-            model=self.model(),
+            model=self.build_model(),
             dataset=None if loader is not None else data,
             dataloader=loader,
             val_dataset=self.val_dataset,
@@ -418,6 +345,11 @@ class Pipeline:
             postprocessors=self.postprocessors,
             loss=self.loss_calculator or CausalLMLoss(),
             task=self.task,
+            tokenizer=self.tokenizer_factory.build() if self.tokenizer_factory is not None else None,
+            optimizer=self.settings["optimizer"],
+            metrics_logger=self.metrics_logger,
+            converters=self.model_factory.converters() if self.model_factory is not None else None,
+            hub_token=self._hf_hub_token,
         )
 
     def build_trainer(self) -> Trainer:
@@ -427,12 +359,13 @@ class Pipeline:
                 "Pipeline has no data: pass dataset= or dataloader=, or override dataset()", key="dataset"
             )
         config = self.config(data)
-        if isinstance(data, torch.utils.data.DataLoader):
-            self.check(data)  # the loader's batch size is the micro-batch size
+        if isinstance(data, torch.utils.data.DataLoader) or type(self).dataset is not Pipeline.dataset:
+            self.check(data)  # a loader's batch size is the micro-batch size; an overridden dataset() is new data
         return self.trainer_class(config, components=self.components(data), plan=self.plan)
 
     def run(self) -> Any:
-        """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics).
+        """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics). The
+        trained model is `self.model` afterwards.
 
         Under torchrun the Trainer joins the process group; when the run ends normally, the group
         is destroyed again if this run created it (one the caller made before stays theirs).
@@ -441,9 +374,13 @@ class Pipeline:
 
         import torch.distributed as dist
 
+        from ditty.train.final import unwrap_model
         from ditty.train.runtime import process_group_for_run
 
         created_here = not (dist.is_available() and dist.is_initialized())
         with process_group_for_run() if created_here else contextlib.nullcontext():
             self.trainer = self.build_trainer()
-            return self.trainer.train()
+            result = self.trainer.train()
+            if getattr(self.trainer, "model", None) is not None:
+                self.model = unwrap_model(self.trainer.model)
+            return result

@@ -7,6 +7,7 @@ the model's signature.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from typing import Any, Optional
 
@@ -39,11 +40,17 @@ class PreProcessor(ABC):
     """Transforms a batch before the model sees it (add noise, draw timesteps, set forward kwargs).
 
     `contract` is the terse shape/dtype declaration ("batch:3:i64 -> batch:3:i64 | ctx.t:1:i64")
-    that the recipe compiler checks against the neighbouring stages; None means unchecked.
+    that the recipe compiler checks against the neighbouring stages; None (or "") means unchecked.
+    `name` names the stage in `print_pipeline` (default: the class name in snake_case).
     """
 
-    def __init__(self, contract: Optional[str] = None) -> None:
+    def __init__(self, contract: Optional[str] = None, name: str = "") -> None:
         self.contract = contract
+        self.name = name or _snake_case(type(self).__name__)
+
+    def config(self) -> dict[str, Any]:
+        """Settings worth showing next to the stage's name (the original Ditty's hook; {} here)."""
+        return {}
 
     @abstractmethod
     def process(self, batch: Any, ctx: Context) -> tuple[Any, Context]:
@@ -53,12 +60,21 @@ class PreProcessor(ABC):
 class PostProcessor(ABC):
     """Transforms the model's output before the loss (pick a head, compute a target from it).
 
-    `contract` as for PreProcessor.
+    `contract` and `name` as for PreProcessor.
     """
 
-    def __init__(self, contract: Optional[str] = None) -> None:
+    def __init__(self, contract: Optional[str] = None, name: str = "") -> None:
         self.contract = contract
+        self.name = name or _snake_case(type(self).__name__)
+
+    def config(self) -> dict[str, Any]:
+        """Settings worth showing next to the stage's name (the original Ditty's hook; {} here)."""
+        return {}
 
     @abstractmethod
     def process(self, model_output: Any, ctx: Context) -> tuple[Any, Context]:
         """Return the output for the next stage and the (possibly updated) context."""
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()

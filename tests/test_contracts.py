@@ -104,7 +104,7 @@ def test_parse_error_message_snapshot():
         parse_contract("batch:3:i46 -> batch:3:i64")
     assert str(caught.value) == (
         "contract syntax error at column 9: unknown dtype 'i46'; "
-        "use one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool or '*'\n"
+        "use one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool, f (any float), i (any int), b (bool) or '*'\n"
         "  batch:3:i46 -> batch:3:i64\n"
         "          ^"
     )
@@ -282,8 +282,10 @@ def test_unchecked_stage_is_a_warning_and_checking_resumes():
     problems = check_chain(stages)
     assert [(p.key, p.rule, p.severity) for p in problems] == [
         ("b", "contract.unchecked", "warning"),
+        ("c", "contract.ctx-missing", "warning"),  # only b, which declares nothing, may provide it
         ("d", "contract.mismatch", "error"),  # c's outputs are known again
     ]
+    assert "`b`" in problems[1].message
 
 
 def test_contract_that_does_not_parse_is_reported_with_the_stage():
@@ -341,3 +343,82 @@ def test_real_outputs_bind_by_position_and_missing_ones_are_reported():
     assert [p.message for p in problems] == ["output `aux`: rank 0 declared, but the tensor has shape (2,)"]
     problems = check_tensors(contract, bind_tensors(contract, outputs[:1], side="outputs"), side="outputs")
     assert [p.message for p in problems] == ["declares output `aux`, but it was not found"]
+
+
+# --- the original Ditty's grammar: '|' before '->' (reads), dtype wildcards, empty contracts ----
+
+
+def test_the_original_ditty_contracts_parse():
+    from ditty.contracts import as_contract
+
+    model = parse_contract("tokens:3:i64 -> logits:4:f, z0_pred:4:f, mask:3:b")
+    assert model.outputs == (TensorSpec("logits", 4, "f"), TensorSpec("z0_pred", 4, "f"), TensorSpec("mask", 3, "b"))
+    loss = parse_contract("logits:4:f, z0_pred:4:f | ctx.input_ids:3:i64 -> loss:0:f")
+    assert loss.inputs == (TensorSpec("logits", 4, "f"), TensorSpec("z0_pred", 4, "f"))
+    assert loss.ctx_inputs == loss.ctx_deps == (TensorSpec("input_ids", 3, "i64"),)
+    assert loss.ctx_outputs == () and loss.outputs == (TensorSpec("loss", 0, "f"),)
+    readme = parse_contract("batch:3:i64 -> batch:3:i64 | ctx.t:1:i64")  # the seed README: '|' after '->' adds
+    assert readme.ctx_outputs == (TensorSpec("t", 1, "i64"),) and readme.ctx_inputs == ()
+    both = parse_contract("x:3:f | ctx.target:4:f, mask:3:b -> y:4:f | ctx.out:1:i")  # bare name: a read
+    assert [s.name for s in both.ctx_inputs] == ["target", "mask"] and both.ctx_outputs[0].dtype == "i"
+    assert parse_contract("| ctx.hidden_states:3:f -> loss:0:f").ctx_inputs[0].is_ctx
+    assert parse_contract(str(loss)) == loss and loss.raw.startswith("logits:4:f, z0_pred")
+    assert as_contract("") is None and as_contract("   ") is None  # the original's "no contract"
+    with pytest.raises(ContractSyntaxError):
+        parse_contract("")
+
+
+@pytest.mark.parametrize(
+    "text,column,reason",
+    [
+        ("x | -> y", 5, "expected a tensor name"),
+        ("x | t:1 y -> z", 9, "after the context keys read"),
+        ("x | t:1 | u -> z", 9, "after the context keys read"),
+        ("x:3:g -> y", 5, "unknown dtype 'g'"),
+        ("x | ctx.t, t -> y", 12, "declared twice"),
+    ],
+)
+def test_errors_in_the_original_placement_point_at_the_character(text, column, reason):
+    with pytest.raises(ContractSyntaxError) as caught:
+        parse_contract(text)
+    assert caught.value.column == column and reason in caught.value.reason, str(caught.value)
+    assert str(caught.value).splitlines()[2] == "  " + " " * (column - 1) + "^"
+
+
+def test_dtype_wildcards_in_the_chain_and_on_real_tensors():
+    import torch
+
+    from ditty.contracts import ContractParseError, ContractViolation
+
+    assert check_chain([("a", "x -> y:2:f16"), ("b", "y:2:f -> z:1:i"), ("c", "z:1:i32 -> w")]) == []
+    problems = check_chain([("a", "x -> y:2:f"), ("b", "y:2:i -> z")])
+    assert rules(problems) == ["contract.mismatch"] and "dtype i" in problems[0].message
+    contract = parse_contract("x:2:f, m:2:b | ctx.t:1:i -> y")
+    ok = {"x": torch.zeros(2, 3, dtype=torch.bfloat16), "m": torch.ones(2, 3, dtype=torch.bool)}
+    contract.validate_inputs(ok, {"t": torch.zeros(2, dtype=torch.int32)})
+    with pytest.raises(ContractViolation) as caught:
+        contract.validate_inputs((torch.zeros(2, 3, dtype=torch.long), ok["m"]), {"t": torch.zeros(2)})
+    assert [p.rule for p in caught.value.problems] == ["contract.tensor"] * 2
+    assert "dtype f declared, but the tensor is int64" in str(caught.value)
+    with pytest.raises(ContractViolation, match="expected 2 inputs, got 1"):
+        contract.validate_inputs((ok["x"],), {})
+    with pytest.raises(ContractViolation, match="rank 2"):
+        TensorSpec(name="logits", rank=2, dtype="f").validate(torch.zeros(3))
+    TensorSpec(name="mask", rank=1, dtype="b").validate(torch.zeros(3, dtype=torch.bool))
+    assert issubclass(ContractSyntaxError, ContractParseError)
+
+
+def test_validate_pipeline_chain_and_format_pipeline_contracts_the_original_way():
+    from ditty.contracts import format_pipeline_contracts, validate_pipeline_chain
+
+    pre = [parse_contract("batch:2:i64 -> batch:2:i64 | ctx.target:2:i64, ctx.mask:2:f")]
+    model = parse_contract("batch:2:i64 -> logits:3:f, hidden:3:f")
+    loss = parse_contract("logits:3:f | ctx.target:2:i64, ctx.mask:2:f -> loss:0:f")
+    assert validate_pipeline_chain(pre, model, [], loss) == []
+    errors = validate_pipeline_chain([], model, [], loss)
+    assert len(errors) == 2 and errors[0].startswith("LossCalculator: reads ctx.target before any stage")
+    errors = validate_pipeline_chain(pre, "batch:3:i64 -> logits:3:f", [], "logits:3:f, hidden:3:f -> loss:0:f")
+    assert [e.split(":")[0] for e in errors] == ["Model", "LossCalculator"]
+    text = format_pipeline_contracts([("token_masker", pre[0])], ("model", model), [], ("loss", loss))
+    assert text.splitlines()[0] == "Pipeline Contracts:" and "  token_masker:" in text
+    assert "Model (model):\n  batch:2:i64 -> logits:3:f, hidden:3:f" in text

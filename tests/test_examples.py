@@ -70,3 +70,32 @@ def test_config_registry_function_runs_with_flags(tmp_path, capsys):
     assert capsys.readouterr().out.count("hello from the greeting section") == 3
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert rows[-1]["step"] == 4
+
+
+def _ported_example_losses(tmp_path, backend: str, steps: int):
+    from examples.ported_from_ditty import main
+
+    result = main(str(tmp_path / "run"), max_steps=steps, optim_backend=backend)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    return result, [r["loss"] for r in rows]
+
+
+def test_ported_from_ditty_example_trains_lora_with_8bit_adam(tmp_path, capsys):
+    torch.set_num_threads(1)
+    from ditty import CheckpointManager
+
+    result, losses = _ported_example_losses(tmp_path, "bnb", 30)
+    assert result.steps == 30 and losses[0] > 3.3 and losses[-1] < losses[0] - 1.0, losses  # ln(32) = 3.47
+    assert "contracts: 7 of 7 stages checked; the chain fits" in capsys.readouterr().out
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").exists() and (final / "adapter_model.safetensors").exists()
+    checkpoint = CheckpointManager(str(tmp_path / "run")).load(15)  # checkpoint_every = max_steps // 2
+    assert any(t.dtype == torch.uint8 for t in checkpoint.optimizer_state.values())  # 8-bit Adam's state
+
+
+@pytest.mark.slow
+def test_ported_from_ditty_example_with_torchao_8bit_adam(tmp_path):
+    # torchao compiles its update on the first step (a minute or more on a shared CPU).
+    torch.set_num_threads(1)
+    result, losses = _ported_example_losses(tmp_path, "torchao", 30)
+    assert losses[-1] < losses[0] - 1.0, losses

@@ -22,9 +22,14 @@ LAYERS = {
     "ditty.processors": 2,
     "ditty.loss": 2,
     "ditty.diffusion": 2,
+    "ditty.metrics_logger": 2,
     "ditty.recipe": 3,
     "ditty.train": 4,
     "ditty.pipeline": 4,
+    "ditty.pipeline_options": 4,
+    "ditty.model_factory": 4,
+    "ditty.model_configs": 4,
+    "ditty.porting": 4,
     "ditty.cli": 5,
     "ditty.__main__": 5,
 }
@@ -36,6 +41,12 @@ SAME_LAYER_ALLOWED = {
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
+    # The Python API in three modules: the facade, its keyword mapping, and the model factory.
+    ("ditty.pipeline", "ditty.pipeline_options"),
+    ("ditty.pipeline", "ditty.model_factory"),
+    ("ditty.model_factory", "ditty.model_configs"),
+    ("ditty.pipeline_options", "ditty.train"),  # the keywords become the Trainer's Config
+    ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
 }
 
 

@@ -142,6 +142,8 @@ class TrainConfig:
     """torch.compile the model (see `compile_scope`)."""
     compile_scope: Literal["blocks", "model"] = "blocks"
     """Compile each transformer block ("blocks") or the whole model ("model")."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode: "reduce-overhead" adds CUDA graphs, "max-autotune" searches kernels (slow to compile)."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     """Recompute activations in the backward pass to save memory."""
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
 from ditty.config.errors import Problem
-from ditty.contracts.spec import TRAINER_CTX_KEYS, Contract, ContractSyntaxError, TensorSpec, as_contract, parse_specs
+from ditty.contracts.errors import ContractSyntaxError
+from ditty.contracts.spec import TRAINER_CTX_KEYS, Contract, TensorSpec, as_contract, dtypes_overlap, parse_specs
 
 ROLES = ("preprocessor", "model", "postprocessor", "loss", "stage")
 
@@ -38,6 +39,7 @@ class _Flow:
     producer: str
     ctx: dict[str, Optional[TensorSpec]]
     ctx_open: bool = False
+    ctx_open_by: str = ""
     batch_names: frozenset[str] = frozenset()
     batch_known: bool = False
 
@@ -47,11 +49,14 @@ def check_chain(
     *,
     batch_spec: Union[str, Sequence[TensorSpec], None] = None,
     model_output_count: Optional[int] = None,
+    batch_columns: Optional[Sequence[str]] = None,
 ) -> list[Problem]:
     """Walk preprocessors -> model -> postprocessors -> loss and report every misfit at once.
 
     `batch_spec` describes what the data loader yields (None: unknown, the first stage is trusted).
     `model_output_count` says how many outputs the model returns when its contract does not.
+    `batch_columns` names the batch's columns when its tensors are not described (() for none): a
+    loss reading a context key that neither a stage nor the batch provides is then an error.
     Problems carry the stage name as their key and a rule id: contract.mismatch (rank, dtype or
     count), contract.ctx-missing, contract.output-index, contract.syntax, contract.unchecked.
     """
@@ -60,8 +65,8 @@ def check_chain(
         tensors=None if specs is None else tuple(specs),
         producer="the batch",
         ctx={},
-        batch_names=frozenset(s.name for s in specs or ()),
-        batch_known=specs is not None,
+        batch_names=frozenset(s.name for s in specs or ()) | frozenset(batch_columns or ()),
+        batch_known=specs is not None or batch_columns is not None,
     )
     problems: list[Problem] = []
     for item in stages:
@@ -74,22 +79,24 @@ def check_chain(
 
 def _check_stage(stage: Stage, flow: _Flow, model_output_count: Optional[int]) -> list[Problem]:
     problems: list[Problem] = []
+    parsed = True
     try:
         contract = as_contract(stage.contract)
     except ContractSyntaxError as exc:
+        parsed = False
         problems.append(
             Problem(
                 stage.name,
                 f"its contract does not parse: {exc}",
                 rule="contract.syntax",
-                fix="see the contract grammar in ditty/contracts.py",
+                fix="see the contract grammar in the docstring of ditty/contracts/__init__.py",
             )
         )
         contract = None
     if stage.role == "loss":
         problems += _check_output_index(stage, flow)
     if contract is None:
-        if stage.contract is None:  # (a contract that failed to parse is reported above)
+        if parsed:  # no contract (None or ""); one that failed to parse is reported above
             problems.append(
                 Problem(
                     stage.name,
@@ -115,7 +122,8 @@ def _check_inputs(stage: Stage, contract: Contract, flow: _Flow) -> list[Problem
         chosen = _chosen_output(indices[0], flow.tensors) if len(indices) == 1 else None
         if chosen is None or not contract.inputs:
             return []  # a composite loss's parts each pick their own output: no single prediction
-        return _compare(stage.name, contract.inputs[0], chosen, f"output {indices[0]!r} of {flow.producer}")
+        problems = _compare(stage.name, contract.inputs[0], chosen, f"output {indices[0]!r} of {flow.producer}")
+        return problems + _check_other_loss_inputs(stage, contract, flow)
     if len(contract.inputs) > len(flow.tensors):
         return [
             Problem(
@@ -134,6 +142,28 @@ def _check_inputs(stage: Stage, contract: Contract, flow: _Flow) -> list[Problem
     return problems
 
 
+def _check_other_loss_inputs(stage: Stage, contract: Contract, flow: _Flow) -> list[Problem]:
+    """A loss's tensors after the first (the original Ditty's "logits:4:f, z0_pred:4:f -> loss")
+    are other outputs of the producer, found by name."""
+    problems = []
+    by_name = {spec.name: spec for spec in flow.tensors or ()}
+    for wanted in contract.inputs[1:]:
+        given = by_name.get(wanted.name)
+        if given is None:
+            problems.append(
+                Problem(
+                    stage.name,
+                    f"takes `{wanted.name}`, which {flow.producer} does not produce "
+                    f"({', '.join(map(str, flow.tensors or ())) or 'no outputs'})",
+                    rule="contract.mismatch",
+                    fix="name an output the producer declares, or drop it from the loss's contract",
+                )
+            )
+        else:
+            problems += _compare(stage.name, wanted, given, f"{flow.producer}'s `{given.name}`")
+    return problems
+
+
 def _check_ctx_reads(stage: Stage, contract: Contract, flow: _Flow) -> list[Problem]:
     problems = []
     for wanted in contract.ctx_inputs:
@@ -142,8 +172,18 @@ def _check_ctx_reads(stage: Stage, contract: Contract, flow: _Flow) -> list[Prob
             if given is not None:
                 problems += _compare(stage.name, wanted, given, f"ctx.{wanted.name} as provided")
             continue
-        if flow.ctx_open:
-            continue  # an unchecked stage ran before: it may have provided the key
+        if flow.ctx_open:  # a stage without a contract ran before: it may have provided the key
+            problems.append(
+                Problem(
+                    stage.name,
+                    f"reads ctx.{wanted.name}, which no stage that declares a contract provides; "
+                    f"fine only if {flow.ctx_open_by} (no contract) adds it",
+                    severity="warning",
+                    rule="contract.ctx-missing",
+                    fix=f"give {flow.ctx_open_by} a contract that declares '| ctx.{wanted.name}'",
+                )
+            )
+            continue
         if stage.role == "loss" and wanted.name in flow.batch_names:
             continue  # a loss falls back to the batch's columns (ditty.loss._lookup)
         if stage.role == "loss" and not flow.batch_known:
@@ -201,7 +241,7 @@ def _compare(stage: str, wanted: TensorSpec, given: TensorSpec, source: str) -> 
     faults = []
     if wanted.rank is not None and given.rank is not None and wanted.rank != given.rank:
         faults.append(f"rank {wanted.rank}, but {source} is rank {given.rank}")
-    if wanted.dtype is not None and given.dtype is not None and wanted.dtype != given.dtype:
+    if wanted.dtype is not None and given.dtype is not None and not dtypes_overlap(wanted.dtype, given.dtype):
         faults.append(f"dtype {wanted.dtype}, but {source} is {given.dtype}")
     return [
         Problem(
@@ -238,9 +278,9 @@ def _advance(flow: _Flow, stage: Stage, contract: Contract) -> None:
 def _forget(flow: _Flow, stage: Stage, model_output_count: Optional[int]) -> None:
     """After an unchecked stage: tensors unknown (their count too, except a model's declared count),
     and any context key may now exist."""
-    flow.ctx_open = True
     if stage.role == "loss":
-        return
+        return  # a loss (or a composite loss's part) adds nothing that a later stage reads
+    flow.ctx_open, flow.ctx_open_by = True, flow.ctx_open_by or f"`{stage.name}`"
     flow.producer = f"`{stage.name}`"
     if stage.role == "model" and model_output_count is not None:
         flow.tensors = tuple(TensorSpec(f"output{i}") for i in range(model_output_count))

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from ditty.config.errors import Problem
-from ditty.contracts.spec import CTX, DTYPES, Contract, TensorSpec, as_contract
+from ditty.contracts.spec import CTX, Contract, TensorSpec, as_contract, dtype_names
 
 
 def check_tensors(
@@ -41,17 +41,20 @@ def check_tensors(
                 )
             )
             continue
-        problems += _compare_real(stage, side[:-1], label, spec, value)
+        problems += compare_real(stage, side[:-1], label, spec, value)
     return problems
 
 
-def _compare_real(stage: str, what: str, label: str, spec: TensorSpec, value: Any) -> list[Problem]:
+def compare_real(stage: str, what: str, label: str, spec: TensorSpec, value: Any) -> list[Problem]:
+    """Rank and dtype of one real tensor against its spec ("f" accepts any float, and so on)."""
     import torch
 
+    if not torch.is_tensor(value):
+        return [Problem(stage, f"{what} `{label}` is a {type(value).__name__}, not a tensor", rule="contract.tensor")]
     faults = []
     if spec.rank is not None and value.dim() != spec.rank:
         faults.append(f"rank {spec.rank} declared, but the tensor has shape {tuple(value.shape)}")
-    if spec.dtype is not None and value.dtype != getattr(torch, DTYPES[spec.dtype]):
+    if spec.dtype is not None and str(value.dtype).removeprefix("torch.") not in dtype_names(spec.dtype):
         faults.append(f"dtype {spec.dtype} declared, but the tensor is {str(value.dtype).removeprefix('torch.')}")
     return [
         Problem(stage, f"{what} `{label}`: {fault}", rule="contract.tensor", fix="fix the contract or the stage")

@@ -169,13 +169,21 @@ def no_split_module_names(model: nn.Module) -> list[str]:
 
 
 def find_blocks(
-    model: nn.Module, *, names: Optional[list[str]] = None, classes: Optional[list[type]] = None
+    model: nn.Module,
+    *,
+    names: Optional[list[str]] = None,
+    classes: Optional[list[type]] = None,
+    or_children: bool = False,
+    skip: tuple[str, ...] = (),
 ) -> list[nn.Module]:
-    """The modules to shard one by one, in `model.modules()` order.
+    """The modules to shard (or checkpoint, or compile) one by one, in `model.modules()` order.
 
     Chosen by, first match wins: `classes`; class `names` (the recipe's parallel.block_classes); the
-    model's `_no_split_modules`. Raises RecipeError when named classes are absent or nothing is found.
+    model's `_no_split_modules`; with `or_children`, the model's children (`model_children`).
+    Raises RecipeError when named classes are absent or nothing is found.
     """
+    if or_children and not (classes or names or no_split_module_names(model)):
+        return model_children(model, skip=skip)
     if classes:
         wanted = tuple(classes)
         blocks = [m for m in model.modules() if isinstance(m, wanted) and m is not model]
@@ -201,3 +209,29 @@ def find_blocks(
         key=key,
         fix=f"name the repeated block class, e.g. one of {', '.join(present[:6])}",
     )
+
+
+def model_children(model: nn.Module, *, skip: tuple[str, ...] = ()) -> list[nn.Module]:
+    """The parts of a model that declares no blocks: its children that hold parameters, looking
+    through single-child wrappers (PEFT's PeftModel -> LoraModel -> the model) and into containers
+    (ModuleList, ModuleDict), which are iterated rather than called. `skip` names children to leave
+    out (the trainer's `ditty_loss`, which forward never calls)."""
+    module = model
+    while True:
+        children = [(n, c) for n, c in module.named_children() if n not in skip and _holds_parameters(c)]
+        if len(children) != 1:
+            break
+        module = children[0][1]
+    if not children:
+        return [module] if module is not model else []
+    out: list[nn.Module] = []
+    for _, child in children:
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [c for c in child.children() if _holds_parameters(c)]
+        else:
+            out.append(child)
+    return out
+
+
+def _holds_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None

@@ -36,6 +36,9 @@ SLOTS = {
 }
 IMAGE_BUILTINS = ("digits",)
 """Built-in non-text datasets (ditty.data.build.IMAGE_BUILTINS): they need a [[pipeline.loss]]."""
+BATCH_SPECS = {"digits": "images:4:f32"}
+"""What a built-in dataset's batches are, for the contract chain: with the batch known, a stage
+that reads a context key nothing provides is an error rather than a warning."""
 
 
 def _slot_base(slot: str) -> type:
@@ -156,31 +159,64 @@ def contract_of(obj: Any) -> Any:
     return getattr(obj, "contract", None)
 
 
-def chain_problems(
-    pre: list, model_name: str, model_contract: Any, post: list, loss: Any, loss_name: str
-) -> list[Problem]:
-    """check_chain over (name, instance) lists; `loss` may be a CompositeLoss (its parts' indices)."""
+def chain_stages(pre: list, model_name: str, model_contract: Any, post: list, loss: Any, loss_name: str) -> list[Stage]:
+    """The Stages of a pipeline from (name, instance) lists, in the order they run."""
     stages = [Stage(name, contract_of(p), "preprocessor") for name, p in pre]
     stages.append(Stage(model_name, model_contract, "model"))
     stages += [Stage(name, contract_of(p), "postprocessor") for name, p in post]
     if loss is not None:
-        parts = getattr(loss, "parts", None)
-        index = tuple(part.output_index for part, _ in parts) if parts else getattr(loss, "output_index", 0)
-        stages.append(Stage(loss_name, contract_of(loss), "loss", index))
-    return check_chain(stages)
+        stages += loss_stages(loss, loss_name)
+    return stages
 
 
-def check_instances(pre: list, model: Any, post: list, loss: Any, *, model_name: Optional[str] = None) -> list[Problem]:
-    """The contract chain of Python API objects, named by class (used by ditty.pipeline)."""
+def loss_stages(loss: Any, name: str) -> list[Stage]:
+    """A loss as Stages: itself, or for a CompositeLoss each part (checked against the same
+    producer, with its own output_index), after the composite's own contract when it declares one."""
+    parts = getattr(loss, "parts", None)
+    if not parts:
+        return [Stage(name, contract_of(loss), "loss", getattr(loss, "output_index", 0))]
+    own = contract_of(loss)
+    stages = [Stage(name, own, "loss", tuple(p.output_index for p, _ in parts))] if own else []
+    for index, (part, _) in enumerate(parts):
+        stages += loss_stages(part, f"{name} part {index} ({type(part).__name__})")
+    return stages
+
+
+def chain_problems(
+    pre: list,
+    model_name: str,
+    model_contract: Any,
+    post: list,
+    loss: Any,
+    loss_name: str,
+    *,
+    batch_spec: Any = None,
+) -> list[Problem]:
+    """check_chain over (name, instance) lists; a CompositeLoss's parts are checked one by one."""
+    return check_chain(chain_stages(pre, model_name, model_contract, post, loss, loss_name), batch_spec=batch_spec)
+
+
+def instance_names(pre: list, model: Any, post: list, loss: Any, *, model_name: Optional[str] = None) -> dict:
+    """How the Python API names its stages: by slot, position and class."""
     named = lambda items, slot: [(f"{slot}[{i}] ({type(p).__name__})", p) for i, p in enumerate(items)]  # noqa: E731
-    return chain_problems(
-        named(pre, "preprocessors"),
-        model_name or f"model ({type(model).__name__})",
-        contract_of(model),
-        named(post, "postprocessors"),
-        loss,
-        f"loss ({type(loss).__name__})",
+    return dict(
+        pre=named(pre, "preprocessors"),
+        model_name=model_name or f"model ({type(model).__name__})",
+        model_contract=contract_of(model),
+        post=named(post, "postprocessors"),
+        loss=loss,
+        loss_name=f"loss ({type(loss).__name__})",
     )
+
+
+def check_instances(
+    pre: list, model: Any, post: list, loss: Any, *, model_name: Optional[str] = None, batch_spec: Any = None
+) -> list[Problem]:
+    """The contract chain of Python API objects, named by class (used by ditty.pipeline).
+
+    `batch_spec`: what the data yields when known (e.g. the keys of a dict sample): a stage that
+    reads a context key no stage provides is then an error, unless the loss finds it in the batch."""
+    return chain_problems(**instance_names(pre, model, post, loss, model_name=model_name), batch_spec=batch_spec)
 
 
 @rule("pipeline.components")
@@ -235,6 +271,7 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
         [(n, p) for n, p, _ in instances["postprocessors"]],
         loss,
         loss_name,
+        batch_spec=BATCH_SPECS.get(cfg.data.name) if cfg.data.source == "builtin" else None,
     )
     for problem in problems:
         if problem.rule == "contract.unchecked":

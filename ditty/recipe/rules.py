@@ -289,6 +289,7 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "scheduler.decay_fraction": ("scheduler.kind", {"wsd"}),
     "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),
     "train.compile_scope": ("train.compile", {True}),
+    "train.compile_mode": ("train.compile", {True}),
     "data.group_by_length": ("data.packing", {False}),
     "model.architecture": ("model.resolved_init", {"random"}),
     "model.config": ("model.resolved_init", {"random"}),
@@ -315,7 +316,6 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
             "cpu_offload",
             "pin_memory",
             "sync_grad_accum",
-            "block_classes",
         )
     },
     **{
@@ -344,6 +344,19 @@ def settings_without_effect(ctx: Context) -> Iterator[Problem]:
                 f"has no effect because {chooser} = {_show(_get(ctx.config, chooser))}",
                 f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)),
             )
+    cfg = ctx.config
+    # Block classes say what FSDP shards, and also what activation checkpointing and per-block compile wrap.
+    if ctx.is_set("parallel.block_classes") and not (
+        cfg.parallel.kind in ("fsdp", "hsdp")
+        or cfg.train.activation_checkpointing != "none"
+        or (cfg.train.compile and cfg.train.compile_scope == "blocks")
+    ):
+        yield warning(
+            "parallel.block_classes",
+            f"has no effect because parallel.kind = {_show(cfg.parallel.kind)}, activation checkpointing is off "
+            "and nothing is compiled per block",
+            'remove it, or set parallel.kind to "fsdp" or "hsdp", or train.activation_checkpointing',
+        )
     leaves = {leaf.path for leaf in walk_leaves(type(ctx.config))}
     if ctx.is_set("train.epochs") and ctx.config.train.steps is not None and "train.steps" in leaves:
         yield warning("train.epochs", "has no effect because train.steps is set", "remove one of them")

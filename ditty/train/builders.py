@@ -58,6 +58,8 @@ class Builders:
         return build_engine(self.config, self.runtime)
 
     def build_tokenizer(self):
+        if self.components.tokenizer is not None:  # the Python API's tokenizer_factory
+            return self.components.tokenizer
         return tokenizer_for(self.config, non_text_data=self.components.has_data)
 
     def build_model(self, tokenizer: Any) -> BuiltModel:
@@ -69,6 +71,11 @@ class Builders:
         model, pending = base_model_for(self.config, tokenizer, self.runtime.device, given=self.components.model)
         converters = self.build_converters()
         model = apply_converters(model, converters)
+        # A Python API loss with parameters (UncertaintyWeightedLoss) trains with the model: after the
+        # converters (PEFT would freeze it), before parallelization and the optimizer.
+        from ditty.train.loss_parameters import attach_loss_parameters
+
+        model = attach_loss_parameters(model, self.components.loss, parallel_kind=self.config.parallel.kind)
         if is_main_process():
             from ditty.train.env import count_parameters
 
@@ -77,7 +84,8 @@ class Builders:
         return BuiltModel(model, converters, pending)
 
     def build_converters(self) -> list:
-        return converters_for(self.config)
+        """The Python API's ModelTransforms first, then the recipe's converters."""
+        return list(self.components.converters or []) + converters_for(self.config)
 
     def build_model_ready(self, built: BuiltModel) -> torch.nn.Module:
         """Activation checkpointing and compile (in torchtitan's order, before wrapping), then the
@@ -105,7 +113,12 @@ class Builders:
         from ditty.models.converters import run_post_optimizer_hooks
         from ditty.optim import build_optimizer
 
-        optimizer = build_optimizer(self.config.optimizer, model)
+        if self.components.optimizer is not None:  # the Python API's optimizer=, checked against the trained parameters
+            from ditty.optim.given import check_given_optimizer
+
+            optimizer = check_given_optimizer(self.components.optimizer, model)
+        else:
+            optimizer = build_optimizer(self.config.optimizer, model)
         if any(getattr(c, "post_optimizer_hook", None) for c in converters):
             optimizer.register_step_post_hook(lambda *_: run_post_optimizer_hooks(model, converters))
         return optimizer
@@ -182,7 +195,12 @@ class Builders:
 
             truncate_metrics(self.config.run.output_dir, self.resume.step)
         cfg = self.config
-        return build_logger(cfg.logging, cfg.run.output_dir, run_name=cfg.run.name, append=resuming)
+        logger = build_logger(cfg.logging, cfg.run.output_dir, run_name=cfg.run.name, append=resuming)
+        if self.components.metrics_logger is not None:  # the Python API's metrics_logger=
+            from ditty.metrics_logger import attach_user_logger
+
+            attach_user_logger(logger, self.components.metrics_logger, self)
+        return logger
 
     def trainer_ref(self) -> Optional[str]:
         """ "pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml), None for ditty's own."""

@@ -334,7 +334,12 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
             title=cfg.run.name,
         )
         return push_folder(
-            folder, repo_id=cfg.hub.repo_id, private=cfg.hub.private, commit_message=message, run_dir=trainer.run_dir
+            folder,
+            repo_id=cfg.hub.repo_id,
+            private=cfg.hub.private,
+            commit_message=message,
+            run_dir=trainer.run_dir,
+            token=getattr(getattr(trainer, "components", None), "hub_token", None),  # Pipeline(hf_hub_token=)
         )
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)

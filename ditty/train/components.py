@@ -13,8 +13,10 @@ of the file and lists each object by type (`# model: <python object MyNet>`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
+
+SECRET_FIELDS = ("hub_token",)
 
 
 @dataclass
@@ -37,10 +39,27 @@ class RuntimeComponents:
     """A LossCalculator instance (replaces [[pipeline.loss]])."""
     task: Any = None
     """An evaluation hook for generic data (see ditty.data.generic.GenericTask)."""
+    tokenizer: Any = None
+    """A tokenizer instance (replaces [tokenizer]), e.g. `TokenizerFactory(path).build()`."""
+    optimizer: Any = None
+    """A torch optimizer over the model's trainable parameters (replaces [optimizer]); checked by
+    ditty.optim.given (it cannot hold LoRA adapters or FSDP shards made after it)."""
+    metrics_logger: Any = None
+    """An object with `log_scalar(tag, value, step)` (ditty.MetricsLogger) that gets every logged
+    record too, on rank 0 (ditty.metrics_logger.attach_user_logger)."""
+    converters: Optional[list] = None
+    """Model converters (e.g. a ModelTransform) applied before the configured ones ([peft], [fp8])."""
+    hub_token: Optional[str] = field(default=None, repr=False)
+    """Hugging Face token for the [hub] push; held in memory only, never written anywhere."""
 
     def given(self) -> dict[str, Any]:
-        """The fields that hold an object (an empty list of processors counts as given too)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The fields that hold an object (an empty list of processors counts as given too); never
+        the hub token."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None and f.name not in SECRET_FIELDS
+        }
 
     @property
     def has_data(self) -> bool:

@@ -7,8 +7,9 @@ with selective AC and with compile + full AC, FSDP2 with full AC (tests/train/te
 DeepSpeed ZeRO-3 with full AC (tests/train/test_deepspeed_run.py).
 Both rewrites work per transformer block (the modules
 `ditty.parallel.wrap.find_blocks` returns: `parallel.block_classes`, else the model's
-`_no_split_modules`), keep every Parameter object, and leave the state-dict keys unchanged, so the
-optimizer, checkpoints and the final Hugging Face save see the same model.
+`_no_split_modules`, else, for a custom model that declares neither, its children), keep every
+Parameter object, and leave the state-dict keys unchanged, so the optimizer, checkpoints and the
+final Hugging Face save see the same model.
 
 Activation checkpointing (`train.activation_checkpointing`):
 - "full": every block is wrapped in torch's `CheckpointWrapper` (non-reentrant, so it works with
@@ -57,7 +58,10 @@ def apply_speedups(model: nn.Module, config: Any) -> nn.Module:
     if t.activation_checkpointing != "none":
         model = apply_activation_checkpointing(model, t.activation_checkpointing, block_names=names)
     if t.compile:
-        model = apply_compile(model, t.compile_scope, block_names=names)
+        mode = getattr(t, "compile_mode", "default")
+        model = apply_compile(
+            model, t.compile_scope, block_names=names, **({} if mode == "default" else {"mode": mode})
+        )
     return model
 
 
@@ -139,8 +143,13 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
 
 def _blocks(model: nn.Module, classes: Optional[Sequence[type]], names: Optional[list[str]]) -> list[nn.Module]:
     from ditty.parallel.wrap import find_blocks
+    from ditty.train.loss_parameters import LOSS_MODULE
 
-    return find_blocks(model, names=names, classes=list(classes) if classes else None)
+    # A model that declares no blocks (a custom nn.Module without _no_split_modules or
+    # parallel.block_classes) is checkpointed / compiled child by child.
+    return find_blocks(
+        model, names=names, classes=list(classes) if classes else None, or_children=True, skip=(LOSS_MODULE,)
+    )
 
 
 def _replace_children(module: nn.Module, match, make) -> None:

@@ -165,8 +165,11 @@ def test_stages_that_take_more_than_is_given(tmp_path):
 def test_context_key_used_before_it_is_provided(tmp_path):
     # The denoiser reads ctx.forward_kwargs.t, which only the noising stage provides.
     assert problems(tmp_path, NOISE + LOSS) == []
-    found = one(problems(tmp_path, stage("x:4:f32 -> x:4:f32") + LOSS), "contract.ctx-missing")
-    assert found.key == f"model.factory ({DENOISER})" and "ctx.forward_kwargs.t" in found.message
+    found = problems(tmp_path, stage("x:4:f32 -> x:4:f32") + LOSS)
+    assert [p.rule for p in found] == ["contract.ctx-missing"] * 2
+    assert found[0].key == f"model.factory ({DENOISER})" and "ctx.forward_kwargs.t" in found[0].message
+    # The digits batch is a tensor of images, so the loss cannot find ctx.target among its columns either.
+    assert found[1].key == "pipeline.loss[0] (ContractLoss)" and "ctx.target" in found[1].message
 
 
 def test_loss_output_index(tmp_path):
@@ -178,10 +181,21 @@ def test_loss_output_index(tmp_path):
 
 
 def test_composite_loss_checks_each_part_index(tmp_path):
-    composite = LOSS + "weight = 1.0\n" + LOSS + "weight = 0.1\nkwargs = { output_index = 1 }\n"
+    second = 'weight = 0.1\nkwargs = { output_index = 1, contract = "logits:2:f32 -> loss:0:f32" }\n'
+    composite = LOSS + "weight = 1.0\n" + LOSS + second
     assert problems(tmp_path, NOISE + composite, factory="tests.recipe.stages:TwoHeads") == []
     found = one(problems(tmp_path, NOISE + composite), "contract.output-index")
-    assert found.key == "pipeline.loss (composite)"
+    assert found.key == "pipeline.loss (composite) part 1 (ContractLoss)"
+
+
+def test_composite_loss_checks_each_part_contract(tmp_path):
+    # The second part reads output 1 (logits, rank 2) but declares a rank-4 prediction: refused, part named.
+    wrong = LOSS + "weight = 1.0\n" + LOSS + "weight = 0.1\nkwargs = { output_index = 1 }\n"
+    found = one(problems(tmp_path, NOISE + wrong, factory="tests.recipe.stages:TwoHeads"), "contract.mismatch")
+    assert found.key == "pipeline.loss (composite) part 1 (ContractLoss)" and "rank 4" in found.message
+    reads = LOSS + 'kwargs = { contract = "eps:4:f32, ctx.nowhere:4:f32 -> loss:0:f32" }\n'
+    found = one(problems(tmp_path, NOISE + LOSS + reads), "contract.ctx-missing")
+    assert found.key == "pipeline.loss (composite) part 1 (ContractLoss)"
 
 
 def test_postprocessor_output_feeds_the_loss(tmp_path):

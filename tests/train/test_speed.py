@@ -91,3 +91,53 @@ def test_compile_with_activation_checkpointing(tmp_path, eager):
     blocks = compiled_modules(trainer.model)
     assert len(blocks) == 4 and blocks == checkpointed_modules(trainer.model) and graphs > 0
     assert losses == pytest.approx(eager, rel=1e-4, abs=1e-4)
+
+
+class _NoBlocks(torch.nn.Module):
+    """A custom model that declares no blocks (no _no_split_modules): embeddings, a list of layers, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        self.act = torch.nn.GELU()
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = self.act(layer(h))
+        return self.head(h)
+
+
+def test_activation_checkpointing_a_custom_model_checkpoints_its_children():
+    from ditty.parallel.wrap import find_blocks
+    from ditty.train.speed import apply_activation_checkpointing
+
+    torch.manual_seed(0)
+    plain, ids = _NoBlocks(), torch.randint(0, 10, (2, 5))
+    wrapped = _NoBlocks()
+    wrapped.load_state_dict(plain.state_dict())
+    wrapped.add_module("ditty_loss", torch.nn.Linear(1, 1))  # a loss's parameters: never called in forward
+    apply_activation_checkpointing(wrapped, "full")
+    inner = [type(m._checkpoint_wrapped_module).__name__ for m in checkpointed_modules(wrapped)]
+    assert inner == ["Embedding", "Linear", "Linear", "Linear"]  # the list's layers, the head; not act or ditty_loss
+    assert wrapped.state_dict().keys() == {**plain.state_dict(), "ditty_loss.weight": 0, "ditty_loss.bias": 0}.keys()
+    plain(ids).square().sum().backward()
+    wrapped(ids).square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), [p for n, p in wrapped.named_parameters() if "loss" not in n]):
+        assert torch.allclose(a.grad, b.grad), name
+    # Declared blocks still win; sharding (no or_children) still asks for them.
+    assert find_blocks(_NoBlocks(), names=["Linear"], or_children=True)[0] is not None
+    with pytest.raises(Exception, match="declares no blocks"):
+        find_blocks(_NoBlocks())
+
+
+def test_activation_checkpointing_looks_through_a_peft_wrapper():
+    from ditty.config.sections import PeftConfig
+    from ditty.models.adapters import LoraConverter
+    from ditty.parallel.wrap import model_children
+
+    model = LoraConverter(PeftConfig(kind="lora", r=2, target_modules=["head"])).convert(_NoBlocks())
+    names = [type(m).__name__ for m in model_children(model)]
+    assert names == ["Embedding", "Linear", "Linear", "Linear"], names

@@ -1,0 +1,235 @@
+"""The Pipeline's keyword arguments as a Trainer.Config, and the problems some of them raise.
+
+`build_config` maps every keyword onto a recipe section (the table in README "Coming from
+Ditty" lists the original Ditty's keywords and defaults); `keyword_problems` finds what cannot be
+honoured or has no effect, before anything is built. The original's keywords that ditty does not
+implement are refused with what to use instead (`REFUSED`), and an unknown keyword gets the
+closest known one: never a TypeError.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import replace
+from typing import Any, Optional
+
+from ditty.config.errors import Problem, RecipeError
+
+REFUSED = {
+    "validation_callbacks": "pass val_dataset= (val_loss every eval_every steps) and task= "
+    "(ditty.data.generic.GenericTask: your own metrics, also every eval_every steps)",
+    **{
+        name: "the Muon optimizer is not built in: pass optimizer=torch.optim.Muon(...) over the model's "
+        "parameters (optimizer= takes any torch optimizer)"
+        for name in (
+            "muon_lr",
+            "muon_weight_decay",
+            "muon_momentum",
+            "muon_nesterov",
+            "muon_ns_steps",
+            "muon_adjust_lr_fn",
+        )
+    },
+}
+"""The original Ditty's Pipeline keywords with no ditty equivalent -> what to use instead."""
+
+OPTIM_BACKENDS = {"torchao": "torchao", "bnb": "bnb", "torch": "torch"}
+"""optim_backend values ditty builds; the original's "adafactor", "muon" and "adamw_fp8" are refused."""
+
+NOT_YET = "not supported yet"
+
+
+def unknown_keyword_problems(unknown: dict[str, Any], known: list[str]) -> list[Problem]:
+    problems = []
+    for name in unknown:
+        if name in REFUSED:
+            problems.append(Problem(name, "is an option of the original Ditty that ditty does not have", REFUSED[name]))
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        problems.append(
+            Problem(name, "is not a Pipeline keyword", f"did you mean {close[0]}?" if close else "see help(Pipeline)")
+        )
+    return problems
+
+
+def keyword_problems(s: dict[str, Any], data: Any, factory: Any) -> list[Problem]:
+    """Keywords that cannot be honoured (errors) or do nothing here (warnings)."""
+    import torch
+
+    out: list[Problem] = []
+
+    def error(key: str, message: str, fix: str) -> None:
+        out.append(Problem(key, message, fix))
+
+    def warning(key: str, message: str, fix: str = "") -> None:
+        out.append(Problem(key, message, fix, severity="warning"))
+
+    loader = isinstance(data, torch.utils.data.DataLoader)
+    backend = s["optim_backend"]
+    if backend not in OPTIM_BACKENDS:
+        error(
+            "optim_backend",
+            f"{backend!r} is not built in (ditty builds AdamW: torch, or 8-bit with torchao or bnb)",
+            "pass optimizer=<your torch optimizer instance>, e.g. torch.optim.Adafactor(model.parameters())",
+        )
+    if s["push_to_hub"] and not s["output_hub_repo"]:
+        error("push_to_hub", "push_to_hub=True needs output_hub_repo", 'pass output_hub_repo="you/model-name"')
+    if s["hf_hub_token"] and not s["push_to_hub"]:
+        warning("hf_hub_token", "has no effect without push_to_hub=True")
+    if not s["save_final_checkpoint"]:
+        error(
+            "save_final_checkpoint",
+            "ditty always saves the last step (final/ and a checkpoint to resume from)",
+            "leave it True; to keep less, lower checkpoint.keep_last (extra_config)",
+        )
+    if not s["load_optimizer_checkpoint"]:
+        error(
+            "load_optimizer_checkpoint",
+            "a resumed run always restores the optimizer with the model (resume is exact)",
+            "to start a fresh optimizer from trained weights: ModelFactory.from_checkpoint(old_run + '/final', "
+            "MyModel) in a new output_dir",
+        )
+    if not s["shuffle_each_epoch"]:
+        error(
+            "shuffle_each_epoch",
+            f"{NOT_YET}: ditty reads a dataset in a seeded permutation per epoch",
+            "for a fixed order pass a DataLoader with shuffle=False as dataset= (used batch by batch)",
+        )
+    iterable = data is not None and not loader and not (hasattr(data, "__len__") and hasattr(data, "__getitem__"))
+    if iterable or (loader and isinstance(data.dataset, torch.utils.data.IterableDataset)):
+        error(
+            "dataset",
+            f"iterable (streaming) datasets are {NOT_YET} by the Python API (data.streaming)",
+            "pass a map-style dataset (len() and indexing), e.g. datasets' Dataset rather than IterableDataset",
+        )
+    elif s["shuffle_buffer_size"] is not None:
+        warning("shuffle_buffer_size", "has no effect: it applies to streaming datasets, and this one is map-style")
+    if s["num_workers"]:
+        if loader:
+            warning("num_workers", "has no effect: the DataLoader passed as dataset= has its own num_workers")
+        else:
+            error(
+                "num_workers",
+                f"loading in worker processes is {NOT_YET} for Python datasets (data.num_workers)",
+                "pass DataLoader(dataset, batch_size=..., num_workers=N, collate_fn=...) as dataset=",
+            )
+    optimizer = s["optimizer"]
+    if optimizer is not None:
+        if s["use_8bit_optim"]:
+            warning("use_8bit_optim", "has no effect: optimizer= is used as given")
+        if getattr(getattr(factory, "fsdp_config", None), "enabled", False):
+            error(
+                "optimizer",
+                "an optimizer built before the run cannot hold FSDP's sharded parameters",
+                "leave optimizer= out (lr=, weight_decay=, use_8bit_optim= configure ditty's), or disable FSDP",
+            )
+    return out
+
+
+def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int) -> Any:
+    """The Trainer.Config the keywords `s` describe (grad_accum: global = micro x grad_accum x data-parallel size)."""
+    import torch
+
+    from ditty.config import sections as S
+    from ditty.train import Trainer
+
+    micro = s["batch_size"]
+    if isinstance(data, torch.utils.data.DataLoader) and data.batch_size:
+        micro = data.batch_size  # each of the loader's batches is one micro-batch
+    precision, fp8 = _precision(s)
+    lr = s["lr"] * (world_size if s["scale_lr_by_world_size"] else 1)
+    backend = OPTIM_BACKENDS.get(s["optim_backend"], "torchao")
+    config = Trainer.Config(
+        run=S.RunConfig(
+            name=s["name"],
+            output_dir=s["output_dir"],
+            seed=0 if s["seed"] is None else s["seed"],
+            device=s["device"],
+            num_threads=s["num_threads"],
+        ),
+        train=S.TrainConfig(
+            steps=_steps(s, data, micro * s["grad_accum"] * world_size),
+            epochs=float(s["epochs"]),
+            micro_batch_size=micro,
+            global_batch_size=micro * s["grad_accum"] * world_size,
+            max_grad_norm=s["max_grad_norm"],
+            precision=precision,
+            log_every=s["log_every"],
+            eval_every=s["validation_every"] if s["validation_every"] is not None else s["eval_every"],
+            activation_checkpointing="full" if s["gradient_checkpointing"] else "none",
+        ),
+        optimizer=S.OptimizerConfig(
+            kind="adamw8bit" if s["use_8bit_optim"] and backend != "torch" else "adamw",
+            backend=backend if s["use_8bit_optim"] and backend != "torch" else "default",
+            lr=lr,
+            weight_decay=s["weight_decay"],
+        ),
+        scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
+        parallel=S.ParallelConfig(kind="ddp") if world_size > 1 else S.ParallelConfig(),
+        fp8=fp8,
+        checkpoint=S.CheckpointConfig(
+            every=s["checkpoint_every"],
+            resume="auto" if s["load_checkpoint"] else "never",
+            final_format="merged" if s["merge_adapters"] else "auto",
+        ),
+        hub=S.HubConfig(
+            repo_id=s["output_hub_repo"], private=s["private_repo"], push="end" if s["push_to_hub"] else "never"
+        ),
+        logging=S.LoggingConfig(progress=s["progress"]),
+        pipeline=S.PipelineConfig(check_tensors=s["check_contracts"]),
+    )
+    overrides = factory.recipe_overrides() if hasattr(factory, "recipe_overrides") else {}
+    for section, values in [*overrides.items(), *s["extra_config"].items()]:
+        config = _replace_section(config, section, values)
+    return config
+
+
+def _precision(s: dict[str, Any]) -> tuple[str, Any]:
+    from ditty.config import sections as S
+
+    precision = "bf16" if (s["bf16"] or s["use_bfloat16"]) else "fp16" if s["fp16"] else "fp32"
+    accel = dict(s["accelerator_kwargs"])
+    mixed = accel.pop("mixed_precision", None) or s["accelerator_mixed_precision"]
+    if accel:
+        raise RecipeError.single(
+            f"accelerator_kwargs {sorted(accel)} are not supported (only mixed_precision)",
+            key="accelerator_kwargs",
+            fix="use the Pipeline keyword or extra_config for that setting",
+        )
+    if mixed == "fp8":
+        return precision, S.Fp8Config(enabled=True, backend="te")
+    if mixed in ("bf16", "fp16"):
+        return mixed, S.Fp8Config()
+    if mixed not in (None, "no", "fp32"):
+        raise RecipeError.single(
+            f"mixed_precision {mixed!r} is not one of fp8, bf16, fp16, no", key="accelerator_kwargs"
+        )
+    return precision, S.Fp8Config()
+
+
+def _steps(s: dict[str, Any], data: Any, global_batch: int) -> Optional[int]:
+    """`steps`, else `max_steps` capped by `epochs` (the original stopped at whichever came first)."""
+    if s["steps"] is not None or s["max_steps"] is None:
+        return s["steps"]
+    samples = _length(data)
+    if samples is None:
+        return s["max_steps"]
+    return max(1, min(s["max_steps"], math.ceil(float(s["epochs"]) * samples / global_batch)))
+
+
+def _length(data: Any) -> Optional[int]:
+    data = getattr(data, "dataset", data)  # a DataLoader counts its dataset's samples
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _replace_section(config: Any, section: str, values: dict[str, Any]) -> Any:
+    if not hasattr(config, section):
+        raise RecipeError.single(f"extra_config: no recipe section [{section}]", key=f"extra_config.{section}")
+    try:
+        return replace(config, **{section: replace(getattr(config, section), **values)})
+    except TypeError as exc:
+        raise RecipeError.single(f"extra_config[{section!r}]: {exc}", key=f"extra_config.{section}") from None
