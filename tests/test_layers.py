@@ -23,6 +23,7 @@ LAYERS = {
     "ditty.loss": 2,
     "ditty.diffusion": 2,
     "ditty.recipe": 3,
+    "ditty.plan": 3,
     "ditty.train": 4,
     "ditty.pipeline": 4,
     "ditty.cli": 5,

@@ -1,0 +1,230 @@
+"""The per-rank memory plan: rows and totals for each kind of rank.
+
+Rows, in order: parameters by kind (frozen, trainable, 4-bit packed, adapters), the 4-bit
+quantization state, gradients, optimizer state (and DeepSpeed's fp32 master weights), activations
+of one micro-batch, the logits and loss, transient buffers of the parallel engine (FSDP's
+gathered blocks, DDP's buckets, DeepSpeed's buckets) and of 4-bit dequantization, and the
+framework's fixed overhead. Ranks whose rows are equal form one kind (FSDP's uneven shards make
+the first ranks hold a few rows more); rank 0 also differs while the model loads when it alone
+reads (and quantizes) the checkpoint. What CPU offload moves out is listed as host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ditty.plan.activations import plan_activations, plan_loss
+from ditty.plan.architecture import ModelShape
+from ditty.plan.parameters import HeldTensor, StateBytes, held_tensors, local_numel, rank_state
+from ditty.plan.settings import DTYPE_BYTES, SHARDED, GiB, Settings
+
+# Device memory a process holds before any tensor: the CUDA context with PyTorch's kernels and
+# the cuBLAS/cuDNN workspaces; NCCL's communication buffers when there are several processes.
+CUDA_CONTEXT = int(0.8 * GiB)
+NCCL_BUFFERS = int(0.5 * GiB)
+# A CPU process's resident memory before the model: the interpreter with torch, transformers,
+# datasets, peft and the tokenizer imported, as `ditty run` holds them (BENCHMARKS.md, planner).
+CPU_PROCESS_BASELINE = 560 * 2**20
+# DeepSpeed's defaults: reduce and all-gather buckets of 5e8 elements; with overlap_comm (which
+# ditty sets) its documentation puts the buffers at 4.5 times the bucket sizes.
+DEEPSPEED_BUCKET = 500_000_000
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    bytes: int
+    note: str = ""
+    kind: str = "state"
+    """"state" (parameters, gradients, optimizer), "activations", "transient", "overhead"."""
+
+
+@dataclass
+class RankKind:
+    ranks: list[int]
+    rows: list[Row]
+    host_rows: list[Row] = field(default_factory=list)
+    load_bytes: int = 0
+    """Device bytes while the model is built and loaded, before training starts."""
+    load_note: str = ""
+    state: Optional[StateBytes] = None
+
+    @property
+    def total(self) -> int:
+        return sum(row.bytes for row in self.rows)
+
+    @property
+    def peak(self) -> int:
+        return max(self.total, self.load_bytes)
+
+    def describe_ranks(self) -> str:
+        r = self.ranks
+        if len(r) == 1:
+            return f"rank {r[0]}"
+        if r == list(range(r[0], r[-1] + 1)):
+            return f"ranks {r[0]}-{r[-1]}"
+        return "ranks " + ",".join(str(x) for x in r)
+
+
+@dataclass
+class MemoryPlan:
+    kinds: list[RankKind]
+    held: list[HeldTensor]
+
+    @property
+    def peak(self) -> int:
+        return max(kind.peak for kind in self.kinds)
+
+    def for_rank(self, rank: int) -> RankKind:
+        return next(kind for kind in self.kinds if rank in kind.ranks)
+
+
+def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Optional[str] = None) -> MemoryPlan:
+    held = held_tensors(shape, s)
+    activations = plan_activations(shape, s, held, activation_checkpointing)
+    head_trains = s.peft == "none" or "lm_head" in s.modules_to_save
+    loss = plan_loss(shape, s, head_trains=head_trains)
+    checkpointing = activation_checkpointing or s.activation_checkpointing
+    shared_rows = [
+        Row(
+            f"activations ({s.micro_batch} x {s.seq_len} tokens, checkpointing {checkpointing})",
+            activations.total,
+            activations.detail,
+            "activations",
+        ),
+        Row("logits and loss", loss.bytes, loss.detail, "activations"),
+    ]
+    shared_rows += _transients(shape, s, held)
+    overhead = CPU_PROCESS_BASELINE if s.device == "cpu" else CUDA_CONTEXT + (NCCL_BUFFERS if s.world_size > 1 else 0)
+    overhead_note = (
+        "interpreter and libraries (CPU resident memory)"
+        if s.device == "cpu"
+        else "CUDA context and kernels" + (", NCCL buffers" if s.world_size > 1 else "")
+    )
+    kinds: list[RankKind] = []
+    by_rows: dict[tuple, RankKind] = {}
+    for rank in range(s.world_size):
+        state = rank_state(held, s, rank)
+        device_rows, host_rows = _state_rows(state, s)
+        rows = device_rows + shared_rows + [Row("framework fixed overhead", overhead, overhead_note, "overhead")]
+        load, load_note = _load_phase(held, s, rank, state)
+        key = (tuple(rows), tuple(host_rows), load)
+        if key in by_rows:
+            by_rows[key].ranks.append(rank)
+            continue
+        kind = RankKind([rank], rows, host_rows, load + overhead, load_note, state)
+        by_rows[key] = kind
+        kinds.append(kind)
+    return MemoryPlan(kinds, held)
+
+
+def _state_rows(state: StateBytes, s: Settings) -> tuple[list[Row], list[Row]]:
+    rows = [Row(label, size, "", "state") for label, size in state.parameters.items() if size]
+    if state.quant_states:
+        rows.append(Row("4-bit quantization state", state.quant_states, "absmax and code books, on every rank"))
+    if state.gradients:
+        rows.append(Row("gradients", state.gradients, "trainable parameters"))
+    if state.master_weights:
+        rows.append(Row("fp32 master weights", state.master_weights, "DeepSpeed's partition"))
+    if state.optimizer:
+        rows.append(Row("optimizer state", state.optimizer, state.optimizer_label))
+    host: list[Row] = []
+    if s.cpu_offload:  # FSDP2 CPU offload: sharded parameters, gradients and optimizer state
+        host, rows = [r for r in rows if r.kind == "state"], [r for r in rows if r.kind != "state"]
+    elif s.offload_optimizer or s.offload_params:
+        moved = {"optimizer state", "fp32 master weights"}
+        if s.offload_params:
+            moved |= {label for label in state.parameters}
+        host = [r for r in rows if r.label in moved or (r.label == "gradients")]
+        rows = [r for r in rows if r not in host]
+        # The 16-bit gradients of the partition stay on the device until they are copied out.
+    return rows, host
+
+
+def _transients(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> list[Row]:
+    rows: list[Row] = []
+    if s.parallel in SHARDED and s.shard_size > 1:
+        rows.append(_fsdp_gathered(shape, s, held))
+    if s.parallel == "ddp" and s.world_size > 1 and not s.gradient_as_bucket_view:
+        grads = sum(t.bytes for t in held if t.trainable)
+        rows.append(
+            Row(
+                "DDP gradient buckets", grads, "a copy of every gradient (gradient_as_bucket_view = false)", "transient"
+            )
+        )
+    if s.parallel == "deepspeed" and s.world_size > 1:
+        trainable = sum(t.numel for t in held if t.trainable)
+        size = DTYPE_BYTES[s.weight_dtype]
+        buffers = int(4.5 * min(DEEPSPEED_BUCKET, trainable) * size)
+        rows.append(Row("DeepSpeed buckets", buffers, "overlap_comm: 4.5 x the reduce/all-gather bucket", "transient"))
+        if s.zero_stage == 3:
+            block = max(_block_bytes(held, b, s.weight_dtype) for b in range(max(shape.num_layers, 1)))
+            rows.append(
+                Row("ZeRO-3 gathered parameters", 2 * block, "the running and the prefetched block", "transient")
+            )
+    if s.quant == "bnb-4bit":
+        largest = max((t.numel for t in held if t.group == "4-bit weights"), default=0)
+        dtype = s.compute_dtype or s.weight_dtype
+        rows.append(
+            Row(
+                "4-bit dequantization",
+                2 * largest * DTYPE_BYTES[dtype],
+                "the largest weight dequantized, forward and backward",
+                "transient",
+            )
+        )
+    return rows
+
+
+def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Row:
+    """Unsharded parameters (and, in the backward, their unsharded gradients) of the units FSDP2 is
+    running: the current and the prefetched block; every block when reshard_after_forward is off;
+    the output head from its forward to its backward; the root (final norm, tied embeddings)."""
+    gather = s.gather_dtype
+
+    def gathered(tensors: list[HeldTensor]) -> int:
+        return sum(
+            t.numel * DTYPE_BYTES[gather]
+            if t.dtype not in ("uint8", "int8") and t.group != "4-bit weights"
+            else t.bytes
+            for t in tensors
+        )
+
+    blocks = [gathered([t for t in held if t.block == b]) for b in range(max(shape.num_layers, 1))]
+    largest = max(blocks, default=0)
+    trainable = max(
+        (sum(t.numel for t in held if t.block == b and t.trainable) for b in range(max(shape.num_layers, 1))), default=0
+    )
+    grad_bytes = DTYPE_BYTES[gather] + (4 if DTYPE_BYTES[gather] != 4 else 0)  # reduce-scatter in fp32
+    resident = sum(blocks) if s.reshard_after_forward is False else 2 * largest
+    outside = gathered([t for t in held if t.block is None and not t.name.startswith("model.embed_tokens")])
+    total = resident + 2 * trainable * grad_bytes + outside
+    note = "every block (reshard_after_forward = false)" if s.reshard_after_forward is False else "2 blocks"
+    return Row("FSDP gathered parameters", total, f"{note}, the head and root, 2 blocks' gradients", "transient")
+
+
+def _block_bytes(held: list[HeldTensor], block: int, dtype: str) -> int:
+    return sum(t.numel * DTYPE_BYTES[dtype] for t in held if t.block == block)
+
+
+def _load_phase(held: list[HeldTensor], s: Settings, rank: int, state: StateBytes) -> tuple[int, str]:
+    """Device bytes while building: the whole model on every rank unless the low-memory load
+    applies (rank 0 streams a full finetune's checkpoint tensor by tensor, or loads and quantizes a
+    QLoRA base whole while the others build on the meta device)."""
+    if s.parallel not in SHARDED or s.shard_size <= 1:
+        return 0, ""
+    whole = sum(t.bytes for t in held)
+    if not s.low_memory_load:
+        return whole, "every rank builds the whole model, then keeps its shard"
+    if s.quant != "none":
+        if rank == 0:
+            return whole + sum(t.quant_state_bytes for t in held), "rank 0 loads and quantizes the whole base"
+        return state.parameter_total, "built on the meta device; rank 0 sends the shard"
+    largest = max((t.bytes for t in held), default=0)
+    return state.parameter_total + (largest if rank == 0 else 0), "rank 0 streams the checkpoint tensor by tensor"
+
+
+def local_parameter_bytes(held: list[HeldTensor], s: Settings, rank: int) -> int:
+    """What `ditty.parallel.memory.parameter_bytes` measures on `rank` (for tests and reports)."""
+    return sum(local_numel(t, s, rank) * DTYPE_BYTES[t.dtype] for t in held)
