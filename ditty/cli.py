@@ -218,7 +218,9 @@ def cmd_check(args: list[str]) -> int:
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
     loaded = _load(ref, flags)
-    target = _plan_target(plan_options, launch, loaded.config) if plan_options else None
+    from ditty import cli_plan
+
+    target = cli_plan.plan_target(plan_options, launch, loaded.config) if plan_options else None
     plan = compile_recipe(loaded, world_size=target.world_size if target else _world_size(launch))
     print(f"recipe {plan.source or ref}" + (f" (trainer {loaded.trainer})" if loaded.trainer else ""))
     print(plan.summary())
@@ -228,7 +230,7 @@ def cmd_check(args: list[str]) -> int:
     if plan.errors:
         raise RecipeError(plan.errors, source=plan.source)
     if target is not None:
-        _print_training_plan(loaded, target, plan_options.get("probe"))
+        cli_plan.print_training_plan(loaded, target, plan_options.get("probe"))
     print("ok: the recipe is valid" + (f" ({len(plan.warnings)} warning(s))" if plan.warnings else ""))
     return 0
 
@@ -251,83 +253,6 @@ def _plan_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
             f"--{next(iter(options))} belongs to --plan", fix="add --plan: ditty check RECIPE --plan --gpus 8"
         )
     return ({"plan": "true", **options} if wanted else {}), args
-
-
-def _whole(options: dict[str, str], name: str, default: int) -> int:
-    try:
-        value = int(options.get(name, default))
-    except ValueError:
-        raise RecipeError.single(f"--{name} takes a whole number", fix=f"e.g. --{name} 2") from None
-    if value < 1:
-        raise RecipeError.single(f"--{name} must be at least 1, got {value}")
-    return value
-
-
-def _plan_target(options: dict[str, str], launch: dict[str, str], config):
-    from ditty.plan import Target
-    from ditty.plan.devices import device_and_memory
-
-    device_name, memory = None, None
-    if "gpu-memory" in options:
-        device, memory = device_and_memory(options["gpu-memory"])
-        device_name = device.name if device else None
-    on_gpu = "gpus" in options or memory is not None or config.run.device != "cpu"
-    gpus = _whole(options, "gpus", int(launch.get("nproc-per-node", "1")))
-    nodes = _whole(options, "nodes", int(launch.get("nnodes", "1")))
-    return Target(device="cuda" if on_gpu else "cpu", gpus_per_node=gpus, nodes=nodes, memory=memory, gpu=device_name)
-
-
-def _compiles(world_size: int):
-    """`is_valid` for the planner: the recipe compiler finds no error."""
-
-    def check(config) -> bool:
-        return not compile_recipe(from_config(config), world_size=world_size).errors
-
-    return check
-
-
-def _print_training_plan(loaded: LoadedRecipe, target, probe: str | None) -> None:
-    from ditty.plan import make_plan, render
-
-    seconds = _probe_seconds(loaded, _whole({"probe": probe}, "probe", 1)) if probe else None
-    plan = make_plan(loaded.config, target, seconds_per_micro_batch=seconds, is_valid=_compiles(target.world_size))
-    print(render(plan))
-
-
-def _probe_seconds(loaded: LoadedRecipe, steps: int) -> float:
-    """Seconds per micro-batch of the recipe on this machine: `steps` real optimizer steps of one
-    micro-batch each (after one warm-up step), one process, in a temporary run directory."""
-    import json
-    import tempfile
-    from dataclasses import replace
-
-    from ditty.train import Trainer
-
-    cfg = loaded.config
-    with tempfile.TemporaryDirectory(prefix="ditty-probe-") as out:
-        probe = replace(
-            cfg,
-            run=replace(cfg.run, output_dir=out),
-            train=replace(
-                cfg.train,
-                steps=steps + 1,
-                epochs=1.0,
-                global_batch_size=cfg.train.micro_batch_size,
-                log_every=1,
-                eval_every=0,
-                eval_samples=0,
-            ),
-            parallel=replace(cfg.parallel, kind="none"),
-            checkpoint=replace(cfg.checkpoint, every=0, resume="never"),
-            hub=replace(cfg.hub, push="never"),
-            logging=replace(cfg.logging, progress=False, tensorboard=False, wandb=False),
-            scheduler=replace(cfg.scheduler, warmup_steps=0),
-        )
-        print(f"probe: {steps + 1} steps of one micro-batch on this machine (the first is warm-up)...", flush=True)
-        Trainer(probe).train()
-        with open(f"{out}/metrics.jsonl", encoding="utf-8") as handle:
-            elapsed = [r["elapsed_s"] for r in map(json.loads, handle) if "loss" in r]
-    return (elapsed[-1] - elapsed[0]) / max(1, len(elapsed) - 1)
 
 
 def explain_values(loaded: LoadedRecipe) -> str:
@@ -364,7 +289,9 @@ def cmd_init(args: list[str]) -> int:
         if value is not None:
             intent[flag.lstrip("-")] = value
     if intent:
-        return _init_from_intent(intent, args, output, bool(force))
+        from ditty import cli_plan
+
+        return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
     loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
     plan = compile_recipe(loaded)
@@ -390,76 +317,6 @@ def cmd_init(args: list[str]) -> int:
     if plan.errors:
         print("note: the recipe has problems to fix before it can run:", file=sys.stderr)
         print(RecipeError(plan.errors).format(), file=sys.stderr)
-    return 0
-
-
-def _writable(output: str | None, force: bool) -> Path | None:
-    if output is None:
-        return None
-    path = Path(output)
-    if path.exists() and not force:
-        raise RecipeError.single(f"{output} already exists", fix="choose another -o FILE, or add --force to replace it")
-    if path.parent and not path.parent.exists():
-        raise RecipeError.single(f"directory {path.parent} does not exist", fix="create it first")
-    return path
-
-
-def _init_from_intent(intent: dict[str, str], flags: list[str], output: str | None, force: bool) -> int:
-    """Choose a recipe that fits (ditty/plan/intent.py), apply the flags on top, compile it, and
-    write it only when the compiler accepts it; then print its plan."""
-    from ditty.config.writer import recipe_to_toml
-    from ditty.plan import Target, render
-    from ditty.plan.devices import device_and_memory
-    from ditty.plan.intent import annotate, choose_recipe
-
-    missing = [name for name in ("model", "method", "gpu-memory") if name not in intent]
-    if missing:
-        raise RecipeError.single(
-            f"`ditty init` from intent needs --{' --'.join(missing)}",
-            fix="ditty init --model meta-llama/Meta-Llama-3-8B --method lora --gpus 1 --gpu-memory 24GB -o r.toml",
-        )
-    path = _writable(output, force)
-    device, memory = device_and_memory(intent["gpu-memory"])
-    target = Target(
-        device="cuda",
-        gpus_per_node=_whole(intent, "gpus", 1),
-        nodes=_whole(intent, "nodes", 1),
-        memory=memory,
-        gpu=device.name if device else None,
-    )
-    valid = _compiles(target.world_size)
-    choice = choose_recipe(
-        intent["model"],
-        intent["method"],
-        target,
-        data=intent.get("data"),
-        seq_len=_whole(intent, "seq-len", 2048) if "seq-len" in intent else None,
-        global_batch=_whole(intent, "global-batch", 32),
-        is_valid=lambda config: valid(apply_overrides(from_config(config), flags).config),
-    )
-    loaded = apply_overrides(from_config(choice.config), flags)
-    compiled = compile_recipe(loaded, world_size=target.world_size)
-    compiled.raise_for_errors()  # never write a recipe `ditty check` refuses
-    header = (
-        f"ditty recipe written by `ditty init --model {intent['model']} --method {intent['method']} "
-        f"--gpus {target.gpus_per_node} --gpu-memory {intent['gpu-memory']}`.\n"
-        "Lines marked `# >>` say why `ditty init` chose that value; the plan is at the end.\n"
-        f"Check it with `ditty check FILE --plan --gpus {target.gpus_per_node} --gpu-memory {intent['gpu-memory']}`, "
-        "train with `ditty run FILE"
-        + (f" --nproc-per-node {target.gpus_per_node}`." if target.world_size > 1 else "`.")
-    )
-    text = annotate(recipe_to_toml(loaded.config, header=header), choice.reasons)
-    from ditty.plan import make_plan
-
-    plan_text = render(make_plan(loaded.config, target, with_knobs=False))
-    text += "\n" + "\n".join(("# " + line).rstrip() for line in plan_text.splitlines()) + "\n"
-    if path is None:
-        print(text, end="")
-    else:
-        path.write_text(text, encoding="utf-8")
-        print(plan_text)
-        print(f"wrote {output}")
-    _print_warnings(compiled)
     return 0
 
 

@@ -27,6 +27,7 @@ LAYERS = {
     "ditty.train": 4,
     "ditty.pipeline": 4,
     "ditty.cli": 5,
+    "ditty.cli_plan": 5,
     "ditty.__main__": 5,
 }
 # The package root only re-exports lazily (module __getattr__), so it sits above everything.
@@ -35,6 +36,7 @@ ROOT_ALLOWED = {"ditty"}
 SAME_LAYER_ALLOWED = {
     ("ditty.pipeline", "ditty.train"),  # the Python API is a facade over the one Trainer
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
+    ("ditty.cli", "ditty.cli_plan"),  # the command line's `--plan` and `init --method` parts
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
 }

@@ -177,8 +177,10 @@ class LossMemory:
 def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_trains: bool = False) -> LossMemory:
     """Peak bytes of the output projection and the cross-entropy for one micro-batch.
 
-    Full logits (`chunks` 0): the logits, the shifted copy the loss takes (micro-batches > 1), their
-    fp32 upcast (16-bit logits) and the fp32 log-softmax cross-entropy keeps (ditty.loss).
+    Full logits (`chunks` 0), the larger of two moments (ditty.loss): the forward holds the logits,
+    the shifted copy the loss takes (micro-batches > 1), their fp32 upcast (16-bit logits) and the
+    fp32 log-softmax the cross-entropy keeps; the backward holds the logits, that log-softmax, the
+    dense fp32 gradient the negative log-likelihood hands it, and the fp32 gradient it returns.
     Chunked (`train.loss_chunks` > 0, ditty.fused_loss): one chunk's logits in fp32 (and in 16
     bits), the gradient of the hidden states, and an fp32 gradient of the head when it trains.
     """
@@ -187,7 +189,9 @@ def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_tr
     tokens, vocab = s.tokens, shape.vocab_size
     if chunks <= 0:
         shifted = a if s.micro_batch > 1 else 0
-        per = a + shifted + (FP32 if a != FP32 else 0) + FP32
+        forward = a + shifted + (FP32 if a != FP32 else 0) + FP32
+        backward = a + 3 * FP32
+        per = max(forward, backward)
         return LossMemory(tokens * vocab * per, f"{tokens:,} tokens x {vocab:,} vocabulary x {per} bytes")
     chunk = -(-tokens // chunks)
     per = FP32 + (2 * a if a != FP32 else 0)

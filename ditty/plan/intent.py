@@ -2,8 +2,8 @@
 
 `choose_recipe` walks the choices in order of preference (less communication, more precision,
 less recomputation, larger micro-batches first) and keeps the first whose plan fits the device
-with HEADROOM to spare and that the caller's `is_valid` (the recipe compiler) accepts. Each
-choice comes back with the reason `ditty init` writes above it in the recipe.
+with HEADROOM to spare and in which the caller's `problems` (the recipe compiler) finds no error.
+Each choice comes back with the reason `ditty init` writes above it in the recipe.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ HEADROOM = 0.90
 """A plan fits when its peak is at most this share of the device memory: the rest absorbs the
 caching allocator's fragmentation and batches longer than the planned average."""
 MICRO_BATCHES = (8, 4, 2, 1)
+REFUSALS_BEFORE_GIVING_UP = 3
 PLACEHOLDER_DATA = "trl-lib/tldr"
 
 
@@ -59,7 +60,7 @@ def choose_recipe(
     data: Optional[str] = None,
     seq_len: Optional[int] = None,
     global_batch: int = 32,
-    is_valid: Optional[Callable[[TrainerConfig], bool]] = None,
+    problems: Optional[Callable[[TrainerConfig], list]] = None,
 ) -> Choice:
     if method not in METHODS:
         raise RecipeError.single(f"--method {method!r} is not one of {', '.join(METHODS)}", fix="--method lora")
@@ -69,14 +70,22 @@ def choose_recipe(
     shape = model_shape(base)
     limit = int(HEADROOM * target.memory)
     smallest: Optional[tuple[int, dict]] = None
+    refused: list[list] = []
     for changes in _candidates(base, method, target):
         config = with_changes(base, changes)
         plan = make_plan(config, target, shape=shape, with_knobs=False)
         if smallest is None or plan.memory.peak < smallest[0]:
             smallest = (plan.memory.peak, changes)
-        if plan.memory.peak > limit or (is_valid is not None and not is_valid(config)):
+        if plan.memory.peak > limit:
             continue
-        return Choice(config, plan, _reasons(base, config, plan, method, target, shape))
+        errors = problems(config) if problems is not None else []
+        if not errors:
+            return Choice(config, plan, _reasons(base, config, plan, method, target, shape))
+        refused.append(errors)
+        if len(refused) == REFUSALS_BEFORE_GIVING_UP:  # the flags, not the choices, are at fault
+            raise RecipeError(refused[0])
+    if refused:
+        raise RecipeError(refused[0])
     peak, changes = smallest if smallest else (0, {})
     raise RecipeError.single(
         f"no {method} set-up of {model} fits {target.world_size} GPU(s) of {gib(target.memory)} GiB: the smallest "
@@ -177,7 +186,7 @@ def _reasons(
         "train.activation_checkpointing": _ac_reason(config, plan, target, shape),
         "parallel.kind": _parallel_reason(config, plan, target, shape),
         "optimizer.kind": (
-            "chosen by `ditty init`: AdamW with fp32-or-parameter-dtype state fits"
+            "chosen by `ditty init`: AdamW (two moments in the parameter dtype) fits"
             if config.optimizer.kind == "adamw"
             else "chosen by `ditty init`: 8-bit AdamW (torchao; 2 bytes of state per parameter instead of 8) "
             "because AdamW did not fit"

@@ -24,8 +24,12 @@ from ditty.plan.settings import DTYPE_BYTES, SHARDED, GiB, Settings
 CUDA_CONTEXT = int(0.8 * GiB)
 NCCL_BUFFERS = int(0.5 * GiB)
 # A CPU process's resident memory before the model: the interpreter with torch, transformers,
-# datasets, peft and the tokenizer imported, as `ditty run` holds them (BENCHMARKS.md, planner).
-CPU_PROCESS_BASELINE = 560 * 2**20
+# datasets and the tokenizer imported, as `ditty run` holds them, and what peft's import adds
+# (BENCHMARKS.md, "Planner").
+CPU_PROCESS_BASELINE = 510 * 2**20
+CPU_PEFT_IMPORT = 50 * 2**20
+# torchao's 8-bit AdamW compiles its update with torch.compile: the compiler stays in memory.
+CPU_TORCH_COMPILE = 110 * 2**20
 # DeepSpeed's defaults: reduce and all-gather buckets of 5e8 elements; with overlap_comm (which
 # ditty sets) its documentation puts the buffers at 4.5 times the bucket sizes.
 DEEPSPEED_BUCKET = 500_000_000
@@ -96,18 +100,21 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
         Row("logits and loss", loss.bytes, loss.detail, "activations"),
     ]
     shared_rows += _transients(shape, s, held)
-    overhead = CPU_PROCESS_BASELINE if s.device == "cpu" else CUDA_CONTEXT + (NCCL_BUFFERS if s.world_size > 1 else 0)
-    overhead_note = (
-        "interpreter and libraries (CPU resident memory)"
-        if s.device == "cpu"
-        else "CUDA context and kernels" + (", NCCL buffers" if s.world_size > 1 else "")
-    )
+    if s.device == "cpu":
+        shared_rows += _cpu_rows(shape, s, held, activations.total + loss.bytes)
+    overhead, overhead_note = _overhead(s)
     kinds: list[RankKind] = []
     by_rows: dict[tuple, RankKind] = {}
     for rank in range(s.world_size):
         state = rank_state(held, s, rank)
         device_rows, host_rows = _state_rows(state, s)
         rows = device_rows + shared_rows + [Row("framework fixed overhead", overhead, overhead_note, "overhead")]
+        if s.accumulation == 1 and s.parallel != "deepspeed" and state.gradients:
+            # One micro-batch per step and gradients set to None after it: the backward creates
+            # them as it frees the activations, so the two never peak together.
+            freed = sum(r.bytes for r in shared_rows if r.kind == "activations")
+            overlap = min(state.gradients, freed)
+            rows.append(Row("gradients made as activations are freed", -overlap, "accumulation 1", "overlap"))
         load, load_note = _load_phase(held, s, rank, state)
         key = (tuple(rows), tuple(host_rows), load)
         if key in by_rows:
@@ -117,6 +124,29 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
         by_rows[key] = kind
         kinds.append(kind)
     return MemoryPlan(kinds, held)
+
+
+def _overhead(s: Settings) -> tuple[int, str]:
+    if s.device == "cpu":
+        peft = CPU_PEFT_IMPORT if s.peft != "none" else 0
+        compiler = CPU_TORCH_COMPILE if s.optimizer == "adamw8bit" and s.optimizer_backend == "torchao" else 0
+        return CPU_PROCESS_BASELINE + peft + compiler, "interpreter and libraries (resident memory of a CPU process)"
+    nccl = NCCL_BUFFERS if s.world_size > 1 else 0
+    return CUDA_CONTEXT + nccl, "CUDA context and kernels" + (", NCCL buffers" if nccl else "")
+
+
+def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes: int) -> list[Row]:
+    """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees (its
+    mmap threshold rises to 32 MB after the first large free, so activations come from the heap,
+    and the next step's do not fit the holes they leave; see ditty.parallel.memory). And a
+    checkpoint loaded quantized stays memory-mapped: its pages, read once to quantize, stay resident."""
+    rows = [Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")]
+    if s.quant != "none":
+        quantized = [t for t in held if t.group in ("4-bit weights", "8-bit weights")]
+        stored = shape.checkpoint_dtype if shape.checkpoint_dtype in DTYPE_BYTES else s.weight_dtype
+        mapped = sum(t.numel for t in quantized) * DTYPE_BYTES[stored]
+        rows.append(Row("checkpoint pages kept mapped", mapped, "the quantized weights as stored on disk", "transient"))
+    return rows
 
 
 def _state_rows(state: StateBytes, s: Settings) -> tuple[list[Row], list[Row]]:
@@ -159,7 +189,7 @@ def _transients(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> list[
         buffers = int(4.5 * min(DEEPSPEED_BUCKET, trainable) * size)
         rows.append(Row("DeepSpeed buckets", buffers, "overlap_comm: 4.5 x the reduce/all-gather bucket", "transient"))
         if s.zero_stage == 3:
-            block = max(_block_bytes(held, b, s.weight_dtype) for b in range(max(shape.num_layers, 1)))
+            block = _block_bytes(held, s.weight_dtype)
             rows.append(
                 Row("ZeRO-3 gathered parameters", 2 * block, "the running and the prefetched block", "transient")
             )
@@ -191,11 +221,13 @@ def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Ro
             for t in tensors
         )
 
-    blocks = [gathered([t for t in held if t.block == b]) for b in range(max(shape.num_layers, 1))]
+    by_block: dict[int, list[HeldTensor]] = {}
+    for tensor in held:
+        if tensor.block is not None:
+            by_block.setdefault(tensor.block, []).append(tensor)
+    blocks = [gathered(tensors) for tensors in by_block.values()]
     largest = max(blocks, default=0)
-    trainable = max(
-        (sum(t.numel for t in held if t.block == b and t.trainable) for b in range(max(shape.num_layers, 1))), default=0
-    )
+    trainable = max((sum(t.numel for t in tensors if t.trainable) for tensors in by_block.values()), default=0)
     grad_bytes = DTYPE_BYTES[gather] + (4 if DTYPE_BYTES[gather] != 4 else 0)  # reduce-scatter in fp32
     resident = sum(blocks) if s.reshard_after_forward is False else 2 * largest
     outside = gathered([t for t in held if t.block is None and not t.name.startswith("model.embed_tokens")])
@@ -204,8 +236,13 @@ def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Ro
     return Row("FSDP gathered parameters", total, f"{note}, the head and root, 2 blocks' gradients", "transient")
 
 
-def _block_bytes(held: list[HeldTensor], block: int, dtype: str) -> int:
-    return sum(t.numel * DTYPE_BYTES[dtype] for t in held if t.block == block)
+def _block_bytes(held: list[HeldTensor], dtype: str) -> int:
+    """Bytes of the largest block in `dtype`."""
+    sizes: dict[int, int] = {}
+    for tensor in held:
+        if tensor.block is not None:
+            sizes[tensor.block] = sizes.get(tensor.block, 0) + tensor.numel * DTYPE_BYTES[dtype]
+    return max(sizes.values(), default=0)
 
 
 def _load_phase(held: list[HeldTensor], s: Settings, rank: int, state: StateBytes) -> tuple[int, str]:

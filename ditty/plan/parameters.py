@@ -236,29 +236,41 @@ class StateBytes:
         return sum(self.parameters.values())
 
 
+def _alike(held: list[HeldTensor]) -> list[tuple[int, HeldTensor]]:
+    """Tensors that differ only in name and block, counted: every layer of a model repeats the same
+    shapes, so a 70B model's thousand tensors are a dozen kinds (planning 16 ranks stays fast)."""
+    counts: dict[tuple, list] = {}
+    for tensor in held:
+        key = (tensor.numel, tensor.rows, tensor.storage_numel, tensor.dtype, tensor.trainable, tensor.group)
+        key += (tensor.quant_state_bytes,)
+        entry = counts.setdefault(key, [0, tensor])
+        entry[0] += 1
+    return [(count, tensor) for count, tensor in counts.values()]
+
+
 def rank_state(held: list[HeldTensor], s: Settings, rank: int) -> StateBytes:
     parameters: dict[str, int] = {}
     gradients = optimizer = quant_states = master = 0
     shared_tables = 0
     deepspeed = s.parallel == "deepspeed"
-    for tensor in held:
+    for count, tensor in _alike(held):
         local = local_numel(tensor, s, rank)
         label = row_label(tensor, s)
-        parameters[label] = parameters.get(label, 0) + local * DTYPE_BYTES[tensor.dtype]
-        quant_states += tensor.quant_state_bytes
+        parameters[label] = parameters.get(label, 0) + count * local * DTYPE_BYTES[tensor.dtype]
+        quant_states += count * tensor.quant_state_bytes
         if not tensor.trainable:
             continue
         if deepspeed:
             # ZeRO: 16-bit gradients for the whole model (stage 2) or the partition (stage 3), and
             # fp32 partitions of the gradients, master weights and optimizer state.
             part = math.ceil(tensor.numel / s.world_size)
-            gradients += (local if s.zero_stage == 3 else tensor.numel) * DTYPE_BYTES[tensor.dtype]
-            gradients += 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
-            master += 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
-            optimizer += _optimizer_bytes(part, "float32", s)
+            gradients += count * (local if s.zero_stage == 3 else tensor.numel) * DTYPE_BYTES[tensor.dtype]
+            gradients += count * 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
+            master += count * 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
+            optimizer += count * _optimizer_bytes(part, "float32", s)
             continue
-        gradients += local * DTYPE_BYTES[tensor.dtype]
-        optimizer += _optimizer_bytes(local, tensor.dtype, s)
+        gradients += count * local * DTYPE_BYTES[tensor.dtype]
+        optimizer += count * _optimizer_bytes(local, tensor.dtype, s)
         if s.optimizer == "adamw8bit" and s.optimizer_backend == "bnb" and local >= EIGHT_BIT_MIN:
             shared_tables = 2 * QMAP  # one pair of code tables for the whole optimizer
     label = {

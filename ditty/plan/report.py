@@ -126,6 +126,12 @@ def verdict(plan: TrainingPlan) -> list[str]:
                 f"warning: {kind.describe_ranks()} needs {gib(kind.peak)} GiB, more than the "
                 f"{gib(target.memory)} GiB of the device"
             )
+    s = plan.settings
+    if any(k.load_bytes > target.memory for k in plan.memory.kinds) and not s.low_memory_load:
+        lines.append(
+            "    while loading, every rank holds the whole model before FSDP shards it: with model.path a local "
+            "directory (`hf download ID --local-dir DIR`), rank 0 streams the checkpoint tensor by tensor instead"
+        )
     for knob in plan.knobs:
         state = "fits" if knob.fits else "does not fit yet"
         lines.append(f"    with {knob.describe()}: {gib(knob.peak)} GiB ({state})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 from ditty.config.errors import RecipeError
 from ditty.models.source import cached_hub_file, local_model_dir, looks_like_hub_id
@@ -50,7 +50,7 @@ def _config_values(model: Any) -> tuple[dict[str, Any], str]:
                 return _read_json(cached), f"config.json of {model.path} (Hugging Face cache)"
             known = known_config(model.path)
             if known is not None:
-                return known, f"the public config of {model.path} (ditty's table of known models)"
+                return known, f"public config of {model.path} from ditty's table of known models"
         raise RecipeError.single(
             f"cannot plan {model.path!r} offline: it is not a local directory, not in the Hugging Face cache "
             "and not one of the well-known models ditty knows",
@@ -105,7 +105,3 @@ def _factory_shape(model: Any) -> ModelShape:
     with torch.device("meta"):
         built = build_from_factory(model.factory, model.factory_kwargs)
     return inventory_from_module(built, source=f"{model.factory}, built on the meta device")
-
-
-def checkpoint_dtype(shape: ModelShape) -> Optional[str]:
-    return shape.checkpoint_dtype
