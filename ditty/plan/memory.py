@@ -138,9 +138,12 @@ def _overhead(s: Settings) -> tuple[int, str]:
 def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes: int) -> list[Row]:
     """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees (its
     mmap threshold rises to 32 MB after the first large free, so activations come from the heap,
-    and the next step's do not fit the holes they leave; see ditty.parallel.memory). And a
-    checkpoint loaded quantized stays memory-mapped: its pages, read once to quantize, stay resident."""
-    rows = [Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")]
+    and the next step's do not fit the holes they leave; see ditty.parallel.memory), except in
+    multi-process FSDP, where the trainer fixes the threshold at 2 MB and freed memory goes back.
+    And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
+    rows = []
+    if not (s.parallel in SHARDED and s.world_size > 1):
+        rows.append(Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient"))
     if s.quant != "none":
         quantized = [t for t in held if t.group in ("4-bit weights", "8-bit weights")]
         stored = shape.checkpoint_dtype if shape.checkpoint_dtype in DTYPE_BYTES else s.weight_dtype

@@ -161,6 +161,8 @@ def time_lines(plan: TrainingPlan) -> list[str]:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
     if seconds < 60:
         return f"{seconds:.2f} s"
     minutes = seconds / 60

@@ -82,8 +82,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("micro", [1, 2], ids=["one unpadded row", "two rows, padded"])
-@pytest.mark.parametrize("case", sorted(CASES))
+# Two padded rows for every case; one unpadded row (no mask: k and v kept at their own width) for two.
+PARAMS = [(case, 2) for case in CASES] + [("full fp32", 1), ("QLoRA (4-bit base), bf16 autocast", 1)]
+
+
+@pytest.mark.parametrize("case,micro", PARAMS, ids=lambda v: str(v))
 def test_one_layer_saves_what_the_plan_says(llama_dirs, case, micro):
     options = CASES[case]
     ids = torch.randint(0, SIZES["vocab_size"], (micro, SEQ), generator=torch.Generator().manual_seed(0))

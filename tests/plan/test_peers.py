@@ -150,6 +150,48 @@ def test_unsloth_rows_sit_just_under_the_gpu_memory():
             assert -0.08 <= peer.error <= 0.0, peer.setup
 
 
+# Per-parameter figures of /work/shared/REFERENCES.md, for Llama 3 8B: (source, what, published bytes per
+# parameter, recipe changes, which plan rows count).
+PER_PARAMETER = [
+    (
+        "ZeRO paper (Rajbhandari et al. 2020): mixed-precision Adam",
+        'ditty\'s fp32 weights, gradients and two moments under bf16 autocast (`model.dtype = "float32"`): '
+        "the paper splits its 16 bytes as 2 + 2 + 12, the total is the same",
+        16.0,
+        {"model.dtype": "float32"},
+    ),
+    (
+        "8-bit optimizers (Dettmers et al. 2022): 8-bit Adam's state",
+        '`optimizer.kind = "adamw8bit"` state alone (torchao: 1-byte moments, an fp32 scale per 256 values)',
+        2.0,
+        {"optimizer.kind": "adamw8bit"},
+    ),
+]
+
+
+def per_parameter(changes: dict) -> float:
+    from ditty.plan import make_plan, with_changes
+
+    config = TrainerConfig(
+        run=RunConfig(device="cuda"),
+        model=ModelConfig(path="meta-llama/Meta-Llama-3-8B", dtype="bfloat16"),
+        data=DataConfig(source="hub", name="peer"),
+        train=TrainConfig(precision="bf16"),
+    )
+    plan = make_plan(with_changes(config, changes), Target(), with_knobs=False)
+    state = plan.memory.kinds[0].state
+    count = plan.shape.parameter_count
+    if "optimizer.kind" in changes:
+        return state.optimizer / count
+    return (state.parameter_total + state.gradients + state.optimizer) / count
+
+
+@pytest.mark.parametrize("row", PER_PARAMETER, ids=lambda r: r[0])
+def test_per_parameter_figures(row):
+    _, _, published, changes = row
+    assert per_parameter(changes) == pytest.approx(published, rel=0.05)
+
+
 def markdown() -> str:
     rows = [
         "| source | set-up | published | planned | error | note |",
@@ -162,6 +204,12 @@ def markdown() -> str:
         rows.append(
             f"| {peer.source} | {peer.setup} | {published} | {peer.planned_bytes() / GiB:.2f} GiB | {error} | "
             f"{peer.note} |"
+        )
+    for source, what, published, changes in PER_PARAMETER:
+        planned = per_parameter(changes)
+        rows.append(
+            f"| {source} | {what}, Llama 3 8B | {published:g} bytes per parameter | {planned:.3f} | "
+            f"{planned / published - 1:+.1%} | |"
         )
     return "\n".join(rows)
 
