@@ -55,7 +55,8 @@ def main() -> int:
     print(table(comparisons))
     exact = all(c.exact for c in comparisons)
     worst = max(abs(c.peak_error) for c in comparisons)
-    print(f"\nexact parameter/gradient/optimizer bytes: {exact}; worst peak error {worst:.1%}; {time.time() - started:.0f} s")
+    elapsed = time.time() - started
+    print(f"\nexact parameter/gradient/optimizer bytes: {exact}; worst peak error {worst:.1%}; {elapsed:.0f} s")
     return 0 if exact and worst <= 0.20 else 1
 
 

@@ -1,10 +1,10 @@
 """Accelerators the planner knows: memory and dense peak throughput by compute dtype.
 
-Peak figures are the makers' dense (no sparsity) tensor-core numbers in TFLOP/s: bf16/fp16 with
-fp32 accumulation as PyTorch runs them; "fp32" is TF32 tensor-core math where PyTorch would use
-it only when allowed, so plain fp32 CUDA-core throughput is listed. Sources: NVIDIA's H100 and
-H200 product pages (SXM), the A100 datasheet, the L4 datasheet and the Ada Lovelace whitepaper
-(RTX 4090, fp32 accumulate).
+Peak figures are the makers' dense (no sparsity) numbers in TFLOP/s: bf16/fp16 tensor-core math
+with fp32 accumulation, as PyTorch runs it; float32 is the CUDA-core figure (PyTorch uses TF32
+tensor cores for fp32 only when allowed). Sources: NVIDIA's H100 and H200 product pages (SXM), the
+A100 datasheet, the L4 datasheet and the Ada Lovelace whitepaper (RTX 4090, fp32 accumulate).
+This table is the planner's own; ditty/metrics' MFU table (issue 16) may replace it.
 """
 
 from __future__ import annotations

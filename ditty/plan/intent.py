@@ -80,7 +80,7 @@ def choose_recipe(
             continue
         errors = problems(config) if problems is not None else []
         if not errors:
-            return Choice(config, plan, _reasons(base, config, plan, method, target, shape))
+            return Choice(config, plan, _reasons(config, plan, method, target, shape))
         refused.append(errors)
         if len(refused) == REFUSALS_BEFORE_GIVING_UP:  # the flags, not the choices, are at fault
             raise RecipeError(refused[0])
@@ -171,9 +171,7 @@ def _candidates(base: TrainerConfig, method: str, target: Target):
             yield changes
 
 
-def _reasons(
-    base: TrainerConfig, config: TrainerConfig, plan: TrainingPlan, method: str, target: Target, shape
-) -> dict[str, str]:
+def _reasons(config: TrainerConfig, plan: TrainingPlan, method: str, target: Target, shape) -> dict[str, str]:
     s, mem = plan.settings, target.memory or 0
     peak = gib(plan.memory.peak)
     reasons = {
@@ -202,9 +200,14 @@ def _reasons(
     else:
         reasons["model.dtype"] = "chosen by `ditty init`: the frozen base in bf16 (LoRA adapters train in fp32)"
     if method == "qlora":
+        four_bit = sum(
+            r.bytes
+            for r in plan.memory.kinds[0].rows
+            if r.label.startswith("4-bit weights") or r.label == "4-bit quantization state"
+        )
         reasons["quant.kind"] = (
-            f"chosen by `ditty init` (--method qlora): the base in 4-bit NF4 with double quantization "
-            f"({gib(sum(r.bytes for r in plan.memory.kinds[0].rows if r.label.startswith('4-bit')))} GiB)"
+            "chosen by `ditty init` (--method qlora): the base in 4-bit NF4 with double quantization "
+            f"({gib(four_bit)} GiB)"
         )
         if config.parallel.kind == "fsdp":
             reasons["quant.storage_dtype"] = (

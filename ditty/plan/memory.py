@@ -143,7 +143,8 @@ def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
     rows = []
     if not (s.parallel in SHARDED and s.world_size > 1):
-        rows.append(Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient"))
+        kept = Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")
+        rows.append(kept)
     if s.quant != "none":
         quantized = [t for t in held if t.group in ("4-bit weights", "8-bit weights")]
         stored = shape.checkpoint_dtype if shape.checkpoint_dtype in DTYPE_BYTES else s.weight_dtype
