@@ -27,7 +27,11 @@ usage: ditty COMMAND [ARGS]
 commands:
   run RECIPE [--section.field VALUE ...]      compile the recipe, then train
   check RECIPE [flags] [--explain]            compile only and print the plan
+        [--plan [--gpus N] [--gpu-memory 80GB] [--nodes M] [--probe N]]
+                                              ... with the per-rank memory and time plan
   init [--section.field VALUE ...] [-o FILE]  write a complete, commented recipe
+  init --model ID --method full|lora|qlora --gpus N --gpu-memory 24GB [--data PATH] [--seq-len L]
+                                              a recipe chosen to fit, with its plan
   ls                                          list the bundled recipes
   plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
   generate RUN_DIR PROMPT [--max-new-tokens N] [--sample]
@@ -210,10 +214,14 @@ def cmd_check(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         return _print_help(_help_schema(args), "ditty check RECIPE")
     explain, args = _take_option(args, ("--explain",), has_value=False)
+    plan_options, args = _plan_options(args)
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
     loaded = _load(ref, flags)
-    plan = compile_recipe(loaded, world_size=_world_size(launch))
+    from ditty import cli_plan
+
+    target = cli_plan.plan_target(plan_options, launch, loaded.config) if plan_options else None
+    plan = compile_recipe(loaded, world_size=target.world_size if target else _world_size(launch))
     print(f"recipe {plan.source or ref}" + (f" (trainer {loaded.trainer})" if loaded.trainer else ""))
     print(plan.summary())
     if explain:
@@ -221,8 +229,30 @@ def cmd_check(args: list[str]) -> int:
     _print_warnings(plan)
     if plan.errors:
         raise RecipeError(plan.errors, source=plan.source)
+    if target is not None:
+        cli_plan.print_training_plan(loaded, target, plan_options.get("probe"))
     print("ok: the recipe is valid" + (f" ({len(plan.warnings)} warning(s))" if plan.warnings else ""))
     return 0
+
+
+# --- `ditty check --plan` and `ditty init --method`: ditty/plan ---------------------------------
+
+PLAN_FLAGS = ("--gpus", "--gpu-memory", "--nodes", "--probe")
+
+
+def _plan_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`--plan` and its options; an option without `--plan` is a mistake worth saying."""
+    wanted, args = _take_option(args, ("--plan",), has_value=False)
+    options: dict[str, str] = {}
+    for flag in PLAN_FLAGS:
+        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        if value is not None:
+            options[flag.lstrip("-")] = value
+    if options and not wanted:
+        raise RecipeError.single(
+            f"--{next(iter(options))} belongs to --plan", fix="add --plan: ditty check RECIPE --plan --gpus 8"
+        )
+    return ({"plan": "true", **options} if wanted else {}), args
 
 
 def explain_values(loaded: LoadedRecipe) -> str:
@@ -245,11 +275,23 @@ def explain_values(loaded: LoadedRecipe) -> str:
     return "\n".join(f"  {path.ljust(width)} = {shown.ljust(value_width)}  [{origin}]" for path, shown, origin in rows)
 
 
+INTENT_FLAGS = ("--model", "--method", "--gpus", "--gpu-memory", "--nodes", "--data", "--seq-len", "--global-batch")
+
+
 def cmd_init(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         return _print_help(TrainerConfig, "ditty init [-o FILE]")
     output, args = _take_option(args, ("-o", "--output"))
     force, args = _take_option(args, ("--force",), has_value=False)
+    intent: dict[str, str] = {}
+    for flag in INTENT_FLAGS:
+        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        if value is not None:
+            intent[flag.lstrip("-")] = value
+    if intent:
+        from ditty import cli_plan
+
+        return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
     loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
     plan = compile_recipe(loaded)

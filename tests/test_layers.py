@@ -24,6 +24,7 @@ LAYERS = {
     "ditty.diffusion": 2,
     "ditty.metrics_logger": 2,
     "ditty.recipe": 3,
+    "ditty.plan": 3,
     "ditty.train": 4,
     "ditty.pipeline": 4,
     "ditty.pipeline_options": 4,
@@ -31,6 +32,7 @@ LAYERS = {
     "ditty.model_configs": 4,
     "ditty.porting": 4,
     "ditty.cli": 5,
+    "ditty.cli_plan": 5,
     "ditty.__main__": 5,
 }
 # The package root only re-exports lazily (module __getattr__), so it sits above everything.
@@ -39,6 +41,7 @@ ROOT_ALLOWED = {"ditty"}
 SAME_LAYER_ALLOWED = {
     ("ditty.pipeline", "ditty.train"),  # the Python API is a facade over the one Trainer
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
+    ("ditty.cli", "ditty.cli_plan"),  # the command line's `--plan` and `init --method` parts
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
     # The Python API in three modules: the facade, its keyword mapping, and the model factory.

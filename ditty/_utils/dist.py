@@ -36,8 +36,10 @@ ERROR_DIR_ENV = "DITTY_ERROR_DIR"
 
 
 def record_user_error(message: str) -> None:
-    """Leave a worker's user-error message for the launcher; a no-op outside `ditty.parallel.launch`."""
-    _leave(f"rank-{rank()}.txt", message)
+    """Leave a worker's user-error message for the launcher; a no-op outside `ditty.parallel.launch`
+    (checked first: asking for the rank imports torch, seconds that a mistyped flag should not cost)."""
+    if os.environ.get(ERROR_DIR_ENV):
+        _leave(f"rank-{rank()}.txt", message)
 
 
 def record_failure(error: BaseException) -> None:

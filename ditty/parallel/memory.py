@@ -12,12 +12,26 @@ import torch
 
 
 def local_nbytes(tensor: torch.Tensor) -> int:
-    """Bytes this rank stores for `tensor` (a DTensor's local shard, else the tensor)."""
+    """Bytes this rank stores for `tensor` (a DTensor's local shard, else the tensor).
+
+    A wrapper tensor subclass (torchao's 8-bit optimizer state: uint8 codes, fp32 block scales and
+    a code table behind an fp32-looking tensor) counts the tensors it holds, not its shape x dtype.
+    """
+    return sum(nbytes for _, nbytes in _storages(tensor))
+
+
+def _storages(tensor: torch.Tensor) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of the plain tensors behind `tensor`: a DTensor's local shard, the
+    inner tensors of a `__tensor_flatten__` subclass, or the tensor itself."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
-        tensor = tensor.to_local()
-    return tensor.numel() * tensor.element_size()
+        return _storages(tensor.to_local())
+    flatten = getattr(type(tensor), "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+        names, _ = tensor.__tensor_flatten__()
+        return [pair for name in names for pair in _storages(getattr(tensor, name))]
+    return [(tensor.data_ptr(), tensor.numel() * tensor.element_size())]
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -25,11 +39,18 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 
 
 def optimizer_state_bytes(optimizer: Optional[torch.optim.Optimizer]) -> int:
+    """Bytes of every tensor in the optimizer's state on this rank, each storage counted once
+    (bitsandbytes shares one pair of 8-bit code tables among all parameters)."""
     if optimizer is None:
         return 0
-    return sum(
-        local_nbytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
-    )
+    seen: dict[tuple[int, int], int] = {}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                for pointer, nbytes in _storages(value):
+                    # Empty tensors may share a null pointer; their size is 0 anyway.
+                    seen[(pointer, nbytes) if pointer else (id(value), nbytes)] = nbytes
+    return sum(seen.values())
 
 
 def gradient_bytes(parameters: Iterable[torch.nn.Parameter]) -> int:

@@ -1,0 +1,106 @@
+"""The plan's arithmetic across parallel kinds, offload and knobs (no torch, no weights)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ditty.config import TrainerConfig
+from ditty.config.bundled import bundled_recipes
+from ditty.config.loader import from_config, load_any
+from ditty.config.sections import DataConfig, ModelConfig, OptimizerConfig, ParallelConfig, PeftConfig, TrainConfig
+from ditty.plan import Target, make_plan, render, with_changes
+from ditty.plan.settings import GiB, parse_memory
+from ditty.recipe import compile_recipe
+
+LLAMA_8B = "meta-llama/Meta-Llama-3-8B"
+
+
+def full_8b(**parallel) -> TrainerConfig:
+    return TrainerConfig(
+        model=ModelConfig(path=LLAMA_8B, dtype="bfloat16"),
+        data=DataConfig(source="hub", name="x", max_seq_len=2048),
+        train=TrainConfig(global_batch_size=64, micro_batch_size=1, precision="bf16", activation_checkpointing="full"),
+        parallel=ParallelConfig(**parallel),
+    )
+
+
+def state(plan, rank=0):
+    return plan.memory.for_rank(rank).state
+
+
+@pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)
+def test_every_bundled_recipe_plans(recipe):
+    plan = make_plan(load_any(recipe.name).config, Target(memory=parse_memory("80GB")))
+    assert plan.memory.peak > 0 and "memory per rank" in render(plan)
+
+
+def test_sharding_divides_the_state():
+    one = make_plan(full_8b(), Target())
+    ddp = make_plan(full_8b(kind="ddp"), Target(gpus_per_node=8))
+    fsdp = make_plan(full_8b(kind="fsdp"), Target(gpus_per_node=8))
+    hsdp = make_plan(full_8b(kind="hsdp", replicate_size=2), Target(gpus_per_node=8))
+    assert state(ddp).parameter_total == state(one).parameter_total  # a whole replica per rank
+    for plan, shards in ((fsdp, 8), (hsdp, 4)):
+        assert state(plan).parameter_total == pytest.approx(state(one).parameter_total / shards, rel=1e-3)
+        assert state(plan).optimizer == pytest.approx(state(one).optimizer / shards, rel=1e-3)
+        assert any(r.label == "FSDP gathered parameters" for r in plan.memory.kinds[0].rows)
+
+
+def test_deepspeed_stages_follow_zero():
+    one = state(make_plan(full_8b(), Target()))
+    zero2 = state(make_plan(full_8b(kind="deepspeed", zero_stage=2), Target(gpus_per_node=8)))
+    zero3 = state(make_plan(full_8b(kind="deepspeed", zero_stage=3), Target(gpus_per_node=8)))
+    n = 8_030_261_248
+    assert zero2.parameter_total == one.parameter_total == 2 * n  # stage 2 keeps whole 16-bit weights
+    assert zero3.parameter_total == pytest.approx(2 * n / 8, rel=1e-3)
+    assert zero2.master_weights == pytest.approx(4 * n / 8, rel=1e-3)  # fp32 master partition
+    assert zero2.optimizer == pytest.approx(8 * n / 8, rel=1e-3)
+
+
+def test_offload_moves_state_to_the_host():
+    plan = make_plan(full_8b(kind="fsdp", cpu_offload=True), Target(gpus_per_node=8))
+    kind = plan.memory.kinds[0]
+    assert not any(r.label in ("gradients", "optimizer state") for r in kind.rows)
+    assert {r.label for r in kind.host_rows} >= {"gradients", "optimizer state"}
+    zero = make_plan(full_8b(kind="deepspeed", zero_stage=3, offload_optimizer=True), Target(gpus_per_node=8))
+    assert "optimizer state" in {r.label for r in zero.memory.kinds[0].host_rows}
+
+
+def test_uneven_shards_make_rank_kinds():
+    config = replace(full_8b(kind="fsdp"), model=ModelConfig(path="Qwen/Qwen2.5-0.5B", dtype="bfloat16"))
+    plan = make_plan(config, Target(gpus_per_node=3))
+    assert len(plan.memory.kinds) > 1  # 896 rows do not split evenly over 3 ranks
+    totals = [state(plan, r).parameter_total for r in range(3)]
+    assert totals[0] > totals[-1] and sum(totals) == make_plan(config, Target()).memory.kinds[0].state.parameter_total
+
+
+def test_every_knob_offered_fits_and_compiles():
+    config = load_any("mistral_lora").config
+    plan = make_plan(config, Target(memory=parse_memory("16GB")), is_valid=lambda c: not _errors(c))
+    assert not plan.fits and plan.knobs
+    for knob in plan.knobs:
+        changed = with_changes(config, knob.changes)
+        assert not _errors(changed)
+        peak = make_plan(changed, Target(memory=parse_memory("16GB"))).memory.peak
+        assert peak == knob.peak and knob.fits == (peak <= 16 * GiB)
+
+
+def test_knobs_include_checkpointing_for_activation_heavy_plans():
+    config = with_changes(full_8b(), {"train.activation_checkpointing": "none", "train.micro_batch_size": 4})
+    config = with_changes(config, {"peft.kind": "lora", "train.global_batch_size": 64})
+    plan = make_plan(config, Target(memory=parse_memory("40GB")))
+    described = [k.describe() for k in plan.knobs]
+    assert any('train.activation_checkpointing = "full"' in d for d in described), described
+
+
+def _errors(config):
+    return compile_recipe(from_config(config)).errors
+
+
+def test_lora_optimizer_state_is_the_adapters_only():
+    config = replace(full_8b(), peft=PeftConfig(kind="lora", r=16), optimizer=OptimizerConfig())
+    s = state(make_plan(config, Target()))
+    adapters = s.parameters["LoRA adapters (float32)"]
+    assert s.gradients == adapters and s.optimizer == 2 * adapters + 4 * (2 * 7 * 32)  # moments + step per tensor
