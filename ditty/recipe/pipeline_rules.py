@@ -258,6 +258,9 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
 
         loss = CompositeLoss([(inst, weight) for _, inst, weight in instances["loss"]])
         loss_name = "pipeline.loss (composite)"
+    elif getattr(resolved["factory"], "make_loss", None) and resolved["factory"].loss is not None:
+        loss = resolved["factory"].make_loss()  # a model spec's own loss, used when the recipe names none
+        loss_name = f"pipeline.loss (the spec's {type(loss).__name__})"
     else:
         from ditty.loss import CausalLMLoss
 

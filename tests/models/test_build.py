@@ -162,9 +162,9 @@ def test_factory_builds_a_custom_model():
 @pytest.mark.parametrize(
     ("factory", "kwargs", "key", "text"),
     [
-        ("tests.models.factories", {}, "model.factory", "package.module:function"),
+        ("tests.models.factories", {}, "model.factory", "package.module:Name"),
         ("tests.models.no_such_module:build", {}, "model.factory", "cannot import"),
-        ("tests.models.factories:missing", {}, "model.factory", "no callable"),
+        ("tests.models.factories:missing", {}, "model.factory", "has no attribute 'missing'"),
         ("tests.models.factories:not_a_module", {}, "model.factory", "not a torch.nn.Module"),
         ("tests.models.factories:tiny_mlp", {"wdth": 4}, "model.factory_kwargs", "does not accept"),
     ],
