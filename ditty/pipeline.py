@@ -19,6 +19,13 @@ preprocessors -> model -> postprocessors -> loss, so a misfit stops before any t
 The older style still works: subclass `Pipeline` and override `dataset()` to return a DataLoader.
 `extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here
 (e.g. {"peft": {"kind": "lora", "target_modules": ["fc1"]}} for LoRA on a custom model).
+
+Model tasks (ditty/models/tasks.py): `model_task="seq-classification"` (or "token-classification",
+"seq2seq", "masked-lm") with `dataset=` rows of the task's format (dicts such as {"text": ...,
+"label": ...}, or a datasets.Dataset) and a `tokenizer=`: ditty checks, labels and tokenizes them
+as for a recipe. The model is a `model_factory` (a transformers model of the task), or built from
+`extra_config={"model": {"path": ...}}`; data may come from `extra_config={"data": {...}}` instead
+of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
 """
 
 from __future__ import annotations
@@ -191,6 +198,8 @@ class Pipeline:
         task: Any = None,
         extra_config: Optional[dict[str, dict]] = None,
         trainer_class: type = Trainer,
+        tokenizer: Any = None,
+        model_task: Optional[str] = None,
     ) -> None:
         if fp16 and bf16:
             raise RecipeError.single(
@@ -209,6 +218,8 @@ class Pipeline:
         self.preprocessors = list(preprocessors or [])
         self.postprocessors = list(postprocessors or [])
         self.task = task
+        self.tokenizer = tokenizer
+        self.model_task = model_task
         self.trainer_class = trainer_class
         self.settings = dict(
             output_dir=output_dir,
@@ -328,6 +339,15 @@ class Pipeline:
             logging=S.LoggingConfig(progress=s["progress"]),
             pipeline=S.PipelineConfig(check_tensors=s["check_contracts"]),
         )
+        if self.model_task is not None:  # the task and its own data format; extra_config may refine both
+            from ditty.models.tasks import model_task
+
+            task = model_task(self.model_task)
+            config = replace(
+                config,
+                model=replace(config.model, task=task.name),
+                data=replace(config.data, format=task.data_formats[0]),
+            )
         for section, values in s["extra_config"].items():
             if not hasattr(config, section):
                 raise RecipeError.single(f"extra_config: no recipe section [{section}]", key=f"extra_config.{section}")
@@ -344,9 +364,7 @@ class Pipeline:
 
         problems: list[Problem] = []
         # The Python objects replace [model], [tokenizer] and [data]: their defaults are not the user's.
-        plan = compile_config(
-            self.config(data), world_size=self.world_size(), replaced=("model.", "tokenizer.", "data.")
-        )
+        plan = compile_config(self.config(data), world_size=self.world_size(), replaced=self.replaced_sections())
         self.plan = plan  # the Trainer runs on this plan instead of compiling again
         problems += plan.errors
         problems += self._slot_problems()
@@ -365,6 +383,19 @@ class Pipeline:
             ]
         if problems:
             raise RecipeError(problems, source="Pipeline(...)")
+
+    def replaced_sections(self) -> tuple[str, ...]:
+        """The recipe sections Python objects stand in for: their defaults are nobody's choice, so the
+        compiler leaves their problems out. A section given through extra_config is the user's."""
+        given = self.settings["extra_config"]
+        replaced = []
+        if self.model_factory is not None or "model" not in given:
+            replaced.append("model.")
+        if self.tokenizer is not None or ("tokenizer" not in given and "model" not in given):
+            replaced.append("tokenizer.")
+        if self._dataset is not None or self._dataloader is not None or "data" not in given:
+            replaced.append("data.")
+        return tuple(replaced)
 
     def _slot_problems(self) -> list[Problem]:
         from ditty.loss import LossCalculator
@@ -408,23 +439,31 @@ class Pipeline:
         from ditty.loss import CausalLMLoss
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
+        extra = self.settings["extra_config"]
+        causal = (self.model_task or extra.get("model", {}).get("task", "causal-lm")) == "causal-lm"
+        # No model_factory: the model is [model] of extra_config (else model() says a factory is needed).
+        model = self.model() if self.model_factory is not None or "model" not in extra else None
         return RuntimeComponents(
-            model=self.model(),
+            model=model,
             dataset=None if loader is not None else data,
             dataloader=loader,
             val_dataset=self.val_dataset,
             collate_fn=self.collate_fn,
             preprocessors=self.preprocessors,
             postprocessors=self.postprocessors,
-            loss=self.loss_calculator or CausalLMLoss(),
+            # Another model task's loss comes from the task table when none is given.
+            loss=self.loss_calculator or (CausalLMLoss() if causal else None),
             task=self.task,
+            tokenizer=self.tokenizer,
         )
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()
-        if data is None:
+        if data is None and "data" not in self.settings["extra_config"]:
             raise RecipeError.single(
-                "Pipeline has no data: pass dataset= or dataloader=, or override dataset()", key="dataset"
+                "Pipeline has no data: pass dataset= or dataloader=, or override dataset() (or name the data "
+                'with extra_config={"data": {...}})',
+                key="dataset",
             )
         config = self.config(data)
         if isinstance(data, torch.utils.data.DataLoader):

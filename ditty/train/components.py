@@ -37,6 +37,8 @@ class RuntimeComponents:
     """A LossCalculator instance (replaces [[pipeline.loss]])."""
     task: Any = None
     """An evaluation hook for generic data (see ditty.data.generic.GenericTask)."""
+    tokenizer: Any = None
+    """A tokenizer (replaces [tokenizer]): it encodes task rows and is saved into final/ with the model."""
 
     def given(self) -> dict[str, Any]:
         """The fields that hold an object (an empty list of processors counts as given too)."""
