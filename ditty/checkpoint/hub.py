@@ -117,6 +117,7 @@ def write_model_card(
     pipeline_tag: str = "text-generation",
     auto_class: str = "AutoModelForCausalLM",
     pipeline: str | None = "text-generation",
+    peft_auto_class: str | None = "AutoPeftModelForCausalLM",
 ) -> Path:
     """Write `folder/README.md`: YAML front matter (base model, license, library, the task's pipeline
     tag), the final metrics, how to load the model (with the task's Auto class, or peft's for an
@@ -159,17 +160,18 @@ def write_model_card(
             shown = f"{value:.6g}" if isinstance(value, float) else str(value)
             body.append(f"| {name} | {shown} |")
         body.append("")
-    peft_class = "AutoPeftModel" + auto_class.removeprefix("AutoModel")
+    # Without a peft class for the task, the transformers class loads base and adapter (peft installed).
+    peft_module, peft_class = ("peft", peft_auto_class) if peft_auto_class else ("transformers", auto_class)
     labels = (folder / "labels.json").is_file()  # an adapter of a classifier: its base's label maps
     if adapter and labels:
         loader = (
-            f"import json\nfrom huggingface_hub import hf_hub_download\nfrom peft import {peft_class}\n"
+            f"import json\nfrom huggingface_hub import hf_hub_download\nfrom {peft_module} import {peft_class}\n"
             'labels = json.load(open(hf_hub_download(REPO_ID, "labels.json")))\n'
             'id2label = {int(i): name for i, name in labels["id2label"].items()}  # JSON keys are strings\n'
             f'model = {peft_class}.from_pretrained(REPO_ID, id2label=id2label, label2id=labels["label2id"])'
         )
     elif adapter:
-        loader = f"from peft import {peft_class}\nmodel = {peft_class}.from_pretrained(REPO_ID)"
+        loader = f"from {peft_module} import {peft_class}\nmodel = {peft_class}.from_pretrained(REPO_ID)"
     else:
         loader = f"from transformers import {auto_class}\nmodel = {auto_class}.from_pretrained(REPO_ID)"
         if pipeline:

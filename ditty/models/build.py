@@ -180,7 +180,7 @@ def _build_random(
         )
     except ValueError as error:  # transformers' word for "no class of this task for this model type"
         raise RecipeError.single(
-            f"cannot build a {task.name} model ({task.auto_class}) from this configuration: {_summary(error)}",
+            f"cannot build {task.noun} ({task.auto_class}) from this configuration: {_summary(error)}",
             key="model.path" if model.path else "model.architecture",
             fix="choose an architecture that has this task (see the compiler's rule model.task), or change model.task",
         ) from error

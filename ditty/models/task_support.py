@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any, Iterable, Optional
 
-from ditty.models.source import cached_hub_file, local_model_dir, looks_like_hub_id
+from ditty.models.source import cached_hub_file, known_architectures, local_model_dir, looks_like_hub_id
 from ditty.models.tasks import TASKS, ModelTask
 
 _PAIR = re.compile(r'\(\s*"([^"]+)"\s*,\s*"([^"]+)"\s*\)')
@@ -102,7 +102,9 @@ def supported_tasks(model_config: dict) -> list[str]:
 def task_problem(model_config: Optional[dict], task: ModelTask) -> Optional[tuple[str, str]]:
     """(message, fix) when the architecture cannot do `task`, else None (also when unknown offline,
     or when the model ships its own code: its auto_map decides)."""
-    if not model_config or not model_config.get("model_type") or model_config.get("auto_map"):
+    if not model_config or not model_config.get("model_type") or "auto_map" in model_config:
+        return None
+    if model_config["model_type"] not in known_architectures():  # not transformers' own: unknown here
         return None
     if supports(model_config, task):
         return None

@@ -22,6 +22,8 @@ from ditty.config.errors import RecipeError
 class ModelTask:
     name: str
     """The `[model] task` value."""
+    noun: str
+    """What the model is, in messages ("a causal LM", "a sequence classifier")."""
     auto_class: str
     """The transformers Auto class that builds and loads the model (`AutoModelFor...`)."""
     auto_mapping: str
@@ -52,9 +54,11 @@ class ModelTask:
     """Batches are the causal-LM token rows of ditty.data (TokenDataMode); otherwise a task collator."""
 
     @property
-    def peft_auto_class(self) -> str:
-        """peft's Auto class that loads a saved adapter of this task (`AutoPeftModelFor...`)."""
-        return "AutoPeftModel" + self.auto_class.removeprefix("AutoModel")
+    def peft_auto_class(self) -> Optional[str]:
+        """peft's Auto class that loads a saved adapter of this task (`AutoPeftModelFor...`), when peft
+        has one (not for masked LM: there the task's transformers Auto class loads base and adapter)."""
+        name = "AutoPeftModel" + self.auto_class.removeprefix("AutoModel")
+        return name if self.peft_task_type else None
 
 
 TASKS: dict[str, ModelTask] = {
@@ -62,6 +66,7 @@ TASKS: dict[str, ModelTask] = {
     for task in (
         ModelTask(
             name="causal-lm",
+            noun="a causal LM",
             auto_class="AutoModelForCausalLM",
             auto_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
             peft_task_type="CAUSAL_LM",
@@ -76,6 +81,7 @@ TASKS: dict[str, ModelTask] = {
         ),
         ModelTask(
             name="seq-classification",
+            noun="a sequence classifier",
             auto_class="AutoModelForSequenceClassification",
             auto_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
             peft_task_type="SEQ_CLS",
@@ -89,6 +95,7 @@ TASKS: dict[str, ModelTask] = {
         ),
         ModelTask(
             name="token-classification",
+            noun="a token classifier",
             auto_class="AutoModelForTokenClassification",
             auto_mapping="MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
             peft_task_type="TOKEN_CLS",
@@ -102,6 +109,7 @@ TASKS: dict[str, ModelTask] = {
         ),
         ModelTask(
             name="seq2seq",
+            noun="an encoder-decoder (seq2seq) model",
             auto_class="AutoModelForSeq2SeqLM",
             auto_mapping="MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
             peft_task_type="SEQ_2_SEQ_LM",
@@ -114,6 +122,7 @@ TASKS: dict[str, ModelTask] = {
         ),
         ModelTask(
             name="masked-lm",
+            noun="a masked LM",
             auto_class="AutoModelForMaskedLM",
             auto_mapping="MODEL_FOR_MASKED_LM_MAPPING_NAMES",
             peft_task_type=None,  # peft has no masked-LM task type: a plain PeftModel

@@ -370,6 +370,7 @@ def card_task_fields(task_name: str) -> dict[str, str]:
         "pipeline_tag": task.pipeline_tag,
         "auto_class": task.auto_class,
         "pipeline": task.pipeline,
+        "peft_auto_class": task.peft_auto_class,
     }
 
 

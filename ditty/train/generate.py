@@ -39,7 +39,7 @@ def load_final(run_dir: str, device: str = "cpu"):
             f"{run_dir!r} holds a {task.name} model, which does not generate text",
             fix=f'use it with transformers: pipeline("{task.pipeline}", model="{path}")',
         )
-    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+    if os.path.isfile(os.path.join(path, "adapter_config.json")) and task.peft_auto_class:
         model = getattr(peft, task.peft_auto_class).from_pretrained(path)
     else:
         model = getattr(transformers, task.auto_class).from_pretrained(path)
