@@ -1,6 +1,7 @@
 """Tiny random models of the encoder and encoder-decoder families, saved in Hugging Face format with
 a tokenizer, as a user's local pretrained directory would be (nothing is downloaded).
 
+Dropout is off, so one process and two FSDP ranks compute the same losses (dropout draws per rank).
 BERT-style models get a real WordPiece tokenizer (`wordpiece_tokenizer`: [CLS]/[SEP]/[MASK], whole
 words for the test data's vocabulary, single characters and ## pieces for everything else); T5 and
 BART get ditty's byte tokenizer. Encoders are saved as their masked-LM class, as pretrained encoders
@@ -39,9 +40,9 @@ def save_encoder(path: Path, model_type: str) -> str:
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     tokenizer = wordpiece_tokenizer("DistilBertTokenizerFast" if model_type == "distilbert" else "BertTokenizerFast")
-    sizes = dict(ENCODER_SIZES)
+    sizes = dict(ENCODER_SIZES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if model_type == "distilbert":
-        sizes = dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+        sizes = dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, dropout=0.0, attention_dropout=0.0)
     extra = {"type_vocab_size": 2} if model_type == "roberta" else {}
     config = AutoConfig.for_model(
         model_type,
@@ -73,7 +74,15 @@ def save_seq2seq(path: Path, model_type: str) -> str:
     )
     if model_type == "t5":
         config = AutoConfig.for_model(
-            "t5", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, **common
+            "t5",
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            **common,
         )
     else:
         config = AutoConfig.for_model(
@@ -86,6 +95,8 @@ def save_seq2seq(path: Path, model_type: str) -> str:
             encoder_ffn_dim=64,
             decoder_ffn_dim=64,
             max_position_embeddings=128,
+            dropout=0.0,
+            attention_dropout=0.0,
             decoder_start_token_id=tokenizer.eos_token_id,
             forced_eos_token_id=tokenizer.eos_token_id,
             **common,

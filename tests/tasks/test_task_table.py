@@ -90,7 +90,8 @@ def test_the_defaults_on_an_encoder_stop_at_check(capsys, tmp_path, task_models)
 
 def test_a_task_recipe_checks_and_says_what_it_builds(capsys, tmp_path, task_models, task_files):
     code, out, err = run_cli(
-        capsys, "check", recipe(tmp_path, "[run]\nseed = 0\n"), "--model.path", task_models["bert"], "--model.task", "seq-classification",
+        capsys, "check", recipe(tmp_path, "[run]\nseed = 0\n"),
+        "--model.path", task_models["bert"], "--model.task", "seq-classification",
         "--data.source", "file", "--data.path", task_files["classification"], "--data.format", "classification",
     )  # fmt: skip
     assert code == 0, err
@@ -99,7 +100,8 @@ def test_a_task_recipe_checks_and_says_what_it_builds(capsys, tmp_path, task_mod
 
 def test_task_misfits_are_all_reported(capsys, tmp_path, task_models):
     code, _, err = run_cli(
-        capsys, "check", recipe(tmp_path, "[run]\nseed = 0\n"), "--model.path", task_models["t5"], "--model.task", "token-classification",
+        capsys, "check", recipe(tmp_path, "[run]\nseed = 0\n"),
+        "--model.path", task_models["t5"], "--model.task", "token-classification",
         "--data.format", "seq2seq", "--data.packing", "true", "--train.eval_samples", "8",
     )  # fmt: skip
     assert code == 2
