@@ -24,7 +24,15 @@ accepted, and those ditty cannot honour are refused with what to use instead. De
 ditty's own; README "Coming from Ditty" lists where they differ from the original's.
 
 The older style still works: subclass `Pipeline` and override `dataset()` to return a DataLoader.
-`extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here.
+`extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here
+(e.g. {"peft": {"kind": "lora", "target_modules": ["fc1"]}} for LoRA on a custom model).
+
+Model tasks (ditty/models/tasks.py): `model_task="seq-classification"` (or "token-classification",
+"seq2seq", "masked-lm") with `dataset=` rows of the task's format (dicts such as {"text": ...,
+"label": ...}, or a datasets.Dataset) and a `tokenizer=`: ditty checks, labels and tokenizes them
+as for a recipe. The model is a `model_factory` (a transformers model of the task), or built from
+`extra_config={"model": {"path": ...}}`; data may come from `extra_config={"data": {...}}` instead
+of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
 """
 
 from __future__ import annotations
@@ -110,6 +118,8 @@ class Pipeline:
         task: Any = None,
         extra_config: Optional[dict[str, dict]] = None,
         trainer_class: type = Trainer,
+        tokenizer: Any = None,
+        model_task: Optional[str] = None,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -133,6 +143,8 @@ class Pipeline:
         self.preprocessors = list(preprocessors or [])
         self.postprocessors = list(postprocessors or [])
         self.task = task
+        self.tokenizer = tokenizer
+        self.model_task = model_task
         self.trainer_class = trainer_class
         self.metrics_logger = metrics_logger
         self._hf_hub_token = hf_hub_token  # memory only: not in settings, recipe.toml, env.json or logs
@@ -212,7 +224,7 @@ class Pipeline:
         `data` defaults to the dataset or DataLoader given (not an overridden dataset(), built at run time)."""
         if data is None:
             data = self._dataloader if self._dataloader is not None else self._dataset
-        return build_config(self.settings, self.model_factory, data, self.world_size())
+        return build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract
@@ -225,11 +237,7 @@ class Pipeline:
         peek = data if data is not None else self._dataloader if self._dataloader is not None else self._dataset
         problems = self._slot_problems() + keyword_problems(self.settings, peek, self.model_factory)
         if not [p for p in problems if p.severity == "error"]:
-            # The Python objects replace [tokenizer] and [data] (and [model] for an instance): their defaults
-            # are not the user's.
-            replaced = ("tokenizer.", "data.") + (
-                ("model.",) if getattr(self.model_factory, "hub_path", None) is None else ()
-            )
+            replaced = self.replaced_sections()
             self.plan = compile_config(self.config(data), world_size=self.world_size(), replaced=replaced)
             problems += self.plan.problems
         if not [p for p in problems if p.severity == "error"]:
@@ -287,6 +295,24 @@ class Pipeline:
     def _model_name(self) -> str:
         return f"model ({getattr(self.model_factory, 'description', '') or 'unknown'})"
 
+    def replaced_sections(self) -> tuple[str, ...]:
+        """The recipe sections Python objects stand in for: their defaults are nobody's choice, so the
+        compiler leaves their problems out. A section given through extra_config (or a hub model's
+        path) is the user's."""
+        given = self.settings["extra_config"]
+        factory = self.model_factory
+        replaced = []
+        if (factory is not None and getattr(factory, "hub_path", None) is None) or (
+            factory is None and "model" not in given
+        ):
+            replaced.append("model.")
+        given_tokenizer = self.tokenizer is not None or self.tokenizer_factory is not None
+        if given_tokenizer or ("tokenizer" not in given and "model" not in given):
+            replaced.append("tokenizer.")
+        if self._dataset is not None or self._dataloader is not None or "data" not in given:
+            replaced.append("data.")
+        return tuple(replaced)
+
     def _slot_problems(self) -> list[Problem]:
         from ditty.loss import LossCalculator
         from ditty.processors import PostProcessor, PreProcessor
@@ -335,17 +361,26 @@ class Pipeline:
         from ditty.loss import CausalLMLoss
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
+        extra = self.settings["extra_config"]
+        causal = (self.model_task or extra.get("model", {}).get("task", "causal-lm")) == "causal-lm"
+        # No model_factory: the model is [model] of extra_config (else build_model() says a factory is needed).
+        model = self.build_model() if self.model_factory is not None or "model" not in extra else None
+        if self.tokenizer is not None:
+            tokenizer = self.tokenizer
+        else:
+            tokenizer = self.tokenizer_factory.build() if self.tokenizer_factory is not None else None
         return RuntimeComponents(
-            model=self.build_model(),
+            model=model,
             dataset=None if loader is not None else data,
             dataloader=loader,
             val_dataset=self.val_dataset,
             collate_fn=self.collate_fn,
             preprocessors=self.preprocessors,
             postprocessors=self.postprocessors,
-            loss=self.loss_calculator or CausalLMLoss(),
+            # Another model task's loss comes from the task table when none is given.
+            loss=self.loss_calculator or (CausalLMLoss() if causal else None),
             task=self.task,
-            tokenizer=self.tokenizer_factory.build() if self.tokenizer_factory is not None else None,
+            tokenizer=tokenizer,
             optimizer=self.settings["optimizer"],
             metrics_logger=self.metrics_logger,
             converters=self.model_factory.converters() if self.model_factory is not None else None,
@@ -354,9 +389,11 @@ class Pipeline:
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()
-        if data is None:
+        if data is None and "data" not in self.settings["extra_config"]:
             raise RecipeError.single(
-                "Pipeline has no data: pass dataset= or dataloader=, or override dataset()", key="dataset"
+                "Pipeline has no data: pass dataset= or dataloader=, or override dataset() (or name the data "
+                'with extra_config={"data": {...}})',
+                key="dataset",
             )
         config = self.config(data)
         if isinstance(data, torch.utils.data.DataLoader) or type(self).dataset is not Pipeline.dataset:

@@ -127,8 +127,9 @@ def keyword_problems(s: dict[str, Any], data: Any, factory: Any) -> list[Problem
     return out
 
 
-def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int) -> Any:
-    """The Trainer.Config the keywords `s` describe (grad_accum: global = micro x grad_accum x data-parallel size)."""
+def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, model_task: Optional[str] = None) -> Any:
+    """The Trainer.Config the keywords `s` describe (grad_accum: global = micro x grad_accum x data-parallel size).
+    `model_task` sets [model] task and the task's first data format; extra_config may refine both."""
     import torch
 
     from ditty.config import sections as S
@@ -179,6 +180,13 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int) ->
         logging=S.LoggingConfig(progress=s["progress"]),
         pipeline=S.PipelineConfig(check_tensors=s["check_contracts"]),
     )
+    if model_task is not None:
+        from ditty.models.tasks import model_task as task_named
+
+        task = task_named(model_task)
+        config = replace(
+            config, model=replace(config.model, task=task.name), data=replace(config.data, format=task.data_formats[0])
+        )
     overrides = factory.recipe_overrides() if hasattr(factory, "recipe_overrides") else {}
     for section, values in [*overrides.items(), *s["extra_config"].items()]:
         config = _replace_section(config, section, values)

@@ -21,6 +21,7 @@ LAYERS = {
     "ditty.metrics": 2,
     "ditty.processors": 2,
     "ditty.loss": 2,
+    "ditty.task_losses": 2,
     "ditty.diffusion": 2,
     "ditty.metrics_logger": 2,
     "ditty.recipe": 3,
@@ -50,6 +51,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.model_factory", "ditty.model_configs"),
     ("ditty.pipeline_options", "ditty.train"),  # the keywords become the Trainer's Config
     ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
+    ("ditty.task_losses", "ditty.loss"),  # the model tasks' losses subclass the loss base types
 }
 
 

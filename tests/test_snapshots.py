@@ -33,6 +33,8 @@ CASES = {
     "no_recipe": ["run"],
     "pipeline_misfits": ["check", "tests/config/bad_recipes/pipeline_misfits.toml"],
     "pipeline_imports": ["check", "tests/config/bad_recipes/pipeline_imports.toml"],
+    "encoder_as_causal_lm": ["check", "tests/config/bad_recipes/encoder_as_causal_lm.toml"],
+    "task_misfits": ["check", "tests/config/bad_recipes/task_misfits.toml"],
 }
 
 

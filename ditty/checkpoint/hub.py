@@ -113,10 +113,17 @@ def write_model_card(
     license: str = "apache-2.0",
     adapter: bool,
     title: str | None = None,
+    task: str = "causal-lm",
+    pipeline_tag: str = "text-generation",
+    auto_class: str = "AutoModelForCausalLM",
+    pipeline: str | None = "text-generation",
+    peft_auto_class: str | None = "AutoPeftModelForCausalLM",
 ) -> Path:
-    """Write `folder/README.md`: YAML front matter (base model, license, library), the final
-    metrics, how to load the model, and the recipe that trained it. Returns the card's path.
-    `title` is the card's heading (the run name, say)."""
+    """Write `folder/README.md`: YAML front matter (base model, license, library, the task's pipeline
+    tag), the final metrics, how to load the model (with the task's Auto class, or peft's for an
+    adapter), and the recipe that trained it. Returns the card's path. `title` is the card's heading
+    (the run name, say); `task`, `pipeline_tag`, `auto_class` and `pipeline` (the transformers.pipeline
+    task, None when transformers has none) come from ditty.models.tasks."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hub_base = base_model if base_model and _looks_like_hub_id(base_model) else None
@@ -127,7 +134,7 @@ def write_model_card(
     front += [
         f"license: {json.dumps(license)}",
         f"library_name: {'peft' if adapter else 'transformers'}",
-        "pipeline_tag: text-generation",
+        f"pipeline_tag: {json.dumps(pipeline_tag)}",
         "tags:",
         "- ditty",
     ]
@@ -141,18 +148,34 @@ def write_model_card(
         if hub_base
         else f"`{base_model or 'a model trained from scratch'}`"
     )
-    body = [f"# {title or 'A model trained with ditty'}", "", f"{kind} {base_text}, trained with ditty.", ""]
+    body = [
+        f"# {title or 'A model trained with ditty'}",
+        "",
+        f"{kind} {base_text}, trained with ditty for the task `{task}`.",
+        "",
+    ]
     if metrics:
         body += ["## Results", "", "| metric | value |", "|---|---|"]
         for name, value in metrics.items():
             shown = f"{value:.6g}" if isinstance(value, float) else str(value)
             body.append(f"| {name} | {shown} |")
         body.append("")
-    loader = (
-        "from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained(REPO_ID)"
-        if adapter
-        else "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(REPO_ID)"
-    )
+    # Without a peft class for the task, the transformers class loads base and adapter (peft installed).
+    peft_module, peft_class = ("peft", peft_auto_class) if peft_auto_class else ("transformers", auto_class)
+    labels = (folder / "labels.json").is_file()  # an adapter of a classifier: its base's label maps
+    if adapter and labels:
+        loader = (
+            f"import json\nfrom huggingface_hub import hf_hub_download\nfrom {peft_module} import {peft_class}\n"
+            'labels = json.load(open(hf_hub_download(REPO_ID, "labels.json")))\n'
+            'id2label = {int(i): name for i, name in labels["id2label"].items()}  # JSON keys are strings\n'
+            f'model = {peft_class}.from_pretrained(REPO_ID, id2label=id2label, label2id=labels["label2id"])'
+        )
+    elif adapter:
+        loader = f"from {peft_module} import {peft_class}\nmodel = {peft_class}.from_pretrained(REPO_ID)"
+    else:
+        loader = f"from transformers import {auto_class}\nmodel = {auto_class}.from_pretrained(REPO_ID)"
+        if pipeline:
+            loader += f'\n# or: transformers.pipeline("{pipeline}", model=REPO_ID)'
     body += ["## Usage", "", "```python", loader, "```", ""]
     fence = _fence(recipe_text)
     body += [

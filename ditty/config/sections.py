@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+ModelTaskName = Literal["causal-lm", "seq-classification", "token-classification", "seq2seq", "masked-lm"]
+"""What a model is trained to do; ditty/models/tasks.py maps each to its Auto class, data format, loss and metrics."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class RunConfig:
 class ModelConfig:
     path: Optional[str] = None
     """Hugging Face hub id or local directory of a pretrained model (or of the architecture for random init)."""
+    task: ModelTaskName = "causal-lm"
+    """What the model learns: "causal-lm" (next token), "seq-classification" (a label per text),
+    "token-classification" (a tag per word), "seq2seq" (encoder-decoder, source -> target) or
+    "masked-lm" (masked tokens). It picks the transformers Auto class, the data format, loss and metrics."""
     init: Literal["auto", "pretrained", "random"] = "auto"
     """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights;
     "auto" is pretrained when `path` is set, else random."""
@@ -83,21 +89,42 @@ class DataConfig:
     source: Literal["builtin", "file", "hub"] = "builtin"
     """Where samples come from: a built-in generated dataset, local files, or a hub dataset."""
     name: str = "addition"
-    """Built-in dataset name ("addition", "reverse") or hub dataset id (source = "hub")."""
+    """Built-in dataset name ("addition", "reverse", "topics") or hub dataset id (source = "hub")."""
     path: Optional[str] = None
     """Local file or glob (.jsonl, .json, .csv, .parquet, .txt) for source = "file"."""
     split: str = "train"
     """Split of a hub dataset to train on."""
-    format: Literal["text", "prompt_completion", "chat"] = "prompt_completion"
-    """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant turns."""
+    format: Literal[
+        "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm"
+    ] = "prompt_completion"
+    """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant
+    turns (these three: model.task = "causal-lm"). "classification": text (or a text pair) and a label;
+    "token_classification": words and one tag per word; "seq2seq": source and target; "masked_lm": text
+    with random tokens masked (each for the model.task of that name)."""
     text_column: str = "text"
-    """Column holding the text (format = "text")."""
+    """Column holding the text (format = "text", "classification" or "masked_lm")."""
     prompt_column: str = "prompt"
     """Column holding the prompt (format = "prompt_completion")."""
     completion_column: str = "completion"
     """Column holding the completion (format = "prompt_completion")."""
     messages_column: str = "messages"
     """Column holding the list of {role, content} messages (format = "chat")."""
+    text_pair_column: Optional[str] = None
+    """Column holding the second text of a pair (format = "classification"; unset: single texts)."""
+    label_column: str = "label"
+    """Column holding the label, a string or an integer (format = "classification")."""
+    words_column: str = "tokens"
+    """Column holding the list of words (format = "token_classification")."""
+    tags_column: str = "tags"
+    """Column holding one tag per word, strings or integers (format = "token_classification")."""
+    source_column: str = "source"
+    """Column holding the input text (format = "seq2seq")."""
+    target_column: str = "target"
+    """Column holding the output text (format = "seq2seq")."""
+    max_target_len: int = 128
+    """Longest target in tokens (format = "seq2seq"); longer targets are truncated from the right."""
+    mask_probability: float = 0.15
+    """Fraction of the tokens masked for the model to predict (format = "masked_lm"), BERT's 80/10/10 rule."""
     max_seq_len: int = 512
     """Longest sample in tokens; longer samples are truncated from the right (the end is cut)."""
     packing: bool = False

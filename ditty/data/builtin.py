@@ -2,7 +2,13 @@
 
 "addition": prompt "12+47=", completion "59" (operands 0-99, answers of one to three digits; a
 4-layer, 128-wide Llama learns it in about two minutes on a CPU). "reverse": prompt "rev abcd=",
-completion "dcba" (4-8 lowercase letters).
+completion "dcba" (4-8 lowercase letters). Both read as prompt/completion pairs, or as source/target
+pairs for an encoder-decoder (data.format = "seq2seq").
+
+"topics": a short sentence and its topic, one of four ("sport", "food", "weather", "music"), for
+data.format = "classification": three to six common words with one to three words of the topic
+among them, and in a third of the sentences one word of another topic, outnumbered ("the old team
+will score near the oven" is sport).
 
 The held-out split is made on the PROBLEM, not on the draw: a prompt is held out when a stable hash
 of its text falls in the held-out bucket, so no validation prompt ever appears in training however
@@ -38,10 +44,47 @@ def _reverse(rng: np.random.Generator, count: int) -> Iterator[Problem]:
         yield f"rev {word}=", word[::-1]
 
 
+TOPIC_WORDS = {
+    "sport": ("team", "goal", "score", "match", "coach", "league", "ball", "race", "player", "stadium"),
+    "food": ("bread", "soup", "cheese", "recipe", "kitchen", "apple", "dinner", "salad", "spice", "oven"),
+    "weather": ("rain", "cloud", "storm", "sunny", "wind", "snow", "forecast", "thunder", "fog", "humid"),
+    "music": ("song", "guitar", "piano", "melody", "band", "concert", "drum", "chorus", "violin", "album"),
+}
+_FILLER = (
+    "the a this that old new big small early late we they you will may can after before near with "
+    "today tomorrow again still very quite really some every other"
+).split()
+
+
+def _topics(rng: np.random.Generator, count: int) -> Iterator[Problem]:
+    topics = sorted(TOPIC_WORDS)
+    for _ in range(count):
+        topic = topics[int(rng.integers(len(topics)))]
+        words = rng.choice(_FILLER, size=int(rng.integers(3, 7))).tolist()
+        # A third of the sentences also hold one word of another topic, outnumbered by the topic's own.
+        distractor = rng.random() < 0.35
+        keywords = rng.choice(TOPIC_WORDS[topic], size=int(rng.integers(2 if distractor else 1, 4)), replace=False)
+        keywords = keywords.tolist()
+        if distractor:
+            other = topics[(topics.index(topic) + int(rng.integers(1, len(topics)))) % len(topics)]
+            keywords.append(str(rng.choice(TOPIC_WORDS[other])))
+        for keyword in keywords:
+            words.insert(int(rng.integers(len(words) + 1)), keyword)
+        yield " ".join(words), topic
+
+
 GENERATORS: dict[str, Callable[[np.random.Generator, int], Iterator[Problem]]] = {
     "addition": _addition,
     "reverse": _reverse,
+    "topics": _topics,
 }
+FORMATS: dict[str, tuple[str, ...]] = {
+    "addition": ("prompt_completion", "seq2seq"),
+    "reverse": ("prompt_completion", "seq2seq"),
+    "topics": ("classification",),
+}
+"""The data formats each built-in dataset can be read as (its pairs are prompt/completion, source/target
+or text/label)."""
 
 
 def generate_problems(name: str, num_samples: int) -> list[Problem]:

@@ -136,3 +136,27 @@ def _condensed(error: Exception, limit: int = 300) -> str:
     """An exception's message on one line, cut to `limit` characters (library messages run long)."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def tokenizer_beside(model) -> "PreTrainedTokenizerBase | None":
+    """The tokenizer saved with a transformers model's checkpoint (`model.name_or_path`, a local
+    directory holding tokenizer files), with a pad token as `build_tokenizer` guarantees; None for
+    other models, or when there is none to be found offline."""
+    path = getattr(getattr(model, "config", None), "name_or_path", None) or getattr(model, "name_or_path", None)
+    if not path or not os.path.isdir(os.path.expanduser(str(path))):
+        return None
+    directory = os.path.expanduser(str(path))
+    if not any(
+        os.path.isfile(os.path.join(directory, name))
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError):
+        return None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -32,29 +32,38 @@ class LoraConverter:
 
     name = "lora"
 
-    def __init__(self, peft_cfg: PeftConfig, *, upcast_quantized: bool = True) -> None:
+    def __init__(self, peft_cfg: PeftConfig, *, upcast_quantized: bool = True, task: str = "causal-lm") -> None:
         if peft_cfg.kind not in ("lora", "dora"):
             raise ValueError(f"LoraConverter needs peft.kind lora or dora, not {peft_cfg.kind!r}")
         self.peft_cfg = peft_cfg
         self.upcast_quantized = upcast_quantized
+        self.task = task
         self.name = peft_cfg.kind
 
     def lora_config(self, model: "torch.nn.Module") -> "LoraConfig":
-        """The peft `LoraConfig` for `model`; task type CAUSAL_LM for Hugging Face models, so the
-        saved adapter loads with `AutoPeftModelForCausalLM`."""
+        """The peft `LoraConfig` for `model`. Hugging Face models get the task's peft task type
+        (`model.task`: CAUSAL_LM, SEQ_CLS, ...), so the saved adapter loads with the task's
+        `AutoPeftModelFor...`; a task with a head (a classifier) also trains the head fully
+        (`task_head_modules`), as peft does for its SEQ_CLS heads."""
         from peft import LoraConfig
         from transformers import PreTrainedModel
 
+        from ditty.models.tasks import model_task
+
         cfg = self.peft_cfg
         targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+        hf_model = isinstance(model, PreTrainedModel)
+        task = model_task(self.task)
+        head = [name for name in task_head_modules(model, task) if name not in cfg.modules_to_save]
+        to_save = list(cfg.modules_to_save) + head
         return LoraConfig(
             r=cfg.r,
             lora_alpha=int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha,
             lora_dropout=cfg.dropout,
             target_modules=targets,
-            modules_to_save=list(cfg.modules_to_save) or None,
+            modules_to_save=to_save or None,
             use_dora=cfg.kind == "dora",
-            task_type="CAUSAL_LM" if isinstance(model, PreTrainedModel) else None,
+            task_type=task.peft_task_type if hf_model else None,
         )
 
     def convert(self, model: "torch.nn.Module") -> "torch.nn.Module":
@@ -79,6 +88,21 @@ class LoraConverter:
             ) from error
         _check_modules_to_save(adapted, self.peft_cfg.modules_to_save)
         return adapted
+
+
+def task_head_modules(model: "torch.nn.Module", task) -> list[str]:
+    """The modules of a task head that must train fully beside an adapter: for a task with a head, the
+    top-level modules with parameters outside the base model (BERT's classifier, DistilBERT's
+    pre_classifier and classifier, DeBERTa's pooler), plus the modules of any weight the load
+    initialised anew (BERT's pooler when the checkpoint lacks it). Nothing for other tasks or models."""
+    from ditty.models.task_support import head_modules
+
+    prefix = getattr(model, "base_model_prefix", None)
+    if not task.head or not prefix:
+        return []
+    top = [name for name, child in model.named_children() if name != prefix and any(True for _ in child.parameters())]
+    new = [m for m in head_modules(getattr(model, "ditty_new_head", ())) if m.split(".", 1)[0] == prefix]
+    return top + new
 
 
 def is_loaded_quantized(model: "torch.nn.Module") -> bool:

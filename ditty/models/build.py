@@ -8,9 +8,11 @@ torch's global generator as it stands.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from ditty._utils.dist import is_main_process
 from ditty.config.errors import RecipeError
 from ditty.config.sections import ModelConfig, QuantConfig
 from ditty.models.factory import build_from_factory
@@ -21,6 +23,9 @@ from ditty.models.source import (
     local_model_dir,
     looks_like_hub_id,
 )
+from ditty.models.tasks import model_task, transformers_class
+
+log = logging.getLogger("ditty.models")
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +38,13 @@ def build_model(
     tokenizer: "Optional[PreTrainedTokenizerBase]" = None,
     device="cpu",
     quant: Optional[QuantConfig] = None,
+    labels: Optional[Sequence[str]] = None,
 ) -> "torch.nn.Module":
     """The model of the recipe, on `device`, in the dtype `model.dtype` resolves to.
+
+    The transformers class is `model.task`'s Auto class (ditty/models/tasks.py). `labels`: the label
+    names in id order, for tasks whose data defines them (a classifier's num_labels, id2label and
+    label2id are set from them, so they are saved with the model).
 
     With a tokenizer, a random-init model takes its vocabulary size and special-token ids from it,
     and a pretrained model's embeddings grow when the tokenizer has more tokens than the checkpoint.
@@ -60,24 +70,33 @@ def build_model(
 
         # bitsandbytes places the quantized weights itself (device_map); moving an 8-bit model
         # afterwards with `.to` is refused by transformers.
-        return keep_4bit_layout_fixed(_load_pretrained(model, tokenizer, device, quant=quant))
+        return keep_4bit_layout_fixed(_load_pretrained(model, tokenizer, device, quant=quant, labels=labels))
     if model.factory:
         built = build_from_factory(model.factory, model.factory_kwargs)
         if model.dtype != "auto":
             built = built.to(getattr(torch, model.dtype))
         return built.to(device)
     if model.resolved_init == "random":
-        built = _build_random(model, tokenizer, device)
+        built = _build_random(model, tokenizer, device, labels)
     else:
-        built = _load_pretrained(model, tokenizer, device)
+        built = _load_pretrained(model, tokenizer, device, labels=labels)
     return built.to(device)
 
 
-def _load_pretrained(
-    model: ModelConfig, tokenizer, device: "torch.device", quant: Optional[QuantConfig] = None
-) -> "torch.nn.Module":
-    from transformers import AutoModelForCausalLM
+def label_config(labels: Optional[Sequence[str]]) -> dict[str, Any]:
+    """Config values for a label set: id2label and label2id (transformers derives num_labels)."""
+    if not labels:
+        return {}
+    return {"id2label": dict(enumerate(labels)), "label2id": {name: index for index, name in enumerate(labels)}}
 
+
+def _load_pretrained(
+    model: ModelConfig,
+    tokenizer,
+    device: "torch.device",
+    quant: Optional[QuantConfig] = None,
+    labels: Optional[Sequence[str]] = None,
+) -> "torch.nn.Module":
     from ditty.models.quant import bnb_config, is_quantized
 
     if not model.path:
@@ -86,28 +105,68 @@ def _load_pretrained(
             key="model.path",
             fix='set model.path to a local directory or a hub id (org/name), or use model.init = "random"',
         )
-    source, config = hf_config(model, {})
+    task = model_task(model.task)
+    source, config = hf_config(model, label_config(labels))
     # "auto" on CPU means fp32: bf16/fp16 matmuls crawl on most CPUs (0.3 vs 120 GFLOP/s here).
     dtype = resolve_dtype(model.dtype, device, default_accelerator="auto")
     extra = attention_kwargs(model)
     if is_quantized(quant):
         extra["quantization_config"] = bnb_config(quant)
         extra["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else device.type}
-    loaded = _fetching(
-        lambda: AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, trust_remote_code=model.trust_remote_code, **extra
+    if task.labels:
+        extra["ignore_mismatched_sizes"] = True  # a classifier checkpoint with another label count: a new head
+    loaded, info = _fetching(
+        lambda: transformers_class(task).from_pretrained(
+            source,
+            config=config,
+            dtype=dtype,
+            trust_remote_code=model.trust_remote_code,
+            output_loading_info=True,
+            **extra,
         ),
         model.path,
     )
+    check_new_weights(loaded, info, model)
     if tokenizer is not None:
         _fit_to_tokenizer(loaded, tokenizer)
     return loaded
 
 
-def _build_random(model: ModelConfig, tokenizer, device: "torch.device") -> "torch.nn.Module":
-    from transformers import AutoModelForCausalLM
+def check_new_weights(loaded: "torch.nn.Module", info: dict, model: ModelConfig) -> None:
+    """A pretrained load must bring every weight except the task head's: a new head (a classifier on a
+    pretrained encoder) is reported; any other newly initialised weight means the checkpoint does not
+    fit the task's architecture, and is an error (it would train from random values unnoticed)."""
+    from ditty.models.task_support import new_weight_problems
 
-    _, config = hf_config(model, _tokenizer_config(tokenizer) if tokenizer is not None else {})
+    task = model_task(model.task)
+    head, other = new_weight_problems(info, getattr(loaded, "base_model_prefix", ""), task)
+    if other:
+        shown = ", ".join(other[:6]) + (f" and {len(other) - 6} more" if len(other) > 6 else "")
+        raise RecipeError.single(
+            f"{model.path!r} lacks weights that {type(loaded).__name__} needs beyond its task head, so they would "
+            f"start random: {shown}",
+            key="model.path",
+            fix=f"check model.task (now {task.name!r}) against what the checkpoint was trained for, or point "
+            "model.path at a complete checkpoint",
+        )
+    if head and is_main_process():
+        log.warning(
+            "new task head for %s (randomly initialised, trained from here): %s",
+            task.name,
+            ", ".join(head[:8]) + (f" and {len(head) - 8} more" if len(head) > 8 else ""),
+        )
+    loaded.ditty_new_head = tuple(head)  # the adapter converter trains these fully (modules_to_save)
+
+
+def _build_random(
+    model: ModelConfig, tokenizer, device: "torch.device", labels: Optional[Sequence[str]] = None
+) -> "torch.nn.Module":
+    task = model_task(model.task)
+    defaults = {**(_tokenizer_config(tokenizer) if tokenizer is not None else {}), **label_config(labels)}
+    _, config = hf_config(model, defaults)
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # T5's convention, which the decoder needs to shift labels right; set only when the config has none.
+        config.decoder_start_token_id = config.pad_token_id
     if tokenizer is not None and config.vocab_size < len(tokenizer):
         raise RecipeError.single(
             f"vocab_size = {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens",
@@ -116,14 +175,14 @@ def _build_random(model: ModelConfig, tokenizer, device: "torch.device") -> "tor
         )
     dtype = resolve_dtype(model.dtype, device, default_accelerator=config.dtype or "float32")
     try:
-        return AutoModelForCausalLM.from_config(
+        return transformers_class(task).from_config(
             config, dtype=dtype, trust_remote_code=model.trust_remote_code, **attention_kwargs(model)
         )
-    except ValueError as error:  # transformers' word for "no causal-LM head for this model type"
+    except ValueError as error:  # transformers' word for "no class of this task for this model type"
         raise RecipeError.single(
-            f"cannot build a causal LM from this configuration: {_summary(error)}",
+            f"cannot build {task.noun} ({task.auto_class}) from this configuration: {_summary(error)}",
             key="model.path" if model.path else "model.architecture",
-            fix="choose a decoder (causal LM) architecture such as llama, mistral, qwen2 or gpt_neox",
+            fix="choose an architecture that has this task (see the compiler's rule model.task), or change model.task",
         ) from error
 
 

@@ -1,8 +1,9 @@
 """Saving what an adapter run trained: the PEFT adapter, or a full model with the adapter merged in.
 
 - `save_adapter`: the adapter only (adapter_model.safetensors + adapter_config.json) and the
-  tokenizer; `PeftModel.from_pretrained(base, dir)` and `AutoPeftModelForCausalLM.from_pretrained(dir)`
-  load it. The adapter config names the base (`base_model_name_or_path`) as the run loaded it.
+  tokenizer; `PeftModel.from_pretrained(base, dir)` and the task's `AutoPeftModelFor...` (for a
+  causal LM `AutoPeftModelForCausalLM`) load it. The adapter config names the base
+  (`base_model_name_or_path`) as the run loaded it.
 - `merge_to_full`: a plain transformers model (no peft, no bitsandbytes) computing what the trained
   model computes. It never modifies the trained model, so training or evaluation can go on.
   * full-precision base: peft's `merge_and_unload(safe_merge=True)` on a fresh peft model that
@@ -15,8 +16,8 @@
     with per-row scales; rounding the merged weights back to int8 would lose the small adapter
     update, and ditty does not write a dequantized-int8 full model. The compiler refuses
     `checkpoint.final_format = "merged"` with bnb-8bit before the run (compat.merge-8bit).
-- `save_merged`: `merge_to_full` then `save_pretrained` (safetensors) plus the tokenizer;
-  `AutoModelForCausalLM.from_pretrained(dir)` loads it.
+- `save_merged`: `merge_to_full` then `save_pretrained` (safetensors) plus the tokenizer; the task's
+  Auto class (`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, ...) loads it.
 - Under FSDP the model's parameters are this rank's shards: pass the full state dict gathered from
   every rank (`state_dict`, rank 0 only) and the base and adapter tensors come from it instead.
   A 4-bit weight arrives there as its gathered packed bytes; its quantization state (block scales,
@@ -206,20 +207,14 @@ def _without_checkpoint_wrapper(name: str) -> str:
 
 
 def _empty_plain_model(base: "torch.nn.Module") -> "torch.nn.Module":
-    """The same architecture as `base`, unquantized, with its tensors on the meta device (no
-    memory, no random init): `load_state_dict(assign=True)` then puts real tensors in."""
+    """The same architecture as `base` (its own class, so the task's: a sequence classifier stays one),
+    unquantized, with its tensors on the meta device (no memory, no random init):
+    `load_state_dict(assign=True)` then puts real tensors in."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(base.config)
     for attribute in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, attribute):
             delattr(config, attribute)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=base.dtype, trust_remote_code=_trusts_remote_code(base))
-
-
-def _trusts_remote_code(base: "torch.nn.Module") -> bool:
-    # A model class that transformers does not ship came from the hub's remote code, which the run
-    # was already allowed to execute.
-    return not type(base).__module__.startswith("transformers.")
+        return type(base)._from_config(config, dtype=base.dtype)

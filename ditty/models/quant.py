@@ -264,3 +264,84 @@ def _state_tensors(state) -> list:
     found = [v for v in vars(state).values() if isinstance(v, torch.Tensor)]
     nested = getattr(state, "state2", None)
     return found + (_state_tensors(nested) if nested is not None else [])
+
+
+# --- a model given as an instance (the Python API): its linear layers replaced and quantized -------
+
+
+def quantize_instance(model: "torch.nn.Module", quant: "QuantConfig | None", device) -> "torch.nn.Module":
+    """The Python API's model on `device`, quantized as `[quant]` asks, the way bitsandbytes quantizes a
+    loaded model: every `nn.Linear` becomes a `Linear4bit` (or `Linear8bitLt`) holding its weights,
+    quantized as it moves to the device. A transformers model keeps the layers transformers keeps
+    (its output embedding, `get_keys_to_not_convert`); a model already quantized is left as it is.
+    Never a silent no-op: with `quant.kind` set, the result holds quantized layers or this raises."""
+    import torch
+
+    if not is_quantized(quant):
+        return model.to(device)
+    if any(quantized_linear_count(model).values()):
+        return model.to(device)  # the caller quantized it already
+    keep = _modules_kept_in_full_precision(model)
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full_name = f"{name}.{child_name}" if name else child_name
+            if type(child) is torch.nn.Linear and not any(full_name == k or full_name.endswith("." + k) for k in keep):
+                setattr(module, child_name, _quantized_linear(child, quant))
+                replaced += 1
+    if not replaced:
+        from ditty.config.errors import RecipeError
+
+        raise RecipeError.single(
+            "quant.kind is set but the given model has no torch.nn.Linear layer to quantize",
+            key="quant.kind",
+            fix='set quant.kind = "none", or give a model with linear layers',
+        )
+    model = model.to(device)
+    flag = "is_loaded_in_4bit" if quant.kind == "bnb-4bit" else "is_loaded_in_8bit"
+    object.__setattr__(model, flag, True)  # what transformers marks a quantized load with (peft reads it)
+    return keep_4bit_layout_fixed(model) if quant.kind == "bnb-4bit" else model
+
+
+def _modules_kept_in_full_precision(model: "torch.nn.Module") -> list[str]:
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return []
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    # Names of weights or modules (its last parameter's name among them): keep the modules they name.
+    return sorted({key.removesuffix(".weight").removesuffix(".bias") for key in get_keys_to_not_convert(model)})
+
+
+def _quantized_linear(linear: "torch.nn.Linear", quant: QuantConfig) -> "torch.nn.Module":
+    import bitsandbytes as bnb
+    import torch
+
+    weight = linear.weight.data.clone()
+    if quant.kind == "bnb-4bit":
+        storage = getattr(torch, quant.storage_dtype)
+        layer = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=getattr(torch, quant.compute_dtype),
+            compress_statistics=quant.double_quant,
+            quant_type=quant.quant_type,
+            quant_storage=storage,
+        )
+        layer.weight = bnb.nn.Params4bit(
+            weight,
+            requires_grad=False,
+            compress_statistics=quant.double_quant,
+            quant_type=quant.quant_type,
+            quant_storage=storage,
+        )
+    else:
+        layer = bnb.nn.Linear8bitLt(
+            linear.in_features, linear.out_features, bias=linear.bias is not None, has_fp16_weights=False
+        )
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    if linear.bias is not None:
+        layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=linear.bias.requires_grad)
+    return layer

@@ -117,6 +117,10 @@ def shard_fsdp(
     from torch.distributed.fsdp import fully_shard
 
     blocks = find_blocks(model, names=list(parallel.block_classes), classes=block_classes)
+    # A parameter sharded in one unit and also held outside it loses the tie (FSDP2 gives each unit its
+    # own DTensor): a block holding a weight tied to a module outside it (RoBERTa's embeddings, tied
+    # to its masked-LM decoder) is left to the root unit, which shards it once.
+    blocks = [block for block in blocks if not _tied_outside(block, model)]
     options = dict(
         mesh=mesh,
         mp_policy=mixed_precision_policy(parallel, precision),
@@ -137,6 +141,14 @@ def shard_fsdp(
     # the start of backward: None lets FSDP2 keep the root gathered after forward.
     fully_shard(model, reshard_after_forward=None if parallel.reshard_after_forward is not False else False, **options)
     return model
+
+
+def _tied_outside(block: nn.Module, model: nn.Module) -> bool:
+    inside = {id(m) for m in block.modules()}
+    own = {id(p) for p in block.parameters()}
+    return any(
+        id(p) in own for module in model.modules() if id(module) not in inside for p in module.parameters(recurse=False)
+    )
 
 
 def _embeddings_and_head(model: nn.Module, blocks: list[nn.Module]) -> tuple[Optional[nn.Module], Optional[nn.Module]]:
@@ -181,6 +193,11 @@ def find_blocks(
     Chosen by, first match wins: `classes`; class `names` (the recipe's parallel.block_classes); the
     model's `_no_split_modules`; with `or_children`, the model's children (`model_children`).
     Raises RecipeError when named classes are absent or nothing is found.
+
+
+    model's `_no_split_modules`; else the classes an `nn.ModuleList` holds several of (a transformer's
+    layers: DeBERTa-v2 declares no `_no_split_modules`). Raises RecipeError when named classes are
+    absent or nothing is found.
     """
     if or_children and not (classes or names or no_split_module_names(model)):
         return model_children(model, skip=skip)
@@ -189,7 +206,7 @@ def find_blocks(
         blocks = [m for m in model.modules() if isinstance(m, wanted) and m is not model]
         key, asked = "parallel.block_classes", [c.__name__ for c in classes]
     else:
-        asked = list(names or []) or no_split_module_names(model)
+        asked = list(names or []) or no_split_module_names(model) or repeated_block_names(model)
         key = "parallel.block_classes"
         blocks = [m for m in model.modules() if type(m).__name__ in asked and m is not model]
     if blocks:
@@ -235,3 +252,13 @@ def model_children(model: nn.Module, *, skip: tuple[str, ...] = ()) -> list[nn.M
 
 def _holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
+
+
+def repeated_block_names(model: nn.Module) -> list[str]:
+    """Class names of the modules that an `nn.ModuleList` holds two or more of, in model order."""
+    found: dict[str, None] = {}
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            names = [type(child).__name__ for child in module]
+            found.update((name, None) for name in names if names.count(name) > 1)
+    return list(found)

@@ -7,7 +7,10 @@ from typing import Any
 
 from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
-from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
+from ditty.recipe import (
+    pipeline_rules,  # noqa: F401  (registers the pipeline.* rules after the core ones)
+    task_rules,  # noqa: F401  (registers the model-task rules)
+)
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
@@ -70,6 +73,8 @@ def _builds(config) -> list[tuple[str, str]]:
         )
     else:
         model_text = f"pretrained {model.path}"
+    if model.task != "causal-lm":
+        model_text += f" for {model.task}"
     data = config.data
     source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[
         data.source

@@ -327,7 +327,12 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
         for name in ("zero_stage", "offload_optimizer", "offload_params")
     },
     **{f"parallel.{name}": ("parallel.kind", {"hsdp"}) for name in ("replicate_size", "shard_size")},
-    **{f"data.{name}": ("data.format", {"text"}) for name in ("text_column",)},
+    **{f"data.{name}": ("data.format", {"text", "classification", "masked_lm"}) for name in ("text_column",)},
+    **{f"data.{name}": ("data.format", {"classification"}) for name in ("text_pair_column", "label_column")},
+    **{f"data.{name}": ("data.format", {"token_classification"}) for name in ("words_column", "tags_column")},
+    **{f"data.{name}": ("data.format", {"seq2seq"}) for name in ("source_column", "target_column", "max_target_len")},
+    **{f"data.{name}": ("data.format", {"masked_lm"}) for name in ("mask_probability",)},
+    "train.eval_samples": ("model.task", {"causal-lm", "seq2seq"}),  # the generation metric's sample count
     **{f"data.{name}": ("data.format", {"prompt_completion"}) for name in ("prompt_column", "completion_column")},
     **{f"data.{name}": ("data.format", {"chat"}) for name in ("messages_column",)},
     **{f"data.{name}": ("data.source", {"builtin"}) for name in ("num_samples",)},

@@ -58,17 +58,32 @@ class Builders:
         return build_engine(self.config, self.runtime)
 
     def build_tokenizer(self):
-        if self.components.tokenizer is not None:  # the Python API's tokenizer_factory
-            return self.components.tokenizer
-        return tokenizer_for(self.config, non_text_data=self.components.has_data)
+        """[tokenizer]; or the Python API's tokenizer, else the one saved beside a given transformers
+        model's checkpoint (either is saved into final/ with the model)."""
+        from ditty.train.task_data_mode import takes_task_rows
 
-    def build_model(self, tokenizer: Any) -> BuiltModel:
+        components = self.components
+        if components.tokenizer is not None:
+            return components.tokenizer
+        if components.model is not None and not self.config.tokenizer.source(self.config.model):
+            from ditty.data.tokenizer import tokenizer_beside
+
+            found = tokenizer_beside(components.model)
+            if found is not None:
+                return found
+        non_text = components.has_data and not takes_task_rows(self.config, components)
+        return tokenizer_for(self.config, non_text_data=non_text)
+
+    def build_model(self, tokenizer: Any, labels: Any = None) -> BuiltModel:
         """The model as `[model]` and `[quant]` describe it (or the Python API's instance), then the
         converters (adapters, float8) in order. fsdp/hsdp on several processes build a local
-        pretrained checkpoint on the meta device when they can (ditty.models.meta)."""
+        pretrained checkpoint on the meta device when they can (ditty.models.meta). `labels`: the data's
+        label set, for the tasks that classify (it sizes the head and names the classes)."""
         from ditty.models.converters import apply_converters
 
-        model, pending = base_model_for(self.config, tokenizer, self.runtime.device, given=self.components.model)
+        model, pending = base_model_for(
+            self.config, tokenizer, self.runtime.device, given=self.components.model, labels=labels
+        )
         converters = self.build_converters()
         model = apply_converters(model, converters)
         # A Python API loss with parameters (UncertaintyWeightedLoss) trains with the model: after the
@@ -137,6 +152,8 @@ class Builders:
         """[pipeline] from the recipe; Python API instances replace the matching parts. Non-token data
         has no default loss (the causal-LM loss needs token labels)."""
         from ditty.config.errors import RecipeError
+        from ditty.config.references import import_reference
+        from ditty.models.tasks import DEFAULT_TASK, TASKS, model_task
         from ditty.train.pipeline import Pipeline, build_pipeline
 
         cfg, components = self.config.pipeline, self.components
@@ -147,6 +164,11 @@ class Builders:
             components.loss if components.loss is not None else pipeline.loss,
         )
         no_loss = not cfg.loss and components.loss is None
+        task = model_task(self.config.model.task)
+        if no_loss and task.loss != TASKS[DEFAULT_TASK].loss and data.token_batches:
+            # [pipeline]'s default is the causal-LM loss; another model task brings its own (ditty.models.tasks).
+            task_loss = import_reference(task.loss, key="model.task")()
+            pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, task_loss), False
         spec = getattr(self.engine.unwrap(model), "ditty_spec", None)  # a registered ModelSpec brings its loss
         if no_loss and spec is not None and spec.make_loss() is not None:
             pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
@@ -232,20 +254,25 @@ def base_model_for(
     *,
     given: Optional[torch.nn.Module] = None,
     low_memory: bool = True,
+    labels: Any = None,
 ) -> tuple[torch.nn.Module, Any]:
     """(model before converters, weights still pending after sharding or None): the Python API's
-    instance, a low-memory meta build (`low_memory`, sharded runs), or the ordinary build."""
+    instance (quantized as `[quant]` asks), a low-memory meta build (`low_memory`, sharded runs), or
+    the ordinary build. `labels`: a LabelSpace (ditty.data.task_formats) for the classifying tasks."""
     from ditty.models import build_model
 
+    names = list(labels.names) if labels is not None else None
     if given is not None:
-        return given.to(device), None
+        from ditty.models.quant import quantize_instance
+
+        return quantize_instance(given, config.quant, device), None
     if low_memory:
         from ditty.models.meta import build_low_memory
 
-        built = build_low_memory(config, tokenizer, device)
+        built = build_low_memory(config, tokenizer, device, names)
         if built is not None:
             return built
-    return build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant), None
+    return build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant, labels=names), None
 
 
 def converters_for(config: Any) -> list:
@@ -262,7 +289,7 @@ def converters_for(config: Any) -> list:
         from ditty.models.adapters import LoraConverter
 
         # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
-        builtin["peft"] = lambda: LoraConverter(config.peft, upcast_quantized=not sharded)
+        builtin["peft"] = lambda: LoraConverter(config.peft, upcast_quantized=not sharded, task=config.model.task)
     if config.fp8.enabled:
         from ditty.models.float8 import Float8Converter
 

@@ -179,6 +179,12 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     return ResumePlan(found, step=step)
 
 
+def doc_labels(doc: dict) -> Optional[dict]:
+    """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
+    labels = doc.get("labels")
+    return labels if isinstance(labels, dict) else None
+
+
 def truncate_metrics(run_dir: str, step: int) -> None:
     """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
     resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
@@ -240,6 +246,8 @@ class Checkpointer:
             "trainer": t.trainer_ref(),
             SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
             "recipe_toml": recipe_text,
+            # A classifier's label set, which sizes its head: `ditty export` rebuilds the model from it.
+            "labels": t.data.labels.to_json() if t.data.labels is not None else None,
         }
 
     def save(self, trainer: Any) -> Path:
@@ -258,6 +266,16 @@ class Checkpointer:
         if self.resume.checkpoint is None:
             return
         t = trainer
+        from ditty.checkpoint import read_sidecar
+
+        saved_labels, labels = doc_labels(read_sidecar(self.resume.checkpoint)), t.data.labels
+        if saved_labels is not None and labels is not None and saved_labels != labels.to_json():
+            raise RecipeError.single(
+                f"checkpoint {self.resume.checkpoint} was trained on the labels {saved_labels['names']}; "
+                f"the data now has {list(labels.names)}",
+                key="data",
+                fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
+            )
         doc = self.manager.load(self.resume.checkpoint, self.app_state(t))
         self.engine.load_checkpoint_files(t.model, self.resume.checkpoint)
         t.state.load_state_dict(doc["train_state"])
@@ -332,6 +350,7 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
             metrics=metrics,
             adapter=cfg.peft.kind != "none",
             title=cfg.run.name,
+            **card_task_fields(cfg.model.task),
         )
         return push_folder(
             folder,
@@ -344,6 +363,20 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)
         return None
+
+
+def card_task_fields(task_name: str) -> dict[str, str]:
+    """What the model card says about the task (ditty.models.tasks): its pipeline tag and Auto class."""
+    from ditty.models.tasks import model_task
+
+    task = model_task(task_name)
+    return {
+        "task": task.name,
+        "pipeline_tag": task.pipeline_tag,
+        "auto_class": task.auto_class,
+        "pipeline": task.pipeline,
+        "peft_auto_class": task.peft_auto_class,
+    }
 
 
 def push_checkpoint_snapshot(trainer: Any) -> None:

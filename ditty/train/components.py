@@ -40,7 +40,8 @@ class RuntimeComponents:
     task: Any = None
     """An evaluation hook for generic data (see ditty.data.generic.GenericTask)."""
     tokenizer: Any = None
-    """A tokenizer instance (replaces [tokenizer]), e.g. `TokenizerFactory(path).build()`."""
+    """A tokenizer (replaces [tokenizer]), e.g. `TokenizerFactory(path).build()`: it encodes task rows
+    and is saved into final/ with the model."""
     optimizer: Any = None
     """A torch optimizer over the model's trainable parameters (replaces [optimizer]); checked by
     ditty.optim.given (it cannot hold LoRA adapters or FSDP shards made after it)."""

@@ -14,6 +14,7 @@ branch in `build_data_mode`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,6 +64,11 @@ class DataMode:
     @property
     def task(self) -> Any:
         return getattr(self.bundle, "task", None)
+
+    @property
+    def labels(self) -> Any:
+        """The data's label set (a LabelSpace) when the model task classifies, else None."""
+        return getattr(self.bundle, "labels", None)
 
     def stream(self, accumulation_steps: int) -> Any:
         raise NotImplementedError
@@ -125,6 +131,8 @@ class TokenDataMode(DataMode):
             metrics["val_loss"] = validation_loss(
                 request.forward, batches, lambda b: self.supervised_count(b, request.pipeline.loss)
             )
+            if metrics["val_loss"] is not None:  # per-token loss of a language model: its perplexity too
+                metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
         if self.task is not None and request.eval_samples > 0:
             with request.autocast():
                 scores = self.task.evaluate(request.model, self.tokenizer, request.device, request.eval_samples)
@@ -205,9 +213,14 @@ def _prefixed(scores: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) -> DataMode:
-    """The recipe's [data] (token rows, or the built-in digits images), or the Python API's samples."""
+    """The recipe's [data] (token rows, or the built-in digits images), or the Python API's samples;
+    rows of a model task's format (`model.task` other than causal-lm) go to TaskDataMode."""
     from dataclasses import replace
 
+    from ditty.train.task_data_mode import build_task_data_mode, uses_task_mode
+
+    if uses_task_mode(config, components):
+        return build_task_data_mode(config, runtime, tokenizer, components)
     if components.has_data:
         from ditty.data.generic import GenericData
 

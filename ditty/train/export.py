@@ -42,6 +42,23 @@ def _recipe(checkpoint: Path, doc: dict):
     return parse_recipe(text, source=source)
 
 
+def _labels(checkpoint: Path, doc: dict, config):
+    """A classifier's label set as the checkpoint recorded it (it sizes and names the head)."""
+    from ditty.data.task_formats import LabelSpace
+    from ditty.models.tasks import model_task
+    from ditty.train.checkpointing import doc_labels
+
+    saved = doc_labels(doc)
+    if saved is not None:
+        return LabelSpace.from_json(saved)
+    if model_task(config.model.task).labels:
+        raise RecipeError.single(
+            f"{checkpoint} records no label set, which its {config.model.task} model needs to be rebuilt",
+            fix="export a checkpoint written by this version of ditty (its sidecar records the labels)",
+        )
+    return None
+
+
 def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False) -> str:
     """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path."""
     from ditty._utils.atomic import atomic_directory
@@ -70,7 +87,8 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
 
     seed_everything(config.run.seed)  # a random-init base of an adapter run is rebuilt as it was trained
     tokenizer = tokenizer_for(config)
-    base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False)
+    labels = _labels(checkpoint, doc, config)
+    base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
     model = unwrap_model(model).eval()

@@ -93,6 +93,45 @@ def save_model_files(
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, os.path.join(directory, "model.safetensors"))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(directory)
+    elif hasattr(model, "save_pretrained") and getattr(model, "config", None) is not None:
+        # AutoTokenizer.from_pretrained on such a directory would not fail: it would quietly build some
+        # other tokenizer. So say so now.
+        log.warning(
+            "%s has no tokenizer (none was given or found beside the model): pass tokenizer= to the Pipeline, or "
+            "set [tokenizer] path",
+            directory,
+        )
+    if hasattr(model, "peft_config"):
+        save_label_maps(model, directory)
+
+
+LABELS_FILE = "labels.json"
+"""Beside an adapter of a classifier: the base's num_labels, id2label and label2id (a config.json there
+would make transformers load the folder as a full model), for building the base before the adapter:
+`AutoModelForSequenceClassification.from_pretrained(BASE, id2label={int(i): n for i, n in
+labels["id2label"].items()}, label2id=labels["label2id"])` (JSON keys are strings, transformers'
+keyword arguments keep them so), then `PeftModel.from_pretrained(base, final)`."""
+
+
+def save_label_maps(model: torch.nn.Module, directory: str) -> Optional[str]:
+    """labels.json for an adapter of a classifier (peft task type SEQ_CLS or TOKEN_CLS); None otherwise."""
+    id2label = dict(getattr(getattr(model, "config", None), "id2label", None) or {})
+    names = [str(id2label[key]) for key in sorted(id2label, key=int)]
+    task_type = getattr(next(iter(model.peft_config.values())), "task_type", None)
+    if getattr(task_type, "value", task_type) not in ("SEQ_CLS", "TOKEN_CLS"):
+        return None
+    path = os.path.join(directory, LABELS_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "num_labels": len(names),
+                "id2label": dict(enumerate(names)),
+                "label2id": {n: i for i, n in enumerate(names)},
+            },
+            f,
+            indent=2,
+        )
+    return path
 
 
 def save_final(
@@ -107,9 +146,10 @@ def save_final(
 
     Written beside it and renamed into place (ditty._utils.atomic), so a crash mid-write never leaves
     a half model where an earlier complete one was. The caller runs this on rank 0 only.
-    Adapter (PEFT) models save their adapter, which PeftModel/AutoPeftModelForCausalLM load, and
-    with `merged` also `final/merged/`: the adapter merged into the base (for a 4-bit base, into
-    its dequantized weights), a full model that `from_pretrained` loads.
+    Adapter (PEFT) models save their adapter, which PeftModel and the task's AutoPeftModelFor... load
+    (with labels.json for a classifier's base), and with `merged` also `final/merged/`: the adapter
+    merged into the base (for a 4-bit base, into its dequantized weights), a full model of the task's
+    class that `from_pretrained` and `transformers.pipeline` load.
     """
     from ditty._utils.atomic import atomic_directory
 
@@ -148,3 +188,26 @@ def write_final(trainer: Any) -> str:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # nobody reads final/ before it is complete
     return os.path.join(run_dir, FINAL_DIR)
+
+
+def final_model_task(run_dir: str) -> Any:
+    """The model task (ditty.models.tasks) of a run's final model, or of a saved model directory: what
+    its files say (its architecture, or its adapter's task type), else the run's recipe.toml, else
+    causal-lm."""
+    from ditty.models.task_support import task_of_saved_model
+    from ditty.models.tasks import DEFAULT_TASK, model_task
+
+    final = os.path.join(run_dir, FINAL_DIR)
+    directory = final if os.path.isdir(final) else run_dir
+    found = task_of_saved_model(directory)
+    if found is not None:
+        return found
+    recipe = os.path.join(run_dir, "recipe.toml")
+    if os.path.isfile(recipe):
+        from ditty.config.loader import load_recipe
+
+        try:
+            return model_task(load_recipe(recipe).config.model.task)
+        except RecipeError:
+            pass
+    return model_task(DEFAULT_TASK)

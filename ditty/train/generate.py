@@ -16,8 +16,14 @@ from ditty.train.final import FINAL_DIR
 
 
 def load_final(run_dir: str, device: str = "cpu"):
-    """(model, tokenizer) from RUN_DIR/final (or a final/ directory itself); adapters through peft."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) from RUN_DIR/final (or a final/ directory itself) with the Auto class of its
+    model task (ditty.models.tasks); adapters through peft. Only tasks that write text generate: a
+    classifier's final/ is a RecipeError that says how to use it instead."""
+    import peft
+    import transformers
+    from transformers import AutoTokenizer
+
+    from ditty.train.final import final_model_task
 
     path = os.path.join(run_dir, FINAL_DIR) if os.path.isdir(os.path.join(run_dir, FINAL_DIR)) else run_dir
     if not os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(
@@ -27,12 +33,16 @@ def load_final(run_dir: str, device: str = "cpu"):
             f"no final model in {run_dir!r} (expected {os.path.join(run_dir, FINAL_DIR)}/config.json)",
             fix="give the directory of a finished run (it writes final/ at the end)",
         )
-    if os.path.isfile(os.path.join(path, "adapter_config.json")):
-        from peft import AutoPeftModelForCausalLM
-
-        model = AutoPeftModelForCausalLM.from_pretrained(path)
+    task = final_model_task(run_dir)
+    if not task.generates:
+        raise RecipeError.single(
+            f"{run_dir!r} holds a {task.name} model, which does not generate text",
+            fix=f'use it with transformers: pipeline("{task.pipeline}", model="{path}")',
+        )
+    if os.path.isfile(os.path.join(path, "adapter_config.json")) and task.peft_auto_class:
+        model = getattr(peft, task.peft_auto_class).from_pretrained(path)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = getattr(transformers, task.auto_class).from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.to(device).eval(), tokenizer
 
@@ -65,5 +75,6 @@ def generate(
         eos_token_id=tokenizer.eos_token_id,
         **kwargs,
     )
-    new_tokens = output[0, inputs["input_ids"].shape[1] :]
+    # A decoder-only model returns the prompt and its continuation; an encoder-decoder only the output.
+    new_tokens = output[0] if model.config.is_encoder_decoder else output[0, inputs["input_ids"].shape[1] :]
     return tokenizer.decode(new_tokens, skip_special_tokens=True)

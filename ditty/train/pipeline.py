@@ -6,7 +6,6 @@ empty, it is the causal-LM default (no processors, `CausalLMLoss`).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,7 +17,16 @@ from ditty.config.sections import ComponentSpec, PipelineConfig
 
 # Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
 # passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
+# token_type_ids (BERT-style pairs) and the decoder inputs (seq2seq) come from the task formats.
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "inputs_embeds",
+    "token_type_ids",
+    "decoder_input_ids",
+    "decoder_attention_mask",
+)
 
 
 @dataclass
@@ -52,11 +60,16 @@ def build_pipeline(cfg: PipelineConfig) -> Pipeline:
 def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
     packed samples are isolated only without a cache)."""
-    kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    from ditty.models.inputs import accepted_inputs
+
+    accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
+    kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
     # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
     # Hugging Face model would build a KV cache in training, which activation checkpointing's
     # recompute then extends a second time (selective checkpointing fails on the extra ops).
-    if getattr(getattr(_unwrap(model), "config", None), "use_cache", None) is not None:
+    if getattr(getattr(_unwrap(model), "config", None), "use_cache", None) is not None and (
+        accepted is None or "use_cache" in accepted
+    ):
         kwargs["use_cache"] = False
     return kwargs
 
@@ -67,23 +80,20 @@ def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: 
     LM data: `model(input_ids=..., attention_mask=..., ...)` (MODEL_INPUTS only). Generic data:
     a tensor (or tuple/list) batch is `model(batch, **forward_kwargs)`; a dict batch is
     `model(**batch, **forward_kwargs)`, restricted to the parameters the forward names (unless it
-    takes **kwargs) and, for Hugging Face models, without `labels` (no second loss inside the model).
+    takes **kwargs and declares no contract) and, for Hugging Face models, without `labels` (no second
+    loss inside the model). The forward is the innermost one, under DDP, compile and peft wrappers
+    (ditty.models.inputs), so a custom model wrapped by peft is not handed keys it does not take.
     """
     if lm:
         return model(**model_inputs(model, batch), **forward_kwargs)
     if isinstance(batch, Mapping):
+        from ditty.models.inputs import innermost_module, is_transformers_model, select_inputs
+
         kwargs = dict(batch)
-        if getattr(model, "config", None) is not None and hasattr(model, "can_generate"):
-            kwargs.pop("labels", None)
-            if getattr(model.config, "use_cache", None) is not None:
-                kwargs.setdefault("use_cache", False)
-        try:
-            params = inspect.signature(model.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
-        if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            kwargs = {k: v for k, v in kwargs.items() if k in params}
-        return model(**kwargs, **forward_kwargs)
+        inner = innermost_module(model)
+        if is_transformers_model(inner) and getattr(inner.config, "use_cache", None) is not None:
+            kwargs.setdefault("use_cache", False)
+        return model(**select_inputs(model, kwargs), **forward_kwargs)
     return model(batch, **forward_kwargs)
 
 

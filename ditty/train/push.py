@@ -33,6 +33,8 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     from ditty.checkpoint.hub import push_folder, write_model_card
     from ditty.config.loader import load_recipe
+    from ditty.train.checkpointing import card_task_fields
+    from ditty.train.final import final_model_task
 
     final = os.path.join(run_dir, "final")
     recipe_path = os.path.join(run_dir, "recipe.toml")
@@ -56,6 +58,7 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         metrics=_last_eval(run_dir),
         adapter=adapter,
         title=config.run.name if config is not None else None,
+        **card_task_fields(final_model_task(run_dir).name),
     )
     return push_folder(
         final,

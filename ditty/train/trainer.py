@@ -57,10 +57,10 @@ class Trainer(Builders, RunEnding):
             return  # train() says so and touches nothing
         self.engine = self.build_engine()
         self.tokenizer = self.build_tokenizer()
-        built = self.build_model(self.tokenizer)
+        self.data = self.build_data(self.tokenizer)  # first: a classifier's head size is its data's label count
+        built = self.build_model(self.tokenizer, labels=self.data.labels)
         self.converters, self.built_on_meta = built.converters, built.pending is not None
         self.model = self.build_model_ready(built)  # speedups, then the engine's wrapping: before the optimizer
-        self.data = self.build_data(self.tokenizer)
         self.stream = self.data.stream(self.plan.accumulation_steps)
         self.total_steps = self.build_total_steps(self.data)
         optimizer = self.build_optimizer(self.model, self.converters)

@@ -1,0 +1,161 @@
+"""Model tasks: what `[model] task` means, in one table. Adding a task is one entry in `TASKS`.
+
+Each entry says how ditty builds, feeds, trains, evaluates and saves a model for that task: the
+transformers Auto class (and the auto mapping that lists the model types it has), the peft task type
+(peft then keeps a classifier head trainable beside the adapter, as `modules_to_save`), the data
+formats it reads, the loss, the validation metrics, the `transformers.pipeline` task of the saved
+model, and what it allows (packing, generation). The compiler, the model builders, the data modes,
+merging, export, `ditty generate` and the model card all read this table and nothing else.
+
+Cheap to import (no torch, no transformers): the recipe compiler reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ditty.config.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    name: str
+    """The `[model] task` value."""
+    noun: str
+    """What the model is, in messages ("a causal LM", "a sequence classifier")."""
+    auto_class: str
+    """The transformers Auto class that builds and loads the model (`AutoModelFor...`)."""
+    auto_mapping: str
+    """The `*_MAPPING_NAMES` table of transformers' modeling_auto listing the model types that have it."""
+    peft_task_type: Optional[str]
+    """peft's `task_type` ("SEQ_CLS", ...): the adapter's class, which head stays trainable, how it loads."""
+    data_formats: tuple[str, ...]
+    """`data.format` values this task reads; the first is its own."""
+    loss: str
+    """"package.module:Class" of the default loss (when `[[pipeline.loss]]` is empty)."""
+    metrics: tuple[str, ...]
+    """What evaluation logs beside val_loss (as val_<name> in metrics.jsonl)."""
+    pipeline_tag: str
+    """The Hub's pipeline_tag of the saved model (its model card)."""
+    pipeline: Optional[str]
+    """The `transformers.pipeline` task that runs the saved model (None: transformers 5 has none for it;
+    it removed text2text-generation, so a seq2seq model runs with `generate`)."""
+    labels: bool = False
+    """The training data defines a label set: num_labels, id2label and label2id of the model config."""
+    head: bool = False
+    """The task puts a new head on a pretrained body (a classifier): newly initialised weights there are
+    expected, and under an adapter the head trains fully (peft's modules_to_save)."""
+    packing: bool = False
+    """Several samples may share a row (causal attention with a block-diagonal mask)."""
+    generates: bool = False
+    """The model writes text: `ditty generate` and generation-based metrics (exact match) apply."""
+    token_rows: bool = False
+    """Batches are the causal-LM token rows of ditty.data (TokenDataMode); otherwise a task collator."""
+
+    @property
+    def peft_auto_class(self) -> Optional[str]:
+        """peft's Auto class that loads a saved adapter of this task (`AutoPeftModelFor...`), when peft
+        has one (not for masked LM: there the task's transformers Auto class loads base and adapter)."""
+        name = "AutoPeftModel" + self.auto_class.removeprefix("AutoModel")
+        return name if self.peft_task_type else None
+
+
+TASKS: dict[str, ModelTask] = {
+    task.name: task
+    for task in (
+        ModelTask(
+            name="causal-lm",
+            noun="a causal LM",
+            auto_class="AutoModelForCausalLM",
+            auto_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+            peft_task_type="CAUSAL_LM",
+            data_formats=("prompt_completion", "text", "chat"),
+            loss="ditty.loss:CausalLMLoss",
+            metrics=("perplexity", "exact_match"),
+            pipeline_tag="text-generation",
+            pipeline="text-generation",
+            packing=True,
+            generates=True,
+            token_rows=True,
+        ),
+        ModelTask(
+            name="seq-classification",
+            noun="a sequence classifier",
+            auto_class="AutoModelForSequenceClassification",
+            auto_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+            peft_task_type="SEQ_CLS",
+            data_formats=("classification",),
+            loss="ditty.task_losses:LabelCrossEntropyLoss",
+            metrics=("accuracy", "f1"),
+            pipeline_tag="text-classification",
+            pipeline="text-classification",
+            labels=True,
+            head=True,
+        ),
+        ModelTask(
+            name="token-classification",
+            noun="a token classifier",
+            auto_class="AutoModelForTokenClassification",
+            auto_mapping="MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+            peft_task_type="TOKEN_CLS",
+            data_formats=("token_classification",),
+            loss="ditty.task_losses:LabelCrossEntropyLoss",
+            metrics=("accuracy", "f1"),
+            pipeline_tag="token-classification",
+            pipeline="token-classification",
+            labels=True,
+            head=True,
+        ),
+        ModelTask(
+            name="seq2seq",
+            noun="an encoder-decoder (seq2seq) model",
+            auto_class="AutoModelForSeq2SeqLM",
+            auto_mapping="MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+            peft_task_type="SEQ_2_SEQ_LM",
+            data_formats=("seq2seq",),
+            loss="ditty.task_losses:LabelCrossEntropyLoss",
+            metrics=("exact_match",),
+            pipeline_tag="text2text-generation",
+            pipeline=None,
+            generates=True,
+        ),
+        ModelTask(
+            name="masked-lm",
+            noun="a masked LM",
+            auto_class="AutoModelForMaskedLM",
+            auto_mapping="MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+            peft_task_type=None,  # peft has no masked-LM task type: a plain PeftModel
+            data_formats=("masked_lm",),
+            loss="ditty.task_losses:LabelCrossEntropyLoss",
+            metrics=("perplexity",),
+            pipeline_tag="fill-mask",
+            pipeline="fill-mask",
+        ),
+    )
+}
+
+DEFAULT_TASK = "causal-lm"
+
+
+def model_task(name: str) -> ModelTask:
+    """The table entry of `[model] task` (the compiler has checked the name; the Literal type too)."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise RecipeError.single(
+            f"unknown model task {name!r}", key="model.task", fix=f"use one of {', '.join(TASKS)}"
+        ) from None
+
+
+def task_of_format(data_format: str) -> Optional[ModelTask]:
+    """The task whose own format `data_format` is (None for a format of several tasks or none)."""
+    owners = [task for task in TASKS.values() if task.data_formats[0] == data_format]
+    return owners[0] if len(owners) == 1 else None
+
+
+def transformers_class(task: ModelTask):
+    """The transformers Auto class object (imports transformers)."""
+    import transformers
+
+    return getattr(transformers, task.auto_class)
