@@ -42,9 +42,14 @@ class ModelOptimizerState:
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load weights and optimizer state. The optimizer's hyperparameters (lr, betas, eps, weight
+        decay, momentum: everything in a param group but its parameters) stay the ones it was built
+        with, from the recipe: loading would otherwise bring back the saved ones, and a resumed run
+        whose recipe changed them would silently train with the old values."""
         if self.optimizer is None:
             set_model_state_dict(self.model, state_dict["model"], options=self.options)
             return
+        built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         set_state_dict(
             self.model,
             self.optimizer,
@@ -52,3 +57,5 @@ class ModelOptimizerState:
             optim_state_dict=state_dict["optim"],
             options=self.options,
         )
+        for group, values in zip(self.optimizer.param_groups, built):
+            group.update(values)

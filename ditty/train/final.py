@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -44,7 +45,9 @@ def check_output_dir(path: str) -> None:
             key="run.output_dir",
             fix="choose another run.output_dir",
         )
-    if os.listdir(path) and not is_ditty_run(path):
+    from ditty.checkpoint.lock import LOCK_FILE  # reliability: run.lock alone (a run killed at its start) is ours
+
+    if [name for name in os.listdir(path) if name != LOCK_FILE] and not is_ditty_run(path):
         raise RecipeError.single(
             f"{path!r} already holds files that are not a ditty run; ditty will not overwrite them",
             key="run.output_dir",
@@ -136,6 +139,9 @@ def save_final(
             )
         else:
             save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
+    from ditty.checkpoint.manifest import describe_all  # reliability: final/manifest.json, verified on read
+
+    describe_all(Path(partial))
     old = final + ".old"
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)

@@ -24,6 +24,8 @@ import torch
 from ditty._utils.dist import is_main_process
 from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
+from ditty.checkpoint.disk import write_errors_reported
+from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, is_generic, to_device
 from ditty.metrics import Progress, plot_run
@@ -33,7 +35,7 @@ from ditty.train import checkpointing, deepspeed_engine, distributed
 from ditty.train.builders import Builders
 from ditty.train.components import RuntimeComponents
 from ditty.train.evaluate import eval_batches, validation_loss
-from ditty.train.final import save_final, unwrap_model
+from ditty.train.final import check_output_dir, save_final, unwrap_model
 from ditty.train.pipeline import run_pipeline
 from ditty.train.speed import apply_speedups
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
@@ -61,6 +63,10 @@ class Trainer(Builders):
         self.device = self.build_device()
         self.build_threads()
         self.build_seed()
+        # reliability: one writer per run directory (ditty.checkpoint.lock), taken before anything in it is
+        # read or written, and never inside a directory of someone else's files; a killed save's leftovers go.
+        check_output_dir(config.run.output_dir)
+        self.run_lock = hold_run_dir(config.run.output_dir)
         # Cheap, so a refused or finished run fails (or stops) before any weights load or file is written.
         self.resume = checkpointing.plan_resume(config, self.trainer_ref())
         if self.resume.finished:
@@ -229,6 +235,8 @@ class Trainer(Builders):
 
     def check_skips(self, out: StepOutput) -> None:
         """Count consecutive skipped steps; too many stop the run with a clear error."""
+        # reliability: no checkpoint during a streak of skipped steps (ditty.checkpoint.finite)
+        self.checkpointer.manager.finite.observe(self.state.step, out.skipped, self.checkpointer.last_saved_step)
         if not out.skipped:
             self.state.consecutive_skips = 0
             return
@@ -246,6 +254,7 @@ class Trainer(Builders):
             raise NonFiniteLossError(
                 f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
                 f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
+                f"{self.checkpointer.manager.finite.last_good(self.run_dir)}. "  # reliability
                 f'Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "fp32". '
                 f"Files already in {self.config.run.output_dir} are kept; no final model was written."
             )
@@ -282,6 +291,8 @@ class Trainer(Builders):
         record.update(tokens=self.state.tokens, **interval)
         record.update({k: v for k, v in out.metrics.items() if k != "lr"})
         record.update(distributed.memory_record(self))
+        if getattr(self.data, "skipped_rows", 0):  # reliability: bad data rows left out (data.on_bad_rows = "skip")
+            record["skipped_rows"] = self.data.skipped_rows
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record
@@ -303,27 +314,42 @@ class Trainer(Builders):
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
         every, push = self.config.checkpoint.every, self.config.hub.push
+        finite = self.checkpointer.manager.finite  # reliability: saves wait for a finite step
         if not final:
-            if every and self.state.step % every == 0 and self.state.step != self.checkpointer.last_saved_step:
+            due = bool(every) and self.state.step % every == 0
+            if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save()
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
                     checkpointing.push_checkpoint_snapshot(self)
             return None
+        # reliability: the last checkpoint first, and final/ only once it is safe on disk (a failed
+        # final/ write then loses nothing: a rerun resumes at the last step and writes final/ again).
+        # The last step, when it was skipped as non-finite, gets no checkpoint (the weights are those
+        # of the last finite step, which final/ holds).
+        if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
+            self.checkpointer.save()
+        self.checkpointer.manager.wait()
         path = None
         full = distributed.full_state_dict(self.model)  # FSDP: gathered on every rank, kept on rank 0 (CPU)
         if is_main_process():
-            path = save_final(
-                self.model,
-                self.tokenizer,
+            final_dir = os.path.join(self.run_dir, "final")
+            with write_errors_reported(
                 self.run_dir,
-                merged=self.config.checkpoint.final_format == "merged",
-                state_dict=full,
-            )
+                0,
+                what="final/",
+                kept=self.checkpointer.manager.describe_kept(),
+                cleanup=final_dir + ".partial",
+            ):
+                path = save_final(
+                    self.model,
+                    self.tokenizer,
+                    self.run_dir,
+                    merged=self.config.checkpoint.final_format == "merged",
+                    state_dict=full,
+                )
         del full
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()  # nobody reads final/ before it is complete
-        if self.state.step != self.checkpointer.last_saved_step:
-            self.checkpointer.save()
         path = path or os.path.join(self.run_dir, "final")
         if push in ("end", "checkpoints"):
             checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
@@ -331,7 +357,8 @@ class Trainer(Builders):
 
     def preempt(self) -> TrainResult:
         """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
-        if self.state.step != self.checkpointer.last_saved_step:
+        # reliability: a step inside a non-finite streak is not saved; the newest checkpoint stays the resume point
+        if self.state.step != self.checkpointer.last_saved_step and self.checkpointer.manager.finite.save_now(True):
             self.checkpointer.save()
         self.checkpointer.manager.wait()
         signum = self.checkpointer.stop_signal
@@ -343,6 +370,7 @@ class Trainer(Builders):
 
     def finished(self) -> TrainResult:
         """`resume = "auto"` on a finished run: report it, touch nothing."""
+        self.run_lock.release()  # reliability
         final = os.path.join(self.config.run.output_dir, "final")
         if is_main_process():
             print(
@@ -366,6 +394,7 @@ class Trainer(Builders):
         finally:
             self.progress.close()
             self.logger.close()
+            self.run_lock.release()  # reliability: the run directory is free for the next run
         if is_main_process() and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
             try:
                 plot_run(self.run_dir)
@@ -388,6 +417,8 @@ class Trainer(Builders):
             return
         shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
         print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        if getattr(self.data, "skipped_rows", 0):  # reliability
+            print(f'skipped {self.data.skipped_rows} bad data rows (data.on_bad_rows = "skip")')
         print(f"model saved to {result.final_dir}")
 
     # ------------------------------------------------------------------ small helpers

@@ -163,7 +163,13 @@ def test_sidecar_is_plain_json_and_bad_fields_are_refused(tmp_path):
     doc = json.loads((path / "ditty_state.json").read_text())
     assert doc["recipe"].startswith("[train]")
     assert doc["non_tensor_state"]['["train", "optim", "param_groups", 0, "lr"]'] == 1e-2 / 2
-    assert sorted(p.name for p in path.iterdir()) == [".metadata", "COMPLETE", "__0_0.distcp", "ditty_state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        ".metadata",
+        "COMPLETE",
+        "__0_0.distcp",
+        "ditty_state.json",
+        "manifest.json",
+    ]
 
 
 def test_find_checkpoint_accepts_run_dir_checkpoints_dir_and_step_dir(tmp_path):
