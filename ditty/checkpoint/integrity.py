@@ -40,8 +40,13 @@ def _verified_key(path: Path) -> Optional[tuple[str, int, int]]:
 
 
 def is_verified(path: Path) -> bool:
+    """Whether `path` was just found intact by this process; a one-time pass (the next call is
+    False again), so a checkpoint damaged after its check is caught at its next load."""
     key = _verified_key(path)
-    return key is not None and key in _verified
+    if key is None or key not in _verified:
+        return False
+    _verified.discard(key)
+    return True
 
 
 def _group_info(group) -> tuple[int, int, object]:
@@ -213,3 +218,21 @@ def step_of_found(path: Path) -> int:
     from .layout import step_of
 
     return step_of(path) or 0
+
+
+def check_model_dir(path: str | Path) -> None:
+    """RecipeError when a saved model directory (`final/`, written with a manifest) is damaged.
+
+    A directory without a manifest (written by an older ditty, or by hand) is not checked."""
+    path = Path(path)
+    try:
+        problems = manifest.verify(path)
+    except manifest.ManifestError as error:
+        problems = [str(error)]
+    if problems:
+        run_dir = path.parent if path.name == "final" else path
+        raise RecipeError.single(
+            f"{path} is damaged: " + "; ".join(problems),
+            fix=f"write it again from the run's last checkpoint: ditty export {run_dir} -o NEW_DIR "
+            "(or rerun the recipe: it resumes at the last step and writes final/ again once this one is moved away)",
+        )

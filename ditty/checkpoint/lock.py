@@ -17,6 +17,7 @@ filesystems Linux implements `flock` with the server's byte-range locks (NFS sin
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -27,7 +28,7 @@ import shutil
 import socket
 import weakref
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from ditty._utils.dist import is_main_process
 from ditty.config.errors import RecipeError
@@ -50,37 +51,58 @@ class RunLock:
         self.fd = fd
         self.created_dir = created_dir
         self.users = 1
-        self._finalizer = weakref.finalize(self, _close, fd)
+        # Garbage collection or interpreter exit releases a lock nobody released (a trainer whose
+        # construction failed): the file goes too, so the directory looks untouched.
+        self._finalizer = weakref.finalize(self, _close, fd, run_dir / LOCK_FILE)
 
     @property
     def held(self) -> bool:
         return self.fd is not None
 
-    def release(self) -> None:
-        """Give the lock up (idempotent per holder). The file is removed first, while still locked,
-        so a waiting process can never lock a file that is about to disappear."""
+    def release(self, *, all_users: bool = False) -> None:
+        """Give the lock up (once per `acquire`, or at once with `all_users`). The file is removed
+        while still locked, so a waiting process can never lock a file that is about to go."""
         if self.fd is None:
             return
-        self.users -= 1
+        self.users = 0 if all_users else self.users - 1
         if self.users > 0:
             return
         _held.pop(str(self.run_dir), None)
+        self._finalizer()
+        self.fd = None
         try:
-            (self.run_dir / LOCK_FILE).unlink(missing_ok=True)
             if self.created_dir and not any(self.run_dir.iterdir()):
                 self.run_dir.rmdir()  # a run that failed before writing anything leaves no empty directory
         except OSError:
             pass
-        self._finalizer()
-        self.fd = None
 
 
-def _close(fd: Optional[int]) -> None:
-    if fd is not None:
-        try:
-            os.close(fd)  # closing the last descriptor of the open file releases the flock
-        except OSError:
-            pass
+def _close(fd: Optional[int], path: Path) -> None:
+    if fd is None:
+        return
+    try:
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            path.unlink()
+    except OSError:
+        pass
+    try:
+        os.close(fd)  # closing the last descriptor of the open file releases the flock
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def run_lock_scope() -> Iterator[None]:
+    """Release, when the block ends however it ends, every run lock taken inside it (a trainer that
+    failed while it was being built never reaches the `close` that would release it)."""
+    before = set(_held)
+    try:
+        yield
+    finally:
+        for key in set(_held) - before:
+            lock = _held.get(key)
+            if lock is not None:
+                lock.release(all_users=True)
 
 
 def holder(run_dir: Path) -> str:
