@@ -73,7 +73,7 @@ def check_row(row: Any, fields: Mapping[str, str]) -> Optional[str]:
         if value is None:
             return f"{name!r} is null"
         if kind == TEXT and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-            return f"{name!r} is a {_json_type(value)}, not text"
+            return f"{name!r} is {_a(_json_type(value))}, not text"
         if kind == MESSAGES:
             problem = _messages_problem(value)
             if problem:
@@ -83,17 +83,21 @@ def check_row(row: Any, fields: Mapping[str, str]) -> Optional[str]:
 
 def _messages_problem(value: Any) -> Optional[str]:
     if not isinstance(value, list):
-        return f"is a {_json_type(value)}, not a list of messages"
+        return f"is {_a(_json_type(value))}, not a list of messages"
     if not value:
         return "is an empty list of messages"
     for index, message in enumerate(value):
         if not isinstance(message, dict):
-            return f"message {index} is a {_json_type(message)}, not an object"
+            return f"message {index} is {_a(_json_type(message))}, not an object"
         if not isinstance(message.get("role"), str):
             return f"message {index} has no text 'role'"
         if "content" not in message:
             return f"message {index} has no 'content'"
     return None
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _json_type(value: Any) -> str:
@@ -210,7 +214,7 @@ def _type_change(row: dict, types: dict[str, tuple[str, int]], number: int) -> O
         if first is None:
             types[name] = (kind, number)
         elif first[0] != kind:
-            return f"{name!r} is a {kind} here but a {first[0]} on line {first[1]} (a column keeps one type)"
+            return f"{name!r} is {_a(kind)} here but {_a(first[0])} on line {first[1]} (a column keeps one type)"
     return None
 
 
