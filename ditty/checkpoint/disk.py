@@ -106,8 +106,11 @@ def _os_errors(error: BaseException) -> Iterator[OSError]:
             yield item
         stack += [item.__cause__, item.__context__]
         failures = getattr(item, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):
-            stack += [f for f in failures.values() if isinstance(f, BaseException)]
+        if isinstance(failures, dict):  # rank -> the exception, or (exception, its stack summary)
+            for failure in failures.values():
+                failure = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(failure, BaseException):
+                    stack.append(failure)
         stack += [a for a in getattr(item, "args", ()) if isinstance(a, BaseException)]
 
 
@@ -144,9 +147,11 @@ def write_errors_reported(
     """Turn a failed write inside the block into a CheckpointSaveError; remove `cleanup` first."""
     try:
         yield
-    except CheckpointSaveError:
+    except (CheckpointSaveError, KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
-    except Exception as error:  # noqa: BLE001 - classified below; anything else is raised unchanged
+    # BaseException: torch.distributed.checkpoint's CheckpointException, which carries every rank's
+    # error, derives from BaseException, not Exception.
+    except BaseException as error:  # noqa: BLE001 - classified below; anything else is raised unchanged
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
         explained = explain_write_error(error, root, needed, what=what, kept=kept)

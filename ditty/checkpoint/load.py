@@ -16,6 +16,7 @@ from typing import Any, Mapping, MutableMapping
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ditty.config.errors import RecipeError
@@ -92,7 +93,7 @@ def load_checkpoint(
     tensors, _ = state_tree.split(templates)
     try:
         dcp.load(tensors, storage_reader=SafeFileSystemReader(path), process_group=process_group)
-    except Exception as error:  # noqa: BLE001 - DCP wraps every rank's failure; the user needs one line
+    except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP wraps every rank's failure; say it in a line
         raise RecipeError.single(
             f"checkpoint {path} could not be loaded into the model the recipe builds: {_condensed(error)}",
             key="checkpoint.resume",

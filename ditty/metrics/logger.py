@@ -18,6 +18,7 @@ import os
 from typing import Any, Optional, Protocol
 
 from ditty._utils.dist import is_main_process
+from ditty._utils.errors import RunFailure
 from ditty.config.sections import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -56,9 +57,15 @@ class JsonlSink:
         data = (line + "\n").encode("utf-8")
         # O_APPEND places the whole buffer at the end in one system call; a short write (a full disk,
         # a signal) is finished by further calls, which is the best a file can do.
-        while data:
-            written = os.write(self._fd, data)
-            data = data[written:]
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+        except OSError as error:  # a full disk, most often: say so rather than print a traceback
+            raise RunFailure(
+                f"could not write {self.path}: {error.strerror}; the checkpoints already saved are intact: "
+                "free some space, then run the same command again to resume"
+            ) from None
 
     def close(self) -> None:
         if self._fd is not None:
