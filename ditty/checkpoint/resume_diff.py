@@ -31,6 +31,10 @@ _EFFECTS: tuple[tuple[str, str], ...] = (
     ("model.", "the saved weights are loaded into the model the recipe builds: a changed shape fails to load"),
     ("peft.", "the saved adapter weights are loaded into the adapter the recipe builds: a changed shape fails to load"),
     ("quant.", "the saved weights are loaded into the model the recipe builds: a changed shape fails to load"),
+    (
+        "run.seed",
+        "the saved random state is restored; the data order follows the new seed unless data.shuffle_seed is set",
+    ),
     ("parallel.", "the checkpoint is resharded for the new layout when it loads"),
 )
 

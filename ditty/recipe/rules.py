@@ -314,6 +314,8 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),
     "train.compile_scope": ("train.compile", {True}),
     "data.group_by_length": ("data.packing", {False}),
+    "data.on_bad_rows": ("data.source", {"file", "hub"}),
+    "data.max_row_bytes": ("data.source", {"file"}),
     "model.architecture": ("model.resolved_init", {"random"}),
     "model.config": ("model.resolved_init", {"random"}),
     "fp8.backend": ("fp8.enabled", {True}),
