@@ -232,7 +232,11 @@ class Checkpointer:
         t = self.trainer
         if self.engine is not None:
             return {}  # the engine's own files hold model and optimizer (see save)
-        return {"train": ModelOptimizerState(t.model, t.optimizer, trainable_only=t.config.peft.kind != "none")}
+        # reliability: keep_hyperparameters, so a resumed run trains with the recipe's lr, betas, eps, ...
+        state = ModelOptimizerState(
+            t.model, t.optimizer, trainable_only=t.config.peft.kind != "none", keep_hyperparameters=True
+        )
+        return {"train": state}
 
     def sidecar(self) -> dict:
         t = self.trainer
