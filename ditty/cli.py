@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ditty._utils.dist import record_failure, record_user_error
+from ditty._utils.dist import record_failure, record_stop, record_user_error
+from ditty._utils.errors import RunFailure
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2
         print(error.format(), file=sys.stderr)
         return 2
+    except RunFailure as failure:  # the run stopped for a reason its message explains: no traceback
+        record_failure(failure)
+        print(f"error: {failure}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -181,6 +186,10 @@ def _help_schema(args: list[str]) -> type:
 
 
 def cmd_run(args: list[str]) -> int:
+    if "LOCAL_RANK" in os.environ:  # a torchrun worker: stop (and save) when the launcher dies
+        from ditty.parallel.launch import die_with_launcher
+
+        die_with_launcher()
     if any(a in ("-h", "--help") for a in args):
         return _print_help(_help_schema(args), "ditty run RECIPE")
     launch_options, args = _launch_options(args)
@@ -207,7 +216,10 @@ def cmd_run(args: list[str]) -> int:
 
     result = run_training(loaded, plan)
     # Preempted (SIGTERM/SIGINT) after saving a checkpoint: the shell's convention, 128 + signal.
-    return 128 + result.stopped_by if result.stopped_by else 0
+    if result.stopped_by:
+        record_stop(f"stopped by signal {result.stopped_by} after step {result.steps}")
+        return 128 + result.stopped_by
+    return 0
 
 
 def cmd_check(args: list[str]) -> int:
@@ -334,9 +346,12 @@ def cmd_plot(args: list[str]) -> int:
     run_dir = Path(args[0])
     if not (run_dir / "metrics.jsonl").is_file():
         raise RecipeError.single(f"{run_dir} holds no metrics.jsonl", fix="name the output_dir of a ditty run")
+    from ditty.metrics.logger import load_metrics
     from ditty.metrics.plot import plot_run
 
-    print(f"wrote {plot_run(run_dir)}")
+    records, skipped = load_metrics(str(run_dir))
+    note = f" (skipped {skipped} unreadable line{'s' if skipped != 1 else ''} of metrics.jsonl)" if skipped else ""
+    print(f"wrote {plot_run(str(run_dir), records=records)}{note}")
     return 0
 
 

@@ -21,6 +21,9 @@ CASES = {
     "negative_steps": ["check", "tests/config/bad_recipes/negative_steps.toml"],
     "wrong_kind": ["check", "tests/config/bad_recipes/wrong_kind.toml"],
     "invalid_syntax": ["check", "tests/config/bad_recipes/invalid_syntax.toml"],
+    "duplicate_key": ["check", "tests/config/bad_recipes/duplicate_key.toml"],
+    "invalid_key": ["check", "tests/config/bad_recipes/invalid_key.toml"],
+    "non_finite": ["check", "tests/config/bad_recipes/non_finite.toml"],
     "missing_file": ["check", "tests/config/bad_recipes/does_not_exist.toml"],
     "bad_flags": [
         "check",

@@ -1,4 +1,4 @@
-"""Writing a directory all at once: into a hidden `.NAME.partial` beside it, then one rename.
+"""Writing a directory all at once: into `NAME.partial` beside it, then one rename.
 
 A crash mid-write leaves the partial directory (removed on the next attempt), never a half-written
 directory under the final name, and an earlier complete directory stays where it was until the new
@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Iterator
 
 
+def partial_path(target: str | os.PathLike) -> Path:
+    """Where `target` is written before the rename (ditty.checkpoint.lock removes a killed write's)."""
+    return Path(f"{target}.partial")
+
+
+def old_path(target: str | os.PathLike) -> Path:
+    """Where a replaced `target` waits between the two renames (put back if a kill came between them)."""
+    return Path(f"{target}.old")
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Path]:
     """Yield the partial directory to write into; on success it becomes `target`.
@@ -23,7 +33,7 @@ def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Pa
     has is ever overwritten). On an error the partial directory is removed and `target` untouched.
     """
     target = Path(target)
-    partial = target.parent / f".{target.name}.partial"
+    partial = partial_path(target)
     shutil.rmtree(partial, ignore_errors=True)  # a write that died earlier
     partial.mkdir(parents=True)
     try:
@@ -31,7 +41,7 @@ def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Pa
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    old = target.parent / f".{target.name}.old"
+    old = old_path(target)
     if target.exists():
         if replace:
             shutil.rmtree(old, ignore_errors=True)

@@ -42,6 +42,14 @@ def record_user_error(message: str) -> None:
         _leave(f"rank-{rank()}.txt", message)
 
 
+STOP_FILE = "stopped-{rank}.txt"
+
+
+def record_stop(message: str) -> None:
+    """Leave word that this worker stopped on a signal after saving (the launcher then says no more)."""
+    _leave(STOP_FILE.format(rank=rank()), message)
+
+
 def record_failure(error: BaseException) -> None:
     """Leave when and how this worker crashed (call in the top-level except, then re-raise)."""
     import time

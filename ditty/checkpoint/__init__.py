@@ -6,7 +6,9 @@ generators; `ditty.checkpoint.hub` (imported on its own, it pulls in huggingface
 finished model and writes its card.
 """
 
-from .manager import CheckpointManager, find_checkpoint, latest_complete, load_checkpoint
+from .integrity import find_intact
+from .load import find_checkpoint, latest_complete, load_checkpoint
+from .manager import CheckpointManager
 from .sidecar import read as read_sidecar
 from .stateful import ModelOptimizerState
 
@@ -14,6 +16,7 @@ __all__ = [
     "CheckpointManager",
     "ModelOptimizerState",
     "find_checkpoint",
+    "find_intact",
     "latest_complete",
     "load_checkpoint",
     "read_sidecar",

@@ -6,10 +6,16 @@ One save, in order (the layout and the rule for "complete" are in `layout.py`):
 2. rank 0 clears `.tmp-step-N`; a tiny all-reduce makes sure no rank writes before that;
 3. every rank writes its shards with DCP into `.tmp-step-N` (async: after a CPU copy is taken,
    in a background thread); DCP's coordinator writes `.metadata` once every rank's shards are in;
-4. a barrier, then rank 0 alone writes the sidecar, then `COMPLETE`, renames the directory to
-   `step-N`, rewrites `checkpoints/latest`, and prunes; a last barrier, so no rank returns (or
-   exits) before the checkpoint is visible. A single renaming rank is what keeps this correct on
-   several nodes sharing one filesystem; every-rank renames race.
+4. a barrier; every rank hashes the files it wrote (`manifest.py`) and the descriptions are
+   gathered to rank 0, which alone writes the sidecar, then `manifest.json`, then `COMPLETE`,
+   renames the directory to `step-N`, rewrites `checkpoints/latest`, and prunes; a last barrier,
+   so no rank returns (or exits) before the checkpoint is visible. A single renaming rank is what
+   keeps this correct on several nodes sharing one filesystem; every-rank renames race.
+
+Before step 2, rank 0 checks that the filesystem has room for the save (`disk.py`); a save that
+fails while writing removes its partial files and raises a `CheckpointSaveError` that says "no
+space left on DEVICE" or the operating system's error. Loading verifies the manifest first
+(`integrity.py`), so damaged bytes never reach a model.
 
 Sharing assumption: all ranks see the same filesystem under RUN_DIR (as DCP's FileSystemWriter
 does). A failure at any point leaves at most a `.tmp-step-N` dir, never a `step-N` that looks
@@ -21,23 +27,21 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import pickle
-import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.stateful import Stateful
 
 from ditty.config.errors import RecipeError
 
-from . import comm, rng
+from . import comm, disk, manifest, rng
 from . import sidecar as sidecar_file
 from . import tree as state_tree
+from .finite import FiniteStepGate
 from .layout import (
     CHECKPOINTS,
     LATEST,
@@ -50,123 +54,16 @@ from .layout import (
     remove_stale,
     step_dirs,
     step_name,
-    tmp_dirs,
     tmp_name,
     write_text_atomic,
 )
-from .safe_reader import SafeFileSystemReader, read_tensor_metadata
+from .load import AppState, _state_dicts, latest_complete, load_checkpoint, newest_complete
+
+# Re-exported: callers import them from here as well as from the package.
+__all__ = ["CheckpointManager", "find_checkpoint", "latest_complete", "load_checkpoint"]
+from .load import find_checkpoint  # noqa: E402
 
 log = logging.getLogger(__name__)
-
-# DCP warns on every save and load without a process group that it "assumes a single process";
-# that is exactly ditty's single-process case, so the warning only adds noise to every checkpoint.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-AppState = Mapping[str, Any]
-"""Name -> a `Stateful` (`ModelOptimizerState`, a module) or a dict of tensors."""
-
-
-def _state_dicts(app_state: AppState) -> dict[str, Any]:
-    out = {}
-    for key, value in app_state.items():
-        if isinstance(value, Stateful):
-            out[key] = value.state_dict()
-        elif isinstance(value, Mapping):
-            out[key] = value
-        else:
-            raise TypeError(
-                f"app_state[{key!r}] is a {type(value).__name__}; give a Stateful "
-                f"(state_dict/load_state_dict) or a dict of tensors"
-            )
-    return out
-
-
-def load_checkpoint(
-    path: str | os.PathLike, app_state: AppState, *, process_group: torch.distributed.ProcessGroup | None = None
-) -> dict[str, Any]:
-    """Load a complete checkpoint into `app_state` in place; return its parsed sidecar.
-
-    Collective when a process group is up. Entries of the checkpoint that `app_state` does not name
-    are not read (so an export can load the model alone). DCP reshards on the way in: the shards
-    were cut for the saving world size, the reads are cut for this one.
-    """
-    path = Path(path)
-    if not is_complete(path):
-        missing = [n for n in (METADATA, SIDECAR, MARKER) if not (path / n).is_file()]
-        raise RecipeError.single(
-            f"{path} is not a complete ditty checkpoint (missing {', '.join(missing)})",
-            key="checkpoint.resume",
-            fix='point at a checkpoints/step-N directory that holds COMPLETE, or use resume = "auto" '
-            "to take the newest complete checkpoint of the run",
-        )
-    try:
-        # Checked here as well as in the reader, so the user sees this message rather than DCP's
-        # wrapped traceback; a foreign or tampered checkpoint is a user error, not a crash.
-        read_tensor_metadata(path / METADATA)
-        doc = sidecar_file.read(path)
-    except (pickle.UnpicklingError, ValueError) as e:
-        raise RecipeError.single(
-            f"cannot use checkpoint {path}: {e}",
-            key="checkpoint.resume",
-            fix="resume from a checkpoint written by ditty",
-        ) from None
-    templates = _state_dicts(app_state)
-    tensors, _ = state_tree.split(templates)
-    dcp.load(tensors, storage_reader=SafeFileSystemReader(path), process_group=process_group)
-
-    extras = doc.get("non_tensor_state", {})
-    used: set[str] = set()
-    for key, value in app_state.items():
-        merged = state_tree.merge(templates[key], extras, (key,), used)
-        if isinstance(value, Stateful):
-            value.load_state_dict(merged)
-        elif isinstance(value, MutableMapping):
-            value.update(merged)
-    unused = [k for k in extras if k not in used and any(k.startswith(f'["{name}"') for name in app_state)]
-    if unused:
-        log.warning(
-            "checkpoint %s holds values the current state has no place for (ignored): %s",
-            path,
-            ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""),
-        )
-    return doc
-
-
-def latest_complete(root: Path, *, in_flight: int | None = None) -> Path | None:
-    """The newest complete `step-N` under `root` (a `checkpoints/` dir), or None.
-
-    Scans the directories rather than trusting `latest`: that file is for people and tools, and a
-    crash between the rename and its rewrite would leave it one checkpoint behind.
-    """
-    for step, path in step_dirs(root):
-        if is_complete(path):
-            for t_step, t_path in tmp_dirs(root):
-                if t_step > step and t_step != in_flight:
-                    log.warning("ignoring %s: the save of step %d did not finish", t_path.name, t_step)
-            return path
-        missing = [n for n in (METADATA, SIDECAR, MARKER) if not (path / n).is_file()]
-        log.warning("skipping incomplete checkpoint %s (missing %s)", path, ", ".join(missing))
-    return None
-
-
-def find_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint.resume") -> Path:
-    """Resolve what a user may name (`checkpoint.resume = PATH`, `ditty export RUN_OR_CHECKPOINT`):
-    a `step-N` directory, a run's `checkpoints/` directory, or a run directory. `key`: the recipe key
-    the path came from, for the error ("" for a command-line argument)."""
-    path = Path(path)
-    if is_complete(path):
-        return path
-    for root in (path / CHECKPOINTS, path):
-        if root.is_dir() and step_dirs(root):
-            found = latest_complete(root)
-            if found is not None:
-                return found
-    raise RecipeError.single(
-        f"no complete checkpoint at {path}",
-        key=key,
-        fix="name a run directory, its checkpoints/ directory, or a checkpoints/step-N directory "
-        "that holds COMPLETE (an interrupted save leaves none)",
-    )
 
 
 class CheckpointManager:
@@ -192,6 +89,9 @@ class CheckpointManager:
         self._pending: Future | None = None
         self._pending_step: int | None = None
         self._closed = False
+        self._protected: int | None = None
+        self.finite = FiniteStepGate(self)
+        """Keeps saves away from non-finite steps (the trainer asks it before each save)."""
         # A pending background save also finishes at interpreter exit without this (the worker
         # thread is joined), but errors would go unreported; this hook logs them.
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -223,7 +123,11 @@ class CheckpointManager:
         self.wait()
         step = int(step)
         tensors, non_tensor = state_tree.split(_state_dicts(app_state))
-        rng_by_rank = comm.all_gather_json(rng.capture(), self._group)
+        gathered = comm.all_gather_json(
+            {"rng": rng.capture(), "bytes": _bytes_written_by(tensors, self._rank)}, self._group
+        )
+        rng_by_rank = [g["rng"] for g in gathered]
+        needed = max(sum(g["bytes"] for g in gathered), self._last_size())
         # Every rank builds (and so validates) the sidecar: a bad field raises on all ranks alike
         # instead of leaving the others waiting in the next collective.
         text = sidecar_file.build(
@@ -236,14 +140,23 @@ class CheckpointManager:
                 self.root.mkdir(parents=True, exist_ok=True)
                 if tmp.exists():
                     remove_dir(tmp)  # a save of this step that died earlier
+                disk.check_free_space(
+                    self.root, needed, what=f"checkpoint {step_name(step)}", kept=self.describe_kept()
+                )
                 tmp.mkdir()
-            except OSError as e:
+            except disk.CheckpointSaveError as e:
                 error = e
+            except OSError as e:
+                error = disk.explain_write_error(
+                    e, self.root, needed, what=f"checkpoint {step_name(step)}", kept=self.describe_kept()
+                )
         if not comm.all_ok(error is None, self._group):
-            raise error or RuntimeError(f"rank 0 could not create {tmp}; see its log")
+            raise error or disk.CheckpointSaveError(
+                f"rank 0 could not start checkpoint {step_name(step)}; its message says why"
+            )
 
         if self._executor is None:
-            self._write(step, tensors, text, stager=None, write_extra=write_extra)
+            self._write(step, tensors, text, stager=None, write_extra=write_extra, needed=needed)
         else:
             stager = DefaultStager(
                 StagingOptions(
@@ -254,7 +167,7 @@ class CheckpointManager:
                 )
             )
             staged = stager.stage(tensors)  # the copy that makes the next optimizer step safe
-            self._pending = self._executor.submit(self._write, step, staged, text, stager)
+            self._pending = self._executor.submit(self._write, step, staged, text, stager, None, needed)
             self._pending_step = step
         return self.root / step_name(step)
 
@@ -265,33 +178,47 @@ class CheckpointManager:
         text: str,
         stager: DefaultStager | None,
         write_extra: Callable[[Path], None] | None = None,
+        needed: int = 0,
     ) -> None:
         tmp = self.root / tmp_name(step)
+        what = f"checkpoint {step_name(step)}"
         try:
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), process_group=self._group)
-            if write_extra is not None:
-                write_extra(tmp)
-            # DCP already waits for every rank's shards before writing .metadata; this barrier
-            # makes the "all shards are in" point explicit before rank 0 commits (one all-reduce).
-            comm.all_ok(True, self._group)
-            error = None
-            if self._rank == 0:
-                try:
-                    self._commit(step, text)
-                except Exception as e:  # noqa: BLE001 - reported on every rank just below
-                    error = e
-            if not comm.all_ok(error is None, self._group):
-                raise error or RuntimeError(f"rank 0 failed to commit checkpoint {step_name(step)}; see its log")
+            # On failure rank 0 removes the partial directory (after DCP has failed on every rank, so
+            # nobody writes into it any more), and the error becomes a CheckpointSaveError.
+            with disk.write_errors_reported(
+                self.root, needed, what=what, kept=self.describe_kept(), cleanup=tmp if self._rank == 0 else None
+            ):
+                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), process_group=self._group)
+                if write_extra is not None:
+                    write_extra(tmp)
+                # DCP already waits for every rank's shards before writing .metadata; this barrier
+                # makes the "all files are in" point explicit before the files are hashed.
+                comm.all_ok(True, self._group)
+                by_rank = comm.all_gather_json(_describe_own_files(tmp, self._rank), self._group)
+                failed = [entry["__error__"] for entry in by_rank if "__error__" in entry]
+                if failed:
+                    raise disk.CheckpointSaveError(f"could not read back {what} to hash it: {failed[0]}")
+                error = None
+                if self._rank == 0:
+                    try:
+                        self._commit(step, text, by_rank)
+                    except Exception as e:  # noqa: BLE001 - reported on every rank just below
+                        error = e
+                if not comm.all_ok(error is None, self._group):
+                    raise error or disk.CheckpointSaveError(f"rank 0 could not commit {what}; its message says why")
         finally:
             if stager is not None:
                 stager.close()
 
-    def _commit(self, step: int, text: str) -> None:
+    def _commit(self, step: int, text: str, by_rank: list[dict]) -> None:
         tmp, final = self.root / tmp_name(step), self.root / step_name(step)
         if not (tmp / METADATA).is_file():
             raise RuntimeError(f"DCP returned without writing {tmp / METADATA}")
         write_text_atomic(tmp / SIDECAR, text)
-        write_text_atomic(tmp / MARKER, step_name(step) + "\n")  # only after .metadata and the sidecar
+        files = {rank: dict(entries) for rank, entries in enumerate(by_rank)}
+        files[0][SIDECAR] = manifest.hash_file(tmp / SIDECAR)
+        manifest.write(tmp, files)  # after every file it describes
+        write_text_atomic(tmp / MARKER, step_name(step) + "\n")  # only after .metadata, the sidecar and the manifest
         newer = [p.name for s, p in step_dirs(self.root) if s > step and is_complete(p)]
         if newer:
             log.warning(
@@ -310,12 +237,33 @@ class CheckpointManager:
 
     def _prune(self, keep: Path) -> None:
         if self.keep_last > 0:
-            complete = [p for _, p in step_dirs(self.root) if is_complete(p)]
+            complete = [(s, p) for s, p in step_dirs(self.root) if is_complete(p)]
             # Newest first, and `keep` (just written) is complete: the newest complete one survives.
-            for old in complete[self.keep_last :]:
-                if old != keep:
+            # The protected one (the last written before a non-finite streak) survives as well.
+            for step, old in complete[self.keep_last :]:
+                if old != keep and step != self._protected:
                     remove_dir(old)
         remove_stale(self.root, keep=keep)
+
+    def protect(self, step: int) -> None:
+        """Never prune `step` in this run (one at a time: a newer call replaces it)."""
+        self._protected = int(step)
+
+    def describe_kept(self) -> str | None:
+        """The newest complete checkpoint, in words, for messages about a failed save."""
+        found = newest_complete(self.root)
+        return f"the previous checkpoint {found}" if found is not None else None
+
+    def _last_size(self) -> int:
+        """Bytes of the newest complete checkpoint (from its manifest when it has one), or 0."""
+        found = newest_complete(self.root) if self._rank == 0 else None
+        if found is None:
+            return 0
+        try:
+            entries = manifest.read(found)
+        except manifest.ManifestError:
+            entries = None
+        return sum(e["size"] for e in entries.values()) if entries else disk.directory_bytes(found)
 
     # ---- waiting ---------------------------------------------------------------------------
 
@@ -352,6 +300,34 @@ class CheckpointManager:
     def restore_rng(self, sidecar: Mapping[str, Any]) -> bool:
         """Restore this rank's RNG from a loaded sidecar. Call last, after everything is built."""
         return rng.restore_for_rank(sidecar["rng"], self._rank)
+
+
+def _bytes_written_by(tensors: Any, rank: int) -> int:
+    """Bytes this rank's part of the save will take: its shards of sharded tensors (DTensor), and on
+    rank 0 the replicated ones (DCP writes a replicated tensor once)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    stack = [tensors]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            stack += list(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack += list(node)
+        elif isinstance(node, DTensor):
+            local = node.to_local()
+            total += local.numel() * local.element_size()
+        elif isinstance(node, torch.Tensor) and rank == 0:
+            total += node.numel() * node.element_size()
+    return total
+
+
+def _describe_own_files(directory: Path, rank: int) -> dict:
+    try:
+        return manifest.describe(directory, manifest.files_of_rank(directory, rank))
+    except OSError as error:  # every rank must reach the gather, so the failure travels in it
+        return {"__error__": f"rank {rank}: {error}"}
 
 
 def _close_at_exit(ref: "weakref.ref[CheckpointManager]") -> None:

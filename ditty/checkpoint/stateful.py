@@ -26,13 +26,23 @@ class ModelOptimizerState:
 
     trainable_only: save and load only parameters with requires_grad (an adapter's weights);
     the frozen base stays whatever it was built as, so loading is not strict about it.
+    keep_hyperparameters: loading restores the optimizer's state (moments, step counts) but leaves
+    its hyperparameters (everything in a param group but its parameters: lr, betas, eps, weight
+    decay, momentum) as the optimizer was built with them. The trainer builds its optimizer from
+    the recipe, so this makes a resumed run follow the recipe's values, not the saved ones.
     """
 
     def __init__(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, trainable_only: bool = False
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        trainable_only: bool = False,
+        keep_hyperparameters: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.keep_hyperparameters = keep_hyperparameters
         self.options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
     def state_dict(self) -> dict[str, Any]:
@@ -42,9 +52,11 @@ class ModelOptimizerState:
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load weights and optimizer state (see `keep_hyperparameters` for the param groups)."""
         if self.optimizer is None:
             set_model_state_dict(self.model, state_dict["model"], options=self.options)
             return
+        built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         set_state_dict(
             self.model,
             self.optimizer,
@@ -52,3 +64,6 @@ class ModelOptimizerState:
             optim_state_dict=state_dict["optim"],
             options=self.options,
         )
+        if self.keep_hyperparameters:
+            for group, values in zip(self.optimizer.param_groups, built):
+                group.update(values)

@@ -30,6 +30,11 @@ def _split_dotted(text: str) -> list[str]:
 @dataclass
 class LineIndex:
     lines: dict[str, int] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)
+    """Where each path was first defined (a key, a table header, or the table a dotted key opens):
+    for "set twice" messages, which name the earlier line."""
+    defined_at: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Line -> ("table" or "key", the dotted path it defines)."""
 
     def line_of(self, path: str) -> int | None:
         """The line of `path`, else of its nearest ancestor (a table header or inline table)."""
@@ -69,12 +74,19 @@ def index_lines(text: str) -> LineIndex:
                 index.lines.setdefault(name, number)
                 table = table + [str(position)]
             index.lines[".".join(table)] = number
+            index.defined_at[number] = ("table", name)
+            if header.group(1) == "[":
+                index.first.setdefault(name, number)
             continue
         key = _KEY.match(line)
         if not key:
             continue
-        path = ".".join(table + _split_dotted(key.group(1)))
+        parts = table + _split_dotted(key.group(1))
+        path = ".".join(parts)
         index.lines[path] = number
+        index.defined_at[number] = ("key", path)
+        for end in range(len(table) + 1, len(parts) + 1):  # a dotted key also opens its tables
+            index.first.setdefault(".".join(parts[:end]), number)
         value = line[key.end() :]
         for delimiter in ('"""', "'''"):
             if value.count(delimiter) == 1:

@@ -6,7 +6,6 @@ dotted key, the TOML line and a fix, and every problem in a file is reported at 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from ditty.config.lines import LineIndex, index_lines
 from ditty.config.references import import_reference, resolve_reference
 from ditty.config.root import TrainerConfig
 from ditty.config.schema import is_config_class, walk_leaves
+from ditty.config.toml_errors import explain as explain_toml_error
 
 TRAINER_KEY = "trainer"
 """Top-level key naming a Trainer subclass whose `Config` is the schema of the whole file."""
@@ -72,17 +72,8 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise RecipeError(
-            [
-                Problem(
-                    "",
-                    f"is not valid TOML: {error}",
-                    fix="check the syntax near that line",
-                    line=_line_of_decode_error(error),
-                )
-            ],
-            source=source,
-        ) from None
+        # A key set twice, or a key that breaks TOML's rules, is said in the user's words (toml_errors).
+        raise RecipeError([explain_toml_error(error, text)], source=source) from None
     if not data:
         raise RecipeError.single("the recipe is empty", fix="start from `ditty init -o recipe.toml`", source=source)
     lines = index_lines(text)
@@ -128,15 +119,6 @@ def _decode(raw: bytes | str, source: str | None) -> str:
         raise RecipeError.single(
             f"is not UTF-8 text (byte {error.start})", source=source, fix="save the recipe as UTF-8"
         ) from None
-
-
-def _line_of_decode_error(error: tomllib.TOMLDecodeError) -> int | None:
-    # Python 3.14 adds `lineno`; before that the position is only in the message.
-    line = getattr(error, "lineno", None)
-    if line is None:
-        match = re.search(r"at line (\d+)", str(error))
-        line = int(match.group(1)) if match else None
-    return line
 
 
 def _with_line(problem: Problem, lines: LineIndex) -> Problem:

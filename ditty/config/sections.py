@@ -141,6 +141,13 @@ class DataConfig:
     """Seed of the data order; defaults to `run.seed`."""
     cache_dir: Optional[str] = None
     """Where tokenized data is cached; defaults to the datasets library's cache."""
+    on_bad_rows: Literal["error", "skip"] = "error"
+    """A row that cannot be used (malformed JSON, bad encoding, a missing, null or wrongly typed field, a
+    blank line in JSON lines, a line over max_row_bytes): "error" stops with its file and line; "skip"
+    trains without it and counts it (skipped_rows in metrics.jsonl and the run summary)."""
+    max_row_bytes: int = 16_000_000
+    """Longest line (one row) of a data file, in bytes; longer lines are bad rows. Files are read in
+    pieces of at most this size, so one huge line cannot exhaust memory."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +319,9 @@ class CheckpointConfig:
     (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
     """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
+    fallback: bool = True
+    """resume = "auto": when the newest checkpoint fails verification (a changed, truncated or missing
+    file), resume from the newest intact one and say which were skipped (true), or stop with an error (false)."""
 
 
 @dataclass(frozen=True)

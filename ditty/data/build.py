@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Optional
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
 from ditty.data.formats import tokenize_dataset
-from ditty.data.sources import load_file_dataset, load_hub_dataset, progress_bars_on_main_rank
+from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, required_fields
+from ditty.data.sources import load_checked_files, load_checked_hub_dataset, progress_bars_on_main_rank
 from ditty.data.task import Task
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class DataBundle:
     """A metric beyond validation loss (built-in datasets: greedy exact match), or None."""
     seed: int
     """The data-order seed (`data.shuffle_seed`, else the run seed): give it to `BatchStream`."""
+    skipped_rows: int = 0
+    """Bad rows left out under `data.on_bad_rows = "skip"` (training and validation files together)."""
 
 
 def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
@@ -54,21 +57,31 @@ def _build(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) 
     if data.source == "builtin":
         return _build_builtin(data, tokenizer, seed)
 
+    checks = dict(
+        fields=required_fields(data),
+        on_bad_rows=getattr(data, "on_bad_rows", "error"),
+        max_row_bytes=getattr(data, "max_row_bytes", DEFAULT_MAX_ROW_BYTES),
+    )
     if data.source == "file":
-        raw = load_file_dataset(data.path, key="data.path", cache_dir=data.cache_dir)
+        raw, skipped = load_checked_files(data.path, key="data.path", cache_dir=data.cache_dir, **checks)
         source_key = "data.path"
     else:
-        raw = load_hub_dataset(data.name, split=data.split, cache_dir=data.cache_dir)
+        checks.pop("max_row_bytes")
+        raw, skipped = load_checked_hub_dataset(data.name, split=data.split, cache_dir=data.cache_dir, **checks)
         source_key = "data.name"
     train = tokenize_dataset(raw, tokenizer, data, source_key=source_key)
 
     val = None
     if data.val_path:
-        raw_val = load_file_dataset(data.val_path, key="data.val_path", cache_dir=data.cache_dir)
+        checks["max_row_bytes"] = getattr(data, "max_row_bytes", DEFAULT_MAX_ROW_BYTES)
+        raw_val, skipped_val = load_checked_files(
+            data.val_path, key="data.val_path", cache_dir=data.cache_dir, **checks
+        )
+        skipped += skipped_val
         val = tokenize_dataset(raw_val, tokenizer, data, source_key="data.val_path")
     elif data.val_fraction > 0:
         train, val = _split_off_validation(train, data.val_fraction, seed)
-    return DataBundle(train=train, val=val, task=None, seed=seed)
+    return DataBundle(train=train, val=val, task=None, seed=seed, skipped_rows=skipped)
 
 
 def _split_off_validation(dataset: "Dataset", fraction: float, seed: int) -> tuple["Dataset", "Dataset"]:

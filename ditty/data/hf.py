@@ -13,6 +13,7 @@ instead of `load_kwargs`; `load_args` are positional arguments of `datasets.load
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -65,10 +66,18 @@ class Data:
             return self._dataset
         import datasets
 
-        from ditty.data.sources import progress_bars_on_main_rank
+        from ditty.data.sources import _condensed, progress_bars_on_main_rank
 
-        with progress_bars_on_main_rank():
-            loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
+        self.check_files()
+        try:
+            with progress_bars_on_main_rank():
+                loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
+        except Exception as error:  # noqa: BLE001 - a file or id the user named; say which, without a traceback
+            raise RecipeError.single(
+                f"datasets.load_dataset({_call_text(self.load_args, self.load_kwargs)}) failed: {_condensed(error)}",
+                key="Data.load_kwargs",
+                fix="check the path, the files and the split",
+            ) from error
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
                 raise RecipeError.single(
@@ -78,6 +87,24 @@ class Data:
                 )
             loaded = loaded["train"]
         return loaded
+
+    def check_files(self) -> None:
+        """Local json/csv/text files named in `data_files` are read row by row first (ditty.data.rows),
+        so a malformed line, a bad encoding, a blank JSON line or an over-long line is an error
+        naming its file and line rather than the parser's traceback."""
+        from ditty.data.bad_rows import raise_for_bad_rows, scan_file
+
+        builder = self.load_kwargs.get("path", self.load_args[0] if self.load_args else None)
+        files = self.load_kwargs.get("data_files")
+        if builder not in ("json", "csv", "text") or not files:
+            return
+        if isinstance(files, dict):
+            files = [f for group in files.values() for f in ([group] if isinstance(group, str) else group)]
+        for file in [files] if isinstance(files, str) else files:
+            if isinstance(file, str) and os.path.isfile(file) and os.path.getsize(file) > 0:
+                raise_for_bad_rows(
+                    scan_file(file, {}), key="Data.load_kwargs", what=file, fix="correct or remove those rows"
+                )
 
     def prepare(self, operations: Sequence[tuple[str, Callable, dict]] = ()) -> torch.utils.data.DataLoader:
         """The loaded dataset through `operations` (map, filter, ...; their progress bars on rank 0 only)."""
@@ -130,6 +157,12 @@ class Data:
             return torch.utils.data.default_collate
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return lambda samples: pad_collate(samples, pad)
+
+
+def _call_text(args: Sequence, kwargs: dict) -> str:
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    text = ", ".join(shown)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def pad_collate(samples: list[dict], pad_token_id: int) -> dict[str, torch.Tensor]:

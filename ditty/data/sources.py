@@ -1,17 +1,24 @@
 """Where raw rows come from: local files or a hub dataset, loaded through Hugging Face `datasets`.
 
 `datasets` writes each source to Arrow files once and memory-maps them, so files larger than memory
-are read in pieces and never held whole; everything downstream indexes the mapped table.
+are read in pieces and never held whole; everything downstream indexes the mapped table. Before
+that, every row is checked (`ditty.data.rows`, `ditty.data.bad_rows`): a bad row is an error naming
+its file and line, or, with `data.on_bad_rows = "skip"`, left out and counted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from ditty.config.errors import RecipeError
+from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
+from ditty.data.rows import DEFAULT_MAX_ROW_BYTES
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -49,11 +56,37 @@ FILE_BUILDERS = {
 }
 
 
-def load_file_dataset(pattern: Optional[str], *, key: str, cache_dir: Optional[str]) -> "Dataset":
+def load_file_dataset(
+    pattern: Optional[str],
+    *,
+    key: str,
+    cache_dir: Optional[str],
+    fields: Optional[Mapping[str, str]] = None,
+    on_bad_rows: str = "error",
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+) -> "Dataset":
     """All rows of the files matching `pattern` (a path or a glob), in sorted file order.
 
-    `key` is the recipe key that named the files ("data.path" or "data.val_path").
+    `key` is the recipe key that named the files ("data.path" or "data.val_path"). `fields`
+    ({column: "text" | "messages"}, see `ditty.data.rows.required_fields`) are checked in every row;
+    bad rows are an error, or left out with `on_bad_rows = "skip"` (`load_checked_files` also
+    returns how many).
     """
+    return load_checked_files(
+        pattern, key=key, cache_dir=cache_dir, fields=fields, on_bad_rows=on_bad_rows, max_row_bytes=max_row_bytes
+    )[0]
+
+
+def load_checked_files(
+    pattern: Optional[str],
+    *,
+    key: str,
+    cache_dir: Optional[str],
+    fields: Optional[Mapping[str, str]] = None,
+    on_bad_rows: str = "error",
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+) -> tuple["Dataset", int]:
+    """`load_file_dataset`, and the number of bad rows left out."""
     if not pattern:
         raise RecipeError.single(
             "no data file given", key=key, fix="set it to a .jsonl/.json/.csv/.parquet/.txt file or glob"
@@ -84,21 +117,99 @@ def load_file_dataset(pattern: Optional[str], *, key: str, cache_dir: Optional[s
             key=key,
             fix="point it at files of one format",
         )
+    fields = dict(fields or {})
+    files, skipped = _checked_files(files, pattern, key, fields, on_bad_rows, max_row_bytes, cache_dir)
 
     from datasets import load_dataset
 
     try:
-        return load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir)
+        dataset = load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir)
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is the user's to fix
         raise RecipeError.single(
             f"cannot read {pattern!r}: {_condensed(error)}",
             key=key,
             fix="check that the file is valid and not empty",
         ) from error
+    if suffixes == {".parquet"}:
+        dataset, skipped = _checked_table(dataset, fields, pattern, key, on_bad_rows)
+    return dataset, skipped
+
+
+def _checked_files(
+    files: list[str],
+    pattern: str,
+    key: str,
+    fields: dict[str, str],
+    on_bad_rows: str,
+    max_row_bytes: int,
+    cache_dir: Optional[str],
+) -> tuple[list[str], int]:
+    """Scan each line-based file; error on bad rows, or swap in a copy without them ("skip")."""
+    reports = {
+        file: scan_file(file, fields, max_row_bytes=max_row_bytes) for file in files if _suffix(file) != ".parquet"
+    }
+    total = RowReport()
+    for report in reports.values():
+        total.merge(report)
+    if not total.bad_count:
+        return files, 0
+    if on_bad_rows != "skip":
+        raise_for_bad_rows(total, key=key, what=pattern)
+    if total.rows == 0:
+        raise RecipeError.single(
+            f"every row of {pattern} is bad ({total.bad_count}; the first, "
+            f"{total.bad[0].where()}: {total.bad[0].reason})",
+            key=key,
+            fix="check that the data.format and its column settings match the file",
+        )
+    log.warning(
+        'skipping %d bad rows of %s (data.on_bad_rows = "skip"); the first: %s: %s',
+        total.bad_count,
+        pattern,
+        total.bad[0].where(),
+        total.bad[0].reason,
+    )
+    cleaned = [
+        write_clean_copy(file, fields, max_row_bytes=max_row_bytes, cache_dir=cache_dir)
+        if file in reports and reports[file].bad_count
+        else file
+        for file in files
+    ]
+    return cleaned, total.bad_count
+
+
+def _checked_table(
+    dataset: "Dataset", fields: dict[str, str], label: str, key: str, on_bad_rows: str
+) -> tuple["Dataset", int]:
+    """Rows of data that arrives parsed (parquet, hub), checked by row index."""
+    report, good = check_table(dataset, fields, label=label)
+    if not report.bad_count:
+        return dataset, 0
+    if on_bad_rows != "skip":
+        raise_for_bad_rows(report, key=key, what=label)
+    log.warning('skipping %d bad rows of %s (data.on_bad_rows = "skip")', report.bad_count, label)
+    return dataset.select(good), report.bad_count
 
 
 def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str]) -> "Dataset":
     """A split of a Hugging Face hub dataset (from the local cache when offline, if it is there)."""
+    return load_checked_hub_dataset(name, split=split, cache_dir=cache_dir)[0]
+
+
+def load_checked_hub_dataset(
+    name: str,
+    *,
+    split: str,
+    cache_dir: Optional[str],
+    fields: Optional[Mapping[str, str]] = None,
+    on_bad_rows: str = "error",
+) -> tuple["Dataset", int]:
+    """`load_hub_dataset` with its rows checked (`fields`), and the number of bad rows left out."""
+    dataset = _load_hub(name, split=split, cache_dir=cache_dir)
+    return _checked_table(dataset, dict(fields or {}), name, "data.name", on_bad_rows)
+
+
+def _load_hub(name: str, *, split: str, cache_dir: Optional[str]) -> "Dataset":
     from datasets import load_dataset
 
     try:

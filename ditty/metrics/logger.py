@@ -3,19 +3,27 @@
 A metrics record is a flat dict of JSON-able scalars with at least `step`. The JSONL file is the
 source of truth (`plot_run` redraws the curves from it); the other sinks are views of the same
 records. Each sink flushes per record: a crash loses at most the line being written.
+
+metrics.jsonl is written with one `write` system call per record on a file opened for appending,
+so a record is never split by another writer's; readers (`load_metrics`) skip and count a line
+that does not parse (the last line of a run killed mid-write).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, Optional, Protocol
 
 from ditty._utils.dist import is_main_process
+from ditty._utils.errors import RunFailure
 from ditty.config.sections import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
+
+log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):
@@ -34,20 +42,41 @@ def _jsonable(value: Any) -> Any:
 
 
 class JsonlSink:
-    """metrics.jsonl: one JSON object per logged step, appended and flushed."""
+    """metrics.jsonl: one JSON object per logged step, each appended with a single write call."""
 
     def __init__(self, run_dir: str, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, METRICS_FILE)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | (0 if append else os.O_TRUNC)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
+        if append and os.fstat(self._fd).st_size and not _ends_with_newline(self.path):
+            os.write(self._fd, b"\n")  # a torn last line stays on a line of its own (readers skip it)
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False)
-        self._file.write(line + "\n")
-        self._file.flush()
+        data = (line + "\n").encode("utf-8")
+        # O_APPEND places the whole buffer at the end in one system call; a short write (a full disk,
+        # a signal) is finished by further calls, which is the best a file can do.
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+        except OSError as error:  # a full disk, most often: say so rather than print a traceback
+            raise RunFailure(
+                f"could not write {self.path}: {error.strerror}; the checkpoints already saved are intact: "
+                "free some space, then run the same command again to resume"
+            ) from None
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
 
 
 class TensorBoardSink:
@@ -134,19 +163,40 @@ def build_logger(
 
 
 def read_metrics(run_dir_or_file: str) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl (a run directory or the file itself); "nan" strings become floats."""
+    """Records of a metrics.jsonl (a run directory or the file itself); "nan" strings become floats.
+    Lines that do not parse are skipped (`load_metrics` also counts them)."""
+    return load_metrics(run_dir_or_file)[0]
+
+
+def load_metrics(run_dir_or_file: str) -> tuple[list[dict[str, Any]], int]:
+    """(records, unreadable lines skipped): a line cut short by a crash, or anything else that is not
+    one JSON object with a step, is skipped and counted, with a warning."""
     path = run_dir_or_file
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+    skipped: list[int] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
             line = line.strip()
             if not line:
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or "step" not in record:
+                    raise ValueError("not a metrics record")
+            except ValueError:
+                skipped.append(number)
+                continue
             for key, value in record.items():
                 if value in ("nan", "inf", "-inf"):
                     record[key] = float(value)
             records.append(record)
-    return records
+    if skipped:
+        log.warning(
+            "%s: skipped %d unreadable line(s) (line %s; a line cut short when a run was killed)",
+            path,
+            len(skipped),
+            ", ".join(str(n) for n in skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
+        )
+    return records, len(skipped)

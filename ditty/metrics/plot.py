@@ -25,14 +25,15 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def plot_run(run_dir: str, out_path: Optional[str] = None) -> str:
-    """Draw loss, lr and every val_* metric of RUN_DIR/metrics.jsonl into a PNG; return its path."""
+def plot_run(run_dir: str, out_path: Optional[str] = None, *, records: Optional[list[dict]] = None) -> str:
+    """Draw loss, lr and every val_* metric of RUN_DIR/metrics.jsonl (or of `records`, already read)
+    into a PNG; return its path."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot's import
     import matplotlib.pyplot as plt
 
-    records = read_metrics(run_dir)
+    records = read_metrics(run_dir) if records is None else records
     out_path = out_path or os.path.join(run_dir, PLOT_FILE)
     eval_keys = sorted({k for r in records for k in r if k.startswith("val_") and k != "val_loss"})
     panels = 2 + (1 if eval_keys else 0)

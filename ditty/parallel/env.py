@@ -58,6 +58,9 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     `timeout` is in seconds (default: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
     (no WORLD_SIZE, or 1) it creates no group and returns rank 0 of 1.
     """
+    from ditty.parallel.launch import die_with_launcher
+
+    die_with_launcher()  # a torchrun worker stops (and saves) when its launcher dies; a no-op elsewhere
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     resolved = resolve_device(device, local_rank)

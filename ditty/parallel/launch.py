@@ -8,24 +8,64 @@ torchrun reports any failed worker as exit 1 with its own traceback. ditty's exi
 a worker that hits a user error writes its message to $DITTY_ERROR_DIR (see
 `ditty._utils.dist.record_user_error`) and exits 2; `launch` prints that message and returns 2. A
 worker that crashes records when (`record_failure`), so `launch` can name the rank that failed
-first rather than a peer that only lost its connection to it.
+first rather than a peer that only lost its connection to it; a rank killed by a signal from
+outside (SIGKILL from the out-of-memory killer or `kill -9`) records nothing, and is named as the
+first failure, since its peers only fail once they lose it.
+
+Stopping: SIGTERM or SIGINT (Ctrl-C) to the launcher is forwarded once to every worker (torchrun
+starts them in sessions of their own, so a terminal's Ctrl-C reaches the launcher alone); each
+finishes its step, they save one checkpoint together, and the launcher exits with 128 + the
+signal (143, 130), as one process would, after waiting up to `DITTY_SHUTDOWN_TIMEOUT_S` (default
+600 s) for the save. Launcher death: each worker asks the kernel to send it SIGTERM when its parent
+dies (`die_with_launcher`, Linux's PR_SET_PDEATHSIG), so a `kill -9` of the launcher never leaves
+workers training with no parent: they save and exit within a step.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
 import sys
 import tempfile
 import uuid
 from typing import Optional
 
-from ditty._utils.dist import ERROR_DIR_ENV
+from ditty._utils.dist import ERROR_DIR_ENV, STOP_FILE
 
 # How often the agent checks its workers (torchrun's default 0.1 s polls constantly on 2 cores).
 MONITOR_INTERVAL_S = 0.5
 USER_ERROR = 2
 FAILURE = 1
+LAUNCHER_PID_ENV = "DITTY_LAUNCHER_PID"
+SHUTDOWN_TIMEOUT_ENV = "DITTY_SHUTDOWN_TIMEOUT_S"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 600
+"""How long a signalled launcher waits for its workers to save and exit before it SIGKILLs them."""
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """In a torchrun worker on Linux: have the kernel send `sig` to this process when its parent
+    (the launcher) dies. SIGTERM takes the trainer's preemption path: finish the step, save, exit.
+
+    Called as early as possible in a worker; if the launcher is already gone by then (its pid,
+    which ditty's launcher passes in $DITTY_LAUNCHER_PID, is no longer the parent), the signal is
+    sent at once. Returns whether the request was made.
+    """
+    if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if launcher and launcher.isdigit() and os.getppid() != int(launcher):
+        os.kill(os.getpid(), sig)  # orphaned before the request: the kernel will not send it any more
+    return True
 
 
 def torchrun_args(
@@ -87,6 +127,7 @@ def launch(
     rdzv_timeout_s: Optional[int] = None,
 ) -> int:
     """Run the workers; return 0, 2 (a worker's user error, its message printed) or 1 (a failure)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
@@ -107,12 +148,16 @@ def launch(
     if args.standalone:  # what torch.distributed.run.run does for --standalone
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, cmd, cmd_args = config_from_args(args)
+    config.shutdown_timeout = int(os.environ.get(SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="ditty-errors-") as error_dir:
-        previous = os.environ.get(ERROR_DIR_ENV)
+        previous = {name: os.environ.get(name) for name in (ERROR_DIR_ENV, LAUNCHER_PID_ENV)}
         os.environ[ERROR_DIR_ENV] = error_dir  # the agent passes its environment on to the workers
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         try:
             elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
             return 0
+        except SignalException as stop:  # the agent forwarded the signal and waited for the workers
+            return _report_stop(stop.sigval, error_dir)
         except ChildFailedError as failure:
             return _report(failure, error_dir)
         except RendezvousError as error:  # e.g. a node that never joined: no worker ever ran
@@ -123,10 +168,23 @@ def launch(
             )
             return FAILURE
         finally:
-            if previous is None:
-                os.environ.pop(ERROR_DIR_ENV, None)
-            else:
-                os.environ[ERROR_DIR_ENV] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _report_stop(signum: int, error_dir: str) -> int:
+    """A signal stopped the run: the workers (rank 0) printed where the checkpoint is; exit 128 + signal."""
+    name = signal.Signals(signum).name
+    if not glob.glob(os.path.join(error_dir, STOP_FILE.format(rank="*"))):
+        print(
+            f"stopped by {name} before the workers could save a checkpoint (they were still starting, or did not "
+            "finish a step in time); a rerun resumes from the newest checkpoint already in the run directory",
+            file=sys.stderr,
+        )
+    return 128 + int(signum)
 
 
 def _report(failure, error_dir: str) -> int:
@@ -145,6 +203,16 @@ def _report(failure, error_dir: str) -> int:
             file=sys.stderr,
         )
         return USER_ERROR
+    killed = _killed_from_outside(codes)
+    if killed is not None:
+        rank, how = killed
+        others = ", ".join(str(r) for r in sorted(codes) if r != rank)
+        print(
+            f"error: rank {rank} failed first: it was killed by {how} from outside the run (the out-of-memory "
+            f"killer, or a kill -9){f'; the other ranks ({others}) stopped because they lost it' if others else ''}",
+            file=sys.stderr,
+        )
+        return FAILURE
     first = _first_recorded_failure(error_dir)
     if first is not None:
         rank, summary = first
@@ -157,6 +225,19 @@ def _report(failure, error_dir: str) -> int:
     listed = ", ".join(f"rank {r} (exit code {c})" for r, c in sorted(codes.items()))
     print(f"error: {listed} failed; see the tracebacks above", file=sys.stderr)
     return FAILURE
+
+
+def _killed_from_outside(codes: dict[int, int]) -> Optional[tuple[int, str]]:
+    """The lowest rank that died of a signal the agent does not send when it stops workers
+    (it sends SIGTERM, then SIGKILL only after its shutdown timeout): (rank, signal name)."""
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    for rank, code in sorted(codes.items()):
+        if code is not None and code < 0 and -code not in stop_signals:
+            try:
+                return rank, signal.Signals(-code).name
+            except ValueError:
+                return rank, f"signal {-code}"
+    return None
 
 
 def _first_recorded_failure(error_dir: str) -> Optional[tuple[int, str]]:

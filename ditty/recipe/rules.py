@@ -7,8 +7,10 @@ network.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -74,6 +76,7 @@ _POSITIVE = [
     "train.max_skipped_steps",
     "data.max_seq_len",
     "data.num_samples",
+    "data.max_row_bytes",
     "optimizer.lr",
     "optimizer.eps",
     "peft.r",
@@ -103,6 +106,29 @@ def _get(config: Any, path: str) -> Any:
     for part in path.split("."):
         config = getattr(config, part)
     return config
+
+
+@rule("value.finite")
+def finite_numbers(ctx: Context) -> Iterator[Problem]:
+    """No number anywhere in a recipe may be nan or infinite (TOML allows `nan` and `inf`): they
+    would pass every range check below (nan compares false) and fail, or silently poison the
+    weights, once training starts."""
+    stack: list[tuple[str, Any]] = [("", ctx.config)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                yield error(path, f"is {value}: a recipe number must be finite", f"set `{path}` to a finite number")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            stack += [(_join(path, f.name), getattr(value, f.name)) for f in reversed(dataclasses.fields(value))]
+        elif isinstance(value, dict):
+            stack += [(_join(path, str(k)), v) for k, v in reversed(value.items())]
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
 @rule("value.positive")
@@ -291,6 +317,8 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "train.compile_scope": ("train.compile", {True}),
     "train.compile_mode": ("train.compile", {True}),
     "data.group_by_length": ("data.packing", {False}),
+    "data.on_bad_rows": ("data.source", {"file", "hub"}),
+    "data.max_row_bytes": ("data.source", {"file"}),
     "model.architecture": ("model.resolved_init", {"random"}),
     "model.config": ("model.resolved_init", {"random"}),
     "fp8.backend": ("fp8.enabled", {True}),

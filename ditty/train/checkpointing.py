@@ -50,6 +50,7 @@ IGNORED = (
     "checkpoint.async_save",
     "checkpoint.resume",
     "checkpoint.force_resume",
+    "checkpoint.fallback",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
 
@@ -89,7 +90,9 @@ def _ignored(key: str) -> bool:
 
 
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
-    """The keys whose difference changes training, as "key: saved -> current" lines."""
+    """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
+    from ditty.checkpoint.resume_diff import effect_of_change
+
     lines = []
     for key in sorted(set(saved) | set(current)):
         old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
@@ -103,7 +106,8 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
             and (old is None or new >= old)
         ):
             continue  # more steps: allowed, the schedule is rebuilt for the new total
-        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)}")
+        # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
+        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
     return lines
 
 
@@ -121,7 +125,7 @@ class ResumePlan:
 
 def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
     """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
-    from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
+    from ditty.checkpoint import find_checkpoint, find_intact, read_sidecar
     from ditty.train.final import FINAL_DIR, check_output_dir, is_ditty_run
 
     out = config.run.output_dir
@@ -138,7 +142,10 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
         return ResumePlan()
     if ckpt_cfg.resume == "auto":
         root = Path(out) / "checkpoints"
-        found = latest_complete(root) if root.is_dir() else None
+        # reliability: the newest checkpoint that passes verification; damaged newer ones are reported
+        # and skipped, or stop the run when checkpoint.fallback = false (ditty.checkpoint.integrity)
+        required = ("train_state", "scheduler", "rng")
+        found = find_intact(root, required_fields=required, fallback=ckpt_cfg.fallback).found if root.is_dir() else None
         if found is None:
             if holds_run:
                 log.warning("%s holds a run without a complete checkpoint: starting again from step 0", out)

@@ -66,6 +66,11 @@ class DataMode:
         return getattr(self.bundle, "task", None)
 
     @property
+    def skipped_rows(self) -> int:
+        """Bad data rows left out (data.on_bad_rows = "skip"), counted in metrics and the summary."""
+        return getattr(self.bundle, "skipped_rows", 0)
+
+    @property
     def labels(self) -> Any:
         """The data's label set (a LabelSpace) when the model task classifies, else None."""
         return getattr(self.bundle, "labels", None)

@@ -21,7 +21,8 @@ log = logging.getLogger("ditty.train")
 class RunEnding:
     def preempt(self) -> TrainResult:
         """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
-        if self.state.step != self.checkpointer.last_saved_step:
+        # A step inside a non-finite streak is not saved: the newest checkpoint stays the resume point.
+        if self.state.step != self.checkpointer.last_saved_step and self.checkpointer.manager.finite.save_now(True):
             self.checkpointer.save(self)
         self.checkpointer.manager.wait()
         signum = self.checkpointer.stop_signal
@@ -33,6 +34,7 @@ class RunEnding:
 
     def finished(self) -> TrainResult:
         """`resume = "auto"` on a finished run: report it, touch nothing."""
+        self.run_lock.release()
         out = self.config.run.output_dir
         final = os.path.join(out, "final")
         if is_main_process():
@@ -52,6 +54,7 @@ class RunEnding:
         finally:
             self.progress.close()
             self.logger.close()
+            self.run_lock.release()  # the run directory is free for the next run
         if is_main_process() and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
             try:
                 plot_run(self.run_dir)
@@ -74,4 +77,6 @@ class RunEnding:
             return
         shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
         print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        if self.data.skipped_rows:
+            print(f'skipped {self.data.skipped_rows} bad data rows (data.on_bad_rows = "skip")')
         print(f"model saved to {result.final_dir}")

@@ -43,7 +43,9 @@ def check_output_dir(path: str) -> None:
             key="run.output_dir",
             fix="choose another run.output_dir",
         )
-    if os.listdir(path) and not is_ditty_run(path):
+    from ditty.checkpoint.lock import LOCK_FILE  # reliability: run.lock alone (a run killed at its start) is ours
+
+    if [name for name in os.listdir(path) if name != LOCK_FILE] and not is_ditty_run(path):
         raise RecipeError.single(
             f"{path!r} already holds files that are not a ditty run; ditty will not overwrite them",
             key="run.output_dir",
@@ -171,19 +173,29 @@ def save_final(
                 )
             else:
                 save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
+        from ditty.checkpoint.manifest import describe_all
+
+        describe_all(partial)  # final/manifest.json: generate, push and export verify it before use
     return final
 
 
 def write_final(trainer: Any) -> str:
     """`final/` of a training run: the engine gathers the full weights (collective: every rank calls
-    this), rank 0 writes them, and no rank goes on before the directory is complete."""
+    this), rank 0 writes them, and no rank goes on before the directory is complete. A failed write
+    (a full disk) is a CheckpointSaveError that says which checkpoints are kept."""
     import torch.distributed as dist
+
+    from ditty._utils.atomic import partial_path
+    from ditty.checkpoint.disk import write_errors_reported
 
     full = trainer.engine.full_state_dict(trainer.model)
     run_dir = trainer.config.run.output_dir
     if trainer.runtime.is_main:
         merged = trainer.config.checkpoint.final_format == "merged"
-        save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full)
+        kept = trainer.checkpointer.manager.describe_kept()
+        final = os.path.join(run_dir, FINAL_DIR)
+        with write_errors_reported(run_dir, 0, what="final/", kept=kept, cleanup=partial_path(final)):
+            save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full)
     del full
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # nobody reads final/ before it is complete

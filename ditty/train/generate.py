@@ -33,6 +33,9 @@ def load_final(run_dir: str, device: str = "cpu"):
             f"no final model in {run_dir!r} (expected {os.path.join(run_dir, FINAL_DIR)}/config.json)",
             fix="give the directory of a finished run (it writes final/ at the end)",
         )
+    from ditty.checkpoint.integrity import check_model_dir
+
+    check_model_dir(path)  # its manifest: no damaged file is loaded
     task = final_model_task(run_dir)
     if not task.generates:
         raise RecipeError.single(

@@ -43,6 +43,9 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
             f"{run_dir} has no final/ model to push",
             fix="push the output_dir of a finished run (or let it finish: `ditty run` resumes it)",
         )
+    from ditty.checkpoint.integrity import check_model_dir
+
+    check_model_dir(final)  # never push a damaged model
     config = load_recipe(recipe_path).config if os.path.isfile(recipe_path) else None
     repo_id = repo_id or (config.hub.repo_id if config is not None else None)
     if not repo_id:

@@ -7,10 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ditty._utils.errors import RunFailure
 from ditty.train.step import StepOutput
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunFailure):  # reliability: a RunFailure prints without a traceback (exit code 1)
     """Too many consecutive steps had a non-finite loss or gradient: the run stops (exit code 1).
 
     Not a RecipeError: the recipe was valid, the numbers diverged. Nothing already written is touched.

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ditty._utils.dist import is_main_process
+from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
 from ditty.metrics import Progress
@@ -32,7 +33,7 @@ from ditty.train.components import RuntimeComponents
 from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
 from ditty.train.env import MemoryReport
-from ditty.train.final import write_final
+from ditty.train.final import check_output_dir, write_final
 from ditty.train.pipeline import run_pipeline
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
@@ -51,6 +52,10 @@ class Trainer(Builders, RunEnding):
         from ditty.train.runtime import seed_everything
 
         seed_everything(config.run.seed)
+        # One writer per run directory (ditty.checkpoint.lock), taken before anything in it is read or
+        # written, and never inside a directory of someone else's files; a killed save's leftovers go.
+        check_output_dir(config.run.output_dir)
+        self.run_lock = hold_run_dir(config.run.output_dir)
         # Cheap, so a refused or finished run fails (or stops) before any weights load or file is written.
         self.resume = checkpointing.plan_resume(config, self.trainer_ref(), self.runtime.world_size)
         if self.resume.finished:
@@ -187,6 +192,8 @@ class Trainer(Builders, RunEnding):
 
     def check_skips(self, out: StepOutput) -> None:
         """Count consecutive skipped steps; too many stop the run with a clear error."""
+        # No checkpoint during a streak of skipped steps (ditty.checkpoint.finite).
+        self.checkpointer.manager.finite.observe(self.state.step, out.skipped, self.checkpointer.last_saved_step)
         if not out.skipped:
             self.state.consecutive_skips = 0
             return
@@ -204,6 +211,7 @@ class Trainer(Builders, RunEnding):
             raise NonFiniteLossError(
                 f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
                 f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
+                f"{self.checkpointer.manager.finite.last_good(self.run_dir)}. "
                 f"Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "
                 f'"fp32". Files already in {self.config.run.output_dir} are kept; no final model was written.'
             )
@@ -237,6 +245,8 @@ class Trainer(Builders, RunEnding):
         record.update(tokens=self.state.tokens, **interval)
         record.update({k: v for k, v in out.metrics.items() if k != "lr"})
         record.update(self.memory.record(self.model, self.optimizer))
+        if self.data.skipped_rows:  # bad data rows left out (data.on_bad_rows = "skip")
+            record["skipped_rows"] = self.data.skipped_rows
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record
@@ -258,15 +268,21 @@ class Trainer(Builders, RunEnding):
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
         every, push = self.config.checkpoint.every, self.config.hub.push
+        finite = self.checkpointer.manager.finite  # saves wait for a finite step
         if not final:
-            if every and self.state.step % every == 0 and self.state.step != self.checkpointer.last_saved_step:
+            due = bool(every) and self.state.step % every == 0
+            if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
                     checkpointing.push_checkpoint_snapshot(self)
             return None
-        path = write_final(self)
-        if self.state.step != self.checkpointer.last_saved_step:
+        # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
+        # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
+        # as non-finite gets no checkpoint (its weights are the last finite step's, which final/ holds).
+        if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
             self.checkpointer.save(self)
+        self.checkpointer.manager.wait()
+        path = write_final(self)
         if push in ("end", "checkpoints"):
             checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
         return path

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ditty.checkpoint import CheckpointManager, read_sidecar
+from ditty.checkpoint.disk import CheckpointSaveError
 from ditty.checkpoint.layout import is_complete
 
 from .helpers import app_state, assert_same_state, build, train_step
@@ -77,10 +78,13 @@ def test_a_failed_background_save_surfaces_and_keeps_the_previous_checkpoint(tmp
 
     monkeypatch.setattr(dcp.FileSystemWriter, "write_data", broken)
     mgr.save(2, app_state(model, opt), {})
-    with pytest.raises(dcp.CheckpointException) as failure:
+    with pytest.raises(
+        CheckpointSaveError, match="could not write checkpoint step-2: injected: writer died"
+    ) as failure:
         mgr.wait()
-    assert "injected" in str(failure.value.failures)
+    assert f"the previous checkpoint {previous} is intact" in str(failure.value)
     assert mgr.latest_complete() == previous
+    assert not (tmp_path / "checkpoints" / ".tmp-step-2").exists()  # the partial files were removed
     monkeypatch.undo()
     assert mgr.save(3, app_state(model, opt), {}).name == "step-3"
     mgr.close()  # waits for step 3

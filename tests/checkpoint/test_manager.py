@@ -11,6 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ditty.checkpoint import CheckpointManager, ModelOptimizerState, find_checkpoint, read_sidecar
+from ditty.checkpoint.disk import CheckpointSaveError
 from ditty.checkpoint.layout import MARKER
 from ditty.checkpoint.safe_reader import read_tensor_metadata
 from ditty.config.errors import RecipeError
@@ -112,13 +113,14 @@ def test_writer_failure_leaves_the_previous_checkpoint_as_latest(tmp_path, monke
     train_step(model, opt, sched)
 
     monkeypatch.setattr(dcp.FileSystemWriter, name, inject(getattr(dcp.FileSystemWriter, name)))
-    with pytest.raises(dcp.CheckpointException) as failure:
+    # The writer's error, said as what failed and what is kept; the partial directory is removed.
+    with pytest.raises(CheckpointSaveError, match="could not write checkpoint step-3: injected") as failure:
         mgr.save(3, app_state(model, opt), {"data_cursor": 24})
-    assert "injected" in str(failure.value.failures)
+    assert f"the previous checkpoint {previous} is intact" in str(failure.value)
     monkeypatch.undo()
 
     root = tmp_path / "checkpoints"
-    assert not (root / "step-3").exists() and (root / ".tmp-step-3").exists()
+    assert not (root / "step-3").exists() and not (root / ".tmp-step-3").exists()
     assert mgr.latest_complete() == previous
     assert (root / "latest").read_text().strip() == "step-2"
     assert read_sidecar(previous)["data_cursor"] == 16
@@ -163,7 +165,13 @@ def test_sidecar_is_plain_json_and_bad_fields_are_refused(tmp_path):
     doc = json.loads((path / "ditty_state.json").read_text())
     assert doc["recipe"].startswith("[train]")
     assert doc["non_tensor_state"]['["train", "optim", "param_groups", 0, "lr"]'] == 1e-2 / 2
-    assert sorted(p.name for p in path.iterdir()) == [".metadata", "COMPLETE", "__0_0.distcp", "ditty_state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        ".metadata",
+        "COMPLETE",
+        "__0_0.distcp",
+        "ditty_state.json",
+        "manifest.json",
+    ]
 
 
 def test_find_checkpoint_accepts_run_dir_checkpoints_dir_and_step_dir(tmp_path):

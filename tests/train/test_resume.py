@@ -461,8 +461,9 @@ def test_recipe_differences_ignore_intervals_paths_and_growing_steps():
     current["train.steps"] = 100
     assert recipe_differences({**saved, "train.steps": 50}, current, step=50) == []
     assert recipe_differences({**saved, "train.steps": 50}, {**current, "train.steps": 40}, step=30) == [
-        "train.steps: 50 -> 40"
+        "train.steps: 50 -> 40 (the schedule is rebuilt for the new length at step 30)"
     ]
     assert recipe_differences(saved, {**current, "run.seed": 1, "train.steps": saved["train.steps"]}, step=0) == [
-        f"run.seed: {saved['run.seed']} -> 1"
+        f"run.seed: {saved['run.seed']} -> 1 (the saved random state is restored; the data order follows the new "
+        "seed unless data.shuffle_seed is set)"
     ]

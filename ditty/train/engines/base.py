@@ -113,7 +113,10 @@ class Engine:
         """What ditty's DCP writes: model and optimizer (resharded on load to any world size)."""
         from ditty.checkpoint import ModelOptimizerState
 
-        return {"train": ModelOptimizerState(model, optimizer, trainable_only=trainable_only)}
+        # keep_hyperparameters: a resumed run trains with the recipe's lr, betas, eps (not the saved ones)
+        return {
+            "train": ModelOptimizerState(model, optimizer, trainable_only=trainable_only, keep_hyperparameters=True)
+        }
 
     def checkpoint_writer(self, model: nn.Module) -> Optional[Callable[[Path], None]]:
         """Files the engine writes itself into a checkpoint being saved (collective), or None."""

@@ -1,0 +1,48 @@
+"""Test-only pipeline stages for the fault-injection suite, driven by environment variables so that
+the same recipe runs clean when they are unset (a rerun then has an identical recipe).
+
+- `Pace`: sleeps DITTY_TEST_STEP_SLEEP seconds per training micro-batch (a run slow enough to be
+  caught in the middle by another process).
+- `NaNFrom`: from 0-based optimizer step DITTY_TEST_NAN_FROM on (to DITTY_TEST_NAN_UNTIL, exclusive,
+  if set), the logits become NaN: a streak of non-finite steps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ditty.processors import PostProcessor, PreProcessor
+
+
+class Pace(PreProcessor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = float(os.environ.get("DITTY_TEST_STEP_SLEEP", "0") or 0)
+
+    def process(self, batch, ctx):
+        if self.seconds and ctx.get("training"):
+            time.sleep(self.seconds)
+        return batch, ctx
+
+
+class NaNFrom(PostProcessor):
+    def __init__(self) -> None:
+        super().__init__()
+        start = os.environ.get("DITTY_TEST_NAN_FROM")
+        until = os.environ.get("DITTY_TEST_NAN_UNTIL")
+        self.start = int(start) if start else None
+        self.until = int(until) if until else None
+
+    def process(self, model_output, ctx):
+        step = ctx.get("step")
+        if (
+            self.start is not None
+            and ctx.get("training")
+            and step >= self.start
+            and (self.until is None or step < self.until)
+        ):
+            model_output.logits = model_output.logits * torch.tensor(float("nan"))
+        return model_output, ctx
