@@ -55,6 +55,8 @@ class DeepSpeedEngine(Engine):
         device = self.runtime.device
         select_accelerator(device)
         deepspeed = require_deepspeed()
+        if device.type == "cpu":
+            skip_shared_memory_op()
         ensure_process_group(device)
         train = self.config.train
         ds_config = deepspeed_config(
@@ -224,6 +226,16 @@ def select_accelerator(device: torch.device) -> None:
     CPU recipe, put the engine on the GPU."""
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def skip_shared_memory_op() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce op: ditty's
+    collectives go through gloo, which does not use it, and the build is a C++ compile under a lock
+    file in the torch extensions cache (minutes on a small CPU; a build killed midway leaves the lock,
+    and every later run waits on it forever)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def ensure_process_group(device: torch.device) -> None:
