@@ -144,6 +144,14 @@ class TrainConfig:
     """Compile each transformer block ("blocks") or the whole model ("model")."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     """Recompute activations in the backward pass to save memory."""
+    loss_chunks: int = 0
+    """Causal LM: cross-entropy from the final hidden states and the output projection in this many
+    chunks of a micro-batch's tokens, never holding the full [tokens, vocab] logits or their
+    gradient (0: full logits). Saves gigabytes with large vocabularies and long sequences."""
+    loss_backend: Literal["auto", "chunked", "liger", "cce"] = "auto"
+    """With loss_chunks > 0: "chunked" (pure PyTorch, any device), "liger" (liger-kernel) or "cce"
+    (cut-cross-entropy), the last two on CUDA only; "auto" takes liger, then cce, when installed
+    and training on CUDA, else chunked."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,10 @@ class LoggingConfig:
     """Log to Weights & Biases (extra `wandb`)."""
     wandb_project: Optional[str] = None
     """Weights & Biases project name."""
+    peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s of one device, the denominator of the `mfu` metric. Unset: from ditty's
+    table of accelerators (H100, H200, A100, L4, ...) for train.precision; on a CPU, measured once
+    per machine by a short fp32 matrix-product probe and cached."""
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ class Builders:
         from ditty.train.pipeline import Pipeline, build_pipeline
 
         cfg, components = self.config.pipeline, getattr(self, "components", None)
-        pipeline = build_pipeline(cfg)
+        pipeline = build_pipeline(cfg, self.config.train)  # train.loss_chunks picks the chunked loss
         if components is not None:
             pipeline = Pipeline(
                 components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
