@@ -29,6 +29,7 @@ _LAZY = {
     "L1Loss": "ditty.loss",
     "CrossEntropyLoss": "ditty.loss",
     "CompositeLoss": "ditty.loss",
+    "FusedLinearCrossEntropyLoss": "ditty.fused_loss",
 }
 
 

@@ -21,6 +21,7 @@ LAYERS = {
     "ditty.metrics": 2,
     "ditty.processors": 2,
     "ditty.loss": 2,
+    "ditty.fused_loss": 2,
     "ditty.diffusion": 2,
     "ditty.recipe": 3,
     "ditty.train": 4,
@@ -36,6 +37,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
+    ("ditty.fused_loss", "ditty.loss"),  # the fused loss is a LossCalculator with the token-loss convention
 }
 
 

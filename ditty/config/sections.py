@@ -48,8 +48,10 @@ class ModelConfig:
     """Keyword arguments passed to `factory`."""
     trust_remote_code: bool = False
     """Allow code shipped with a hub model to run. Off unless you trust the repository."""
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
-    """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = "auto"
+    """Attention kernel of Hugging Face models; "auto" lets transformers choose. With packing, sdpa
+    and eager attend within each sample, flash_attention_2 (CUDA) gets the samples' cumulative
+    lengths and flex_attention a block-sparse mask: no T x T tensor for most model types."""
     converters: list[str] = field(default_factory=list)
     """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the
     [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ditty.config.loader import LoadedRecipe
 from ditty.parallel.mesh import mesh_shape
-from ditty.recipe import pipeline_rules  # noqa: F401  (registers the pipeline.* rules after the core ones)
+from ditty.recipe import loss_rules, pipeline_rules  # noqa: F401  (register their rules after the core ones)
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
