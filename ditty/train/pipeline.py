@@ -18,7 +18,9 @@ import torch
 
 from ditty.config.errors import RecipeError
 from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
+from ditty.data.generic import batch_samples
 from ditty.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
+from ditty.metrics.mfu import measure_forward_flops
 
 # Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
 # passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
@@ -147,7 +149,9 @@ def run_pipeline(
     # A loss that projects the hidden states itself (ditty.fused_loss) gets the output head's input,
     # and the head skips the [tokens, vocab] logits.
     head_input = wants_head_input(pipeline.loss)
-    with autocast(), emit_head_input(model) if head_input else nullcontext() as head:
+    # A custom model's FLOPs for the mfu metric: counted once, on its first training forward.
+    flops = measure_forward_flops(_unwrap(model), batch_samples(batch)) if not lm and ctx.get("training") else None
+    with autocast(), emit_head_input(model) if head_input else nullcontext() as head, flops or nullcontext():
         output = call_model(model, batch, ctx.get("forward_kwargs", {}), lm=lm)
     if head_input:
         ctx[HEAD_INPUT] = head.hidden

@@ -27,6 +27,7 @@ from ditty._utils.dist import world_size as get_world_size
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, is_generic, to_device
 from ditty.metrics import Progress, plot_run
+from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.models.converters import run_post_optimizer_hooks
 from ditty.train import checkpointing, deepspeed_engine, distributed
@@ -282,6 +283,8 @@ class Trainer(Builders):
         record.update(tokens=self.state.tokens, **interval)
         record.update({k: v for k, v in out.metrics.items() if k != "lr"})
         record.update(distributed.memory_record(self))
+        # mfu/hfu: model FLOPs x tokens/s over the devices' peak (ditty.metrics.mfu)
+        record.update(utilization(self.model, self.config, self.device, self.world_size, record.get("tokens_per_s")))
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record
