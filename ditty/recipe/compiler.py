@@ -91,5 +91,8 @@ def _builds(config) -> list[tuple[str, str]]:
         rows.append(("fp8", config.fp8.backend + (" (emulated)" if config.fp8.emulate else "")))
     if config.train.compile:
         rows.append(("compile", f"torch.compile per {config.train.compile_scope}"))
+    train = config.train
+    if train.loss_chunks > 0 and not config.pipeline.loss:
+        rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
     rows.append(("output", config.run.output_dir))
     return rows
