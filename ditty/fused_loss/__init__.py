@@ -9,18 +9,19 @@ cross-entropy does): the backward only scales those by the incoming gradient. Pe
 one chunk of logits plus a weight-sized fp32 gradient buffer; the matrix products are the same
 three a full-logits step runs (no recompute), so throughput does not drop.
 
-Backends: "chunked" (this file, pure PyTorch, any device), "liger" (liger-kernel's Triton kernel)
-and "cce" (Apple's cut-cross-entropy), the last two on CUDA only. Every backend returns the SUM of
+Backends (kernels.py): "chunked" (pure PyTorch, any device), "liger" (liger-kernel's Triton
+kernel) and "cce" (Apple's cut-cross-entropy), the last two on CUDA only. Every backend returns the SUM of
 the per-token losses and the token count, so the trainer's per-token normalisation over the global
 batch is unchanged (ditty/loss.py).
 
-How the hidden states get here: `emit_head_input(model)` switches the model's output projection
+How the hidden states get here (head.py): `emit_head_input(model)` switches the model's output projection
 (`get_output_embeddings()`) to hand its input through instead of projecting it, for one forward;
 `run_pipeline` puts that input in the context under HEAD_INPUT and the loss projects it. The
 projection module is still called by the model's own forward, so the hooks of FSDP2 (which gathers
 a sharded head there and keeps it gathered until backward), DDP and DeepSpeed run as usual.
 
-torch is imported inside functions so the recipe compiler can import this module cheaply.
+This package holds the loss calculator; torch is imported inside functions so the recipe compiler
+can import it cheaply.
 """
 
 from __future__ import annotations
