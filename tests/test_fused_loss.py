@@ -172,10 +172,10 @@ def test_lora(case):
 
 def test_the_full_logits_are_never_allocated():
     """No tensor of tokens x vocab elements in the forward or backward: the largest is one chunk of
-    logits (1,024 tokens in 8 chunks; parameter-sized buffers, 4,096 x 64, are 16x smaller)."""
-    model = tiny(vocab_size=4096)
-    data = batch(rows=8, width=128)
-    full_logits = 8 * 128 * 4096
+    logits (512 tokens in 8 chunks; parameter-sized buffers, 4,096 x 32, are 16x smaller)."""
+    model = tiny(vocab_size=4096, hidden_size=32, intermediate_size=64)
+    data = batch(rows=4, width=128)
+    full_logits = 4 * 128 * 4096
 
     class Largest(TorchDispatchMode):
         largest = 0
