@@ -57,3 +57,34 @@ def test_chunked_loss_on_two_ranks_matches_full_logits_on_one(tmp_path):
         weight_err = relative_error({k: got[k] for k in shared}, {k: expected[k] for k in shared})
         print(f"{name}: max relative loss error {loss_err:.2e}, final weights {weight_err:.2e}")
         assert loss_err < TOLERANCE and weight_err < TOLERANCE, name
+
+
+def _dtensor_head(rank: int, world: int) -> float:
+    """A head whose weight is a DTensor sharded over the vocabulary (as FSDP2 stores it between
+    forwards): the fused loss gathers it differentiably; its gradient comes back sharded and equal
+    to the full-logits gradient's shard."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ditty.fused_loss import fused_linear_cross_entropy, head_projection
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(64, 16)
+    head = torch.nn.Linear(16, 64, bias=False)
+    head.weight = torch.nn.Parameter(distribute_tensor(full.clone(), mesh, [Shard(0)]))
+    hidden = torch.randn(10, 16)
+    target = torch.randint(0, 64, (10,))
+    total, _ = fused_linear_cross_entropy(hidden, head_projection(head), target, chunks=3)
+    total.backward()
+    reference = full.clone().requires_grad_()
+    F.cross_entropy(hidden @ reference.t(), target, reduction="sum").backward()
+    assert head.weight.grad.placements == (Shard(0),)
+    return float((head.weight.grad.full_tensor() - reference.grad).abs().max())
+
+
+def test_a_dtensor_sharded_head():
+    errors = run_ranks(_dtensor_head, 2, timeout=300)
+    assert max(errors) < 1e-5, errors
