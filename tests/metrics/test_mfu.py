@@ -137,3 +137,12 @@ def test_a_known_gpu_has_a_peak():
     name = torch.cuda.get_device_name()
     assert peak.table_peak_tflops(name, "bf16") is not None, f"{name} is missing from PEAK_TFLOPS"
     assert peak.device_peak_flops("cuda", "bf16") > 1e13
+
+
+def test_the_progress_line_shows_mfu():
+    from ditty.metrics import Progress
+
+    progress = Progress(10)
+    progress.set_metrics({"loss": 1.0, "tokens_per_s": 100.0, "mfu": 0.1234})
+    assert "mfu=12.3%" in str(progress.bar.postfix)
+    progress.close()
