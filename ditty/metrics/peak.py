@@ -107,7 +107,10 @@ def probe_cpu_flops(threads: int, size: int = 1024, repeats: int = 5) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
+        # Its own generator: drawing from the global one would shift a run's RNG stream (dropout),
+        # and a resumed run, which probes again, would no longer repeat the uninterrupted one.
+        generator = torch.Generator().manual_seed(0)
+        a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
         torch.mm(a, b)  # warm-up: allocations, thread pool
         best = float("inf")
         for _ in range(repeats):

@@ -146,3 +146,12 @@ def test_the_progress_line_shows_mfu():
     progress.set_metrics({"loss": 1.0, "tokens_per_s": 100.0, "mfu": 0.1234})
     assert "mfu=12.3%" in str(progress.bar.postfix)
     progress.close()
+
+
+def test_the_probe_leaves_the_global_rng_alone():
+    """A resumed run probes again: drawing from the global RNG would change its dropout stream."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    peak.probe_cpu_flops(1, size=64, repeats=1)
+    assert torch.equal(torch.rand(3), expected)
