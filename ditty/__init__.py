@@ -49,6 +49,7 @@ _LAZY = {
     "CheckpointManager": "ditty.porting",
     "Checkpoint": "ditty.porting",
     "MetricsLogger": "ditty.metrics_logger",
+    "FusedLinearCrossEntropyLoss": "ditty.fused_loss",
 }
 _MODULES = {"diffusion": "ditty.diffusion"}
 """Submodules the original exposed as attributes of the package (`from ditty import diffusion`)."""

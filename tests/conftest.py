@@ -74,3 +74,17 @@ def forbid_unpickling(monkeypatch):
         monkeypatch.setattr(torch, "load", weights_only_load)
 
     return install
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped (and so counted in the summary) where CUDA is absent."""
+    gpu_tests = [item for item in items if "gpu" in item.keywords]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
+    for item in gpu_tests:
+        item.add_marker(skip)

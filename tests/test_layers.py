@@ -22,6 +22,7 @@ LAYERS = {
     "ditty.processors": 2,
     "ditty.loss": 2,
     "ditty.task_losses": 2,
+    "ditty.fused_loss": 2,
     "ditty.diffusion": 2,
     "ditty.metrics_logger": 2,
     "ditty.recipe": 3,
@@ -52,6 +53,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.pipeline_options", "ditty.train"),  # the keywords become the Trainer's Config
     ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
     ("ditty.task_losses", "ditty.loss"),  # the model tasks' losses subclass the loss base types
+    ("ditty.fused_loss", "ditty.loss"),  # the fused loss is a LossCalculator with the token-loss convention
 }
 
 

@@ -55,6 +55,8 @@ def test_pipeline_runs_the_trainer_on_a_custom_model(tmp_path):
     rows = records(result.run_dir)
     assert rows[-1]["tokens"] == 6 * 16  # samples for generic data
     assert "val_loss" in rows[-1]
+    # mfu of a custom model: its FLOPs counted on the first training forward (ditty.metrics.mfu)
+    assert all(0 < row["mfu"] < 1 for row in rows), [row["mfu"] for row in rows]
     recipe = open(f"{result.run_dir}/recipe.toml").read()
     assert "NOT re-runnable from this file alone" in recipe and "# model: <python object Regressor>" in recipe
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()

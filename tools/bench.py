@@ -27,6 +27,10 @@ Comparisons:
   8-bit AdamW under FSDP2 on 2 gloo ranks: each rank's optimizer-state bytes per local (sharded)
   parameter, and whether every rank's state tensors are torchao's 8-bit subclass (--quick asserts it).
 - compile: tokens/s with train.compile (blocks) vs eager; compile time separately.
+- scale (tools/bench_scale.py; not in --quick unless named with --only): chunked loss vs full logits at
+  a 128,256-token vocabulary, mask-free vs dense-mask packing at 16,384 tokens, validation generation
+  with and without the KV cache.
+--gpu (tools/bench_gpu.py): MFU of a ~1B Llama on CUDA with and without compile, FP8, chunked loss, packing.
 """
 
 from __future__ import annotations
@@ -165,7 +169,9 @@ class Meter:
             return  # evaluation forwards do not count
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
-        if mask is not None and mask.dim() == 2:
+        if "cu_seq_lens_q" in kwargs:  # ditty's packed rows (an all-ones 2D mask): padding is pad ids
+            tokens = int((ids != self.pad_id).sum())
+        elif mask is not None and mask.dim() == 2:
             tokens = int(mask.sum())
         elif mask is not None:  # packed rows (4-D mask): padding is at the row ends as pad ids
             tokens = int((ids != self.pad_id).sum())
@@ -561,16 +567,27 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few steps, one repeat; asserts equal weights")
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--only", default="overhead,packing,memory,compile", help="comma-separated sections")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale)",
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="MFU of a ~1B Llama on CUDA (tools/bench_gpu.py) instead of the CPU sections"
+    )
     parser.add_argument("--profile-hf", default=None, help="write a cProfile of one HF Trainer run here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker:
+        import bench_gpu
+        import bench_scale
         import torch
 
-        torch.set_num_threads(1)
-        out = WORKERS[opts.worker](json.loads(opts.worker_args))
+        if not opts.worker.startswith("gpu-"):
+            torch.set_num_threads(1)
+        workers = {**WORKERS, **bench_scale.WORKERS, **bench_gpu.WORKERS}
+        out = workers[opts.worker](json.loads(opts.worker_args))
         print("BENCH_RESULT " + json.dumps(out), flush=True)
         return 0
 
@@ -578,7 +595,12 @@ def main(argv=None) -> int:
     reps = opts.reps or (1 if quick else 3)
     warmup = 2 if quick else 3
     timed = 4 if quick else 12
-    sections = opts.only.split(",")
+    if opts.gpu:
+        import bench_gpu
+
+        return bench_gpu.main(run_worker, quick)
+    default = "overhead,packing,memory,compile" + ("" if quick else ",scale")
+    sections = (opts.only or default).split(",")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-"))
     write_text(tmp / "text.jsonl", 2000)
@@ -720,14 +742,22 @@ def main(argv=None) -> int:
         if quick:
             assert every_rank, f"8-bit AdamW state missing on some FSDP rank: {ranks}"
 
-    print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started))
+    scale_rows: list[list[str]] = []
+    if "scale" in sections:
+        import bench_scale
+
+        log("scale: chunked loss, mask-free packing, cached generation (one contender at a time)")
+        scale_rows, scale_notes = bench_scale.run_section(run_worker, tmp, quick, log)
+        notes += scale_notes
+
+    print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started, scale_rows))
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)  # run directories, checkpoints, inductor caches
     return 0
 
 
-def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed) -> str:
+def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed, scale_rows=()) -> str:
     out = [
         f"ditty benchmark ({'--quick' if quick else 'full'}: {reps} repeat(s) interleaved, {warmup} warm-up steps, "
         f"1 torch thread per process; {elapsed / 60:.1f} min)",
@@ -749,6 +779,10 @@ def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed) -> str:
         ]
         out += ["| " + " | ".join(r) + " |" for r in mem_rows]
         out.append("")
+    if scale_rows:
+        import bench_scale
+
+        out += bench_scale.render(list(scale_rows))
     out += [f"- {n}" for n in notes]
     return "\n".join(out)
 

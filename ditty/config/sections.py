@@ -54,8 +54,10 @@ class ModelConfig:
     """Keyword arguments passed to `factory`."""
     trust_remote_code: bool = False
     """Allow code shipped with a hub model to run. Off unless you trust the repository."""
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
-    """Attention kernel of Hugging Face models; "auto" lets transformers choose."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = "auto"
+    """Attention kernel of Hugging Face models; "auto" lets transformers choose. With packing, sdpa
+    and eager attend within each sample, flash_attention_2 (CUDA) gets the samples' cumulative
+    lengths and flex_attention a block-sparse mask: no T x T tensor for most model types."""
     converters: list[str] = field(default_factory=list)
     """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the
     [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a
@@ -180,6 +182,14 @@ class TrainConfig:
     """torch.compile's mode: "reduce-overhead" adds CUDA graphs, "max-autotune" searches kernels (slow to compile)."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     """Recompute activations in the backward pass to save memory."""
+    loss_chunks: int = 0
+    """Causal LM: cross-entropy from the final hidden states and the output projection in this many
+    chunks of a micro-batch's tokens, never holding the full [tokens, vocab] logits or their
+    gradient (0: full logits). Saves gigabytes with large vocabularies and long sequences."""
+    loss_backend: Literal["auto", "chunked", "liger", "cce"] = "auto"
+    """With loss_chunks > 0: "chunked" (pure PyTorch, any device), "liger" (liger-kernel) or "cce"
+    (cut-cross-entropy), the last two on CUDA only; "auto" takes liger, then cce, when installed
+    and training on CUDA, else chunked."""
 
     def accumulation_steps(self, data_parallel_size: int) -> Optional[int]:
         """Micro-batches per rank per optimizer step: global / (micro x data-parallel size); None when
@@ -344,6 +354,10 @@ class LoggingConfig:
     """Log to Weights & Biases (extra `wandb`)."""
     wandb_project: Optional[str] = None
     """Weights & Biases project name."""
+    peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s of one device, the denominator of the `mfu` metric. Unset: from ditty's
+    table of accelerators (H100, H200, A100, L4, ...) for train.precision; on a CPU, measured once
+    per machine by a short fp32 matrix-product probe and cached."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """A task metric: exact match of greedy generations against reference answers on held-out prompts.
 
-Generation is written out here (no `model.generate`) for two reasons: every prompt gets the SAME
-number of new tokens, so in a distributed run every rank runs the same number of forwards (FSDP
-would hang if one rank stopped early at an end-of-sequence token); and it needs nothing from the
-model beyond `forward(input_ids, attention_mask, position_ids)` returning logits. There is no
-KV cache: each new token re-runs the (short) prompt, which costs little for task prompts of a few
-dozen tokens and keeps custom models working.
+Generation goes through transformers' `generate` with its KV cache (greedy, stopping when every row
+has produced its end-of-sequence token), so each new token costs one token's forward instead of
+re-running the whole prefix. In a distributed run every rank must run the same number of forwards
+(FSDP and ZeRO-3 gather parameters inside each forward; a rank that stopped early would hang the
+others): `synced_gpus` keeps every rank stepping until all are done. Models without `generate`
+(custom nn.Modules) use the uncached loop, which needs nothing but `forward(input_ids,
+attention_mask, position_ids)` returning logits and always runs `max_new_tokens` forwards.
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ def greedy_generate(
     prompts: list[str],
     device: "torch.device | str",
     max_new_tokens: int,
+    *,
+    use_cache: bool = True,
 ) -> list[str]:
     """Greedy continuations of `prompts`, each cut at its first end-of-sequence token.
 
     Prompts are encoded exactly as in training (`tokenizer(prompt)`, special tokens included) and
     left-padded, so the next token of every row is read at the last column. Position ids count only
-    real tokens, so a padded prompt sees the positions it would see alone.
+    real tokens, so a padded prompt sees the positions it would see alone. `use_cache=False` (or a
+    model without `generate`) re-runs the prefix for every token: the same tokens, much slower.
     """
     import torch
 
@@ -87,20 +91,53 @@ def greedy_generate(
     model.eval()
     try:
         with torch.no_grad():
-            for _ in range(max_new_tokens):
-                position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-                output = model(
-                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-                )
-                logits = output.logits if hasattr(output, "logits") else output[0]
-                next_tokens = logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                input_ids = torch.cat([input_ids, next_tokens], dim=1)
-                attention_mask = torch.cat([attention_mask, torch.ones_like(next_tokens)], dim=1)
+            if use_cache and _can_generate(model):
+                generated = _cached(model, input_ids, attention_mask, max_new_tokens, tokenizer.eos_token_id, pad_id)
+            else:
+                generated = _uncached(model, input_ids, attention_mask, max_new_tokens)
     finally:
         model.train(was_training)
+    rows = generated[:, width:].tolist()
+    return [tokenizer.decode(_until_eos(ids, tokenizer.eos_token_id), skip_special_tokens=True) for ids in rows]
 
-    generated = input_ids[:, width:].tolist()
-    return [tokenizer.decode(_until_eos(ids, tokenizer.eos_token_id), skip_special_tokens=True) for ids in generated]
+
+def _can_generate(model: "torch.nn.Module") -> bool:
+    can = getattr(model, "can_generate", None)
+    return callable(getattr(model, "generate", None)) and (not callable(can) or bool(can()))
+
+
+def _cached(model, input_ids, attention_mask, max_new_tokens: int, eos_id, pad_id) -> "torch.Tensor":
+    """transformers' greedy search with the KV cache, from a fresh GenerationConfig: a model's own
+    generation defaults (sampling, repetition penalty, ...) do not apply to the metric."""
+    import torch.distributed as dist
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+    synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced
+    )
+
+
+def _uncached(model, input_ids, attention_mask, max_new_tokens: int) -> "torch.Tensor":
+    """Every new token re-runs the whole prefix; exactly `max_new_tokens` forwards on every rank."""
+    import torch
+
+    for _ in range(max_new_tokens):
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        next_tokens = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        input_ids = torch.cat([input_ids, next_tokens], dim=1)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(next_tokens)], dim=1)
+    return input_ids
 
 
 def _until_eos(ids: list[int], eos_id: int | None) -> list[int]:

@@ -47,6 +47,8 @@ class Progress:
             shown["lr"] = f"{float(record['lr']):.2e}"
         if "tokens_per_s" in record:
             shown["tok/s"] = f"{float(record['tokens_per_s']):,.0f}"
+        if record.get("mfu") is not None:
+            shown["mfu"] = f"{100 * float(record['mfu']):.1f}%"
         if "peak_mem_mb" in record:  # max over ranks
             shown["mem"] = f"{float(record['peak_mem_mb']):,.0f}MB"
         for key, value in record.items():

@@ -58,6 +58,16 @@ def _fp8_hardware_missing(cfg: Any) -> bool:
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)
 
 
+def _gpu_loss_kernel_without_cuda(cfg: Any) -> bool:
+    if cfg.train.loss_chunks <= 0 or cfg.train.loss_backend not in ("liger", "cce"):
+        return False
+    if cfg.run.device == "cpu":
+        return True
+    import torch  # only for recipes that ask for a GPU loss kernel
+
+    return not torch.cuda.is_available()
+
+
 COMPAT_RULES: list[CompatRule] = [
     CompatRule(
         "compat.bnb-8bit-optimizer-fsdp",
@@ -213,6 +223,30 @@ COMPAT_RULES: list[CompatRule] = [
         "(torch raises 'Attempting to unscale FP16 gradients')",
         'keep model.dtype = "float32" (autocast computes in fp16), or use bf16',
         condition="train.precision fp16 with float16 trainable weights",
+    ),
+    CompatRule(
+        "compat.liger-missing",
+        "train.loss_backend",
+        lambda c: c.train.loss_chunks > 0 and c.train.loss_backend == "liger" and _missing("liger_kernel"),
+        "liger-kernel is not installed (the `liger_kernel` package is missing; its Triton kernels need CUDA)",
+        'pip install liger-kernel on a CUDA machine, or use train.loss_backend = "chunked" (or "auto")',
+        condition='train.loss_backend = "liger" and liger_kernel not importable',
+    ),
+    CompatRule(
+        "compat.cce-missing",
+        "train.loss_backend",
+        lambda c: c.train.loss_chunks > 0 and c.train.loss_backend == "cce" and _missing("cut_cross_entropy"),
+        "cut-cross-entropy is not installed (the `cut_cross_entropy` package is missing; its kernels need CUDA)",
+        'pip install cut-cross-entropy on a CUDA machine, or use train.loss_backend = "chunked" (or "auto")',
+        condition='train.loss_backend = "cce" and cut_cross_entropy not importable',
+    ),
+    CompatRule(
+        "compat.loss-kernel-cuda",
+        "train.loss_backend",
+        _gpu_loss_kernel_without_cuda,
+        "the liger and cce loss backends are Triton kernels: they run on CUDA only, and this run has no GPU",
+        'use train.loss_backend = "chunked" (pure PyTorch, any device) or "auto"',
+        condition='train.loss_backend "liger" or "cce" on a run without CUDA',
     ),
     CompatRule(
         "compat.wandb-missing",

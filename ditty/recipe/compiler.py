@@ -7,9 +7,10 @@ from typing import Any
 
 from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
-from ditty.recipe import (
-    pipeline_rules,  # noqa: F401  (registers the pipeline.* rules after the core ones)
-    task_rules,  # noqa: F401  (registers the model-task rules)
+from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
+    loss_rules,
+    pipeline_rules,
+    task_rules,
 )
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
@@ -106,5 +107,8 @@ def _builds(config) -> list[tuple[str, str]]:
         rows.append(("fp8", config.fp8.backend + (" (emulated)" if config.fp8.emulate else "")))
     if config.train.compile:
         rows.append(("compile", f"torch.compile per {config.train.compile_scope}"))
+    train = config.train
+    if train.loss_chunks > 0 and not config.pipeline.loss:
+        rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
     rows.append(("output", config.run.output_dir))
     return rows

@@ -463,17 +463,13 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             "set data.packing = false",
         )
         return
-    if cfg.model.attn_implementation == "flash_attention_2":
-        yield error(
-            "data.packing",
-            "flash_attention_2 takes no 4-D mask, so ditty cannot isolate packed samples with it",
-            'use model.attn_implementation = "sdpa" (or "eager") with packing',
-        )
     try:
         from ditty.models import read_model_type, supports_packed_attention
+        from ditty.models.packing import MASK_FREE_MODEL_TYPES
     except ImportError:
         return
     model_type = read_model_type(cfg.model)
+    kernel = cfg.model.attn_implementation
     if model_type is None:
         yield warning(
             "data.packing", "cannot tell offline whether this model isolates packed samples; checked when it loads"
@@ -483,4 +479,12 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             "data.packing",
             f"{model_type} models cannot isolate packed samples (attention would leak across samples)",
             "set data.packing = false (data.group_by_length = true cuts padding instead)",
+        )
+    elif kernel in ("flash_attention_2", "flex_attention") and model_type not in MASK_FREE_MODEL_TYPES:
+        # Flash and flex kernels isolate samples from the cumulative lengths / position ids, which
+        # this model's attention does not take (ditty/models/packing.py); only its dense mask works.
+        yield error(
+            "data.packing",
+            f"{kernel} takes no 4-D mask, and {model_type} isolates packed samples only with one",
+            'use model.attn_implementation = "sdpa" (or "eager") with packing for this model',
         )

@@ -157,7 +157,7 @@ class Builders:
         from ditty.train.pipeline import Pipeline, build_pipeline
 
         cfg, components = self.config.pipeline, self.components
-        pipeline = build_pipeline(cfg)
+        pipeline = build_pipeline(cfg, self.config.train)  # train.loss_chunks picks the chunked loss
         pipeline = Pipeline(
             components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
             components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,

@@ -64,19 +64,26 @@ def generate(
 ) -> str:
     """The model's continuation of `prompt` (the new text only, special tokens removed).
 
-    Greedy unless `sample`; sampling is seeded by `seed` so a command line call is repeatable.
+    Greedy unless `sample` (the same KV-cached greedy search as validation's exact match,
+    ditty.data.task.greedy_generate, stopping at the end-of-sequence token); sampling is seeded by
+    `seed` so a command line call is repeatable.
     """
     model, tokenizer = load_final(run_dir, device)
+    if not sample:
+        from ditty.data.task import greedy_generate
+
+        return greedy_generate(model, tokenizer, [prompt], device, max_new_tokens)[0]
     inputs = tokenizer(prompt, return_tensors="pt").to(device)
     if seed is not None:
         torch.manual_seed(seed)
-    kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p) if sample else dict(do_sample=False)
     output = model.generate(
         **inputs,
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **kwargs,
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
     )
     # A decoder-only model returns the prompt and its continuation; an encoder-decoder only the output.
     new_tokens = output[0] if model.config.is_encoder_decoder else output[0, inputs["input_ids"].shape[1] :]

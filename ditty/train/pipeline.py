@@ -1,19 +1,24 @@
 """The micro-batch pipeline: batch -> preprocessors -> model.forward -> postprocessors -> loss.
 
 The `[pipeline]` section names user components as "package.module:Class" plus keyword arguments;
-empty, it is the causal-LM default (no processors, `CausalLMLoss`).
+empty, it is the causal-LM default (no processors, `CausalLMLoss`, or with `[train] loss_chunks`
+the chunked `FusedLinearCrossEntropyLoss`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from ditty.config.references import import_reference
-from ditty.config.sections import ComponentSpec, PipelineConfig
+from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
+from ditty.data.generic import batch_samples
+from ditty.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
+from ditty.metrics.mfu import measure_forward_flops
 
 # Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
 # passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
@@ -41,13 +46,13 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
-def build_pipeline(cfg: PipelineConfig) -> Pipeline:
-    from ditty.loss import CausalLMLoss
-
+def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> Pipeline:
+    """The `[pipeline]` components; without a `[[pipeline.loss]]`, the causal-LM loss, computed from
+    the hidden states in chunks when `train.loss_chunks` > 0 (ditty.fused_loss)."""
     pre = [import_component(s, f"pipeline.preprocessors[{i}]") for i, s in enumerate(cfg.preprocessors)]
     post = [import_component(s, f"pipeline.postprocessors[{i}]") for i, s in enumerate(cfg.postprocessors)]
     if not cfg.loss:
-        loss = CausalLMLoss()
+        loss = causal_lm_loss(train)
     elif len(cfg.loss) == 1:
         loss = import_component(cfg.loss[0], "pipeline.loss[0]")
     else:
@@ -57,13 +62,30 @@ def build_pipeline(cfg: PipelineConfig) -> Pipeline:
     return Pipeline(pre, post, loss)
 
 
+def causal_lm_loss(train: Optional[TrainConfig] = None) -> Any:
+    """CausalLMLoss, or FusedLinearCrossEntropyLoss when `train.loss_chunks` > 0."""
+    if train is not None and train.loss_chunks > 0:
+        from ditty.fused_loss import FusedLinearCrossEntropyLoss
+
+        return FusedLinearCrossEntropyLoss(chunks=train.loss_chunks, backend=train.loss_backend)
+    from ditty.loss import CausalLMLoss
+
+    return CausalLMLoss()
+
+
 def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
-    packed samples are isolated only without a cache)."""
-    from ditty.models.inputs import accepted_inputs
+    packed samples are isolated only without a cache). A packed batch (cumulative sample lengths,
+    no mask) gets what the model's attention kernel needs (ditty.models.packing.packed_inputs)."""
+    if "cu_seq_lens_q" in batch:
+        from ditty.models.packing import packed_inputs
 
-    accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
-    kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
+        kwargs = packed_inputs(model, batch)
+    else:
+        from ditty.models.inputs import accepted_inputs
+
+        accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
+        kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
     # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
     # Hugging Face model would build a KV cache in training, which activation checkpointing's
     # recompute then extends a second time (selective checkpointing fails on the extra ops).
@@ -126,8 +148,15 @@ def run_pipeline(
                 f"pipeline.preprocessors[{index}] ({type(processor).__name__})", processor, before, batch, ctx
             )
     ctx["batch"] = batch
-    with autocast():
+    # A loss that projects the hidden states itself (ditty.fused_loss) gets the output head's input,
+    # and the head skips the [tokens, vocab] logits.
+    head_input = wants_head_input(pipeline.loss)
+    # A custom model's FLOPs for the mfu metric: counted once, on its first training forward.
+    flops = measure_forward_flops(_unwrap(model), batch_samples(batch)) if not lm and ctx.get("training") else None
+    with autocast(), emit_head_input(model) if head_input else nullcontext() as head, flops or nullcontext():
         output = call_model(model, batch, ctx.get("forward_kwargs", {}), lm=lm)
+    if head_input:
+        ctx[HEAD_INPUT] = head.hidden
     if checker:
         checker.stage(f"model ({type(_unwrap(model)).__name__})", _unwrap(model), batch, output, ctx)
     for index, processor in enumerate(pipeline.postprocessors):
@@ -140,6 +169,9 @@ def run_pipeline(
     if checker:
         checker.loss(pipeline.loss, output, ctx)
         checker.raise_errors()
+    if head_input:  # its matrix products are the output head's: same precision as in the forward
+        with autocast():
+            return pipeline.loss(output, ctx)
     return pipeline.loss(output, ctx)  # labels reach the loss through ctx["batch"]
 
 

@@ -26,6 +26,7 @@ from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
 from ditty.metrics import Progress
+from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.train import checkpointing
 from ditty.train.builders import Builders
@@ -247,6 +248,11 @@ class Trainer(Builders, RunEnding):
         record.update(self.memory.record(self.model, self.optimizer))
         if self.data.skipped_rows:  # bad data rows left out (data.on_bad_rows = "skip")
             record["skipped_rows"] = self.data.skipped_rows
+        # mfu/hfu: model FLOPs x tokens/s over the devices' peak (ditty.metrics.mfu)
+        runtime = self.runtime
+        record.update(
+            utilization(self.model, self.config, runtime.device, runtime.world_size, record.get("tokens_per_s"))
+        )
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record

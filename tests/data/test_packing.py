@@ -1,5 +1,8 @@
 """Packed samples do not see each other: a packed row gives, per sample, the logits and loss of that
-sample run alone (fp32, within 1e-5); negative controls show the leak when isolation is off."""
+sample run alone (fp32, within 1e-5); negative controls show the leak when isolation is off.
+
+Packed batches carry no mask, only position ids and cumulative sample lengths; the model's inputs
+come from ditty.models.packing.packed_inputs, as in training (ditty.train.pipeline.model_inputs)."""
 
 from __future__ import annotations
 
@@ -9,17 +12,27 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from ditty.data.batching import BatchStream
-from ditty.data.collate import BLOCKED, pack_rows
+from ditty.data.collate import pack_rows
+from ditty.models.packing import BLOCKED, dense_block_mask, packed_inputs
 
 PAD = 0
 LENGTHS = [7, 12, 5, 9]  # first row: the first three samples; second row: the last one, then padding
 
 
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
+@pytest.fixture(params=["sdpa", "eager"])
 def model(request, tiny_llama_dir):
     return AutoModelForCausalLM.from_pretrained(
         tiny_llama_dir, attn_implementation=request.param, dtype=torch.float32
     ).eval()
+
+
+def _forward(model, batch):
+    """The model's logits for a batch, packed or padded, with the inputs training gives it."""
+    if "cu_seq_lens_q" in batch:
+        kwargs = packed_inputs(model, batch)
+    else:
+        kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    return model(**kwargs, use_cache=False).logits
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +55,7 @@ def _sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def _per_sample(model, batch, samples):
     """(logits, loss) of each sample, cut out of the packed forward pass."""
     with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        ).logits
+        logits = _forward(model, batch)
     rows = [samples[:3], samples[3:]]
     out = []
     for row_index, row in enumerate(rows):
@@ -87,28 +95,40 @@ def test_packed_samples_match_samples_run_one_by_one(model, samples):
 
 def test_packed_row_layout(samples):
     batch = _packed(samples)
-    assert batch["attention_mask"].shape == (2, 1, 24, 24) and batch["attention_mask"].dtype == torch.float32
+    assert "attention_mask" not in batch  # nothing of T x T size, and no 2D mask either
     assert batch["position_ids"][0].tolist() == list(range(7)) + list(range(12)) + list(range(5))
-    allowed = batch["attention_mask"][0, 0] == 0
+    # the second row: its sample, then the padding tail as a segment of its own
+    assert batch["position_ids"][1].tolist() == list(range(9)) + list(range(15))
+    assert batch["cu_seq_lens_q"].tolist() == [0, 7, 19, 24, 33, 48]  # over the flattened rows
+    assert batch["cu_seq_lens_q"].dtype == torch.int32 and batch["cu_seq_lens_k"] is batch["cu_seq_lens_q"]
+    assert batch["max_length_q"] == batch["max_length_k"] == 15
+
+
+def test_the_dense_mask_built_from_the_lengths(samples):
+    """The fallback for models that need a mask (dense_block_mask): same layout as the samples."""
+    batch = _packed(samples)
+    mask = dense_block_mask(batch["cu_seq_lens_q"], 2, 24)
+    assert mask.shape == (2, 1, 24, 24) and mask.dtype == torch.float32
+    allowed = mask[0, 0] == 0
     assert allowed[7, 7] and allowed[8, 7] and not allowed[7, 6]  # a new sample starts at 7
     assert not allowed[10, 3] and not allowed[20, 10]  # no attention across samples
-    assert batch["position_ids"][1].tolist() == list(range(9)) + [0] * 15
-    padding = batch["attention_mask"][1, 0, 9:]
+    padding = mask[1, 0, 9:]
     assert (padding[:, :9] == BLOCKED).all()  # padding sees no real token ...
-    assert (padding[:, 9:] == 0).equal(torch.eye(15, dtype=torch.bool))  # ... only itself (no all-blocked row)
-    assert (batch["attention_mask"][1, 0, :9, 9:] == BLOCKED).all()  # ... and no real token sees padding
+    assert (padding[:, 9:] == 0).equal(torch.ones(15, 15, dtype=torch.bool).tril())  # ... only its own tail
+    assert (mask[1, 0, :9, 9:] == BLOCKED).all()  # ... and no real token sees padding
 
 
 @pytest.mark.parametrize("leaky_mask", ["all_ones_2d", "plain_causal_4d"])
 def test_negative_control_without_isolation_the_samples_leak(model, samples, leaky_mask):
     batch = _packed(samples)
     width = batch["input_ids"].shape[1]
+    leaky = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}
     if leaky_mask == "all_ones_2d":  # position ids restart, but the mask lets samples see each other
-        batch["attention_mask"] = torch.ones(2, width, dtype=torch.long)
+        leaky["attention_mask"] = torch.ones(2, width, dtype=torch.long)
     else:
         causal = torch.full((width, width), BLOCKED).triu(1)
-        batch["attention_mask"] = causal.expand(2, 1, width, width).clone()
-    packed = _per_sample(model, batch, samples)
+        leaky["attention_mask"] = causal.expand(2, 1, width, width).clone()
+    packed = _per_sample(model, leaky, samples)
     alone = _one_by_one(model, samples)
     # The first sample of a row has nothing before it; the later ones see their predecessors.
     for index in (1, 2):
@@ -136,7 +156,7 @@ def test_a_packed_batch_stream_step_feeds_the_model_in_isolation(model):
     )
     (batch,) = stream.next_step()
     with torch.no_grad():
-        logits = model(**batch, use_cache=False).logits
+        logits = _forward(model, batch)
     shifted = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), reduction="sum")
 
     # Cut each row back into its samples where the position ids restart; padding ids are PAD.

@@ -1,5 +1,8 @@
-"""supports_packed_attention, and the measurement behind its table: a packed row with a 4D
-block-diagonal additive mask and restarting position ids gives each sample's own logits."""
+"""supports_packed_attention, and the measurements behind its tables: a packed row gives each
+sample's own logits (within 1e-5) with the dense 4D block-diagonal additive mask for every type in
+PACKED_MASK_MODEL_TYPES, and without any T x T tensor (ditty's per-sample attention, PACKED_SDPA)
+for every type in MASK_FREE_MODEL_TYPES; the other types fall back to the dense mask.
+The CUDA kernels (flash_attention_2 varlen, flex_attention) are tested on a GPU (marker `gpu`)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ditty.data.collate import pack_rows
 from ditty.models import supports_packed_attention
-from ditty.models.packing import PACKED_MASK_MODEL_TYPES
+from ditty.models.packing import MASK_FREE_MODEL_TYPES, PACKED_MASK_MODEL_TYPES, PACKED_SDPA, packed_inputs
 
 LENGTHS = (5, 7, 4)
 TINY = dict(
@@ -37,6 +41,32 @@ def block_diagonal_mask(lengths) -> torch.Tensor:
         start += length
     mask = torch.zeros(total, total).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     return mask[None, None]
+
+
+def mask_free_error(model_type: str, attn_implementation: str, device: str = "cpu") -> tuple[float, str]:
+    """Largest logit difference between ditty's packed batch (two rows: samples of LENGTHS[:2], then
+    LENGTHS[2] and a padding tail) through `packed_inputs` and the samples run one by one; and the
+    attention implementation the model ended up with."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **TINY)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    model = model.to(device).eval()
+    ids = torch.randint(3, 100, (sum(LENGTHS),)).tolist()
+    samples, start = [], 0
+    for length in LENGTHS:
+        samples.append((ids[start : start + length], ids[start : start + length]))
+        start += length
+    batch = pack_rows([samples[:2], samples[2:] + [([5] * 6, [5] * 6)]], pad_token_id=0)
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    with torch.no_grad():
+        packed = model(**packed_inputs(model, batch), use_cache=False).logits
+        alone = [model(input_ids=torch.tensor([s], device=device), use_cache=False).logits[0] for s, _ in samples]
+    first, second = LENGTHS[0] + LENGTHS[1], LENGTHS[2]
+    error = max(
+        (packed[0, :first] - torch.cat(alone[:2])).abs().max().item(),
+        (packed[1, :second] - alone[2]).abs().max().item(),
+    )
+    return error, model.config._attn_implementation
 
 
 def packing_error(model_type: str, attn_implementation: str, *, isolate: bool = True) -> float:
@@ -76,6 +106,39 @@ def test_every_listed_model_isolates_packed_samples(model_type, attn_implementat
     assert packing_error(model_type, attn_implementation) < 1e-5
 
 
+@pytest.mark.parametrize(("model_type", "attn_implementation"), _cases({"llama", "qwen2", "gpt2"}))
+def test_common_models_isolate_packed_samples_without_a_mask(model_type, attn_implementation):
+    error, kernel = mask_free_error(model_type, attn_implementation)
+    assert kernel == PACKED_SDPA and error < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "attn_implementation"), _cases(MASK_FREE_MODEL_TYPES))
+def test_every_mask_free_model_isolates_packed_samples_without_a_mask(model_type, attn_implementation):
+    error, kernel = mask_free_error(model_type, attn_implementation)
+    assert kernel == PACKED_SDPA and error < 1e-5
+
+
+@pytest.mark.parametrize("model_type", sorted(PACKED_MASK_MODEL_TYPES - MASK_FREE_MODEL_TYPES))
+def test_the_other_models_keep_the_dense_mask_and_stay_isolated(model_type):
+    impl = "eager" if model_type in SDPA_MISSING else "sdpa"
+    error, kernel = mask_free_error(model_type, impl)
+    assert kernel == impl and error < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn_implementation", ["flash_attention_2", "flex_attention"])
+def test_cuda_kernels_isolate_packed_samples(attn_implementation):
+    """flash_attention_2 gets the cumulative lengths (varlen); flex_attention a BlockMask from the
+    position ids. Needs CUDA (and the flash-attn package for flash_attention_2)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if attn_implementation == "flash_attention_2":
+        pytest.importorskip("flash_attn")
+    error, kernel = mask_free_error("llama", attn_implementation, device="cuda")
+    assert kernel == attn_implementation and error < 1e-2  # fp32 in, the kernels compute in bf16/tf32
+
+
 def test_negative_control_an_all_ones_mask_leaks():
     """Without the block mask the same check fails, so the check can see a leak."""
     assert packing_error("llama", "sdpa", isolate=False) > 1e-2
@@ -91,10 +154,15 @@ def test_answers_by_model_type_config_and_model():
     assert not supports_packed_attention(torch.nn.Linear(2, 2))  # no config: nothing known
 
 
-def test_flash_attention_takes_no_4d_mask():
-    config = AutoConfig.for_model("llama", **TINY)
-    config._attn_implementation = "flash_attention_2"
-    assert not supports_packed_attention(config)
+def test_flash_and_flex_kernels_pack_only_mask_free_models():
+    """They take no 4D mask: a mask-free type isolates through the cumulative lengths / position ids."""
+    for kernel in ("flash_attention_2", "flex_attention"):
+        config = AutoConfig.for_model("llama", **TINY)
+        config._attn_implementation = kernel
+        assert supports_packed_attention(config)
+        falcon = AutoConfig.for_model("falcon", **TINY)
+        falcon._attn_implementation = kernel
+        assert not supports_packed_attention(falcon)
 
 
 def test_a_sliding_window_shorter_than_the_rows_is_refused():

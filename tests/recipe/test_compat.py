@@ -58,6 +58,9 @@ FAILING = {
     "compat.deepspeed-8bit-optimizer": ('[parallel]\nkind = "deepspeed"\n[optimizer]\nkind = "adamw8bit"\n', 2),
     "compat.fp16-weights-with-scaler": ('[model]\ndtype = "float16"\n[train]\nprecision = "fp16"\n', 1),
     "compat.wandb-missing": ("[logging]\nwandb = true\n", 1),
+    "compat.liger-missing": ('[train]\nloss_chunks = 4\nloss_backend = "liger"\n', 1),
+    "compat.cce-missing": ('[train]\nloss_chunks = 4\nloss_backend = "cce"\n', 1),
+    "compat.loss-kernel-cuda": ('[run]\ndevice = "cpu"\n[train]\nloss_chunks = 4\nloss_backend = "liger"\n', 1),
 }
 
 
@@ -79,7 +82,12 @@ def test_every_rule_has_a_failing_recipe():
 @pytest.mark.parametrize("rule", COMPAT_RULES, ids=lambda r: r.id)
 def test_rule_trips_on_its_recipe_and_not_on_the_base(rule, monkeypatch):
     extra, world_size = FAILING[rule.id]
-    optional = {"compat.deepspeed-missing": "deepspeed", "compat.wandb-missing": "wandb"}.get(rule.id)
+    optional = {
+        "compat.deepspeed-missing": "deepspeed",
+        "compat.wandb-missing": "wandb",
+        "compat.liger-missing": "liger_kernel",
+        "compat.cce-missing": "cut_cross_entropy",
+    }.get(rule.id)
     if optional and _has(optional):  # installed here (the dev set-up has deepspeed): pretend it is not
         from ditty.recipe import compat
 

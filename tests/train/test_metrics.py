@@ -38,6 +38,14 @@ def test_metrics_jsonl_fields(run):
     assert eval_steps == [3, 6]  # every 3 steps; the last step's evaluation is not repeated
 
 
+def test_every_record_has_mfu_within_the_cpu_probe(run):
+    """mfu divides model FLOPs/s by the machine's measured fp32 peak (ditty.metrics.peak): between 0
+    and 1; hfu equals it without activation checkpointing."""
+    records = read_jsonl(os.path.join(run.run_dir, "metrics.jsonl"))
+    for record in records:
+        assert 0 < record["mfu"] < 1 and record["hfu"] == record["mfu"], record
+
+
 def test_tokens_count_non_padding_inputs(run):
     """tokens equals the sum of attention-mask ones the model saw (8 samples x 6 steps)."""
     records = read_jsonl(os.path.join(run.run_dir, "metrics.jsonl"))
