@@ -25,6 +25,7 @@ LAYERS = {
     "ditty.recipe": 3,
     "ditty.train": 4,
     "ditty.pipeline": 4,
+    "ditty.evaluation": 4,
     "ditty.cli": 5,
     "ditty.__main__": 5,
 }
@@ -36,6 +37,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.diffusion", "ditty.processors"),  # diffusion's processors subclass the base processor types
+    ("ditty.train", "ditty.evaluation"),  # the trainer runs [eval] harness_tasks on its model
 }
 
 

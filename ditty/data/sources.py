@@ -49,10 +49,13 @@ FILE_BUILDERS = {
 }
 
 
-def load_file_dataset(pattern: Optional[str], *, key: str, cache_dir: Optional[str]) -> "Dataset":
+def load_file_dataset(
+    pattern: Optional[str], *, key: str, cache_dir: Optional[str], streaming: bool = False
+) -> "Dataset":
     """All rows of the files matching `pattern` (a path or a glob), in sorted file order.
 
-    `key` is the recipe key that named the files ("data.path" or "data.val_path").
+    `key` is the recipe key that named the files ("data.path" or "data.val_path"). `streaming`:
+    an `IterableDataset` that reads the files lazily (one shard per file) instead.
     """
     if not pattern:
         raise RecipeError.single(
@@ -88,7 +91,7 @@ def load_file_dataset(pattern: Optional[str], *, key: str, cache_dir: Optional[s
     from datasets import load_dataset
 
     try:
-        return load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir)
+        return load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir, streaming=streaming)
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is the user's to fix
         raise RecipeError.single(
             f"cannot read {pattern!r}: {_condensed(error)}",
@@ -97,12 +100,13 @@ def load_file_dataset(pattern: Optional[str], *, key: str, cache_dir: Optional[s
         ) from error
 
 
-def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str]) -> "Dataset":
-    """A split of a Hugging Face hub dataset (from the local cache when offline, if it is there)."""
+def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str], streaming: bool = False) -> "Dataset":
+    """A split of a Hugging Face hub dataset (from the local cache when offline, if it is there);
+    `streaming`: an `IterableDataset` read lazily from the hub."""
     from datasets import load_dataset
 
     try:
-        return load_dataset(name, split=split, cache_dir=cache_dir)
+        return load_dataset(name, split=split, cache_dir=cache_dir, streaming=streaming)
     except Exception as error:  # noqa: BLE001 - unknown id, missing split and no network all end here
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         fix = (

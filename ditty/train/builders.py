@@ -232,8 +232,6 @@ class Builders:
         return t.global_batch_size // per_step
 
     def build_stream(self):
-        from ditty.data import BatchStream
-
         d, t = self.config.data, self.config.train
         if getattr(self.data, "generic", False):
             from ditty.data.generic import GenericStream, LoaderStream
@@ -249,17 +247,18 @@ class Builders:
                 seed=self.data.seed,
                 collate_fn=self.data.collate_fn,
             )
-        return BatchStream(
-            self.data.train,
+        # datascale (#18): one source, a [[data.sources]] mixture or a stream, with data.num_workers;
+        # the seed is data.shuffle_seed, else run.seed (decided by build_data).
+        from ditty.data.build import build_stream
+
+        return build_stream(
+            self.data,
+            d,
             global_batch_size=t.global_batch_size,
             micro_batch_size=t.micro_batch_size,
             rank=self.rank,
             world_size=self.world_size,
-            seed=self.data.seed,  # data.shuffle_seed, else run.seed (decided by build_data)
-            packing=d.packing,
-            max_seq_len=d.max_seq_len,
             pad_token_id=self.tokenizer.pad_token_id,
-            group_by_length=d.group_by_length,
         )
 
     def build_total_steps(self) -> int:

@@ -50,6 +50,12 @@ IGNORED = (
     "checkpoint.async_save",
     "checkpoint.resume",
     "checkpoint.force_resume",
+    # datascale (#18): held-out sets and benchmarks do not change training; workers only prepare the
+    # same batches (a stream read by another number of workers is refused by the stream itself).
+    "data.eval.",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "eval.",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
 

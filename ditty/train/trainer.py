@@ -26,6 +26,8 @@ from ditty._utils.dist import rank as get_rank
 from ditty._utils.dist import world_size as get_world_size
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, is_generic, to_device
+from ditty.data.mixture import source_token_record
+from ditty.evaluation import harness_due, harness_on_model, score_final_model
 from ditty.metrics import Progress, plot_run
 from ditty.metrics.progress import format_record
 from ditty.models.converters import run_post_optimizer_hooks
@@ -34,6 +36,7 @@ from ditty.train.builders import Builders
 from ditty.train.components import RuntimeComponents
 from ditty.train.evaluate import eval_batches, validation_loss
 from ditty.train.final import save_final, unwrap_model
+from ditty.train.heldout import held_out_losses
 from ditty.train.pipeline import run_pipeline
 from ditty.train.speed import apply_speedups
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
@@ -112,6 +115,10 @@ class Trainer(Builders):
                     record = self.step_record(out)
                 if last or (cfg.eval_every and self.state.step % cfg.eval_every == 0):
                     record = {**(record or self.step_record(out)), **self.evaluate()}
+                if harness_due(self.config.eval, self.state.step, last):  # datascale (#18): lm-eval, live model
+                    scores = harness_on_model(unwrap_model(self.model), self.tokenizer, self.config.eval)
+                    self.state.eval_metrics.update(scores)
+                    record = {**(record or self.step_record(out)), **scores}
                 if record:
                     self.log(record)
                 self.check_skips(out)
@@ -262,6 +269,11 @@ class Trainer(Builders):
             batches = eval_batches(val, self.config.train.micro_batch_size, self.tokenizer.pad_token_id)
             forward = lambda b: self.forward(b, self.make_context(index=0, count=1, training=False))  # noqa: E731
             metrics["val_loss"] = validation_loss(forward, batches, self.count_tokens)
+        val_sets = getattr(self.data, "val_sets", ())
+        if val_sets:  # datascale (#18): val_loss/NAME per held-out set and val_loss over all of them
+            forward = lambda b: self.forward(b, self.make_context(index=0, count=1, training=False))  # noqa: E731
+            micro, pad = self.config.train.micro_batch_size, self.tokenizer.pad_token_id
+            metrics.update(held_out_losses(forward, val_sets, micro, pad, self.count_tokens))
         task = getattr(self.data, "task", None)
         if task is not None and self.config.train.eval_samples > 0:
             with self.precision.autocast():
@@ -281,6 +293,7 @@ class Trainer(Builders):
         record.update(loss=interval.pop("loss"), lr=out.metrics.get("lr"), grad_norm=interval.pop("grad_norm"))
         record.update(tokens=self.state.tokens, **interval)
         record.update({k: v for k, v in out.metrics.items() if k != "lr"})
+        record.update(source_token_record(self.stream))  # datascale (#18): tokens/source/NAME (collective)
         record.update(distributed.memory_record(self))
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
@@ -325,6 +338,8 @@ class Trainer(Builders):
         if self.state.step != self.checkpointer.last_saved_step:
             self.checkpointer.save()
         path = path or os.path.join(self.run_dir, "final")
+        if self.config.eval.harness_tasks:  # datascale (#18): lm-eval scores of final/, before the push
+            self.log({"step": self.state.step, **score_final_model(self, path)})
         if push in ("end", "checkpoints"):
             checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
         return path
