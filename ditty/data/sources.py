@@ -50,12 +50,18 @@ FILE_BUILDERS = {
 
 
 def load_file_dataset(
-    pattern: Optional[str], *, key: str, cache_dir: Optional[str], streaming: bool = False
+    pattern: Optional[str],
+    *,
+    key: str,
+    cache_dir: Optional[str],
+    streaming: bool = False,
+    reader_options: Optional[dict[str, dict]] = None,
 ) -> "Dataset":
     """All rows of the files matching `pattern` (a path or a glob), in sorted file order.
 
     `key` is the recipe key that named the files ("data.path" or "data.val_path"). `streaming`:
     an `IterableDataset` that reads the files lazily (one shard per file) instead.
+    `reader_options`: {builder ("json", "text", ...): its extra `load_dataset` options}.
     """
     if not pattern:
         raise RecipeError.single(
@@ -91,7 +97,11 @@ def load_file_dataset(
     from datasets import load_dataset
 
     try:
-        return load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir, streaming=streaming)
+        builder = builders.pop()
+        options = (reader_options or {}).get(builder, {})
+        return load_dataset(
+            builder, data_files=files, split="train", cache_dir=cache_dir, streaming=streaming, **options
+        )
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is the user's to fix
         raise RecipeError.single(
             f"cannot read {pattern!r}: {_condensed(error)}",

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+READ_AHEAD = {"json": {"chunksize": 1 << 20}, "text": {"chunksize": 1 << 20}}
+"""Bytes `datasets` reads (and parses into one Arrow table) at a time from a JSON or text file; its
+default, 10 MiB, is held per source per reader. Fixed: a resume counts position in these chunks."""
+
+
 @dataclass(frozen=True)
 class StreamingData:
     """What a streaming run trains on: the sources to open in each reader. It has no length (a
@@ -66,7 +71,9 @@ def open_rows(source: ResolvedSource, cache_dir: Optional[str]):
 
     data = source.data
     if data.source == "file":
-        return load_file_dataset(data.path, key=f"{source.key}.path", cache_dir=cache_dir, streaming=True)
+        return load_file_dataset(
+            data.path, key=f"{source.key}.path", cache_dir=cache_dir, streaming=True, reader_options=READ_AHEAD
+        )
     if data.source == "hub":
         return load_hub_dataset(data.name, split=data.split, cache_dir=cache_dir, streaming=True)
     raise RecipeError.single(

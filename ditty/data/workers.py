@@ -41,6 +41,9 @@ def _loader(dataset: Any, workers: int, prefetch_factor: int, sampler: Any = Non
         prefetch_factor=prefetch_factor,
         collate_fn=_keep,
         in_order=True,  # batches come back in the order they were asked for: the state follows them
+        # The workers' base seed comes from here, not from torch's global generator: starting workers
+        # must not shift the dropout stream a resumed run restores (nothing here draws from it).
+        generator=torch.Generator().manual_seed(0),
     )
 
 
