@@ -88,11 +88,18 @@ def test_ditty_eval_prints_and_records_a_score_for_the_final_model(scored_run, t
     assert read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[-1] == last
 
 
-def test_ditty_eval_errors_are_user_errors(scored_run, tasks_dir, tmp_path, capsys):
-    assert main(["eval", scored_run.run_dir, "--tasks", "no_such_task", "--include-path", str(tasks_dir)]) == 2
-    assert "knows no task 'no_such_task'" in capsys.readouterr().err
+def test_ditty_eval_errors_are_user_errors(scored_run, tmp_path, capsys):
     assert main(["eval", str(tmp_path), "--tasks", "ditty_arith"]) == 2
     assert "neither a run" in capsys.readouterr().err
+    assert main(["eval", scored_run.run_dir, "--limit", "many"]) == 2
+    assert "--limit takes a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_unknown_task_is_a_user_error(scored_run, tasks_dir, capsys):
+    """Not found among the local tasks, lm-eval's own ~15,000 are indexed (tens of seconds), then refused."""
+    assert main(["eval", scored_run.run_dir, "--tasks", "no_such_task", "--include-path", str(tasks_dir)]) == 2
+    assert "knows no task 'no_such_task'" in capsys.readouterr().err
 
 
 def test_results_flatten_to_named_scores():

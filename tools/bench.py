@@ -27,6 +27,8 @@ Comparisons:
   8-bit AdamW under FSDP2 on 2 gloo ranks: each rank's optimizer-state bytes per local (sharded)
   parameter, and whether every rank's state tensors are torchao's 8-bit subclass (--quick asserts it).
 - compile: tokens/s with train.compile (blocks) vs eager; compile time separately.
+- streaming (only with `--only streaming`, never in --quick): data.streaming against the
+  pre-tokenized path, and peak memory over 1x/10x/100x corpora; see tools/bench_streaming.py.
 """
 
 from __future__ import annotations
@@ -720,7 +722,12 @@ def main(argv=None) -> int:
         if quick:
             assert every_rank, f"8-bit AdamW state missing on some FSDP rank: {ranks}"
 
-    print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started))
+    if rows or mem_rows or notes:
+        print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started))
+    if "streaming" in sections and not quick:
+        from bench_streaming import main as streaming_benchmark  # tools/ is on the path of this script
+
+        print(streaming_benchmark(reps=opts.reps or 2, log=log))
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)  # run directories, checkpoints, inductor caches

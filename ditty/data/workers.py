@@ -32,6 +32,18 @@ def _keep(item: Any) -> Any:
     return item
 
 
+def _start_method() -> Optional[str]:
+    """ "fork" on Linux, else the platform's default. A worker exits when its parent process dies
+    (torch's worker watchdog compares `os.getppid()` with its parent at start). Forked, that parent
+    is the trainer, so workers of a killed run go with it; started by a forkserver (the default of
+    a process that was itself started by one, and of Python 3.14), the parent is the forkserver,
+    which outlives the trainer, and the workers would wait forever."""
+    import multiprocessing
+    import sys
+
+    return "fork" if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() else None
+
+
 def _loader(dataset: Any, workers: int, prefetch_factor: int, sampler: Any = None) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(
         dataset,
@@ -44,6 +56,7 @@ def _loader(dataset: Any, workers: int, prefetch_factor: int, sampler: Any = Non
         # The workers' base seed comes from here, not from torch's global generator: starting workers
         # must not shift the dropout stream a resumed run restores (nothing here draws from it).
         generator=torch.Generator().manual_seed(0),
+        multiprocessing_context=_start_method(),
     )
 
 

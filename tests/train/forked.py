@@ -33,6 +33,18 @@ PRELOAD = [
     "ditty.data.streaming",
     "ditty.data.workers",
     "tests.train.resume_hooks",
+    # What a run imports on its way (found by diffing sys.modules around one run).
+    "ditty.train.entry",
+    "ditty.recipe",
+    "ditty.optim",
+    "ditty.loss",
+    "deepspeed",
+    "pydantic",
+    "einops",
+    "torch.profiler",
+    "transformers.convert_slow_tokenizer",
+    "transformers.integrations",
+    "PIL.PngImagePlugin",
 ]
 
 
@@ -54,28 +66,44 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sample_memory: bool = False):
-    """(exit code, peak proportional set size in MiB of the run and its workers, or None). A run
-    killed by SIGKILL exits with -9."""
+    """(exit code, peak proportional set size in MiB of the run and its workers or None, the pids of
+    its dataloader workers still alive 15 s after it ended). A run killed by SIGKILL exits with -9."""
     import psutil
 
     child = context().Process(target=_main, args=(argv, {"OMP_NUM_THREADS": "1", **(env or {})}, str(log)))
     child.start()
-    peak = [0]
+    peak, workers = [0], set()
 
     def sample() -> None:
         process = psutil.Process(child.pid)
         while child.is_alive():
             try:
-                tree = [process, *process.children(recursive=True)]
-                peak[0] = max(peak[0], sum(p.memory_full_info().pss for p in tree))
+                tree = process.children(recursive=True)
+                workers.update(p.pid for p in tree)
+                if sample_memory:
+                    peak[0] = max(peak[0], sum(p.memory_full_info().pss for p in [process, *tree]))
             except psutil.Error:
                 pass
             time.sleep(0.2)
 
-    sampler = threading.Thread(target=sample, daemon=True) if sample_memory else None
-    if sampler:
-        sampler.start()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     child.join(timeout=600)
-    if sampler:
-        sampler.join()
-    return child.exitcode, (peak[0] / 2**20 if sample_memory else None)
+    sampler.join()
+    deadline = time.time() + 15  # torch's worker watchdog notices a dead parent within 5 s
+    while time.time() < deadline and _alive(workers):
+        time.sleep(0.5)
+    return child.exitcode, (peak[0] / 2**20 if sample_memory else None), _alive(workers)
+
+
+def _alive(pids: set[int]) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            pass
+    return alive

@@ -28,7 +28,15 @@ num_threads = 1
 [model]
 init = "random"
 architecture = "llama"
-config = {{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 96, attention_dropout = 0.1 }}
+
+[model.config]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = 96
+attention_dropout = 0.1
 
 [tokenizer]
 kind = "byte"
@@ -107,12 +115,12 @@ def test_streaming_run_has_flat_memory_resumes_bitwise_after_five_kills_and_refu
     large = write_corpus(tmp_path / "corpus-200x", 200)
     large_bytes = sum(p.stat().st_size for p in large.iterdir())
 
-    code, peak_small = forked.run(
+    code, peak_small, _ = forked.run(
         ["run", str(recipe(tmp_path, small, "small"))], tmp_path / "small.log", sample_memory=True
     )
     assert code == 0, (tmp_path / "small.log").read_text()[-3000:]
     reference_recipe = recipe(tmp_path, large, "reference")
-    code, peak_large = forked.run(["run", str(reference_recipe)], tmp_path / "reference.log", sample_memory=True)
+    code, peak_large, _ = forked.run(["run", str(reference_recipe)], tmp_path / "reference.log", sample_memory=True)
     assert code == 0, (tmp_path / "reference.log").read_text()[-3000:]
     # Flat: 200x the rows, the same memory. The larger corpus outgrows the slack allowed to the data.
     slack_mb = 24
@@ -132,9 +140,10 @@ def test_streaming_run_has_flat_memory_resumes_bitwise_after_five_kills_and_refu
     log = tmp_path / "killed.log"
     for step in points:
         at = f"{step + rng.randint(0, 2)}:{rng.randint(0, 1)}:KILL"  # 0-based step, micro-step
-        code, _ = forked.run(["run", str(killed)], log, env={"DITTY_TEST_SIGNAL_AT": at})
+        code, _, orphans = forked.run(["run", str(killed)], log, env={"DITTY_TEST_SIGNAL_AT": at})
         assert code == -9, log.read_text()[-3000:]
-    code, _ = forked.run(["run", str(killed)], log)
+        assert not orphans, f"dataloader workers outlived the killed run: {orphans}"
+    code, _, _ = forked.run(["run", str(killed)], log)
     assert code == 0, log.read_text()[-3000:]
     assert log.read_text().count("resumed from step") == 5
     assert records(tmp_path / "killed") == reference  # bitwise: losses, grad norms, tokens per source
