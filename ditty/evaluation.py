@@ -48,6 +48,9 @@ def harness_scores(
         )
     was_training = model.training
     model.eval()
+    # simple_evaluate seeds Python's, NumPy's and torch's global generators; a run scored mid-way
+    # must keep its own streams (dropout), so they are put back afterwards.
+    saved = _random_states()
     try:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         results = lm_eval.simple_evaluate(
@@ -61,7 +64,32 @@ def harness_scores(
         )
     finally:
         model.train(was_training)
+        _restore_random_states(saved)
     return flatten_results(results["results"])
+
+
+def _random_states() -> tuple:
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _restore_random_states(states: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    python, numpy_state, cpu, cuda = states
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def flatten_results(results: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -105,3 +105,22 @@ def test_an_unknown_task_is_a_user_error(scored_run, tasks_dir, capsys):
 def test_results_flatten_to_named_scores():
     results = {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "exact_match,strict": 0.25}}
     assert flatten_results(results) == {"harness/t/acc": 0.5, "harness/t/exact_match_strict": 0.25}
+
+
+def test_the_harness_leaves_the_random_streams_of_training_alone(scored_run, tasks_dir):
+    """lm-eval seeds the global generators; a run scored mid-way keeps its own (dropout) streams."""
+    import random
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
+    from ditty.evaluation import harness_scores, load_model
+
+    model, tokenizer = load_model(Path(scored_run.run_dir) / "final")
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    scores = harness_scores(model, tokenizer, ["ditty_arith"], include_path=str(tasks_dir), limit=4)
+    assert SCORE in scores
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+    assert torch.equal(torch.get_rng_state(), before[2])

@@ -33,6 +33,7 @@ CASES = {
     "no_recipe": ["run"],
     "pipeline_misfits": ["check", "tests/config/bad_recipes/pipeline_misfits.toml"],
     "pipeline_imports": ["check", "tests/config/bad_recipes/pipeline_imports.toml"],
+    "data_sources": ["check", "tests/config/bad_recipes/data_sources.toml"],
 }
 
 

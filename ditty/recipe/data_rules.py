@@ -56,6 +56,13 @@ def sources(ctx: Context) -> Iterator[Problem]:
                 f"{source.dataset!r} is not a built-in text dataset",
                 f"use one of {', '.join(GENERATORS)}",
             )
+        elif ctx.config.train.eval_samples > 0:
+            yield warning(
+                f"{key}.dataset",
+                "a built-in dataset's exact-match score runs only when it is the single [data] source; "
+                "in a mix it reports its val_loss/NAME",
+                "set train.eval_samples = 0 to silence this, or train on it alone",
+            )
         unused = {"path": source.source != "file", "dataset": source.source == "file"}
         unused["num_samples"] = source.source != "builtin"
         for field, ignored in unused.items():

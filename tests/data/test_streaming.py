@@ -71,16 +71,35 @@ def test_readers_share_every_row_once_per_pass(corpus, readers):
         assert len(seen) == len(set(seen)) == expected
 
 
-def test_a_reader_resumes_exactly_inside_windows_and_across_passes(corpus):
-    data = _data(corpus)
-    reader = _reader(data, 1, 0, 1)
+def _as(path: Path, suffix: str) -> str:
+    """The JSONL rows of `path` rewritten as a .csv, .parquet or .txt file (one text per line)."""
+    import pyarrow as pa
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    texts = [json.loads(line)["text"] for line in path.read_text().splitlines()]
+    target = path.with_suffix(suffix)
+    if suffix == ".txt":
+        target.write_text("\n".join(texts) + "\n")
+    elif suffix == ".csv":
+        pyarrow.csv.write_csv(pa.table({"text": texts}), target)
+    else:
+        pyarrow.parquet.write_table(pa.table({"text": texts}), target, row_group_size=16)
+    return str(target)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", ".txt"])
+def test_a_reader_resumes_exactly_inside_windows_and_across_passes(corpus, suffix):
+    path = str(corpus / "code.jsonl") if suffix == ".jsonl" else _as(corpus / "code.jsonl", suffix)
+    data = _data(corpus, sources=[DataSourceConfig(path=path)])
+    reader = _reader(data, 0, 0, 1)
     states, texts = [], []
     for _ in range(150):  # 61 rows a pass: past two pass boundaries
         states.append(json.loads(json.dumps(reader.state_dict())))
         texts.append(_text(reader.take()))
     assert texts[:61] != texts[61:122] and sorted(texts[:61]) == sorted(texts[61:122])  # each pass reshuffled
     for start in (0, 1, 7, 8, 9, 60, 61, 62, 130):
-        again = _reader(data, 1, 0, 1)
+        again = _reader(data, 0, 0, 1)
         again.load_state_dict(states[start])
         assert [_text(again.take()) for _ in range(10)] == texts[start : start + 10], start
 
