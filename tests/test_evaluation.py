@@ -95,13 +95,6 @@ def test_ditty_eval_errors_are_user_errors(scored_run, tmp_path, capsys):
     assert "--limit takes a whole number" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_an_unknown_task_is_a_user_error(scored_run, tasks_dir, capsys):
-    """Not found among the local tasks, lm-eval's own ~15,000 are indexed (tens of seconds), then refused."""
-    assert main(["eval", scored_run.run_dir, "--tasks", "no_such_task", "--include-path", str(tasks_dir)]) == 2
-    assert "knows no task 'no_such_task'" in capsys.readouterr().err
-
-
 def test_results_flatten_to_named_scores():
     results = {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "exact_match,strict": 0.25}}
     assert flatten_results(results) == {"harness/t/acc": 0.5, "harness/t/exact_match_strict": 0.25}
