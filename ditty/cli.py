@@ -1,4 +1,4 @@
-"""The `ditty` command line: run, check, init, ls, plot, generate.
+"""The `ditty` command line: run, check, init, ls, plot, generate, export, push, eval.
 
 Every user error (a bad recipe, flag, path or data) is a `RecipeError`: printed as a short list,
 exit code 2, never a traceback. Exit code 1 is left for bugs and failed training.
@@ -40,6 +40,8 @@ commands:
   export RUN_OR_CHECKPOINT -o DIR [--merge-lora]
                                               a checkpoint as a Hugging Face model
   push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub
+  eval RUN_OR_MODEL --tasks T1,T2 [--include-path DIR] [--limit N] [--num-fewshot K]
+                                              lm-evaluation-harness scores (recorded in a run)
 
 RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
 package.module:function returning a Trainer.Config. `ditty run --help` lists every field.
@@ -401,6 +403,58 @@ def cmd_push(args: list[str]) -> int:
     return 0
 
 
+def cmd_eval(args: list[str]) -> int:
+    tasks, args = _take_option(args, ("--tasks",))
+    include_path, args = _take_option(args, ("--include-path", "--include_path"))
+    limit, args = _take_option(args, ("--limit",))
+    fewshot, args = _take_option(args, ("--num-fewshot", "--num_fewshot"))
+    batch_size, args = _take_option(args, ("--batch-size", "--batch_size"))
+    device, args = _take_option(args, ("--device",))
+    if len(args) != 1:
+        raise RecipeError.single(
+            "`ditty eval` takes one run or model directory",
+            fix="ditty eval runs/tiny_sft --tasks hellaswag [--include-path my_tasks/] [--limit 100]",
+        )
+    recipe = Path(args[0]) / "recipe.toml"
+    saved = load_any(str(recipe)).config.eval if recipe.is_file() else None  # a run's [eval] fills in the gaps
+
+    def number(text: str | None, flag: str, default):
+        if text is None:
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise RecipeError.single(f"{flag} takes a whole number, got {text!r}") from None
+
+    if tasks:
+        task_list = [task.strip() for task in tasks.split(",") if task.strip()]
+    else:
+        task_list = list(saved.harness_tasks) if saved else []
+    from ditty.evaluation import evaluate_path
+
+    scores = evaluate_path(
+        args[0],
+        task_list,
+        device=device or ("cuda" if _cuda() else "cpu"),
+        include_path=include_path or (saved.harness_include_path if saved else None),
+        limit=number(limit, "--limit", saved.harness_limit if saved else None),
+        num_fewshot=number(fewshot, "--num-fewshot", saved.harness_num_fewshot if saved else None),
+        batch_size=number(batch_size, "--batch-size", saved.harness_batch_size if saved else 8),
+    )
+    width = max((len(name) for name in scores), default=0)
+    for name, value in scores.items():
+        print(f"{name.ljust(width)}  {value:.4f}")
+    if recipe.is_file():
+        print(f"recorded in {Path(args[0]) / 'metrics.jsonl'} and {Path(args[0]) / 'final' / 'README.md'}")
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run,
     "check": cmd_check,
@@ -410,4 +464,5 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "generate": cmd_generate,
     "export": cmd_export,
     "push": cmd_push,
+    "eval": cmd_eval,
 }

@@ -33,6 +33,7 @@ LAYERS = {
     "ditty.model_factory": 4,
     "ditty.model_configs": 4,
     "ditty.porting": 4,
+    "ditty.evaluation": 4,
     "ditty.cli": 5,
     "ditty.cli_plan": 5,
     "ditty.__main__": 5,
@@ -54,6 +55,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
     ("ditty.task_losses", "ditty.loss"),  # the model tasks' losses subclass the loss base types
     ("ditty.fused_loss", "ditty.loss"),  # the fused loss is a LossCalculator with the token-loss convention
+    ("ditty.train", "ditty.evaluation"),  # the trainer runs [eval] harness_tasks on its model
 }
 
 

@@ -38,6 +38,7 @@ CASES = {
     "pipeline_imports": ["check", "tests/config/bad_recipes/pipeline_imports.toml"],
     "encoder_as_causal_lm": ["check", "tests/config/bad_recipes/encoder_as_causal_lm.toml"],
     "task_misfits": ["check", "tests/config/bad_recipes/task_misfits.toml"],
+    "data_sources": ["check", "tests/config/bad_recipes/data_sources.toml"],
 }
 
 

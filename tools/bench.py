@@ -31,6 +31,8 @@ Comparisons:
   a 128,256-token vocabulary, mask-free vs dense-mask packing at 16,384 tokens, validation generation
   with and without the KV cache.
 --gpu (tools/bench_gpu.py): MFU of a ~1B Llama on CUDA with and without compile, FP8, chunked loss, packing.
+- streaming (only with `--only streaming`, never in --quick): data.streaming against the
+  pre-tokenized path, and peak memory over 1x/10x/100x corpora; see tools/bench_streaming.py.
 """
 
 from __future__ import annotations
@@ -750,7 +752,12 @@ def main(argv=None) -> int:
         scale_rows, scale_notes = bench_scale.run_section(run_worker, tmp, quick, log)
         notes += scale_notes
 
-    print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started, scale_rows))
+    if rows or mem_rows or notes or scale_rows:
+        print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started, scale_rows))
+    if "streaming" in sections and not quick:
+        from bench_streaming import main as streaming_benchmark  # tools/ is on the path of this script
+
+        print(streaming_benchmark(reps=opts.reps or 2, log=log))
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)  # run directories, checkpoints, inductor caches

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
+    EvalConfig,
     Fp8Config,
     HubConfig,
     LoggingConfig,
@@ -61,3 +62,5 @@ class TrainerConfig:
     """Progress bar, TensorBoard, wandb."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """User preprocessors, postprocessors and losses."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Standard benchmarks through lm-evaluation-harness."""

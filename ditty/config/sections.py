@@ -86,6 +86,75 @@ class TokenizerConfig:
         return self.path or model.path
 
 
+DataFormat = Literal[
+    "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm"
+]
+
+
+@dataclass(frozen=True)
+class DataSourceConfig:
+    """One `[[data.sources]]` entry: a source of training samples and its share of the tokens.
+
+    Format and column keys left unset take the value of `[data]`; `data.max_seq_len`,
+    `data.packing` and the data seed apply to every source."""
+
+    source: Literal["builtin", "file", "hub"] = "file"
+    """Where this source's rows come from: local files, a hub dataset, or a built-in generated dataset."""
+    path: Optional[str] = None
+    """Local file or glob (.jsonl, .json, .csv, .parquet, .txt) for source = "file"."""
+    dataset: Optional[str] = None
+    """Hub dataset id (source = "hub") or built-in dataset name (source = "builtin")."""
+    split: str = "train"
+    """Split of a hub dataset to train on."""
+    weight: float = 1.0
+    """This source's share of the training tokens, relative to the other sources' weights."""
+    name: Optional[str] = None
+    """Name in metrics (`tokens/source/NAME`, `val_loss/NAME`); defaults to the source's index."""
+    format: Optional[DataFormat] = None
+    """Sample format of this source; defaults to `data.format`."""
+    text_column: Optional[str] = None
+    """Column holding the text (format = "text"); defaults to `data.text_column`."""
+    prompt_column: Optional[str] = None
+    """Column holding the prompt (format = "prompt_completion"); defaults to `data.prompt_column`."""
+    completion_column: Optional[str] = None
+    """Column holding the completion (format = "prompt_completion"); defaults to `data.completion_column`."""
+    messages_column: Optional[str] = None
+    """Column holding the messages (format = "chat"); defaults to `data.messages_column`."""
+    num_samples: Optional[int] = None
+    """Size of a built-in dataset; defaults to `data.num_samples`."""
+    val_path: Optional[str] = None
+    """A held-out file for this source, validated on its own (`val_loss/NAME`)."""
+    val_fraction: Optional[float] = None
+    """Fraction of this source held out for validation when no `val_path` is given; defaults to
+    `data.val_fraction` (not for streaming sources, which cannot be split before they are read)."""
+
+
+@dataclass(frozen=True)
+class DataEvalConfig:
+    """`[data.eval]`: a held-out source of its own, validated beside any per-source held-out sets."""
+
+    source: Literal["none", "file", "hub"] = "none"
+    """Where the held-out rows come from: "none" (no separate held-out source), local files or a hub dataset."""
+    path: Optional[str] = None
+    """Local file or glob for source = "file"."""
+    dataset: Optional[str] = None
+    """Hub dataset id for source = "hub"."""
+    split: str = "validation"
+    """Split of the hub dataset."""
+    name: str = "eval"
+    """Name in metrics: `val_loss/NAME`."""
+    format: Optional[DataFormat] = None
+    """Sample format; defaults to `data.format`."""
+    text_column: Optional[str] = None
+    """Column holding the text; defaults to `data.text_column`."""
+    prompt_column: Optional[str] = None
+    """Column holding the prompt; defaults to `data.prompt_column`."""
+    completion_column: Optional[str] = None
+    """Column holding the completion; defaults to `data.completion_column`."""
+    messages_column: Optional[str] = None
+    """Column holding the messages; defaults to `data.messages_column`."""
+
+
 @dataclass(frozen=True)
 class DataConfig:
     source: Literal["builtin", "file", "hub"] = "builtin"
@@ -96,9 +165,7 @@ class DataConfig:
     """Local file or glob (.jsonl, .json, .csv, .parquet, .txt) for source = "file"."""
     split: str = "train"
     """Split of a hub dataset to train on."""
-    format: Literal[
-        "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm"
-    ] = "prompt_completion"
+    format: DataFormat = "prompt_completion"
     """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant
     turns (these three: model.task = "causal-lm"). "classification": text (or a text pair) and a label;
     "token_classification": words and one tag per word; "seq2seq": source and target; "masked_lm": text
@@ -150,6 +217,21 @@ class DataConfig:
     max_row_bytes: int = 16_000_000
     """Longest line (one row) of a data file, in bytes; longer lines are bad rows. Files are read in
     pieces of at most this size, so one huge line cannot exhaust memory."""
+    sources: list[DataSourceConfig] = field(default_factory=list)
+    """Several sources mixed by weight, as [[data.sources]] tables; when given, they replace the
+    single source named by `source`/`name`/`path` above."""
+    eval: DataEvalConfig = field(default_factory=DataEvalConfig)
+    """A separate held-out source ([data.eval]), validated beside the per-source held-out sets."""
+    streaming: bool = False
+    """Read the sources lazily, tokenizing and packing on the fly in bounded memory, instead of
+    tokenizing everything up front. Needs `train.steps`; a resume needs the same world size and
+    `num_workers` (each rank reads its own share of the rows)."""
+    shuffle_buffer_size: int = 1000
+    """streaming: rows are shuffled within consecutive windows of this many rows (1: stream order)."""
+    num_workers: int = 0
+    """Background processes that read, tokenize and collate batches (0: in the training process)."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead (num_workers > 0)."""
 
 
 @dataclass(frozen=True)
@@ -381,3 +463,20 @@ class PipelineConfig:
     check_tensors: bool = True
     """Compare the first micro-batch's real tensors with every stage's declared contract (a
     mismatch stops the run, naming the stage)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    harness_tasks: list[str] = field(default_factory=list)
+    """lm-evaluation-harness tasks run on the final model (the `eval` extra: pip install 'ditty[eval]'),
+    e.g. ["hellaswag"]; scores go to metrics.jsonl and the model card."""
+    harness_every: int = 0
+    """Also run the tasks on the model every this many steps (0: only on the final model)."""
+    harness_include_path: Optional[str] = None
+    """A directory of your own lm-eval task YAML files (tasks defined locally, no download)."""
+    harness_limit: Optional[int] = None
+    """Score at most this many documents per task (unset: all of them)."""
+    harness_num_fewshot: Optional[int] = None
+    """Few-shot examples per prompt (unset: each task's own default)."""
+    harness_batch_size: int = 8
+    """Requests per forward pass of the harness."""

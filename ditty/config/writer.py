@@ -65,7 +65,10 @@ def _write_table(section: Any, path: str, out: list[str], comments: bool) -> Non
         for item in getattr(section, f.name):
             out.append(f"[[{child}]]")
             for item_field in dataclasses.fields(item):
-                out.append(f"{_key(item_field.name)} = {format_value(getattr(item, item_field.name))}")
+                value = getattr(item, item_field.name)
+                # An unset optional key ([[data.sources]] format, columns) reads back as unset.
+                key = _key(item_field.name)
+                out.append(f"# {key} =  (not set)" if value is None else f"{key} = {format_value(value)}")
             out.append("")
 
 
@@ -78,7 +81,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if is_config_class(type(value)):
-        return format_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        # An unset optional key is left out: reading the table back gives it its default, None.
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return format_value({name: item for name, item in fields.items() if item is not None})
     if value is None:
         # Only configs built in Python can hold this (a recipe file cannot); the caller decides.
         raise ValueError("TOML has no null value: a None inside a table or list cannot be written")

@@ -156,6 +156,7 @@ class BatchStream(GlobalOrder):
         pad_token_id: int,
         group_by_length: bool = False,
         cursor: int = 0,
+        lengths: "np.ndarray | None" = None,
     ) -> None:
         super().__init__(
             len(dataset),
@@ -166,7 +167,8 @@ class BatchStream(GlobalOrder):
             seed=seed,
             cursor=cursor,
         )
-        lengths = sample_lengths(dataset)
+        # `lengths`: token counts already known (a mixture reads them source by source).
+        lengths = sample_lengths(dataset) if lengths is None else lengths
         if not lengths.all():
             raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")
         self.dataset = dataset
@@ -209,14 +211,17 @@ class BatchStream(GlobalOrder):
         return pad_samples([row[0] for row in grouped], self.pad_token_id)
 
     def _fetch(self, indices: list[int]) -> list[Sample]:
-        """Token ids and labels of the given samples, cut to max_seq_len (reads only these rows)."""
-        limit = self.max_seq_len
-        if _is_hf_dataset(self.dataset):
-            columns = self.dataset[indices]
-            pairs = zip(columns["input_ids"], columns["labels"])
-        else:
-            pairs = ((self.dataset[i]["input_ids"], self.dataset[i]["labels"]) for i in indices)
-        return [(list(ids)[:limit], list(labels)[:limit]) for ids, labels in pairs]
+        return fetch_samples(self.dataset, indices, self.max_seq_len)
+
+
+def fetch_samples(dataset: Any, indices: list[int], limit: int) -> list[Sample]:
+    """Token ids and labels of the given samples, cut to `limit` tokens (reads only these rows)."""
+    if _is_hf_dataset(dataset):
+        columns = dataset[indices]
+        pairs = zip(columns["input_ids"], columns["labels"])
+    else:
+        pairs = ((dataset[i]["input_ids"], dataset[i]["labels"]) for i in indices)
+    return [(list(ids)[:limit], list(labels)[:limit]) for ids, labels in pairs]
 
 
 def sample_lengths(dataset: Any) -> np.ndarray:

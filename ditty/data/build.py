@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
@@ -35,6 +35,9 @@ class DataBundle:
     """The data-order seed (`data.shuffle_seed`, else the run seed): give it to `BatchStream`."""
     skipped_rows: int = 0
     """Bad rows left out under `data.on_bad_rows = "skip"` (training and validation files together)."""
+    val_sets: tuple[tuple[str, "Dataset"], ...] = ()
+    """Named held-out sets (per source of [[data.sources]], and [data.eval]), each validated and
+    reported on its own (`val_loss/NAME`); when there are any, `val` is None."""
 
 
 def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
@@ -50,6 +53,15 @@ def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: i
 
 def _build(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
+    if data.sources or data.streaming or data.eval.source != "none":
+        from ditty.data.multisource import build_sources
+
+        return build_sources(data, tokenizer, seed)
+    return build_single_source(data, tokenizer, seed)
+
+
+def build_single_source(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
+    """One source read up front: [data] as it names it (`seed` is already the data seed)."""
     if data.source == "builtin" and data.name in IMAGE_BUILTINS:
         from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved
 
@@ -136,3 +148,44 @@ def _build_builtin(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", see
         max_new_tokens=longest_answer + 1,  # + the end-of-sequence token
     )
     return DataBundle(train=train, val=val, task=task, seed=seed)
+
+
+def build_stream(
+    bundle: DataBundle,
+    data: "DataConfig",
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    pad_token_id: int,
+) -> Any:
+    """The trainer's stream over a token `DataBundle`: `next_step()`, `cursor`, `state_dict()` and
+    `load_state_dict()` (and `source_tokens()` for several sources); with `data.num_workers`, its
+    batches are prepared by dataloader workers."""
+    from ditty.data.batching import BatchStream
+    from ditty.data.mixture import MixtureData, MixtureStream
+    from ditty.data.streaming import StreamingData
+    from ditty.data.workers import PrefetchedStream, StreamingBatches
+
+    common = dict(
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=bundle.seed,
+        packing=data.packing,
+        max_seq_len=data.max_seq_len,
+        pad_token_id=pad_token_id,
+    )
+    if isinstance(bundle.train, StreamingData):
+        return StreamingBatches(
+            bundle.train, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor, **common
+        )
+    if isinstance(bundle.train, MixtureData):
+        stream = MixtureStream(bundle.train, **common)
+    else:
+        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, **common)
+    if data.num_workers > 0:
+        return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
+    return stream

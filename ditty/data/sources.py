@@ -64,16 +64,27 @@ def load_file_dataset(
     fields: Optional[Mapping[str, str]] = None,
     on_bad_rows: str = "error",
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    streaming: bool = False,
+    reader_options: Optional[dict[str, dict]] = None,
 ) -> "Dataset":
     """All rows of the files matching `pattern` (a path or a glob), in sorted file order.
 
     `key` is the recipe key that named the files ("data.path" or "data.val_path"). `fields`
     ({column: "text" | "messages"}, see `ditty.data.rows.required_fields`) are checked in every row;
     bad rows are an error, or left out with `on_bad_rows = "skip"` (`load_checked_files` also
-    returns how many).
+    returns how many). `streaming`: an `IterableDataset` that reads the files lazily (one shard per
+    file) instead; its rows are not scanned ahead (that would read the whole corpus first).
+    `reader_options`: {builder ("json", "text", ...): its extra `load_dataset` options}.
     """
     return load_checked_files(
-        pattern, key=key, cache_dir=cache_dir, fields=fields, on_bad_rows=on_bad_rows, max_row_bytes=max_row_bytes
+        pattern,
+        key=key,
+        cache_dir=cache_dir,
+        fields=fields,
+        on_bad_rows=on_bad_rows,
+        max_row_bytes=max_row_bytes,
+        streaming=streaming,
+        reader_options=reader_options,
     )[0]
 
 
@@ -85,6 +96,8 @@ def load_checked_files(
     fields: Optional[Mapping[str, str]] = None,
     on_bad_rows: str = "error",
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    streaming: bool = False,
+    reader_options: Optional[dict[str, dict]] = None,
 ) -> tuple["Dataset", int]:
     """`load_file_dataset`, and the number of bad rows left out."""
     if not pattern:
@@ -118,19 +131,25 @@ def load_checked_files(
             fix="point it at files of one format",
         )
     fields = dict(fields or {})
-    files, skipped = _checked_files(files, pattern, key, fields, on_bad_rows, max_row_bytes, cache_dir)
+    skipped = 0
+    if not streaming:
+        files, skipped = _checked_files(files, pattern, key, fields, on_bad_rows, max_row_bytes, cache_dir)
 
     from datasets import load_dataset
 
     try:
-        dataset = load_dataset(builders.pop(), data_files=files, split="train", cache_dir=cache_dir)
+        builder = builders.pop()
+        options = (reader_options or {}).get(builder, {})
+        dataset = load_dataset(
+            builder, data_files=files, split="train", cache_dir=cache_dir, streaming=streaming, **options
+        )
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is the user's to fix
         raise RecipeError.single(
             f"cannot read {pattern!r}: {_condensed(error)}",
             key=key,
             fix="check that the file is valid and not empty",
         ) from error
-    if suffixes == {".parquet"}:
+    if suffixes == {".parquet"} and not streaming:
         dataset, skipped = _checked_table(dataset, fields, pattern, key, on_bad_rows)
     return dataset, skipped
 
@@ -191,8 +210,11 @@ def _checked_table(
     return dataset.select(good), report.bad_count
 
 
-def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str]) -> "Dataset":
-    """A split of a Hugging Face hub dataset (from the local cache when offline, if it is there)."""
+def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str], streaming: bool = False) -> "Dataset":
+    """A split of a Hugging Face hub dataset (from the local cache when offline, if it is there);
+    `streaming`: an `IterableDataset` read lazily from the hub (its rows are not checked ahead)."""
+    if streaming:
+        return _load_hub(name, split=split, cache_dir=cache_dir, streaming=True)
     return load_checked_hub_dataset(name, split=split, cache_dir=cache_dir)[0]
 
 
@@ -209,11 +231,11 @@ def load_checked_hub_dataset(
     return _checked_table(dataset, dict(fields or {}), name, "data.name", on_bad_rows)
 
 
-def _load_hub(name: str, *, split: str, cache_dir: Optional[str]) -> "Dataset":
+def _load_hub(name: str, *, split: str, cache_dir: Optional[str], streaming: bool = False) -> "Dataset":
     from datasets import load_dataset
 
     try:
-        return load_dataset(name, split=split, cache_dir=cache_dir)
+        return load_dataset(name, split=split, cache_dir=cache_dir, streaming=streaming)
     except Exception as error:  # noqa: BLE001 - unknown id, missing split and no network all end here
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         fix = (

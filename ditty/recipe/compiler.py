@@ -8,6 +8,7 @@ from typing import Any
 from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
+    data_rules,
     loss_rules,
     pipeline_rules,
     task_rules,
@@ -58,7 +59,7 @@ def _steps(config) -> int | None:
     if config.train.steps is not None:
         return config.train.steps
     data = config.data
-    if data.source == "builtin" and config.train.global_batch_size > 0:
+    if data.source == "builtin" and not data.sources and config.train.global_batch_size > 0:
         train_samples = int(data.num_samples * (1 - data.val_fraction))
         return max(1, int(train_samples * config.train.epochs) // config.train.global_batch_size)
     return None
@@ -80,7 +81,17 @@ def _builds(config) -> list[tuple[str, str]]:
     source = {"builtin": f"built-in {data.name!r}", "hub": f"hub dataset {data.name!r}", "file": f"file {data.path}"}[
         data.source
     ]
-    images = data.source == "builtin" and data.name in IMAGE_BUILTINS
+    images = data.source == "builtin" and data.name in IMAGE_BUILTINS and not data.sources
+    if data.sources:
+        total = sum(s.weight for s in data.sources) or 1.0
+        source = "mix of " + ", ".join(
+            f"{s.name or i} {s.weight / total:.0%} ({s.path or s.dataset})" for i, s in enumerate(data.sources)
+        )
+    if data.streaming:
+        source += (
+            f", streamed by world size x {max(1, data.num_workers)} reader(s) (a resume needs the same world size"
+            " and data.num_workers)"
+        )
     rows = [
         ("model", f"{model_text} ({model.dtype})"),
         ("tokenizer", config.tokenizer.source(model) or ("none (non-text data)" if images else "built-in byte-level")),

@@ -51,6 +51,12 @@ IGNORED = (
     "checkpoint.resume",
     "checkpoint.force_resume",
     "checkpoint.fallback",
+    # Held-out sets and benchmarks do not change training; workers only prepare the
+    # same batches (a stream read by another number of workers is refused by the stream itself).
+    "data.eval.",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "eval.",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
 

@@ -99,20 +99,19 @@ class TokenDataMode(DataMode):
     the data's task metric (exact match by greedy generation)."""
 
     def stream(self, accumulation_steps: int) -> Any:
-        from ditty.data import BatchStream
+        """One source, a [[data.sources]] mixture or a stream (data.streaming), with data.num_workers;
+        the seed is data.shuffle_seed, else run.seed (decided by build_data)."""
+        from ditty.data.build import build_stream
 
-        d, t = self.config.data, self.config.train
-        return BatchStream(
-            self.bundle.train,
+        t = self.config.train
+        return build_stream(
+            self.bundle,
+            self.config.data,
             global_batch_size=t.global_batch_size,
             micro_batch_size=t.micro_batch_size,
             rank=self.runtime.rank,
             world_size=self.runtime.world_size,
-            seed=self.bundle.seed,  # data.shuffle_seed, else run.seed (decided by build_data)
-            packing=d.packing,
-            max_seq_len=d.max_seq_len,
             pad_token_id=self.tokenizer.pad_token_id,
-            group_by_length=d.group_by_length,
         )
 
     def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
@@ -136,8 +135,21 @@ class TokenDataMode(DataMode):
             metrics["val_loss"] = validation_loss(
                 request.forward, batches, lambda b: self.supervised_count(b, request.pipeline.loss)
             )
-            if metrics["val_loss"] is not None:  # per-token loss of a language model: its perplexity too
-                metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
+        val_sets = getattr(self.bundle, "val_sets", ())
+        if val_sets:  # val_loss/NAME per held-out set, and val_loss over all of them
+            from ditty.train.heldout import held_out_losses
+
+            metrics.update(
+                held_out_losses(
+                    request.forward,
+                    val_sets,
+                    request.micro_batch_size,
+                    self.tokenizer.pad_token_id,
+                    lambda b: self.supervised_count(b, request.pipeline.loss),
+                )
+            )
+        if metrics.get("val_loss") is not None:  # per-token loss of a language model: its perplexity too
+            metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
         if self.task is not None and request.eval_samples > 0:
             with request.autocast():
                 scores = self.task.evaluate(request.model, self.tokenizer, request.device, request.eval_samples)

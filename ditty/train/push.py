@@ -22,11 +22,16 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
         return {}
     records = read_metrics(path)
     out: dict[str, Any] = {}
+    harness: dict[str, Any] = {}
     for record in records:
         if any(k.startswith("val_") for k in record):
             out = {k: v for k, v in record.items() if k.startswith("val_") and isinstance(v, (int, float))}
-    if records and isinstance(records[-1].get("loss"), (int, float)):
-        out = {"loss": records[-1]["loss"], **out}
+        # lm-eval scores (ditty.evaluation) arrive in records of their own; the latest of each counts.
+        harness.update({k: v for k, v in record.items() if k.startswith("harness/") and isinstance(v, (int, float))})
+    out.update(harness)
+    losses = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
+    if losses:
+        out = {"loss": losses[-1], **out}
     return out
 
 

@@ -25,6 +25,8 @@ from ditty._utils.dist import is_main_process
 from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
+from ditty.data.mixture import source_token_record
+from ditty.evaluation import harness_due, harness_on_model, score_final_model
 from ditty.metrics import Progress
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
@@ -109,6 +111,10 @@ class Trainer(Builders, RunEnding):
                     record = self.step_record(out)
                 if last or (cfg.eval_every and self.state.step % cfg.eval_every == 0):
                     record = {**(record or self.step_record(out)), **self.evaluate()}
+                if harness_due(self.config.eval, self.state.step, last):  # lm-eval on the live model
+                    scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
+                    self.state.eval_metrics.update(scores)
+                    record = {**(record or self.step_record(out)), **scores}
                 if record:
                     self.log(record)
                 self.check_skips(out)
@@ -253,6 +259,7 @@ class Trainer(Builders, RunEnding):
         record.update(
             utilization(self.model, self.config, runtime.device, runtime.world_size, record.get("tokens_per_s"))
         )
+        record.update(source_token_record(self.stream))  # tokens/source/NAME of a mixture (collective)
         if out.skipped:
             record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
         return record
@@ -289,6 +296,8 @@ class Trainer(Builders, RunEnding):
             self.checkpointer.save(self)
         self.checkpointer.manager.wait()
         path = write_final(self)
+        if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
+            self.log({"step": self.state.step, **score_final_model(self, path)})
         if push in ("end", "checkpoints"):
             checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
         return path

@@ -1,0 +1,234 @@
+"""Rules for data at scale: [[data.sources]], data.streaming and its resume, [data.eval], [eval].
+
+Registered after the core rules (imported by the compiler). Like every rule they read the config
+and the file system only; the streaming resume rule reads the JSON sidecar of the checkpoint a run
+would resume, to refuse a resume that cannot continue its stream exactly before anything is built.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+from ditty.config.errors import Problem
+from ditty.recipe.rules import Context, error, rule, warning
+
+_SINGLE_SOURCE_KEYS = ("source", "name", "path", "split", "val_path", "num_samples")
+_SHARDED_OR_ENGINE = ("fsdp", "hsdp", "deepspeed")
+
+
+def _files_problem(key: str, pattern: str) -> Problem | None:
+    if os.path.isdir(os.path.expanduser(pattern)):
+        return error(key, f"{pattern} is a directory", "name the files, e.g. data/*.jsonl")
+    if not glob.glob(os.path.expanduser(pattern)):
+        return error(key, f"no file matches {pattern}", "check the path (globs like data/*.jsonl work)")
+    return None
+
+
+@rule("data.sources")
+def sources(ctx: Context) -> Iterator[Problem]:
+    """Each [[data.sources]] entry names what it needs, with a positive weight and a unique name."""
+    from ditty.data.builtin import GENERATORS
+    from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
+
+    data = ctx.config.data
+    labels: dict[str, str] = {}
+    for index, source in enumerate(data.sources):
+        key = f"data.sources.{index}"
+        if not (source.weight > 0 and math.isfinite(source.weight)):
+            yield error(f"{key}.weight", f"must be a positive number, got {source.weight}", "e.g. weight = 0.3")
+        if source.source == "file":
+            if not source.path:
+                yield error(f"{key}.path", 'is required when source = "file"', "set path to a .jsonl/.csv/... file")
+            elif (problem := _files_problem(f"{key}.path", source.path)) is not None:
+                yield problem
+        elif not source.dataset:
+            yield error(f"{key}.dataset", f'is required when source = "{source.source}"', "name the dataset")
+        elif source.source == "hub":
+            yield warning(f"{key}.dataset", f"hub dataset {source.dataset!r} cannot be verified offline")
+        elif source.dataset in IMAGE_BUILTINS or source.dataset not in GENERATORS:
+            yield error(
+                f"{key}.dataset",
+                f"{source.dataset!r} is not a built-in text dataset",
+                f"use one of {', '.join(GENERATORS)}",
+            )
+        elif ctx.config.train.eval_samples > 0:
+            yield warning(
+                f"{key}.dataset",
+                "a built-in dataset's exact-match score runs only when it is the single [data] source; "
+                "in a mix it reports its val_loss/NAME",
+                "set train.eval_samples = 0 to silence this, or train on it alone",
+            )
+        unused = {"path": source.source != "file", "dataset": source.source == "file"}
+        unused["num_samples"] = source.source != "builtin"
+        for field, ignored in unused.items():
+            if ignored and getattr(source, field) is not None:
+                yield warning(f"{key}.{field}", f'has no effect with source = "{source.source}"', "remove it")
+        if source.val_fraction is not None and not 0 <= source.val_fraction < 1:
+            yield error(f"{key}.val_fraction", f"must be in [0, 1), got {source.val_fraction}")
+        if source.val_path and (problem := _files_problem(f"{key}.val_path", source.val_path)) is not None:
+            yield problem
+        label = source.name or str(index)
+        if not label.strip():
+            yield error(f"{key}.name", "is empty", "name the source, or leave name out to use its index")
+        elif label in labels:
+            yield error(f"{key}.name", f"{label!r} also names {labels[label]}", "give every source its own name")
+        labels[label] = key
+    if data.sources and data.eval.source != "none" and data.eval.name in labels:
+        yield error("data.eval.name", f"{data.eval.name!r} also names {labels[data.eval.name]}", "rename one")
+    if data.sources:
+        for field in _SINGLE_SOURCE_KEYS:
+            if ctx.is_set(f"data.{field}"):
+                yield warning(
+                    f"data.{field}",
+                    "has no effect with [[data.sources]]: each source names its own data",
+                    "move it into the [[data.sources]] entries, or remove it",
+                )
+    if (data.sources or data.streaming) and ctx.is_set("data.group_by_length"):
+        yield warning("data.group_by_length", "has no effect with [[data.sources]] or data.streaming", "remove it")
+
+
+@rule("data.streaming")
+def streaming(ctx: Context) -> Iterator[Problem]:
+    """A stream has no length and reads files or hub datasets; its buffer and workers fit."""
+    cfg = ctx.config
+    data = cfg.data
+    for path in ("data.shuffle_buffer_size", "data.prefetch_factor"):
+        if _value(cfg, path) < 1:
+            yield error(path, f"must be at least 1, got {_value(cfg, path)}")
+    if data.num_workers < 0:
+        yield error("data.num_workers", f"must not be negative, got {data.num_workers}", "0 reads in the trainer")
+    if data.num_workers == 0 and ctx.is_set("data.prefetch_factor"):
+        yield warning("data.prefetch_factor", "has no effect with data.num_workers = 0", "set data.num_workers")
+    if not data.streaming:
+        if ctx.is_set("data.shuffle_buffer_size"):
+            yield warning(
+                "data.shuffle_buffer_size",
+                "has no effect because data.streaming = false (data read up front is shuffled whole)",
+                "remove it, or set data.streaming = true",
+            )
+        return
+    if cfg.train.steps is None:
+        yield error(
+            "data.streaming",
+            "a stream's length is unknown until it is read, so train.epochs cannot be counted",
+            "set train.steps",
+        )
+    kinds = [(f"data.sources.{i}.source", s.source) for i, s in enumerate(data.sources)] or [
+        ("data.source", data.source)
+    ]
+    for key, kind in kinds:
+        if kind == "builtin":
+            yield error(
+                key,
+                "built-in datasets are generated in memory; data.streaming reads files or hub datasets",
+                "use a file or hub source, or data.streaming = false",
+            )
+    fractions = [f"data.sources.{i}.val_fraction" for i, s in enumerate(data.sources) if s.val_fraction is not None]
+    if ctx.is_set("data.val_fraction"):
+        fractions.insert(0, "data.val_fraction")
+    for key in fractions:
+        yield warning(
+            key,
+            "has no effect with data.streaming: a stream cannot be split before it is read",
+            "give a val_path per source, or a [data.eval] source",
+        )
+
+
+@rule("data.streaming.resume")
+def streaming_resume(ctx: Context) -> Iterator[Problem]:
+    """A stream's position is per rank and per worker: resuming it on another split is refused."""
+    cfg = ctx.config
+    if not cfg.data.streaming or cfg.checkpoint.resume == "never":
+        return
+    from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
+    from ditty.config.errors import RecipeError
+
+    try:
+        if cfg.checkpoint.resume == "auto":
+            root = Path(cfg.run.output_dir) / "checkpoints"
+            found = latest_complete(root) if root.is_dir() else None
+        else:
+            found = find_checkpoint(cfg.checkpoint.resume)
+        state = read_sidecar(found).get("data") if found is not None else None
+    except RecipeError:
+        return  # an unusable checkpoint is reported when the run plans its resume
+    if not isinstance(state, dict) or not state.get("streaming"):
+        return
+    saved = (int(state.get("world_size", 0)), int(state.get("num_workers", 0)))
+    if saved != (ctx.world_size, cfg.data.num_workers):
+        yield error(
+            "data.streaming",
+            f"checkpoint {found} streamed on {saved[0]} rank(s) with data.num_workers = {saved[1]}; this run has "
+            f"{ctx.world_size} with {cfg.data.num_workers}. Each rank and worker reads its own share of the rows "
+            "and keeps its own position, so another split cannot continue the stream exactly",
+            f"resume with --nproc-per-node {saved[0]} and data.num_workers = {saved[1]}, or start afresh "
+            '(a new run.output_dir, or checkpoint.resume = "never")',
+        )
+
+
+@rule("data.eval")
+def eval_source(ctx: Context) -> Iterator[Problem]:
+    """[data.eval] names the held-out data it reads."""
+    spec = ctx.config.data.eval
+    if spec.source == "none":
+        for field in ("path", "dataset"):
+            if getattr(spec, field) is not None:
+                yield warning(f"data.eval.{field}", 'has no effect with data.eval.source = "none"', "set source")
+        return
+    if not spec.name.strip():
+        yield error("data.eval.name", "is empty", 'name it, e.g. "eval"')
+    if spec.source == "file":
+        if not spec.path:
+            yield error("data.eval.path", 'is required when data.eval.source = "file"')
+        elif (problem := _files_problem("data.eval.path", spec.path)) is not None:
+            yield problem
+    elif not spec.dataset:
+        yield error("data.eval.dataset", 'is required when data.eval.source = "hub"')
+    else:
+        yield warning("data.eval.dataset", f"hub dataset {spec.dataset!r} cannot be verified offline")
+
+
+@rule("eval.harness")
+def harness(ctx: Context) -> Iterator[Problem]:
+    """lm-evaluation-harness tasks need the extra, a Hugging Face model, and a whole model to run on."""
+    cfg = ctx.config
+    spec = cfg.eval
+    if not spec.harness_tasks:
+        options = ("harness_every", "harness_include_path", "harness_limit", "harness_num_fewshot")
+        for path in (f"eval.{name}" for name in options):
+            if ctx.is_set(path):
+                yield warning(path, "has no effect because eval.harness_tasks is empty", "name the tasks to run")
+        return
+    if importlib.util.find_spec("lm_eval") is None:
+        yield error(
+            "eval.harness_tasks",
+            "lm-evaluation-harness is not installed",
+            "pip install 'ditty[eval]' (or pip install lm-eval)",
+        )
+    if cfg.model.factory:
+        yield error("eval.harness_tasks", "the harness loads Hugging Face models; model.factory builds a custom one")
+    if spec.harness_every < 0:
+        yield error("eval.harness_every", f"must not be negative, got {spec.harness_every}")
+    if spec.harness_every > 0 and cfg.parallel.kind in _SHARDED_OR_ENGINE:
+        yield error(
+            "eval.harness_every",
+            f'with parallel.kind = "{cfg.parallel.kind}" no rank holds the whole model during training',
+            "set eval.harness_every = 0: the tasks then run on the final model",
+        )
+    if spec.harness_include_path and not os.path.isdir(os.path.expanduser(spec.harness_include_path)):
+        yield error("eval.harness_include_path", f"{spec.harness_include_path} is not a directory")
+    for path, low in (("eval.harness_limit", 1), ("eval.harness_num_fewshot", 0), ("eval.harness_batch_size", 1)):
+        value = _value(cfg, path)
+        if value is not None and value < low:
+            yield error(path, f"must be at least {low}, got {value}")
+
+
+def _value(config, path: str):
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
