@@ -42,7 +42,7 @@ def format_fits_task(ctx: Context) -> Iterator[Problem]:
             f'set data.format = "{task.data_formats[0]}"'
             + (f', or model.task = "{readers[0]}" for this data' if readers else ""),
         )
-    if data.source == "builtin":
+    if data.source == "builtin" and not data.sources:  # [[data.sources]] replace the single source
         from ditty.data import builtin
 
         formats = builtin.FORMATS.get(data.name)

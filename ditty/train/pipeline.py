@@ -77,14 +77,14 @@ def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
     packed samples are isolated only without a cache). A packed batch (cumulative sample lengths,
     no mask) gets what the model's attention kernel needs (ditty.models.packing.packed_inputs)."""
+    from ditty.models.inputs import accepted_inputs
+
+    accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
     if "cu_seq_lens_q" in batch:
         from ditty.models.packing import packed_inputs
 
         kwargs = packed_inputs(model, batch)
     else:
-        from ditty.models.inputs import accepted_inputs
-
-        accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
         kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
     # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
     # Hugging Face model would build a KV cache in training, which activation checkpointing's
