@@ -1,11 +1,5 @@
-"""Accelerators the planner knows: memory and dense peak throughput by compute dtype.
-
-Peak figures are the makers' dense (no sparsity) numbers in TFLOP/s: bf16/fp16 tensor-core math
-with fp32 accumulation, as PyTorch runs it; float32 is the CUDA-core figure (PyTorch uses TF32
-tensor cores for fp32 only when allowed). Sources: NVIDIA's H100 and H200 product pages (SXM), the
-A100 datasheet, the L4 datasheet and the Ada Lovelace whitepaper (RTX 4090, fp32 accumulate).
-This table is the planner's own; ditty/metrics' MFU table (issue 16) may replace it.
-"""
+"""Accelerators the planner knows: memory here, dense peak throughput by compute dtype from the
+one table that MFU uses too (ditty.metrics.peak: the makers' dense figures, no sparsity)."""
 
 from __future__ import annotations
 
@@ -13,26 +7,34 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ditty.config.errors import RecipeError
+from ditty.metrics.peak import table_peak_tflops
 from ditty.plan.settings import GiB, parse_memory
+
+_TABLE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 @dataclass(frozen=True)
 class Device:
     name: str
     memory: int
-    peak_tflops: dict[str, float]
-    """Dense peak by compute dtype ("bfloat16", "float16", "float32")."""
+    table_name: str
+    """The name in ditty.metrics.peak's table (a substring of what CUDA reports)."""
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak for a compute dtype ("bfloat16", "float16", "float32"; others count as float32)."""
+        found = table_peak_tflops(self.table_name, _TABLE_DTYPE.get(dtype, "fp32"))
+        return found if found is not None else table_peak_tflops(self.table_name, "fp32")
 
 
 DEVICES: dict[str, Device] = {
     d.name.lower(): d
     for d in (
-        Device("H100", 80 * GiB, {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
-        Device("H200", 141 * GiB, {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
-        Device("A100-80GB", 80 * GiB, {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}),
-        Device("A100-40GB", 40 * GiB, {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}),
-        Device("L4", 24 * GiB, {"bfloat16": 121.0, "float16": 121.0, "float32": 30.3}),
-        Device("RTX4090", 24 * GiB, {"bfloat16": 165.2, "float16": 165.2, "float32": 82.6}),
+        Device("H100", 80 * GiB, "H100"),
+        Device("H200", 141 * GiB, "H200"),
+        Device("A100-80GB", 80 * GiB, "A100"),
+        Device("A100-40GB", 40 * GiB, "A100"),
+        Device("L4", 24 * GiB, "L4"),
+        Device("RTX4090", 24 * GiB, "RTX 4090"),
     )
 }
 ALIASES = {"a100": "a100-80gb", "rtx-4090": "rtx4090", "4090": "rtx4090", "h100-sxm": "h100"}

@@ -79,7 +79,7 @@ def plan_time(
         basis = f"measured: {seconds_per_micro_batch:.2f} s per micro-batch x {s.accumulation} per step on this machine"
     elif device is not None and s.device == "cuda":
         dtype = s.compute_dtype or s.weight_dtype
-        peak = device.peak_tflops.get(dtype, device.peak_tflops["float32"]) * 1e12
+        peak = device.peak_tflops(dtype) * 1e12
         used = mfu * (QUANTIZED_SLOWDOWN if s.quant == "bnb-4bit" else 1.0)
         seconds = flops / (s.world_size * peak * used)
         basis = (
