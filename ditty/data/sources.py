@@ -12,7 +12,7 @@ import contextlib
 import glob
 import logging
 import os
-from typing import TYPE_CHECKING, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
@@ -56,36 +56,10 @@ FILE_BUILDERS = {
 }
 
 
-def load_file_dataset(
-    pattern: Optional[str],
-    *,
-    key: str,
-    cache_dir: Optional[str],
-    fields: Optional[Mapping[str, str]] = None,
-    on_bad_rows: str = "error",
-    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-    streaming: bool = False,
-    reader_options: Optional[dict[str, dict]] = None,
-) -> "Dataset":
-    """All rows of the files matching `pattern` (a path or a glob), in sorted file order.
-
-    `key` is the recipe key that named the files ("data.path" or "data.val_path"). `fields`
-    ({column: "text" | "messages"}, see `ditty.data.rows.required_fields`) are checked in every row;
-    bad rows are an error, or left out with `on_bad_rows = "skip"` (`load_checked_files` also
-    returns how many). `streaming`: an `IterableDataset` that reads the files lazily (one shard per
-    file) instead; its rows are not scanned ahead (that would read the whole corpus first).
-    `reader_options`: {builder ("json", "text", ...): its extra `load_dataset` options}.
-    """
-    return load_checked_files(
-        pattern,
-        key=key,
-        cache_dir=cache_dir,
-        fields=fields,
-        on_bad_rows=on_bad_rows,
-        max_row_bytes=max_row_bytes,
-        streaming=streaming,
-        reader_options=reader_options,
-    )[0]
+def load_file_dataset(pattern: Optional[str], **options: Any) -> "Dataset":
+    """All rows of the files matching `pattern` (a path or a glob), in sorted file order; the
+    options and checks are `load_checked_files`'s."""
+    return load_checked_files(pattern, **options)[0]
 
 
 def load_checked_files(
@@ -99,7 +73,16 @@ def load_checked_files(
     streaming: bool = False,
     reader_options: Optional[dict[str, dict]] = None,
 ) -> tuple["Dataset", int]:
-    """`load_file_dataset`, and the number of bad rows left out."""
+    """All rows of the files matching `pattern` (a path or a glob), in sorted file order, and the
+    number of bad rows left out.
+
+    `key` is the recipe key that named the files ("data.path" or "data.val_path"). `fields`
+    ({column: "text" | "messages"}, see `ditty.data.rows.required_fields`) are checked in every row;
+    bad rows are an error, or left out with `on_bad_rows = "skip"`. `streaming`: an
+    `IterableDataset` that reads the files lazily (one shard per file) instead; its rows are not
+    scanned ahead (that would read the whole corpus first). `reader_options`: {builder ("json",
+    "text", ...): its extra `load_dataset` options}.
+    """
     if not pattern:
         raise RecipeError.single(
             "no data file given", key=key, fix="set it to a .jsonl/.json/.csv/.parquet/.txt file or glob"
