@@ -191,13 +191,10 @@ def find_blocks(
     """The modules to shard (or checkpoint, or compile) one by one, in `model.modules()` order.
 
     Chosen by, first match wins: `classes`; class `names` (the recipe's parallel.block_classes); the
-    model's `_no_split_modules`; with `or_children`, the model's children (`model_children`).
-    Raises RecipeError when named classes are absent or nothing is found.
-
-
-    model's `_no_split_modules`; else the classes an `nn.ModuleList` holds several of (a transformer's
-    layers: DeBERTa-v2 declares no `_no_split_modules`). Raises RecipeError when named classes are
-    absent or nothing is found.
+    model's `_no_split_modules`; with `or_children`, the model's children (`model_children`); for a
+    Hugging Face model, the classes an `nn.ModuleList` holds several of (a transformer's layers:
+    DeBERTa-v2 declares no `_no_split_modules`). Raises RecipeError when named classes are absent or
+    nothing is found.
     """
     if or_children and not (classes or names or no_split_module_names(model)):
         return model_children(model, skip=skip)
@@ -206,7 +203,9 @@ def find_blocks(
         blocks = [m for m in model.modules() if isinstance(m, wanted) and m is not model]
         key, asked = "parallel.block_classes", [c.__name__ for c in classes]
     else:
-        asked = list(names or []) or no_split_module_names(model) or repeated_block_names(model)
+        asked = list(names or []) or no_split_module_names(model)
+        if not asked and _holds_transformers_model(model):
+            asked = repeated_block_names(model)
         key = "parallel.block_classes"
         blocks = [m for m in model.modules() if type(m).__name__ in asked and m is not model]
     if blocks:
@@ -252,6 +251,12 @@ def model_children(model: nn.Module, *, skip: tuple[str, ...] = ()) -> list[nn.M
 
 def _holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
+
+
+def _holds_transformers_model(model: nn.Module) -> bool:
+    """A Hugging Face model (possibly inside PEFT or compile wrappers): its repeated layers are its
+    blocks. A custom model names its blocks (parallel.block_classes) instead of having them guessed."""
+    return any(type(m).__module__.startswith("transformers.models.") for m in model.modules())
 
 
 def repeated_block_names(model: nn.Module) -> list[str]:

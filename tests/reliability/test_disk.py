@@ -133,7 +133,7 @@ def test_injected_enospc_inside_the_checkpoint_writer(tmp_path, monkeypatch, tri
 
 def test_final_is_written_only_after_the_last_checkpoint_is_safe(tmp_path, monkeypatch, reference, trial):
     trial.update(fault="disk full while writing final/", injected="OSError(ENOSPC) from the final/ writer")
-    import ditty.train.trainer as trainer_module
+    import ditty.train.final as trainer_module  # write_final calls save_final on rank 0
 
     real = trainer_module.save_final
 

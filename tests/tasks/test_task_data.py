@@ -76,6 +76,21 @@ def test_bad_rows_are_named_by_file_and_row(tmp_path, wordpiece):
         {"text": "", "label": "a"},
         {"label": "b"},
         {"text": "no label"},
+    ]
+    path = write(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(RecipeError) as error:
+        build_task_data(file_data(path, "classification"), wordpiece, 0)
+    text = str(error.value)
+    assert error.value.problems[0].key == "data.path"
+    for row, what in ((2, "'text' is empty"), (3, "'text' is missing"), (4, "'label' is missing")):
+        assert f"bad.jsonl, row {row}: {what}" in text, text
+
+
+def test_rows_whose_columns_change_type_are_named_by_file_and_line(tmp_path, wordpiece):
+    """A column that changes type is caught while the file is read (ditty.data.rows), before the
+    task's own checks: one report names every such line."""
+    rows = [
+        {"text": "fine", "label": "a"},
         {"text": ["a", "list"], "label": "a"},
         {"text": "fine", "label": 1.5},
     ]
@@ -84,14 +99,8 @@ def test_bad_rows_are_named_by_file_and_row(tmp_path, wordpiece):
         build_task_data(file_data(path, "classification"), wordpiece, 0)
     text = str(error.value)
     assert error.value.problems[0].key == "data.path"
-    for row, what in (
-        (2, "'text' is empty"),
-        (3, "'text' is missing"),
-        (4, "'label' is missing"),
-        (5, "'text' should be text, got list"),
-    ):
-        assert f"bad.jsonl, row {row}: {what}" in text, text
-    assert "row 6: 'label' should be a string or an integer, got float 1.5" in text
+    assert "bad.jsonl:2: 'text' is a list here but a string on line 1" in text, text
+    assert "bad.jsonl:3: 'label' is a number here but a string on line 1" in text, text
 
 
 def test_a_validation_label_training_never_saw_is_an_error_naming_the_row(tmp_path, wordpiece):

@@ -108,6 +108,11 @@ def test_export_refuses_a_checkpoint_whose_recipe_it_refuses(config, tmp_path):
     doc["recipe_toml"] = recipe_to_toml(refused(config))  # as if written by a recipe the compiler refuses
     with open(sidecar, "w", encoding="utf-8") as f:
         json.dump(doc, f)
+    from pathlib import Path
+
+    from ditty.checkpoint.manifest import describe_all
+
+    describe_all(Path(sidecar).parent)  # sealed again: a checkpoint that recipe wrote, not a damaged one
     with pytest.raises(RecipeError) as caught:
         export(config.run.output_dir, tmp_path / "exported")
     assert RULE in rule_ids(caught.value)
