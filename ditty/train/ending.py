@@ -1,4 +1,5 @@
-"""How a run ends: preempted by a signal, already finished, or done; closing the sinks; the result.
+"""How a run saves and ends: periodic checkpoints and the final save (checkpoint, final/, lm-eval
+scores, the Hub push); preempted by a signal, already finished, or done; closing the sinks; the result.
 
 A mixin of `Trainer` (these are steps a subclass may replace like any other); it reads the trainer's
 built state.
@@ -11,14 +12,42 @@ import os
 from typing import Optional
 
 from ditty._utils.dist import is_main_process
+from ditty.evaluation import score_final_model
 from ditty.metrics import plot_run
 from ditty.train import checkpointing
+from ditty.train.final import write_final
 from ditty.train.state import TrainResult
 
 log = logging.getLogger("ditty.train")
 
 
 class RunEnding:
+    def save(self, final: bool = False) -> Optional[str]:
+        """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
+        "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
+        step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
+        every, push = self.config.checkpoint.every, self.config.hub.push
+        finite = self.checkpointer.manager.finite  # saves wait for a finite step
+        if not final:
+            due = bool(every) and self.state.step % every == 0
+            if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
+                self.checkpointer.save(self)
+                if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
+                    checkpointing.push_checkpoint_snapshot(self)
+            return None
+        # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
+        # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
+        # as non-finite gets no checkpoint (its weights are the last finite step's, which final/ holds).
+        if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
+            self.checkpointer.save(self)
+        self.checkpointer.manager.wait()
+        path = write_final(self)
+        if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
+            self.log({"step": self.state.step, **score_final_model(self, path)})
+        if push in ("end", "checkpoints"):
+            checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
+        return path
+
     def preempt(self) -> TrainResult:
         """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
         # A step inside a non-finite streak is not saved: the newest checkpoint stays the resume point.

@@ -26,7 +26,7 @@ from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
 from ditty.data.mixture import source_token_record
-from ditty.evaluation import harness_due, harness_on_model, score_final_model
+from ditty.evaluation import harness_due, harness_on_model
 from ditty.metrics import Progress
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
@@ -36,7 +36,7 @@ from ditty.train.components import RuntimeComponents
 from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
 from ditty.train.env import MemoryReport
-from ditty.train.final import check_output_dir, write_final
+from ditty.train.final import check_output_dir
 from ditty.train.pipeline import run_pipeline
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
@@ -275,32 +275,6 @@ class Trainer(Builders, RunEnding):
                 f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float)
             )
             self.progress.write(f"step {record['step']}: {shown}")
-
-    def save(self, final: bool = False) -> Optional[str]:
-        """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
-        "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
-        step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
-        every, push = self.config.checkpoint.every, self.config.hub.push
-        finite = self.checkpointer.manager.finite  # saves wait for a finite step
-        if not final:
-            due = bool(every) and self.state.step % every == 0
-            if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
-                self.checkpointer.save(self)
-                if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
-                    checkpointing.push_checkpoint_snapshot(self)
-            return None
-        # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
-        # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
-        # as non-finite gets no checkpoint (its weights are the last finite step's, which final/ holds).
-        if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
-            self.checkpointer.save(self)
-        self.checkpointer.manager.wait()
-        path = write_final(self)
-        if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
-            self.log({"step": self.state.step, **score_final_model(self, path)})
-        if push in ("end", "checkpoints"):
-            checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
-        return path
 
     def make_context(self, *, index: int, count: int, training: bool) -> dict:
         from ditty.processors import Context
