@@ -41,6 +41,8 @@ class TaskData:
     """The label set of classification and token classification (None for the other formats)."""
     max_new_tokens: int = 0
     """seq2seq: the longest validation target in tokens (what greedy decoding generates for exact match)."""
+    skipped_rows: int = 0
+    """Bad rows left out under `data.on_bad_rows = "skip"` (training and validation together)."""
     task = None  # no causal-LM generation task (DataMode.task)
 
 
@@ -48,6 +50,13 @@ class TaskData:
 class RawRows:
     dataset: "Dataset"
     source: RowSource
+
+    def keeping(self, indices: Optional[list[int]]) -> "RawRows":
+        """These rows only (None: all); messages keep naming rows by their original numbers."""
+        if indices is None:
+            return self
+        numbers = tuple(self.source.rows[i] for i in indices) if self.source.rows is not None else tuple(indices)
+        return RawRows(self.dataset.select(indices), replace(self.source, rows=numbers))
 
 
 def build_task_data(
@@ -70,10 +79,12 @@ def build_task_data(
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
     with progress_bars_on_main_rank():
         train, val = _raw_rows(data, seed, rows, val_rows)
-        values = check_rows(train.dataset, data, train.source)
+        values, kept, skipped = check_rows(train.dataset, data, train.source)
+        train = train.keeping(kept)
         labels = LabelSpace.from_values(values, label_hint) if values else None
         if val is not None:
-            check_rows(val.dataset, data, val.source)
+            _, kept, skipped_val = check_rows(val.dataset, data, val.source)
+            val, skipped = val.keeping(kept), skipped + skipped_val
             if labels is not None:
                 check_labels_known(val.dataset, data, labels, val.source)
         train_set = encode_rows(train.dataset, tokenizer, data, labels, what="training")
@@ -90,7 +101,7 @@ def build_task_data(
     longest_target = 0
     if data.format == "seq2seq" and val_set is not None:
         longest_target = max(len(ids) for ids in val_set["labels"])
-    return TaskData(train_set, val_set, seed, data.format, collator, labels, longest_target)
+    return TaskData(train_set, val_set, seed, data.format, collator, labels, longest_target, skipped)
 
 
 def _raw_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> tuple[RawRows, Optional[RawRows]]:
@@ -103,14 +114,17 @@ def _raw_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> tuple[
         return _split(train, data.val_fraction, seed)
     if data.source == "builtin":
         return _builtin_rows(data)
+    # Rows that cannot be read (malformed JSON, a column changing type) are reported, or skipped and
+    # counted there; check_rows then does the same for what the task needs of each row.
+    reading = dict(cache_dir=data.cache_dir, on_bad_rows=data.on_bad_rows, max_row_bytes=data.max_row_bytes)
     if data.source == "file":
-        dataset = load_file_dataset(data.path, key="data.path", cache_dir=data.cache_dir)
+        dataset = load_file_dataset(data.path, key="data.path", **reading)
         train = RawRows(dataset, RowSource(data.path, "data.path", _files(data.path)))
     else:
         dataset = load_hub_dataset(data.name, split=data.split, cache_dir=data.cache_dir)
         train = RawRows(dataset, RowSource(f"hub dataset {data.name} ({data.split})", "data.name"))
     if data.val_path:
-        dataset = load_file_dataset(data.val_path, key="data.val_path", cache_dir=data.cache_dir)
+        dataset = load_file_dataset(data.val_path, key="data.val_path", **reading)
         return train, RawRows(dataset, RowSource(data.val_path, "data.val_path", _files(data.val_path)))
     return _split(train, data.val_fraction, seed)
 

@@ -24,6 +24,7 @@ and cache the tokenized data as it does for the causal-LM formats (ditty.data.fo
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ditty.config.sections import DataConfig
 
 TASK_FORMATS = ("classification", "token_classification", "seq2seq", "masked_lm")
+log = logging.getLogger("ditty.data")
 MAX_REPORTED_ROWS = 5
 _DEFAULT_LABEL = re.compile(r"LABEL_\d+")
 
@@ -150,9 +152,12 @@ def columns_of(data: "DataConfig") -> dict[str, str]:
     raise ValueError(f"{data.format!r} is not a task format")
 
 
-def check_rows(dataset: "Dataset", data: "DataConfig", source: RowSource) -> set:
-    """Check every row of `dataset` for `data.format`; return the label values it holds (an empty set
-    for formats without labels). RecipeError naming the file and row of each bad row (up to five)."""
+def check_rows(dataset: "Dataset", data: "DataConfig", source: RowSource) -> tuple[set, Optional[list[int]], int]:
+    """Check every row of `dataset` for `data.format`; return the label values of its good rows (an
+    empty set for formats without labels), the indices of the good rows when some were left out (else
+    None) and how many bad rows were left out.
+    Bad rows are a RecipeError naming the file and row of each (up to five), or with
+    `data.on_bad_rows = "skip"` left out and counted (all of them bad is still an error)."""
     if len(dataset) == 0:
         raise RecipeError.single(
             f"{source.description} holds no rows", key=source.key, fix="point it at data with at least one sample"
@@ -167,21 +172,42 @@ def check_rows(dataset: "Dataset", data: "DataConfig", source: RowSource) -> set
                 fix=f"set {key} to one of the columns found, or pick the data.format that matches the data",
             )
     check = _ROW_CHECKS[data.format]
+    skip = data.on_bad_rows == "skip"
     bad: list[str] = []
+    bad_count, good = 0, []
     labels: set = set()
     for index, row in _rows(dataset, list(columns.values())):
-        problem = check(row, data, labels)
-        if problem:
+        row_labels: set = set()
+        problem = check(row, data, row_labels)
+        if not problem:
+            labels |= row_labels
+            good.append(index)
+            continue
+        bad_count += 1
+        if len(bad) < MAX_REPORTED_ROWS:
             bad.append(f"{source.where(index)}: {problem}")
-            if len(bad) >= MAX_REPORTED_ROWS:
-                break
-    if bad:
+        if len(bad) >= MAX_REPORTED_ROWS and not skip:
+            break
+    if bad and (not skip or not good):
         raise RecipeError.single(
-            f'bad rows for data.format = "{data.format}":\n      ' + "\n      ".join(bad),
+            f'bad rows for data.format = "{data.format}"'
+            + (" (every row)" if skip else "")
+            + ":\n      "
+            + "\n      ".join(bad),
             key=source.key,
-            fix="fix or remove these rows (each needs " + ", ".join(f"{c!r}" for c in columns.values()) + ")",
+            fix="fix or remove these rows (each needs "
+            + ", ".join(f"{c!r}" for c in columns.values())
+            + '), or set data.on_bad_rows = "skip" to train without them',
         )
-    return labels
+    if bad_count:
+        log.warning(
+            'skipping %d bad rows of %s (data.on_bad_rows = "skip"); the first: %s',
+            bad_count,
+            source.description,
+            bad[0],
+        )
+        return labels, good, bad_count
+    return labels, None, 0
 
 
 def check_labels_known(dataset: "Dataset", data: "DataConfig", space: LabelSpace, source: RowSource) -> None:

@@ -103,6 +103,20 @@ def test_rows_whose_columns_change_type_are_named_by_file_and_line(tmp_path, wor
     assert "bad.jsonl:3: 'label' is a number here but a string on line 1" in text, text
 
 
+def test_bad_rows_can_be_skipped_and_are_counted(tmp_path, wordpiece):
+    rows = [{"text": f"good {i}", "label": "a" if i % 2 else "b"} for i in range(6)]
+    rows[1:1] = [{"text": "", "label": "a"}, {"label": "b"}]  # rows 2 and 3 are bad
+    path = write(tmp_path / "bad.jsonl", rows)
+    config = replace(file_data(path, "classification"), on_bad_rows="skip")
+    built = build_task_data(config, wordpiece, 0)
+    assert built.skipped_rows == 2
+    assert len(built.train) + (len(built.val) if built.val is not None else 0) == 6
+    assert built.labels.names == ("a", "b")
+    every_row_bad = write(tmp_path / "all_bad.jsonl", [{"text": "", "label": "a"}, {"label": "b"}])
+    with pytest.raises(RecipeError, match=r"every row"):
+        build_task_data(replace(file_data(every_row_bad, "classification"), on_bad_rows="skip"), wordpiece, 0)
+
+
 def test_a_validation_label_training_never_saw_is_an_error_naming_the_row(tmp_path, wordpiece):
     train = write(tmp_path / "train.jsonl", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
     val = write(tmp_path / "val.jsonl", [{"text": "c", "label": "x"}, {"text": "d", "label": "z"}])
