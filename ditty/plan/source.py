@@ -36,7 +36,7 @@ def model_shape(config: Any) -> ModelShape:
         source += ", vocabulary of the byte tokenizer"
     if values.get("model_type") in FAMILIES:
         return ModelShape.from_config(values, source=source)
-    return _meta_shape(values, source, trust_remote_code=model.trust_remote_code)
+    return _meta_shape(values, source, trust_remote_code=model.trust_remote_code, task=model.task)
 
 
 def _config_values(model: Any) -> tuple[dict[str, Any], str]:
@@ -75,10 +75,12 @@ def _uses_byte_tokenizer(config: Any) -> bool:
     return tokenizer is not None and tokenizer.source(config.model) is None
 
 
-def _meta_shape(values: dict[str, Any], source: str, *, trust_remote_code: bool) -> ModelShape:
-    """Any other Hugging Face architecture: its model class built on the meta device."""
+def _meta_shape(values: dict[str, Any], source: str, *, trust_remote_code: bool, task: str) -> ModelShape:
+    """Any other Hugging Face architecture: the model task's class of it built on the meta device."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from ditty.models.tasks import model_task, transformers_class
 
     model_type = values.pop("model_type", None)
     if not model_type:
@@ -86,7 +88,7 @@ def _meta_shape(values: dict[str, Any], source: str, *, trust_remote_code: bool)
     try:
         hf_config = AutoConfig.for_model(model_type, **{k: v for k, v in values.items() if not k.startswith("_")})
         with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+            built = transformers_class(model_task(task)).from_config(hf_config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, TypeError) as error:
         raise RecipeError.single(
             f"cannot build a {model_type} model on the meta device to plan it: {error}", key="model.path"
