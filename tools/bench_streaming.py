@@ -71,7 +71,9 @@ def worker(a: dict) -> dict:
     meter = Meter(trainer.model, trainer.tokenizer.pad_token_id)
     trainer.train()
     out = meter.result(a["warmup"])
-    out["startup_s"] = meter.events[0][0] - a["started"]
+    # The meter stamps events with perf_counter; the launcher's start is wall-clock time.
+    first_step_wall = meter.events[0][0] + (time.time() - time.perf_counter())
+    out["startup_s"] = first_step_wall - a["started"]
     return out
 
 
