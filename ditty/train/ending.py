@@ -16,6 +16,7 @@ from ditty.evaluation import score_final_model
 from ditty.metrics import plot_run
 from ditty.train import checkpointing
 from ditty.train.final import write_final
+from ditty.train.push import push_checkpoint_snapshot, push_to_hub
 from ditty.train.state import TrainResult
 
 log = logging.getLogger("ditty.train")
@@ -33,7 +34,7 @@ class RunEnding:
             if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
-                    checkpointing.push_checkpoint_snapshot(self)
+                    push_checkpoint_snapshot(self)
             return None
         # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
         # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
@@ -45,7 +46,7 @@ class RunEnding:
         if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
             self.log({"step": self.state.step, **score_final_model(self, path)})
         if push in ("end", "checkpoints"):
-            checkpointing.push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
+            push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
         return path
 
     def preempt(self) -> TrainResult:

@@ -1,4 +1,6 @@
-"""`ditty push RUN_DIR [--repo-id ID]`: push a finished run's final model (or adapter) with a model card.
+"""Pushing to the Hugging Face Hub: `ditty push RUN_DIR [--repo-id ID]` (a finished run's final model
+or adapter, with a model card), and the pushes a training run makes itself (`hub.push = "end"` or
+"checkpoints").
 
 The repository and its privacy come from the run's recipe.toml (`[hub]`) unless `--repo-id` names
 one. The card (README.md in final/) is written from the recipe and the last evaluation in
@@ -9,8 +11,10 @@ Any failure is a RecipeError (exit code 2) that keeps every file and names this 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Optional
 
+from ditty._utils.dist import is_main_process
 from ditty.config.errors import RecipeError
 
 
@@ -38,7 +42,6 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     from ditty.checkpoint.hub import push_folder, write_model_card
     from ditty.config.loader import load_recipe
-    from ditty.train.checkpointing import card_task_fields
     from ditty.train.final import final_model_task
 
     final = os.path.join(run_dir, "final")
@@ -75,3 +78,71 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         commit_message="ditty: final model",
         run_dir=run_dir,
     )
+
+
+def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
+    """Push `folder` to `hub.repo_id` with a model card (rank 0). A failure is reported, not raised:
+    training succeeded and every local file is kept; the message says how to retry."""
+    from ditty.checkpoint.hub import push_folder, write_model_card
+
+    cfg = trainer.config
+    if not is_main_process() or not cfg.hub.repo_id:
+        return None
+    try:
+        recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
+        recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+        metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
+        write_model_card(
+            folder,
+            base_model=cfg.model.path,
+            recipe_text=recipe_text,
+            metrics=metrics,
+            adapter=cfg.peft.kind != "none",
+            title=cfg.run.name,
+            **card_task_fields(cfg.model.task),
+        )
+        return push_folder(
+            folder,
+            repo_id=cfg.hub.repo_id,
+            private=cfg.hub.private,
+            commit_message=message,
+            run_dir=trainer.run_dir,
+            token=getattr(getattr(trainer, "components", None), "hub_token", None),  # Pipeline(hf_hub_token=)
+        )
+    except RecipeError as e:
+        print(f"warning: {e.format()}", flush=True)
+        return None
+
+
+def card_task_fields(task_name: str) -> dict[str, str]:
+    """What the model card says about the task (ditty.models.tasks): its pipeline tag and Auto class."""
+    from ditty.models.tasks import model_task
+
+    task = model_task(task_name)
+    return {
+        "task": task.name,
+        "pipeline_tag": task.pipeline_tag,
+        "auto_class": task.auto_class,
+        "pipeline": task.pipeline,
+        "peft_auto_class": task.peft_auto_class,
+    }
+
+
+def push_checkpoint_snapshot(trainer: Any) -> None:
+    """`hub.push = "checkpoints"`: the current model in Hugging Face format, pushed, then removed.
+    Collective under FSDP (the full state dict is gathered shard by shard, kept on rank 0)."""
+    from ditty.train.final import save_final
+
+    if not trainer.config.hub.repo_id:
+        return
+    full = trainer.engine.full_state_dict(trainer.model)
+    if not is_main_process():
+        return
+    staging = os.path.join(trainer.run_dir, ".hub-staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        folder = save_final(trainer.model, trainer.tokenizer, staging, state_dict=full)
+        push_to_hub(trainer, folder, message=f"ditty: step {trainer.state.step}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
