@@ -150,6 +150,8 @@ class SourceReader:
         start = self._next_start
         try:
             rows = next(self._windows)
+        except RecipeError:
+            raise
         except StopIteration:
             if self._pass_from_start and self._pass_samples == 0:
                 raise RecipeError.single(
@@ -162,6 +164,8 @@ class SourceReader:
             self.window, self._windows, self._resume = -1, None, None
             self.samples, self.offset = [], 0
             return
+        except Exception as error:  # noqa: BLE001 - the reader's parse error is the user's data
+            raise self._unreadable(error) from None
         self._next_start = self._rows.state_dict()  # the state after this window: the next one's start
         self.window, self.offset = self.window + 1, 0
         if self._resume is not None:  # the saved window, re-read: continue after its taken samples
@@ -172,6 +176,21 @@ class SourceReader:
         self._pass_samples += len(samples)
         order = np.random.default_rng([self.seed, self.source.index, self.reader, self.epoch, self.window])
         self.samples = [samples[i] for i in order.permutation(len(samples))]
+
+    def _unreadable(self, error: Exception) -> RecipeError:
+        """A row the streaming reader cannot parse (malformed JSON, bad encoding, a column changing
+        type). Streams are not scanned ahead (that would read the corpus first), so it surfaces here."""
+        text = " ".join(str(error).split()) or type(error).__name__
+        data = self.source.data
+        what = data.path if data.source == "file" else f"hub dataset {data.name}"
+        named = "" if self.source.key == "data" else f"source {self.source.label!r}, "
+        return RecipeError.single(
+            f"cannot read {named}{what} while streaming (window {self.window + 2} of reader {self.reader}): "
+            f"{type(error).__name__}: {text[:300]}",
+            key=self.source.key if self.source.key != "data" else "data.path",
+            fix="fix or remove that row; to have every bad row named by file and line, run `ditty run` once "
+            "with data.streaming = false (the files are then checked up front)",
+        )
 
     def _tokenize(self, rows: dict[str, list]) -> list[Sample]:
         missing = [(key, column) for key, column in self.columns.items() if column not in rows]

@@ -200,3 +200,18 @@ def test_two_ranks_read_disjoint_rows_and_resume_from_the_gathered_position(corp
 def _same(a, b) -> bool:
     """Equal batch values: tensors element by element; packed rows' max lengths are ints."""
     return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def test_a_row_the_stream_cannot_parse_is_a_recipe_error_naming_the_source(corpus):
+    """Streams are not scanned ahead, so a malformed row surfaces while reading: as a RecipeError
+    (exit 2) naming the source's key and file, never the reader's traceback."""
+    lines = (corpus / "code.jsonl").read_text().splitlines()
+    lines[30] = "{bad json"
+    (corpus / "code.jsonl").write_text("\n".join(lines) + "\n")
+    reader = _reader(_data(corpus), 1, 0, 1)
+    with pytest.raises(RecipeError) as caught:
+        _one_pass(reader)
+    problem = caught.value.problems[0]
+    assert problem.key == "data.sources.1"
+    assert "cannot read source 'code', " in problem.message and "code.jsonl while streaming" in problem.message
+    assert "data.streaming = false" in problem.fix
