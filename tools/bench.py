@@ -572,7 +572,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale)",
+        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale);"
+        " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed",
     )
     parser.add_argument(
         "--gpu", action="store_true", help="MFU of a ~1B Llama on CUDA (tools/bench_gpu.py) instead of the CPU sections"
@@ -600,7 +601,7 @@ def main(argv=None) -> int:
     if opts.gpu:
         import bench_gpu
 
-        return bench_gpu.main(run_worker, quick)
+        return bench_gpu.main(run_worker, quick, opts.only)
     default = "overhead,packing,memory,compile" + ("" if quick else ",scale")
     sections = (opts.only or default).split(",")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

@@ -1,6 +1,6 @@
 """`tools/bench.py --gpu`: MFU of a ~1B Llama-architecture model (random init, no download) on one
 CUDA GPU, through ditty's Trainer, with and without each of torch.compile, FP8 (torchao), the
-chunked loss and packing.
+chunked loss (and its liger / cut-cross-entropy backends) and packing.
 
 The model has Llama-3.2-1B's shape (hidden 2048, MLP 8192, 16 layers, 32 heads, 8 KV heads,
 vocabulary 128,256, tied embeddings: 1.24B parameters), bf16 autocast, sdpa attention, AdamW.
@@ -32,28 +32,31 @@ MODEL = dict(
     vocab_size=128256,
     max_position_embeddings=2048,
     tie_word_embeddings=True,
-    rope_theta=500000.0,
 )
-SEQ, MICRO, STEPS, LOG_EVERY = 2048, 4, 40, 10
+SEQ, MICRO, STEPS, LOG_EVERY = 2048, 4, 20, 10
 
 
-def variants(tmp: Path) -> dict[str, dict]:
+def variants(tmp: Path) -> dict[str, tuple[str, dict]]:
+    """Short key (for `--only`) -> (the table's name, the recipe's changes)."""
     fixed = dict(path=str(tmp / "text.jsonl"), format="text", packing=False)
     mixed = dict(path=str(tmp / "instructions.jsonl"), format="prompt_completion")
     return {
-        "eager": dict(data=fixed),
-        "train.compile (blocks)": dict(data=fixed, train={"compile": True}),
-        "fp8 (torchao)": dict(data=fixed, fp8={"enabled": True}),
-        "chunked loss (loss_chunks = 8)": dict(data=fixed, train={"loss_chunks": 8}),
-        "compile + fp8 + chunked loss": dict(
-            data=fixed, train={"compile": True, "loss_chunks": 8}, fp8={"enabled": True}
+        "eager": ("eager", dict(data=fixed)),
+        "compile": ("train.compile (blocks)", dict(data=fixed, train={"compile": True})),
+        "fp8": ("fp8 (torchao)", dict(data=fixed, fp8={"enabled": True})),
+        "chunked": ("chunked loss (loss_chunks = 8)", dict(data=fixed, train={"loss_chunks": 8})),
+        "liger": ("liger loss", dict(data=fixed, train={"loss_chunks": 8, "loss_backend": "liger"})),
+        "cce": ("cut-cross-entropy loss", dict(data=fixed, train={"loss_chunks": 8, "loss_backend": "cce"})),
+        "all": (
+            "compile + fp8 + chunked loss",
+            dict(data=fixed, train={"compile": True, "loss_chunks": 8}, fp8={"enabled": True}),
         ),
-        "varied lengths, padded": dict(data=dict(mixed, packing=False)),
-        "varied lengths, packed": dict(data=dict(mixed, packing=True)),
+        "padded": ("varied lengths, padded", dict(data=dict(mixed, packing=False))),
+        "packed": ("varied lengths, packed", dict(data=dict(mixed, packing=True))),
     }
 
 
-def write_data(tmp: Path, n: int = 4000) -> None:
+def write_data(tmp: Path, n: int = 400) -> None:
     rng = random.Random(0)
     letters = "abcdefghijklmnopqrstuvwxyz      "
     with open(tmp / "text.jsonl", "w") as f:
@@ -137,26 +140,39 @@ def worker_train(a: dict) -> dict:
 WORKERS = {"gpu-train": worker_train}
 
 
-def main(run_worker, quick: bool) -> int:
+def main(run_worker, quick: bool, only: str | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("tools/bench.py --gpu needs a CUDA GPU; none is visible here (see BENCHMARKS.md)", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name()
-    tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-gpu-"))
+    # Each variant ends with a checkpoint and final/ of a 1B model (~20 GB): memory-backed files keep
+    # that end short where /dev/shm exists (it is not part of what is measured).
+    shm = Path("/dev/shm")
+    tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-gpu-", dir=shm if shm.is_dir() else None))
     write_data(tmp)
     steps = 12 if quick else STEPS
+    chosen = variants(tmp)
+    if only:
+        unknown = set(only.split(",")) - set(chosen)
+        if unknown:
+            print(f"--only with --gpu takes {','.join(chosen)}; not {','.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        chosen = {key: chosen[key] for key in only.split(",")}
     rows = []
-    for name, variant in variants(tmp).items():
+    for name, variant in chosen.values():
         print(f"gpu: {name}", file=sys.stderr, flush=True)
         try:
             r = run_worker("gpu-train", dict(tmp=str(tmp), name=name, recipe=recipe(tmp, name, variant, steps)))
             rows.append(
                 f"| {name} | {r['mfu']:.3f} | {r['hfu']:.3f} | {r['tokens_per_s']:,.0f} | {r['peak_mem_mb']:,.0f} |"
             )
+            print(f"{rows[-1]} ({r['seconds']:.0f} s)", flush=True)  # each row as it lands: a cut-off run keeps them
         except RuntimeError as error:  # one variant failing (FP8 on an older GPU, say) keeps the others
+            print(error, file=sys.stderr, flush=True)
             rows.append(f"| {name} | failed: {str(error).splitlines()[-1][:120]} | | | |")
+    shutil.rmtree(tmp, ignore_errors=True)
     shape = f"~1B Llama (random init), bf16, micro batch {MICRO} x {SEQ}, {steps} steps"
     print(f"ditty --gpu benchmark on {device}: {shape}")
     print()

@@ -79,8 +79,10 @@ def fused_linear_cross_entropy(
     elif backend == "cce":
         from cut_cross_entropy import linear_cross_entropy
 
+        # cut-cross-entropy's PyPI releases (25.1 and earlier) take no bias: pass one only where there is one.
+        extra = {} if bias is None else {"bias": bias}
         total = linear_cross_entropy(
-            hidden, weight, target, bias=bias, ignore_index=ignore_index, softcap=projection.softcap, reduction="sum"
+            hidden, weight, target, ignore_index=ignore_index, softcap=projection.softcap, reduction="sum", **extra
         )
     elif backend == "chunked":
         chunk_size = max(1, math.ceil(hidden.shape[0] / max(1, chunks)))
