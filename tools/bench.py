@@ -573,7 +573,7 @@ def main(argv=None) -> int:
         "--only",
         default=None,
         help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale);"
-        " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed",
+        " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed,packed-sdpa",
     )
     parser.add_argument(
         "--gpu", action="store_true", help="MFU of a ~1B Llama on CUDA (tools/bench_gpu.py) instead of the CPU sections"

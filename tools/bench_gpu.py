@@ -3,7 +3,8 @@ CUDA GPU, through ditty's Trainer, with and without each of torch.compile, FP8 (
 chunked loss (and its liger / cut-cross-entropy backends) and packing.
 
 The model has Llama-3.2-1B's shape (hidden 2048, MLP 8192, 16 layers, 32 heads, 8 KV heads,
-vocabulary 128,256, tied embeddings: 1.24B parameters), bf16 autocast, sdpa attention, AdamW.
+vocabulary 128,256, tied embeddings: 1.24B parameters), bf16 autocast, AdamW; attention is
+ditty's default (sdpa; flex_attention for packed rows on CUDA), and sdpa where a variant says so.
 Each variant runs in its own process for `steps` steps (compile and warm-up land in the first
 interval, which is not reported) and reports the last logged interval's `mfu`, tokens/s and peak
 memory from metrics.jsonl. MFU is ditty's own figure (ditty.metrics.mfu: 6N plus attention over
@@ -52,7 +53,11 @@ def variants(tmp: Path) -> dict[str, tuple[str, dict]]:
             dict(data=fixed, train={"compile": True, "loss_chunks": 8}, fp8={"enabled": True}),
         ),
         "padded": ("varied lengths, padded", dict(data=dict(mixed, packing=False))),
-        "packed": ("varied lengths, packed", dict(data=dict(mixed, packing=True))),
+        "packed": ("varied lengths, packed (auto: flex_attention)", dict(data=dict(mixed, packing=True))),
+        "packed-sdpa": (
+            "varied lengths, packed, sdpa (per-sample loop)",
+            dict(data=dict(mixed, packing=True), attn="sdpa"),
+        ),
     }
 
 
@@ -95,7 +100,7 @@ device = "cuda"
 init = "random"
 architecture = "llama"
 config = {model}
-attn_implementation = "sdpa"
+attn_implementation = "{variant.get("attn", "auto")}"
 [tokenizer]
 kind = "byte"
 [data]

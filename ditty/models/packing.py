@@ -8,6 +8,8 @@ into the forward's arguments for the model's attention kernel:
 - flash_attention_2/3 (CUDA): the cumulative lengths go to the varlen kernel as they are.
 - flex_attention: position ids and no mask; transformers derives a block-sparse BlockMask from
   where the positions restart (O((T/128)^2) blocks, not T^2 elements).
+- "auto" on CUDA, for the model types in MASK_FREE_MODEL_TYPES: the model is built with
+  flex_attention (`packed_kernel`), as above.
 - sdpa or eager, for the model types in MASK_FREE_MODEL_TYPES: the model is switched once to
   PACKED_SDPA, an attention function registered with transformers' AttentionInterface that runs
   causal SDPA within each sample (samples of equal length batched into one call). Its memory grows
@@ -110,6 +112,20 @@ def supports_packed_attention(model_or_config: Any, *, max_seq_len: Optional[int
     if getattr(config, "use_sliding_window", True) is False:  # qwen2 keeps a window it does not use
         window = None
     return not (window and max_seq_len and max_seq_len > window)
+
+
+def packed_kernel(model_type: Optional[str], attn_implementation: str, device_type: str) -> Optional[str]:
+    """The kernel a packed run builds its model with when the recipe leaves `model.attn_implementation`
+    at "auto"; None keeps transformers' default (sdpa, switched to PACKED_SDPA at the first packed batch).
+
+    On CUDA a MASK_FREE type gets flex_attention: its block-sparse mask costs one kernel per layer,
+    where PACKED_SDPA's loop over sample lengths costs several small launches per distinct length
+    (measured on an H100 with a ~1B Llama and instruction-length samples: 30,181 vs 3,286 tokens/s,
+    BENCHMARKS.md). On the CPU the loop is the fast path (no compile, no block-mask overhead).
+    """
+    if attn_implementation != "auto" or device_type != "cuda" or model_type not in MASK_FREE_MODEL_TYPES:
+        return None
+    return "flex_attention"
 
 
 def attention_path(config: Any) -> str:

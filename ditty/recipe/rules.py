@@ -488,3 +488,19 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             f"{kernel} takes no 4-D mask, and {model_type} isolates packed samples only with one",
             'use model.attn_implementation = "sdpa" (or "eager") with packing for this model',
         )
+    elif kernel in ("sdpa", "eager") and model_type in MASK_FREE_MODEL_TYPES and _runs_on_cuda(cfg):
+        yield warning(
+            "model.attn_implementation",
+            f"packed rows on {kernel} attend sample by sample on CUDA, about 9x slower than flex_attention"
+            " (BENCHMARKS.md, H100)",
+            'leave model.attn_implementation = "auto" (flex_attention for packed rows on CUDA)'
+            ' or set it to "flex_attention"',
+        )
+
+
+def _runs_on_cuda(cfg: Any) -> bool:
+    if cfg.run.device == "cpu":
+        return False
+    import torch  # only for packed recipes that name sdpa/eager: the answer needs the device
+
+    return torch.cuda.is_available()

@@ -247,6 +247,24 @@ def tokenizer_for(config: Any, *, non_text_data: bool = False):
     return build_tokenizer(config.tokenizer, config.model)
 
 
+def with_packed_kernel(config: Any, device: torch.device) -> Any:
+    """The config with `model.attn_implementation` = "auto" resolved for packed rows (see
+    ditty.models.packing.packed_kernel: flex_attention on CUDA); otherwise the config as it is."""
+    from dataclasses import replace
+
+    from ditty.models import read_model_type
+    from ditty.models.packing import packed_kernel
+
+    if not config.data.packing or config.model.factory:
+        return config
+    kernel = packed_kernel(read_model_type(config.model), config.model.attn_implementation, device.type)
+    if kernel is None:
+        return config
+    if is_main_process():
+        print(f'packed rows on {device.type}: attention through {kernel} (model.attn_implementation = "auto")')
+    return replace(config, model=replace(config.model, attn_implementation=kernel))
+
+
 def base_model_for(
     config: Any,
     tokenizer: Any,
@@ -262,6 +280,7 @@ def base_model_for(
     from ditty.models import build_model
 
     names = list(labels.names) if labels is not None else None
+    config = with_packed_kernel(config, device)
     if given is not None:
         from ditty.models.quant import quantize_instance
 

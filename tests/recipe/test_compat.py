@@ -51,6 +51,7 @@ FAILING = {
     "compat.merge-needs-adapter": ('[checkpoint]\nfinal_format = "merged"\n', 1),
     "compat.dora-8bit": ('[quant]\nkind = "bnb-8bit"\n[peft]\nkind = "dora"\n', 1),
     "compat.fp8-hardware": ('[run]\ndevice = "cpu"\n[fp8]\nenabled = true\n', 1),
+    "compat.fp8-without-compile": ("[fp8]\nenabled = true\n", 1),
     "compat.fp8-te-missing": ('[fp8]\nenabled = true\nbackend = "te"\n', 1),
     "compat.deepspeed-missing": ('[parallel]\nkind = "deepspeed"\n', 2),
     "compat.deepspeed-compile": ('[parallel]\nkind = "deepspeed"\n[train]\ncompile = true\n', 2),
