@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -66,8 +67,8 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sample_memory: bool = False):
-    """(exit code, peak proportional set size in MiB of the run and its workers or None, the pids of
-    its dataloader workers still alive 15 s after it ended). A run killed by SIGKILL exits with -9."""
+    """(exit code, peak `data_pss_kib` in MiB of the run and its workers or None, the pids of its
+    dataloader workers still alive 15 s after it ended). A run killed by SIGKILL exits with -9."""
     import psutil
 
     child = context().Process(target=_main, args=(argv, {"OMP_NUM_THREADS": "1", **(env or {})}, str(log)))
@@ -81,8 +82,8 @@ def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sam
                 tree = process.children(recursive=True)
                 workers.update(p.pid for p in tree)
                 if sample_memory:
-                    peak[0] = max(peak[0], sum(p.memory_full_info().pss for p in [process, *tree]))
-            except psutil.Error:
+                    peak[0] = max(peak[0], sum(data_pss_kib(p.pid) for p in [process, *tree]) * 1024)
+            except (psutil.Error, OSError):  # a worker or the run ended between listing and reading
                 pass
             time.sleep(0.2)
 
@@ -94,6 +95,27 @@ def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sam
     while time.time() < deadline and _alive(workers):
         time.sleep(0.5)
     return child.exitcode, (peak[0] / 2**20 if sample_memory else None), _alive(workers)
+
+
+_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ (\S+) \S+ \S+ \S+\s*(.*)$")
+
+
+def data_pss_kib(pid: int) -> int:
+    """Proportional set size (KiB) of a process without its code: anonymous and shared memory and
+    mapped data files, leaving out executable mappings and shared libraries. A library's pages are
+    shared with every process on the machine that maps it, so its share moves with whatever else
+    runs (another test's processes on the other xdist worker: 33 MB between two runs once), not
+    with what this run holds."""
+    total, counted = 0, True
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            mapping = _MAPPING.match(line)
+            if mapping:
+                permissions, path = mapping.groups()
+                counted = "x" not in permissions and ".so" not in os.path.basename(path)
+            elif counted and line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total
 
 
 def _alive(pids: set[int]) -> list[int]:
