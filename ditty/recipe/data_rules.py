@@ -1,4 +1,5 @@
-"""Rules for data at scale: [[data.sources]], data.streaming and its resume, [data.eval], [eval].
+"""Rules for data: packing isolation, and data at scale ([[data.sources]], data.streaming and its
+resume, [data.eval], [eval]).
 
 Registered after the core rules (imported by the compiler). Like every rule they read the config
 and the file system only; the streaming resume rule reads the JSON sidecar of the checkpoint a run
@@ -12,10 +13,68 @@ import importlib.util
 import math
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ditty.config.errors import Problem
 from ditty.recipe.rules import Context, error, rule, warning
+
+
+@rule("data.packing")
+def packing_isolation(ctx: Context) -> Iterator[Problem]:
+    """Packing needs a model that can keep packed samples from attending to each other."""
+    cfg = ctx.config
+    if not cfg.data.packing:
+        return
+    if cfg.model.factory:
+        yield error(
+            "data.packing",
+            "a custom model (model.factory) gets no block-diagonal attention mask, so packed samples would "
+            "see each other",
+            "set data.packing = false",
+        )
+        return
+    try:
+        from ditty.models import read_model_type, supports_packed_attention
+        from ditty.models.packing import MASK_FREE_MODEL_TYPES
+    except ImportError:
+        return
+    model_type = read_model_type(cfg.model)
+    kernel = cfg.model.attn_implementation
+    if model_type is None:
+        yield warning(
+            "data.packing", "cannot tell offline whether this model isolates packed samples; checked when it loads"
+        )
+    elif not supports_packed_attention(model_type):
+        yield error(
+            "data.packing",
+            f"{model_type} models cannot isolate packed samples (attention would leak across samples)",
+            "set data.packing = false (data.group_by_length = true cuts padding instead)",
+        )
+    elif kernel in ("flash_attention_2", "flex_attention") and model_type not in MASK_FREE_MODEL_TYPES:
+        # Flash and flex kernels isolate samples from the cumulative lengths / position ids, which
+        # this model's attention does not take (ditty/models/packing.py); only its dense mask works.
+        yield error(
+            "data.packing",
+            f"{kernel} takes no 4-D mask, and {model_type} isolates packed samples only with one",
+            'use model.attn_implementation = "sdpa" (or "eager") with packing for this model',
+        )
+    elif kernel in ("sdpa", "eager") and model_type in MASK_FREE_MODEL_TYPES and _runs_on_cuda(cfg):
+        yield warning(
+            "model.attn_implementation",
+            f"packed rows on {kernel} attend sample by sample on CUDA, about 9x slower than flex_attention"
+            " (BENCHMARKS.md, H100)",
+            'leave model.attn_implementation = "auto" (flex_attention for packed rows on CUDA)'
+            ' or set it to "flex_attention"',
+        )
+
+
+def _runs_on_cuda(cfg: Any) -> bool:
+    if cfg.run.device == "cpu":
+        return False
+    import torch  # only for packed recipes that name sdpa/eager: the answer needs the device
+
+    return torch.cuda.is_available()
+
 
 _SINGLE_SOURCE_KEYS = ("source", "name", "path", "split", "val_path", "num_samples")
 _SHARDED_OR_ENGINE = ("fsdp", "hsdp", "deepspeed")
