@@ -105,15 +105,10 @@ def keyword_problems(s: dict[str, Any], data: Any, factory: Any) -> list[Problem
         )
     elif s["shuffle_buffer_size"] is not None:
         warning("shuffle_buffer_size", "has no effect: it applies to streaming datasets, and this one is map-style")
-    if s["num_workers"]:
-        if loader:
-            warning("num_workers", "has no effect: the DataLoader passed as dataset= has its own num_workers")
-        else:
-            error(
-                "num_workers",
-                f"loading in worker processes is {NOT_YET} for Python datasets (data.num_workers)",
-                "pass DataLoader(dataset, batch_size=..., num_workers=N, collate_fn=...) as dataset=",
-            )
+    if s["num_workers"] and loader:
+        warning("num_workers", "has no effect: the DataLoader passed as dataset= has its own num_workers")
+    if s["num_workers"] is not None and s["num_workers"] < 0:
+        error("num_workers", f"must not be negative, got {s['num_workers']}", "0 loads in the training process")
     optimizer = s["optimizer"]
     if optimizer is not None:
         if s["use_8bit_optim"]:
@@ -138,6 +133,7 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
     micro = s["batch_size"]
     if isinstance(data, torch.utils.data.DataLoader) and data.batch_size:
         micro = data.batch_size  # each of the loader's batches is one micro-batch
+    workers = 0 if isinstance(data, torch.utils.data.DataLoader) else max(0, s["num_workers"] or 0)
     precision, fp8 = _precision(s)
     lr = s["lr"] * (world_size if s["scale_lr_by_world_size"] else 1)
     backend = OPTIM_BACKENDS.get(s["optim_backend"], "torchao")
@@ -167,6 +163,7 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
             weight_decay=s["weight_decay"],
         ),
         scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
+        data=S.DataConfig(num_workers=workers),
         parallel=S.ParallelConfig(kind="ddp") if world_size > 1 else S.ParallelConfig(),
         fp8=fp8,
         checkpoint=S.CheckpointConfig(

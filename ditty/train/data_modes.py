@@ -181,6 +181,8 @@ class SampleDataMode(DataMode):
             world_size=self.runtime.world_size,
             seed=self.bundle.seed,
             collate_fn=self.bundle.collate_fn,
+            num_workers=self.config.data.num_workers,
+            prefetch_factor=self.config.data.prefetch_factor,
         )
 
     def train_samples(self) -> int:
