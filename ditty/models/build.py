@@ -312,10 +312,17 @@ def _check_architecture(architecture: str) -> None:
         )
 
 
+LEGACY_ROPE_KEYS = frozenset({"rope_theta", "rope_scaling"})
+"""Keys every Llama-style config.json of transformers 4 has; transformers 5 takes them as keywords and
+keeps them in `rope_parameters` (so they are not attributes, but not misspellings either)."""
+
+
 def _check_override_keys(config: "PretrainedConfig", overrides: dict[str, Any]) -> None:
     """Refuse `model.config` keys the config class does not have: config classes accept any keyword
     silently, so a misspelled key would otherwise be dropped."""
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    if "rope_parameters" in known:  # transformers 5 folds the config.json keys of before into rope_parameters
+        known |= LEGACY_ROPE_KEYS
     unknown = sorted(key for key in overrides if key not in known)
     if unknown:
         raise RecipeError.single(

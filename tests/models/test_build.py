@@ -86,6 +86,23 @@ def test_unknown_override_key_names_a_close_match():
     assert '"hidden_size"' in problem.fix
 
 
+def test_rope_keys_of_a_transformers_4_config_json_are_taken(tokenizer):
+    """rope_theta and rope_scaling (in every Llama-3 config.json) are folded into rope_parameters by
+    transformers 5: real keys, not misspellings. A misspelled one is still refused."""
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    config = dict(TINY, max_position_embeddings=256, rope_theta=500000.0)
+    model = build_model(
+        ModelConfig(init="random", architecture="llama", config=config), tokenizer=tokenizer, device="cpu"
+    )
+    assert model.config.rope_parameters["rope_theta"] == 500000.0
+    scaled = dict(config, rope_scaling={**scaling, "original_max_position_embeddings": 128})
+    model = build_model(ModelConfig(init="random", architecture="llama", config=scaled), tokenizer=tokenizer)
+    assert model.config.rope_parameters["rope_type"] == "llama3" and model.config.rope_parameters["factor"] == 8.0
+    with pytest.raises(RecipeError) as error:
+        build_model(ModelConfig(init="random", architecture="llama", config={"rope_thetta": 1e6}))
+    assert error.value.problems[0].key == "model.config.rope_thetta"
+
+
 def test_inconsistent_override_values_are_a_recipe_error():
     with pytest.raises(RecipeError) as error:
         build_model(
