@@ -235,7 +235,7 @@ class Pipeline:
         from ditty.recipe.pipeline_rules import check_instances
 
         peek = data if data is not None else self._dataloader if self._dataloader is not None else self._dataset
-        problems = self._slot_problems() + keyword_problems(self.settings, peek, self.model_factory)
+        problems = self._slot_problems() + keyword_problems(self.settings, peek, self.model_factory, self.val_dataset)
         if not [p for p in problems if p.severity == "error"]:
             replaced = self.replaced_sections()
             self.plan = compile_config(self.config(data), world_size=self.world_size(), replaced=replaced)

@@ -53,7 +53,7 @@ def unknown_keyword_problems(unknown: dict[str, Any], known: list[str]) -> list[
     return problems
 
 
-def keyword_problems(s: dict[str, Any], data: Any, factory: Any) -> list[Problem]:
+def keyword_problems(s: dict[str, Any], data: Any, factory: Any, val: Any = None) -> list[Problem]:
     """Keywords that cannot be honoured (errors) or do nothing here (warnings)."""
     import torch
 
@@ -96,17 +96,23 @@ def keyword_problems(s: dict[str, Any], data: Any, factory: Any) -> list[Problem
             f"{NOT_YET}: ditty reads a dataset in a seeded permutation per epoch",
             "for a fixed order pass a DataLoader with shuffle=False as dataset= (used batch by batch)",
         )
-    iterable = data is not None and not loader and not (hasattr(data, "__len__") and hasattr(data, "__getitem__"))
-    if iterable or (loader and isinstance(data.dataset, torch.utils.data.IterableDataset)):
-        error(
-            "dataset",
-            f"iterable (streaming) datasets are {NOT_YET} by the Python API (data.streaming)",
-            "pass a map-style dataset (len() and indexing), e.g. datasets' Dataset rather than IterableDataset",
-        )
-    elif s["shuffle_buffer_size"] is not None:
-        warning("shuffle_buffer_size", "has no effect: it applies to streaming datasets, and this one is map-style")
+    from ditty.data.iterable import is_iterable_only
+
+    iterable = data is not None and is_iterable_only(data)
+    iterable_loader = loader and isinstance(data.dataset, torch.utils.data.IterableDataset)
+    if (iterable or iterable_loader) and s["steps"] is None and s["max_steps"] is None:
+        error("max_steps", "an iterable (streaming) dataset has no length: epochs cannot be counted", "pass max_steps=")
+    if s["shuffle_buffer_size"] is not None and not iterable:
+        where = "the DataLoader passed as dataset= keeps its own order" if loader else "this dataset is map-style"
+        warning("shuffle_buffer_size", f"has no effect: it applies to iterable datasets, and {where}")
+    if s["shuffle_buffer_size"] is not None and s["shuffle_buffer_size"] < 1:
+        error("shuffle_buffer_size", f"must be at least 1, got {s['shuffle_buffer_size']}", "1 keeps the order")
+    if val is not None and is_iterable_only(val):
+        error("val_dataset", "an iterable validation set cannot be evaluated whole", "pass a list or map-style one")
     if s["num_workers"] and loader:
         warning("num_workers", "has no effect: the DataLoader passed as dataset= has its own num_workers")
+    elif s["num_workers"] and iterable:
+        warning("num_workers", "has no effect: an iterable dataset is read in the training process")
     if s["num_workers"] is not None and s["num_workers"] < 0:
         error("num_workers", f"must not be negative, got {s['num_workers']}", "0 loads in the training process")
     optimizer = s["optimizer"]
@@ -133,7 +139,10 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
     micro = s["batch_size"]
     if isinstance(data, torch.utils.data.DataLoader) and data.batch_size:
         micro = data.batch_size  # each of the loader's batches is one micro-batch
-    workers = 0 if isinstance(data, torch.utils.data.DataLoader) else max(0, s["num_workers"] or 0)
+    from ditty.data.iterable import is_iterable_only
+
+    loader_or_stream = isinstance(data, torch.utils.data.DataLoader) or is_iterable_only(data)
+    workers = 0 if loader_or_stream else max(0, s["num_workers"] or 0)
     precision, fp8 = _precision(s)
     lr = s["lr"] * (world_size if s["scale_lr_by_world_size"] else 1)
     backend = OPTIM_BACKENDS.get(s["optim_backend"], "torchao")
@@ -163,7 +172,7 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
             weight_decay=s["weight_decay"],
         ),
         scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
-        data=S.DataConfig(num_workers=workers),
+        data=S.DataConfig(num_workers=workers, shuffle_buffer_size=max(1, s["shuffle_buffer_size"] or 1000)),
         parallel=S.ParallelConfig(kind="ddp") if world_size > 1 else S.ParallelConfig(),
         fp8=fp8,
         checkpoint=S.CheckpointConfig(

@@ -4,6 +4,7 @@ what is refused with a RecipeError that says what to use instead (never a TypeEr
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -109,13 +110,58 @@ def test_keywords_without_effect_are_warnings(tmp_path, caplog):
     assert "has no effect" in caplog.text and "hf_x" not in caplog.text
 
 
-def test_an_iterable_dataset_is_refused_until_streaming_arrives(tmp_path):
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(make_rows(8))
+class Stream(torch.utils.data.IterableDataset):
+    """A streaming dataset: rows come only by iterating, and the same rows each time."""
 
-    with pytest.raises(RecipeError, match="iterable .streaming. datasets are not supported yet"):
-        pipeline(tmp_path, dataset=Stream())
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __iter__(self):
+        return iter(make_rows(self.count))
+
+
+def test_an_iterable_dataset_needs_max_steps(tmp_path):
+    with pytest.raises(RecipeError) as caught:
+        pipeline(tmp_path, dataset=Stream(8))
+    assert "has no length" in str(caught.value) and "max_steps=" in str(caught.value)
+    with pytest.raises(RecipeError, match="iterable validation set"):
+        pipeline(tmp_path, dataset=Stream(8), max_steps=2, val_dataset=Stream(4))
+
+
+def test_a_dataloader_over_an_iterable_dataset_trains_with_max_steps(tmp_path):
+    loader = torch.utils.data.DataLoader(Stream(12), batch_size=8)  # 2 batches a pass: step 3 reads it again
+    p = pipeline(tmp_path, dataset=loader, max_steps=3, log_every=1, progress=False)
+    p.run()
+    assert len(_losses(tmp_path / "run")) == 3
+    with pytest.raises(RecipeError, match="max_steps="):
+        pipeline(tmp_path / "again", dataset=loader)
+
+
+@pytest.mark.slow
+def test_an_iterable_dataset_trains_through_epochs_and_resumes_bitwise(tmp_path):
+    """40 rows, 8 a step: step 6 starts the second pass. A run stopped at step 3 and resumed (the
+    stream is read again and the 24 trained rows dropped) logs the uninterrupted run's losses."""
+    common = dict(batch_size=8, log_every=1, lr_schedule="constant", warmup_steps=0, progress=False)
+
+    def run(folder: str, steps: int, buffer: int) -> list[float]:
+        torch.manual_seed(0)
+        p = pipeline(
+            tmp_path / folder,
+            model_factory=ModelFactory.from_instance(Regressor()),
+            dataset=Stream(40),
+            shuffle_buffer_size=buffer,
+            max_steps=steps,
+            **common,
+        )
+        assert p.config().data.shuffle_buffer_size == buffer
+        p.run()
+        return _losses(tmp_path / folder / "run")
+
+    plain = run("plain", 8, 16)
+    assert len(plain) == 8 and all(math.isfinite(loss) for loss in plain)
+    run("resumed", 3, 16)
+    assert run("resumed", 8, 16) == plain
+    assert run("in-order", 8, 1) != plain  # the buffer does shuffle
 
 
 # --- FSDPConfig, QuantConfig, PeftConfig, ModelFactory ------------------------------------------

@@ -196,6 +196,7 @@ class LoaderStream:
         self.accumulation_steps = accumulation_steps
         self.cursor = 0
         self.epoch = 0
+        self._batches_this_epoch = 0
         self._iterator = iter(loader)
 
     def next_step(self) -> list[Any]:
@@ -204,10 +205,15 @@ class LoaderStream:
             try:
                 batch = next(self._iterator)
             except StopIteration:
-                self.epoch += 1
+                if self._batches_this_epoch == 0:  # an empty loader would loop here for ever
+                    raise RecipeError.single(
+                        "the DataLoader passed as the dataset yielded no batches", key="data", fix="give it samples"
+                    ) from None
+                self.epoch, self._batches_this_epoch = self.epoch + 1, 0
                 self._iterator = iter(self.loader)
                 continue
             batches.append(batch)
+            self._batches_this_epoch += 1
             self.cursor += batch_samples(batch)
         return batches
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from ditty.config.errors import RecipeError
 from ditty.data.generic import batch_samples
 
 
@@ -169,10 +170,22 @@ class SampleDataMode(DataMode):
 
     def stream(self, accumulation_steps: int) -> Any:
         from ditty.data.generic import GenericStream, LoaderStream
+        from ditty.data.iterable import IterableStream, is_iterable_only
 
         t = self.config.train
         if self.bundle.is_loader:
             return LoaderStream(self.bundle.train, accumulation_steps=accumulation_steps)
+        if is_iterable_only(self.bundle.train):
+            return IterableStream(
+                self.bundle.train,
+                global_batch_size=t.global_batch_size,
+                micro_batch_size=t.micro_batch_size,
+                rank=self.runtime.rank,
+                world_size=self.runtime.world_size,
+                seed=self.bundle.seed,
+                shuffle_buffer_size=self.config.data.shuffle_buffer_size,
+                collate_fn=self.bundle.collate_fn,
+            )
         return GenericStream(
             self.bundle.train,
             global_batch_size=t.global_batch_size,
@@ -186,12 +199,20 @@ class SampleDataMode(DataMode):
         )
 
     def train_samples(self) -> int:
-        """A DataLoader counts its dataset's samples, not its batches."""
-        if self.bundle.is_loader:
-            from ditty.data.generic import loader_samples
+        """A DataLoader counts its dataset's samples, not its batches; a stream cannot be counted."""
+        from ditty.data.generic import loader_samples
+        from ditty.data.iterable import is_iterable_only
 
-            return loader_samples(self.bundle.train)
-        return len(self.bundle.train)
+        try:
+            return loader_samples(self.bundle.train) if self.bundle.is_loader else len(self.bundle.train)
+        except TypeError:  # an iterable dataset, or a DataLoader over one
+            if is_iterable_only(self.bundle.train) or self.bundle.is_loader:
+                raise RecipeError.single(
+                    "an iterable dataset has no length, so epochs cannot be counted",
+                    key="train.steps",
+                    fix="set train.steps (Pipeline: max_steps=)",
+                ) from None
+            raise
 
     def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
         counter = getattr(loss, "count_tokens", None)
