@@ -172,30 +172,21 @@ class SampleDataMode(DataMode):
         from ditty.data.generic import GenericStream, LoaderStream
         from ditty.data.iterable import IterableStream, is_iterable_only
 
-        t = self.config.train
+        t, data = self.config.train, self.config.data
         if self.bundle.is_loader:
             return LoaderStream(self.bundle.train, accumulation_steps=accumulation_steps)
-        if is_iterable_only(self.bundle.train):
-            return IterableStream(
-                self.bundle.train,
-                global_batch_size=t.global_batch_size,
-                micro_batch_size=t.micro_batch_size,
-                rank=self.runtime.rank,
-                world_size=self.runtime.world_size,
-                seed=self.bundle.seed,
-                shuffle_buffer_size=self.config.data.shuffle_buffer_size,
-                collate_fn=self.bundle.collate_fn,
-            )
-        return GenericStream(
-            self.bundle.train,
+        geometry = dict(
             global_batch_size=t.global_batch_size,
             micro_batch_size=t.micro_batch_size,
             rank=self.runtime.rank,
             world_size=self.runtime.world_size,
             seed=self.bundle.seed,
             collate_fn=self.bundle.collate_fn,
-            num_workers=self.config.data.num_workers,
-            prefetch_factor=self.config.data.prefetch_factor,
+        )
+        if is_iterable_only(self.bundle.train):
+            return IterableStream(self.bundle.train, shuffle_buffer_size=data.shuffle_buffer_size, **geometry)
+        return GenericStream(
+            self.bundle.train, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor, **geometry
         )
 
     def train_samples(self) -> int:
