@@ -227,7 +227,8 @@ class DataConfig:
     tokenizing everything up front. Needs `train.steps`; a resume needs the same world size and
     `num_workers` (each rank reads its own share of the rows)."""
     shuffle_buffer_size: int = 1000
-    """streaming: rows are shuffled within consecutive windows of this many rows (1: stream order)."""
+    """streaming, and iterable datasets of the Python API: rows are shuffled within consecutive windows
+    of this many rows (1: stream order)."""
     num_workers: int = 0
     """Background processes that read, tokenize and collate batches (0: in the training process)."""
     prefetch_factor: int = 2

@@ -3,8 +3,9 @@ a datasets.IterableDataset, a generator-backed object, anything that can be iter
 
 Every rank reads the whole stream and keeps its slice of each global batch, so the batches do not
 depend on the world size (as the global permutation of map-style data does not, ditty.data.batching).
-Rows pass through a seeded shuffle buffer of `shuffle_buffer_size` rows (1: the stream's own order);
-when the stream ends it is read again, the next epoch, with the buffer reseeded. The position is the
+Rows are shuffled within consecutive windows of `shuffle_buffer_size` rows (1: the stream's own
+order), as `data.streaming` shuffles; when the stream ends it is read again, the next epoch, in new
+window orders. The position is the
 number of rows taken: a resume reads the stream again from its start and drops that many, which is
 exact for a stream that yields the same rows each time it is iterated and costs one read of them.
 """
@@ -30,6 +31,8 @@ def is_iterable_only(dataset: Any) -> bool:
 
 
 class IterableStream:
+    """This rank's micro-batches of an iterable dataset, step by step (see the module doc)."""
+
     def __init__(
         self,
         dataset: Any,
@@ -103,19 +106,18 @@ class IterableStream:
             return row
 
     def _shuffled(self, epoch: int) -> Iterator[Any]:
-        """The stream's rows through a buffer that yields one of its rows at random once full."""
-        rng = np.random.default_rng([self.seed, epoch])
-        buffer: list[Any] = []
+        """The stream's rows, `shuffle_buffer_size` at a time (a window), each window in an order drawn
+        from (seed, epoch, window): the windows of `data.streaming` (ditty.data.streaming), without
+        its saved reader state, since a Python iterable can only be read again from its start."""
+        window: list[Any] = []
+        number = 0
         for row in self.dataset:
-            buffer.append(row)
-            if len(buffer) >= self.shuffle_buffer_size:
-                yield _pop_at(buffer, int(rng.integers(len(buffer))))
-        while buffer:
-            yield _pop_at(buffer, int(rng.integers(len(buffer))))
+            window.append(row)
+            if len(window) == self.shuffle_buffer_size:
+                yield from self._in_order(window, epoch, number)
+                window, number = [], number + 1
+        yield from self._in_order(window, epoch, number)
 
-
-def _pop_at(buffer: list, index: int) -> Any:
-    """Remove and return buffer[index] in O(1): the last row takes its place."""
-    row, buffer[index] = buffer[index], buffer[-1]
-    buffer.pop()
-    return row
+    def _in_order(self, window: list[Any], epoch: int, number: int) -> Iterator[Any]:
+        order = np.random.default_rng([self.seed, epoch, number]).permutation(len(window))
+        return (window[i] for i in order)
