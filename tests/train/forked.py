@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import threading
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ PRELOAD = [
 ]
 
 
-def _main(argv: list[str], env: dict[str, str], log: str) -> None:
+def _main(argv: list[str], env: dict[str, str], log: str, peaks: Optional[str]) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -57,6 +56,17 @@ def _main(argv: list[str], env: dict[str, str], log: str) -> None:
     from ditty.cli import main
 
     code = main(argv)
+    if peaks:
+        # The kernel's high-water marks (KiB): this process, and the largest of its children it has
+        # reaped (the dataloader workers, joined when the run ends).
+        import json
+        import resource
+
+        maxrss = {
+            who: resource.getrusage(getattr(resource, f"RUSAGE_{who.upper()}")).ru_maxrss
+            for who in ("self", "children")
+        }
+        Path(peaks).write_text(json.dumps(maxrss))
     os._exit(code)  # no atexit work: the run's own exit path already ran
 
 
@@ -67,55 +77,53 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sample_memory: bool = False):
-    """(exit code, peak `data_pss_kib` in MiB of the run and its workers or None, the pids of its
-    dataloader workers still alive 15 s after it ended). A run killed by SIGKILL exits with -9."""
+    """(exit code, peak resident memory in MiB of the run plus its largest dataloader worker, or
+    None, the pids of its dataloader workers still alive 15 s after it ended). A run killed by
+    SIGKILL exits with -9 and has no peak.
+
+    The peaks are the kernel's high-water marks, taken as the run ends. Sampling PSS from outside
+    every 0.2 s missed the transient peak of a 3-second run often enough to fail a 24 MB slack, and
+    a page's PSS is split with the forkserver the run is forked from.
+
+    Only this thread asks the child for its state. The forkserver sends a child's exit status once,
+    over a pipe: a sampler calling `is_alive()` while `join()` waits could read it first, and the
+    other reader then meets EOF, which multiprocessing reports as exit code 255 (a finished run
+    failed CI that way)."""
+    import json
+    import tempfile
+
     import psutil
 
-    child = context().Process(target=_main, args=(argv, {"OMP_NUM_THREADS": "1", **(env or {})}, str(log)))
+    peaks = Path(tempfile.mkdtemp(prefix="forked-")) / "maxrss.json" if sample_memory else None
+    env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    child = context().Process(target=_main, args=(argv, env, str(log), str(peaks) if peaks else None))
     child.start()
-    peak, workers = [0], set()
+    workers, ended = set(), threading.Event()
 
-    def sample() -> None:
+    def watch_workers() -> None:
         process = psutil.Process(child.pid)
-        while child.is_alive():
+        while not ended.is_set():
             try:
-                tree = process.children(recursive=True)
-                workers.update(p.pid for p in tree)
-                if sample_memory:
-                    peak[0] = max(peak[0], sum(data_pss_kib(p.pid) for p in [process, *tree]) * 1024)
-            except (psutil.Error, OSError):  # a worker or the run ended between listing and reading
+                workers.update(p.pid for p in process.children(recursive=True))
+            except psutil.Error:  # the run ended between two looks
                 pass
-            time.sleep(0.2)
+            ended.wait(0.2)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    watcher = threading.Thread(target=watch_workers, daemon=True)
+    watcher.start()
     child.join(timeout=600)
-    sampler.join()
+    ended.set()
+    watcher.join()
     deadline = time.time() + 15  # torch's worker watchdog notices a dead parent within 5 s
     while time.time() < deadline and _alive(workers):
         time.sleep(0.5)
-    return child.exitcode, (peak[0] / 2**20 if sample_memory else None), _alive(workers)
-
-
-_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ (\S+) \S+ \S+ \S+\s*(.*)$")
-
-
-def data_pss_kib(pid: int) -> int:
-    """Proportional set size (KiB) of a process without its code: anonymous and shared memory and
-    mapped data files, leaving out executable mappings and shared libraries. A library's pages are
-    shared with every process on the machine that maps it, so its share moves with whatever else
-    runs (another test's processes on the other xdist worker: 33 MB between two runs once), not
-    with what this run holds."""
-    total, counted = 0, True
-    with open(f"/proc/{pid}/smaps") as smaps:
-        for line in smaps:
-            mapping = _MAPPING.match(line)
-            if mapping:
-                permissions, path = mapping.groups()
-                counted = "x" not in permissions and ".so" not in os.path.basename(path)
-            elif counted and line.startswith("Pss:"):
-                total += int(line.split()[1])
-    return total
+    peak = None
+    if peaks is not None and peaks.exists():
+        maxrss = json.loads(peaks.read_text())
+        peak = (maxrss["self"] + maxrss["children"]) / 1024
+        peaks.unlink()
+        peaks.parent.rmdir()
+    return child.exitcode, peak, _alive(workers)
 
 
 def _alive(pids: set[int]) -> list[int]:

@@ -1,8 +1,8 @@
 """Acceptance of data.streaming at scale (issue #18), through the real command line.
 
 A 70/30 mixture of two generated JSONL files streams through two dataloader workers per run, packed
-on the fly. The same recipe over a corpus 200 times larger keeps the same peak memory (the run and
-its workers, proportional set size of data, not code: tests/train/forked.py). Then the run is
+on the fly. The same recipe over a corpus 200 times larger keeps the same peak memory (the kernel's
+high-water marks of the run and of its largest worker: tests/train/forked.py). Then the run is
 killed with SIGKILL at five random points, each time resumed from its newest checkpoint:
 metrics.jsonl (loss, tokens, tokens per source) must equal an uninterrupted run's, bitwise. A resume
 on another world size or worker count is refused by the compiler with the reason.
