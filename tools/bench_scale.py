@@ -10,7 +10,8 @@ own); the ratios compare contenders of one run.
   the steps after a warm-up step, and the per-token loss and every gradient of the first step
   compared (the same seed builds the same weights in both processes).
 - packing: one packed row of 16,384 tokens (64 samples of 256), byte vocabulary, same shape of
-  model: mask-free (cumulative lengths, per-sample attention) against the dense [1, 1, T, T] mask.
+  model: mask-free (cumulative lengths, per-sample attention) against the dense [1, 1, T, T] mask;
+  then the same pair with each decoder layer checkpointed (ditty's activation_checkpointing "full").
 - generation: 64 prompts (a validation batch) and 64 new tokens with transformers' KV-cached greedy
   search against the uncached decode (the whole prefix again for every token); same outputs asserted.
 --quick shrinks every size (vocabulary 8,192 and 512 tokens; 2,048 packed tokens; 16 new tokens).
@@ -135,6 +136,10 @@ def worker_packed(a: dict) -> dict:
 
     width = a["samples"] * a["sample_len"]
     model = build(259, width)
+    if a["checkpointing"]:
+        from ditty.train.speed import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, "full")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
     samples = []
@@ -241,31 +246,38 @@ def run_section(run_worker, tmp: Path, quick: bool, log) -> tuple[list[list[str]
         f"({chunk['tok_per_cpu_s'] / full['tok_per_cpu_s']:.3f}x)."
     )
 
-    # --- mask-free packing vs the dense mask
-    results = {}
+    # --- mask-free packing vs the dense mask, without and with activation checkpointing. The pair
+    # with it shows the mask's share where the layers' activations are recomputed, as long rows
+    # are usually trained; the ratios compare within a pair.
     width = s["samples"] * s["sample_len"]
-    for name, mask_free in (("dense [1,1,T,T] mask", False), ("mask-free (per-sample SDPA)", True)):
-        args = dict(s, tmp=str(tmp), name=name, mask_free=mask_free, steps=steps)
-        results[name] = r = run_worker("scale-packed", args)
-        log(f"  packing, {name}: peak {r['peak_rss_mb']:.0f} MB, step {r['step_cpu_s']:.2f} CPU-s ({r['kernel']})")
-    dense, free = results.values()
-    for name, r in results.items():
-        rows.append(
-            [
-                f"packing, 1 row of {width:,} tokens ({s['samples']} x {s['sample_len']})",
-                name,
-                f"{r['peak_rss_mb']:,.0f}",
-                f"{r['peak_rss_mb'] / dense['peak_rss_mb']:.3f}x",
-                f"{r['step_cpu_s']:.2f} CPU-s / step",
-                f"{dense['step_cpu_s'] / r['step_cpu_s']:.3f}x",
-            ]
+    for checkpointing in (False, True):
+        results = {}
+        suffix = ", activation checkpointing" if checkpointing else ""
+        for name, mask_free in (("dense [1,1,T,T] mask", False), ("mask-free (per-sample SDPA)", True)):
+            args = dict(s, tmp=str(tmp), name=name, mask_free=mask_free, checkpointing=checkpointing, steps=steps)
+            results[name] = r = run_worker("scale-packed", args)
+            log(
+                f"  packing{suffix}, {name}: peak {r['peak_rss_mb']:.0f} MB, step {r['step_cpu_s']:.2f} CPU-s "
+                f"({r['kernel']})"
+            )
+        dense, free = results.values()
+        for name, r in results.items():
+            rows.append(
+                [
+                    f"packing, 1 row of {width:,} tokens ({s['samples']} x {s['sample_len']}){suffix}",
+                    name,
+                    f"{r['peak_rss_mb']:,.0f}",
+                    f"{r['peak_rss_mb'] / dense['peak_rss_mb']:.3f}x",
+                    f"{r['step_cpu_s']:.2f} CPU-s / step",
+                    f"{dense['step_cpu_s'] / r['step_cpu_s']:.3f}x",
+                ]
+            )
+        notes.append(
+            f"scale/packing{suffix}: step increment over the built model {dense['step_increment_mb']:,.0f} MB "
+            f"(dense) vs {free['step_increment_mb']:,.0f} MB (mask-free). Target: peak RSS <= 0.5x "
+            f"({free['peak_rss_mb'] / dense['peak_rss_mb']:.3f}x), step not slower "
+            f"({dense['step_cpu_s'] / free['step_cpu_s']:.3f}x the dense step's speed, CPU time)."
         )
-    notes.append(
-        f"scale/packing: step increment over the built model {dense['step_increment_mb']:,.0f} MB (dense) vs "
-        f"{free['step_increment_mb']:,.0f} MB (mask-free). Target: peak RSS <= 0.5x "
-        f"({free['peak_rss_mb'] / dense['peak_rss_mb']:.3f}x), step not slower "
-        f"({dense['step_cpu_s'] / free['step_cpu_s']:.3f}x the dense step's speed, CPU time)."
-    )
 
     # --- generation with and without the KV cache
     results = {}
