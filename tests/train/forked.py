@@ -81,14 +81,13 @@ def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sam
     None, the pids of its dataloader workers still alive 15 s after it ended). A run killed by
     SIGKILL exits with -9 and has no peak.
 
-    The peaks are the kernel's high-water marks, taken as the run ends. Sampling PSS from outside
-    every 0.2 s missed the transient peak of a 3-second run often enough to fail a 24 MB slack, and
-    a page's PSS is split with the forkserver the run is forked from.
+    The peaks are the kernel's high-water marks, taken as the run ends: a sampler outside the run
+    catches a peak that lasts a fraction of a second only by luck, and PSS would split the pages the
+    run shares with the forkserver.
 
-    Only this thread asks the child for its state. The forkserver sends a child's exit status once,
-    over a pipe: a sampler calling `is_alive()` while `join()` waits could read it first, and the
-    other reader then meets EOF, which multiprocessing reports as exit code 255 (a finished run
-    failed CI that way)."""
+    Only this thread asks the child for its state: the forkserver sends a child's exit status once,
+    over a pipe, and a second reader (a sampler calling `is_alive()` while `join()` waits) meets EOF,
+    which multiprocessing reports as exit code 255."""
     import json
     import tempfile
 
@@ -118,10 +117,11 @@ def run(argv: list[str], log: Path, *, env: Optional[dict[str, str]] = None, sam
     while time.time() < deadline and _alive(workers):
         time.sleep(0.5)
     peak = None
-    if peaks is not None and peaks.exists():
-        maxrss = json.loads(peaks.read_text())
-        peak = (maxrss["self"] + maxrss["children"]) / 1024
-        peaks.unlink()
+    if peaks is not None:
+        if peaks.exists():  # a killed run wrote none
+            maxrss = json.loads(peaks.read_text())
+            peak = (maxrss["self"] + maxrss["children"]) / 1024
+            peaks.unlink()
         peaks.parent.rmdir()
     return child.exitcode, peak, _alive(workers)
 
