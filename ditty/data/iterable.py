@@ -5,9 +5,9 @@ Every rank reads the whole stream and keeps its slice of each global batch, so t
 depend on the world size (as the global permutation of map-style data does not, ditty.data.batching).
 Rows are shuffled within consecutive windows of `shuffle_buffer_size` rows (1: the stream's own
 order), as `data.streaming` shuffles; when the stream ends it is read again, the next epoch, in new
-window orders. The position is the
-number of rows taken: a resume reads the stream again from its start and drops that many, which is
-exact for a stream that yields the same rows each time it is iterated and costs one read of them.
+window orders. The position is the number of rows taken: a resume reads the stream again from its
+start and drops that many, which is exact for a stream that yields the same rows each time it is
+iterated and costs one read of them.
 """
 
 from __future__ import annotations
