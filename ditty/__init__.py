@@ -7,9 +7,17 @@ The names below include the original Ditty library's public API (README "Coming 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+# DITTY_CPU_ALLOCATOR=return (ditty.parallel.memory.returning_allocator_requested) pays for returning
+# freed memory with huge pages; torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation, so
+# it can only be set here, before anything imports torch.
+if os.environ.get("DITTY_CPU_ALLOCATOR", "").strip().lower() == "return" and "torch" not in sys.modules:
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 _LAZY = {
     "TrainerConfig": "ditty.config",

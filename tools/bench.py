@@ -513,6 +513,7 @@ def run_worker(kind: str, args: dict, timeout: float = 1800) -> dict:
         TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="inductor-", dir=args["tmp"]),
     )
     env.update(dynamo_env(args))
+    env.update(args.get("env", {}))
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", kind, json.dumps(args)],
         env=env,
@@ -583,6 +584,9 @@ def main(argv=None) -> int:
     parser.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker:
+        import importlib
+
+        importlib.import_module("ditty")  # before torch: DITTY_CPU_ALLOCATOR=return sets torch's huge pages there
         import bench_gpu
         import bench_scale
         import torch

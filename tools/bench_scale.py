@@ -11,7 +11,9 @@ own); the ratios compare contenders of one run.
   compared (the same seed builds the same weights in both processes).
 - packing: one packed row of 16,384 tokens (64 samples of 256), byte vocabulary, same shape of
   model: mask-free (cumulative lengths, per-sample attention) against the dense [1, 1, T, T] mask;
-  then the same pair with each decoder layer checkpointed (ditty's activation_checkpointing "full").
+  then the same pair with each decoder layer checkpointed (ditty's activation_checkpointing "full");
+  then both pairs again with DITTY_CPU_ALLOCATOR=return (freed memory goes back to the kernel), to
+  separate what the tensors need from what glibc's heap keeps after a step freed it.
 - generation: 64 prompts (a validation batch) and 64 new tokens with transformers' KV-cached greedy
   search against the uncached decode (the whole prefix again for every token); same outputs asserted.
 --quick shrinks every size (vocabulary 8,192 and 512 tokens; 2,048 packed tokens; 16 new tokens).
@@ -25,6 +27,10 @@ import time
 from pathlib import Path
 
 SEED = 0
+RETURNING_MALLOC = {"DITTY_CPU_ALLOCATOR": "return"}
+"""ditty's opt-in for CPU runs whose peak is glibc's heap rather than the tensors
+(`ditty.parallel.memory.returning_allocator_requested`): every allocation of 2 MB or more is its
+own mapping, in huge pages, returned to the kernel when freed."""
 
 
 def sizes(quick: bool) -> dict:
@@ -133,7 +139,10 @@ def worker_packed(a: dict) -> dict:
     from ditty.data.collate import pack_rows
     from ditty.loss import CausalLMLoss
     from ditty.models.packing import dense_block_mask, packed_inputs
+    from ditty.parallel.memory import apply_distributed_allocator_policy, returning_allocator_requested
 
+    if returning_allocator_requested():
+        assert apply_distributed_allocator_policy(), "glibc did not take the mmap threshold"
     width = a["samples"] * a["sample_len"]
     model = build(259, width)
     if a["checkpointing"]:
@@ -246,15 +255,20 @@ def run_section(run_worker, tmp: Path, quick: bool, log) -> tuple[list[list[str]
         f"({chunk['tok_per_cpu_s'] / full['tok_per_cpu_s']:.3f}x)."
     )
 
-    # --- mask-free packing vs the dense mask, without and with activation checkpointing. The pair
-    # with it shows the mask's share where the layers' activations are recomputed, as long rows
-    # are usually trained; the ratios compare within a pair.
+    # --- mask-free packing vs the dense mask, without and with activation checkpointing (the mask's
+    # share where the layers' activations are recomputed, as long rows are usually trained), under
+    # glibc's default and under RETURNING_MALLOC (what the tensors need, without the memory glibc's
+    # heap holds on to); the ratios compare within a pair.
     width = s["samples"] * s["sample_len"]
-    for checkpointing in (False, True):
+    for returning, checkpointing in ((False, False), (False, True), (True, False), (True, True)):
         results = {}
-        suffix = ", activation checkpointing" if checkpointing else ""
+        suffix = (", activation checkpointing" if checkpointing else "") + (
+            ", freed memory returned (DITTY_CPU_ALLOCATOR=return)" if returning else ""
+        )
+        env = RETURNING_MALLOC if returning else {}
         for name, mask_free in (("dense [1,1,T,T] mask", False), ("mask-free (per-sample SDPA)", True)):
             args = dict(s, tmp=str(tmp), name=name, mask_free=mask_free, checkpointing=checkpointing, steps=steps)
+            args["env"] = env
             results[name] = r = run_worker("scale-packed", args)
             log(
                 f"  packing{suffix}, {name}: peak {r['peak_rss_mb']:.0f} MB, step {r['step_cpu_s']:.2f} CPU-s "

@@ -1,5 +1,6 @@
 """Per-rank memory figures: bytes held in local tensors (shards, not logical sizes) and resident memory,
-and the host allocator policy of CPU processes in a multi-process run (`apply_distributed_allocator_policy`)."""
+and the host allocator policy of CPU processes (`apply_distributed_allocator_policy`: multi-process
+runs by default, every CPU run with DITTY_CPU_ALLOCATOR=return)."""
 
 from __future__ import annotations
 
@@ -122,7 +123,9 @@ def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
 
 # The policy of a CPU process in a multi-process run (see `apply_distributed_allocator_policy`).
 ALLOCATOR_ENV = "DITTY_CPU_ALLOCATOR"
-""""glibc" (or "off"): keep glibc's own malloc settings in multi-process CPU runs."""
+""""glibc" (or "off"): keep glibc's own malloc settings in multi-process CPU runs. "return": every CPU
+run, one process included, returns freed memory (the same 2 MB threshold), in huge pages."""
+RETURNING = "return"
 DISTRIBUTED_MMAP_THRESHOLD = 2 * 2**20
 # glibc's own variables: a user who set any of them chose a policy, and ditty leaves it alone.
 _GLIBC_MALLOC_ENV = (
@@ -134,8 +137,45 @@ _GLIBC_MALLOC_ENV = (
 )
 
 
+def returning_allocator_requested() -> bool:
+    """DITTY_CPU_ALLOCATOR=return: apply `apply_distributed_allocator_policy` to every CPU run.
+
+    For one process with long rows, where glibc's heap rather than the tensors sets the peak: a
+    packed row of 16,384 tokens (2-layer, 256-wide Llama, AdamW, one thread) peaked at 2,009 MB with
+    glibc's defaults and 1,422 MB returning freed memory (1,557 and 1,026 MB with activation
+    checkpointing), for 4-5% more CPU time per step. That price holds with huge pages only: ditty's
+    `__init__` sets torch's THP_MEM_ALLOC_ENABLE=1 for this choice (torch reads it once, at its
+    first allocation, so `import ditty` must come before `import torch`); each fresh 2 MB-aligned
+    tensor then faults in 2 MB pages, where 4 KB pages cost 41-52% (BENCHMARKS.md, `scale`).
+    """
+    return cpu_allocator_choice() == RETURNING
+
+
+_KEEP_GLIBC = ("glibc", "off", "0", "none")
+
+
+def cpu_allocator_choice() -> str:
+    """DITTY_CPU_ALLOCATOR as "default", "glibc" or "return"; another value is a user error (a typo
+    would otherwise leave the run on a policy its user did not choose)."""
+    value = os.environ.get(ALLOCATOR_ENV, "").strip().lower()
+    if value in ("", "default"):
+        return "default"
+    if value in _KEEP_GLIBC:
+        return "glibc"
+    if value == RETURNING:
+        return RETURNING
+    from ditty.config.errors import RecipeError
+
+    raise RecipeError.single(
+        f"{os.environ[ALLOCATOR_ENV]!r} is not a host allocator policy (an environment variable)",
+        key=ALLOCATOR_ENV,
+        fix=f'unset it, or set "{RETURNING}" (every CPU run returns freed memory) or "glibc" (keep glibc\'s settings)',
+    )
+
+
 def apply_distributed_allocator_policy() -> bool:
-    """Fix glibc's mmap threshold at 2 MB in a CPU process of a multi-process run; returns whether it applied.
+    """Fix glibc's mmap threshold at 2 MB in a CPU process of a multi-process run (or of any CPU run,
+    with DITTY_CPU_ALLOCATOR=return); returns whether it applied.
 
     Applied by default by the trainer for fsdp/hsdp on the CPU with more than one process
     (`ditty.train.runtime.apply_allocator_policy`), before the process group starts its threads.
@@ -153,12 +193,14 @@ def apply_distributed_allocator_policy() -> bool:
     The cost: a page fault per page on every reuse, about 1.5x the CPU time (1.6x the wall time)
     of a step of a 105M Llama on 2 ranks, for a per-rank peak of 0.56-0.57 of one process instead of
     1.1-1.3. 2 MB is the smallest cost that keeps the peak under 0.6 with a margin; the opt-out is
-    for runs that want glibc's speed back. One process keeps glibc's defaults: there the fixed
-    threshold saves little for 3-5x the page faults. The measurements behind these figures, and the
-    settings tried without effect, are in BENCHMARKS.md ("Host memory of FSDP on the CPU").
+    for runs that want glibc's speed back. One process keeps glibc's defaults unless
+    DITTY_CPU_ALLOCATOR=return (`returning_allocator_requested`): for that 105M Llama the fixed
+    threshold saved little for 3-5x the page faults, but long rows are another matter. The
+    measurements behind these figures, and the settings tried without effect, are in BENCHMARKS.md
+    ("Host memory of FSDP on the CPU").
     Host memory only: CUDA tensors have their own caching allocator.
     """
-    if os.environ.get(ALLOCATOR_ENV, "").strip().lower() in ("glibc", "off", "0", "none"):
+    if cpu_allocator_choice() == "glibc":
         return False
     if any(name in os.environ for name in _GLIBC_MALLOC_ENV) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False

@@ -81,12 +81,16 @@ def apply_allocator_policy(config: Any, device: torch.device) -> bool:
     """fsdp/hsdp on several CPU processes: fix glibc's mmap threshold, so that resident memory falls
     with the world size like the shards do (costs page faults: the trade is explained in
     `ditty.parallel.memory.apply_distributed_allocator_policy`). Other kinds keep glibc's defaults:
-    DDP and DeepSpeed on the CPU have no per-step gathers to leave holes. Runs before the process
-    group starts its threads. Returns whether it applied."""
-    if device.type != "cpu" or config.parallel.kind not in SHARDED_KINDS or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        return False
-    from ditty.parallel.memory import apply_distributed_allocator_policy
+    DDP and DeepSpeed on the CPU have no per-step gathers to leave holes. DITTY_CPU_ALLOCATOR=return
+    asks for it in every CPU run (`returning_allocator_requested`). Runs before the process group
+    starts its threads. Returns whether it applied."""
+    from ditty.parallel.memory import apply_distributed_allocator_policy, returning_allocator_requested
 
+    if device.type != "cpu":
+        return False
+    sharded = config.parallel.kind in SHARDED_KINDS and int(os.environ.get("WORLD_SIZE", "1")) >= 2
+    if not (sharded or returning_allocator_requested()):
+        return False
     return apply_distributed_allocator_policy()
 
 
