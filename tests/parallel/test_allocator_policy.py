@@ -134,3 +134,19 @@ def test_an_unknown_choice_is_a_user_error_before_training(tmp_path, capsys, mon
     assert code == 2
     assert "`DITTY_CPU_ALLOCATOR` 'retrun' is not a host allocator policy" in err and '"return"' in err
     assert not (out / "final").exists()
+
+
+def test_return_without_huge_pages_says_so(tmp_path):
+    """torch imported before ditty: torch never saw THP_MEM_ALLOC_ENABLE, and the run is told the price."""
+    script = (
+        "import torch, ditty, os\n"
+        "from ditty.config import TrainerConfig\n"
+        "from ditty.train.runtime import apply_allocator_policy\n"
+        "assert 'THP_MEM_ALLOC_ENABLE' not in os.environ\n"
+        "assert apply_allocator_policy(TrainerConfig(), torch.device('cpu'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE" and not k.startswith("MALLOC_")}
+    env = {**{k: v for k, v in env.items() if k != "GLIBC_TUNABLES"}, "DITTY_CPU_ALLOCATOR": "return"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "without torch's huge pages" in run.stderr and "import ditty first" in run.stderr
