@@ -143,10 +143,11 @@ def returning_allocator_requested() -> bool:
     For one process with long rows, where glibc's heap rather than the tensors sets the peak: a
     packed row of 16,384 tokens (2-layer, 256-wide Llama, AdamW, one thread) peaked at 2,009 MB with
     glibc's defaults and 1,422 MB returning freed memory (1,557 and 1,026 MB with activation
-    checkpointing), for 4-5% more CPU time per step. That price holds with huge pages only: ditty's
-    `__init__` sets torch's THP_MEM_ALLOC_ENABLE=1 for this choice (torch reads it once, at its
-    first allocation, so `import ditty` must come before `import torch`); each fresh 2 MB-aligned
-    tensor then faults in 2 MB pages, where 4 KB pages cost 41-52% (BENCHMARKS.md, `scale`).
+    checkpointing), for 4-5% more CPU time per step on an idle machine (up to 30% beside other
+    work). That price holds with huge pages only: ditty's `__init__` sets torch's
+    THP_MEM_ALLOC_ENABLE=1 for this choice (torch reads it once, at its first allocation, so
+    `import ditty` must come before `import torch`); each fresh 2 MB-aligned tensor then faults in
+    2 MB pages, where 4 KB pages cost 41-52% (BENCHMARKS.md, `scale`).
     """
     return cpu_allocator_choice() == RETURNING
 
