@@ -136,13 +136,15 @@ def worker_packed(a: dict) -> dict:
     """One packed row of `samples` x `sample_len` tokens: forward, backward, AdamW step."""
     import torch
 
+    from ditty.config import TrainerConfig
     from ditty.data.collate import pack_rows
     from ditty.loss import CausalLMLoss
     from ditty.models.packing import dense_block_mask, packed_inputs
-    from ditty.parallel.memory import apply_distributed_allocator_policy, returning_allocator_requested
+    from ditty.parallel.memory import returning_allocator_requested
+    from ditty.train.runtime import apply_allocator_policy
 
-    if returning_allocator_requested():
-        assert apply_distributed_allocator_policy(), "glibc did not take the mmap threshold"
+    if returning_allocator_requested():  # what the trainer does first, with the same checks
+        assert apply_allocator_policy(TrainerConfig(), torch.device("cpu")), "glibc did not take the mmap threshold"
     width = a["samples"] * a["sample_len"]
     model = build(259, width)
     if a["checkpointing"]:

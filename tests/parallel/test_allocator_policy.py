@@ -58,6 +58,15 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
     assert calls == ([memory.DISTRIBUTED_MMAP_THRESHOLD] if applies else [])
 
 
+def run_python(script: str, env: dict) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter with `env` and none of the caller's allocator settings."""
+    ours = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
+    clean = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("MALLOC_")}
+    return subprocess.run(
+        [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True, timeout=300
+    )
+
+
 # A `ditty run` process in miniature: ditty imported before torch, the trainer's policy, then holes
 # freed inside glibc's heap. The first 24 MB tensor is mapped, and its free raises glibc's dynamic
 # threshold to 24 MB, so the 16 MB tensors after it come from the heap unless the threshold is fixed.
@@ -92,15 +101,7 @@ print(json.dumps({"applied": applied, "thp": os.environ.get("THP_MEM_ALLOC_ENABL
     ],
 )
 def test_return_gives_freed_memory_back_in_a_single_cpu_process(env, applies):
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
-    }
-    clean = {k: v for k, v in clean.items() if not k.startswith("MALLOC_")}
-    run = subprocess.run(
-        [sys.executable, "-c", HOLES_IN_THE_HEAP], env={**clean, **env}, capture_output=True, text=True, timeout=300
-    )
+    run = run_python(HOLES_IN_THE_HEAP, env)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["applied"] is applies
@@ -136,7 +137,7 @@ def test_an_unknown_choice_is_a_user_error_before_training(tmp_path, capsys, mon
     assert not (out / "final").exists()
 
 
-def test_return_without_huge_pages_says_so(tmp_path):
+def test_return_without_huge_pages_says_so():
     """torch imported before ditty: torch never saw THP_MEM_ALLOC_ENABLE, and the run is told the price."""
     script = (
         "import torch, ditty, os\n"
@@ -145,8 +146,6 @@ def test_return_without_huge_pages_says_so(tmp_path):
         "assert 'THP_MEM_ALLOC_ENABLE' not in os.environ\n"
         "assert apply_allocator_policy(TrainerConfig(), torch.device('cpu'))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE" and not k.startswith("MALLOC_")}
-    env = {**{k: v for k, v in env.items() if k != "GLIBC_TUNABLES"}, "DITTY_CPU_ALLOCATOR": "return"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    run = run_python(script, {"DITTY_CPU_ALLOCATOR": "return"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "without torch's huge pages" in run.stderr and "import ditty first" in run.stderr
