@@ -13,11 +13,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# DITTY_CPU_ALLOCATOR=return (ditty.parallel.memory.returning_allocator_requested) pays for returning
-# freed memory with huge pages; torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation, so
-# it can only be set here, before anything imports torch.
-if os.environ.get("DITTY_CPU_ALLOCATOR", "").strip().lower() == "return" and "torch" not in sys.modules:
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# DITTY_CPU_ALLOCATOR=return (ditty.parallel.allocator) pays for returning freed memory with huge
+# pages; torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation, so it can only be set here,
+# before anything imports torch.
+if "torch" not in sys.modules:
+    from ditty.parallel.allocator import HUGE_PAGES_ENV, huge_pages_at_import
+
+    if huge_pages_at_import():
+        os.environ.setdefault(HUGE_PAGES_ENV, "1")
 
 _LAZY = {
     "TrainerConfig": "ditty.config",

@@ -205,14 +205,18 @@ def cmd_run(args: list[str]) -> int:
     if world_size > 1 and "LOCAL_RANK" not in os.environ:
         # The recipe compiled for the whole world; now torchrun starts the workers, each of
         # which runs `python -m ditty run` with the same recipe and flags.
+        from ditty.parallel.allocator import worker_environment
+        from ditty.parallel.env import resolve_device
         from ditty.parallel.launch import launch
 
+        device = resolve_device(loaded.config.run.device)
         return launch(
             ["run", ref, *flags],
             nproc_per_node=int(launch_options.get("nproc-per-node", "1")),
             nnodes=int(launch_options.get("nnodes", "1")),
             node_rank=int(launch_options.get("node-rank", "0")),
             rdzv_endpoint=launch_options.get("rdzv-endpoint"),
+            worker_env=worker_environment(device.type, loaded.config.parallel.kind, world_size),
         )
     from ditty.train.entry import run_training
 

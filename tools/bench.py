@@ -33,6 +33,8 @@ Comparisons:
 --gpu (tools/bench_gpu.py): MFU of a ~1B Llama on CUDA with and without compile, FP8, chunked loss, packing.
 - streaming (only with `--only streaming`, never in --quick): data.streaming against the
   pre-tokenized path, and peak memory over 1x/10x/100x corpora; see tools/bench_streaming.py.
+- allocator (only with `--only allocator`, never in --quick): host memory and step time of fsdp on 2
+  CPU ranks under each host allocator policy; see tools/bench_allocator.py.
 """
 
 from __future__ import annotations
@@ -763,6 +765,10 @@ def main(argv=None) -> int:
         from bench_streaming import main as streaming_benchmark  # tools/ is on the path of this script
 
         print(streaming_benchmark(reps=opts.reps or 2, log=log))
+    if "allocator" in sections and not quick:
+        from bench_allocator import main as allocator_benchmark
+
+        print(allocator_benchmark(rounds=opts.reps or 3, log=log))
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)  # run directories, checkpoints, inductor caches

@@ -29,7 +29,7 @@ from pathlib import Path
 SEED = 0
 RETURNING_MALLOC = {"DITTY_CPU_ALLOCATOR": "return"}
 """ditty's opt-in for CPU runs whose peak is glibc's heap rather than the tensors
-(`ditty.parallel.memory.returning_allocator_requested`): every allocation of 2 MB or more is its
+(`ditty.parallel.allocator.returning_allocator_requested`): every allocation of 2 MB or more is its
 own mapping, in huge pages, returned to the kernel when freed."""
 
 
@@ -140,7 +140,7 @@ def worker_packed(a: dict) -> dict:
     from ditty.data.collate import pack_rows
     from ditty.loss import CausalLMLoss
     from ditty.models.packing import dense_block_mask, packed_inputs
-    from ditty.parallel.memory import returning_allocator_requested
+    from ditty.parallel.allocator import returning_allocator_requested
     from ditty.train.runtime import apply_allocator_policy
 
     if returning_allocator_requested():  # what the trainer does first, with the same checks

@@ -125,8 +125,10 @@ def launch(
     module: str = "ditty",
     run_id: Optional[str] = None,
     rdzv_timeout_s: Optional[int] = None,
+    worker_env: Optional[dict[str, str]] = None,
 ) -> int:
-    """Run the workers; return 0, 2 (a worker's user error, its message printed) or 1 (a failure)."""
+    """Run the workers; return 0, 2 (a worker's user error, its message printed) or 1 (a failure).
+    `worker_env`: variables the workers need before they start (set here for the run's length)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -150,9 +152,9 @@ def launch(
     config, cmd, cmd_args = config_from_args(args)
     config.shutdown_timeout = int(os.environ.get(SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="ditty-errors-") as error_dir:
-        previous = {name: os.environ.get(name) for name in (ERROR_DIR_ENV, LAUNCHER_PID_ENV)}
-        os.environ[ERROR_DIR_ENV] = error_dir  # the agent passes its environment on to the workers
-        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        ours = {**(worker_env or {}), ERROR_DIR_ENV: error_dir, LAUNCHER_PID_ENV: str(os.getpid())}
+        previous = {name: os.environ.get(name) for name in ours}
+        os.environ.update(ours)  # the agent passes its environment on to the workers
         try:
             elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
             return 0

@@ -141,11 +141,14 @@ def _overhead(s: Settings) -> tuple[int, str]:
 def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes: int) -> list[Row]:
     """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees (its
     mmap threshold rises to 32 MB after the first large free, so activations come from the heap,
-    and the next step's do not fit the holes they leave; see ditty.parallel.memory), except in
-    multi-process FSDP, where the trainer fixes the threshold at 2 MB and freed memory goes back.
+    and the next step's do not fit the holes they leave), except where the trainer fixes the
+    threshold at 2 MB and freed memory goes back: multi-process FSDP, and any CPU run with
+    DITTY_CPU_ALLOCATOR=return in this environment (ditty.parallel.allocator).
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
+    from ditty.parallel.allocator import returns_freed_memory
+
     rows = []
-    if not (s.parallel in SHARDED and s.world_size > 1):
+    if not returns_freed_memory("cpu", s.parallel, s.world_size):
         kept = Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")
         rows.append(kept)
     if s.quant != "none":

@@ -8,17 +8,12 @@ any weights load. On one process no process group is ever created.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import random
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
-
-from ditty.config.sections import SHARDED_KINDS
-
-log = logging.getLogger("ditty.train")
 
 
 @dataclass(frozen=True)
@@ -81,28 +76,14 @@ def seed_everything(seed: int) -> None:
 
 
 def apply_allocator_policy(config: Any, device: torch.device) -> bool:
-    """fsdp/hsdp on several CPU processes: fix glibc's mmap threshold, so that resident memory falls
-    with the world size like the shards do (costs page faults: the trade is explained in
-    `ditty.parallel.memory.apply_distributed_allocator_policy`). Other kinds keep glibc's defaults:
-    DDP and DeepSpeed on the CPU have no per-step gathers to leave holes. DITTY_CPU_ALLOCATOR=return
-    asks for it in every CPU run (`returning_allocator_requested`). Runs before the process group
-    starts its threads. Returns whether it applied."""
-    from ditty.parallel.memory import apply_distributed_allocator_policy, returning_allocator_requested
+    """fsdp/hsdp on several CPU processes, or any CPU run with DITTY_CPU_ALLOCATOR=return: glibc gives
+    freed memory back to the OS, so resident memory follows the tensors (the trade is explained in
+    `ditty.parallel.allocator`). Runs before the process group starts its threads. Returns whether
+    it applied."""
+    from ditty.parallel.allocator import apply_host_allocator_policy
 
-    if device.type != "cpu":
-        return False
-    sharded = config.parallel.kind in SHARDED_KINDS and int(os.environ.get("WORLD_SIZE", "1")) >= 2
-    returning = returning_allocator_requested()
-    if not (sharded or returning):
-        return False
-    applied = apply_distributed_allocator_policy()
-    if applied and returning and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
-        log.warning(
-            "DITTY_CPU_ALLOCATOR=return without torch's huge pages (torch was imported before ditty): "
-            "each step pays 4 KB page faults, about 1.5x the CPU time; import ditty first, or set "
-            "THP_MEM_ALLOC_ENABLE=1 before starting Python"
-        )
-    return applied
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return apply_host_allocator_policy(device.type, config.parallel.kind, world_size)
 
 
 def separate_compile_caches(rank: int, world_size: int) -> None:

@@ -159,8 +159,9 @@ def memory_both_ways(rank: int, world: int, model_dir: str, warmup_dir: str):
     transformers, peft and bitsandbytes are in the baseline, not in the first figure measured."""
     import gc
 
+    from ditty.parallel.allocator import return_freed_memory_to_os
     from ditty.parallel.env import init_distributed
-    from ditty.parallel.memory import local_nbytes, peak_rss_bytes, reset_peak_rss, return_freed_memory_to_os
+    from ditty.parallel.memory import local_nbytes, peak_rss_bytes, reset_peak_rss
     from ditty.parallel.mesh import build_mesh
 
     assert return_freed_memory_to_os()  # freed tensors leave RSS, so the second build starts clean

@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from ditty.parallel import memory
+from ditty.parallel import allocator
+
+CLEAN = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
+"""The allocator settings a test starts without (with glibc's MALLOC_* variables)."""
 
 
 @pytest.mark.parametrize(
@@ -23,9 +26,11 @@ from ditty.parallel import memory
     ],
 )
 def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, env):
+    monkeypatch.setenv("DITTY_CPU_ALLOCATOR", "return")  # even then
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert memory.apply_distributed_allocator_policy() is False
+    assert allocator.apply_host_allocator_policy("cpu", "fsdp", 2) is False
+    assert allocator.worker_environment("cpu", "fsdp", 2) == {}
 
 
 @pytest.mark.parametrize(
@@ -47,7 +52,7 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
     from ditty.train.runtime import apply_allocator_policy
 
     calls = []
-    monkeypatch.setattr(memory, "return_freed_memory_to_os", lambda threshold: calls.append(threshold) or True)
+    monkeypatch.setattr(allocator, "return_freed_memory_to_os", lambda threshold: calls.append(threshold) or True)
     monkeypatch.setenv("WORLD_SIZE", world)
     for name in ("DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"):
         monkeypatch.delenv(name, raising=False)
@@ -55,13 +60,32 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
         monkeypatch.delenv(name)
     config = TrainerConfig(parallel=ParallelConfig(kind=kind))
     assert apply_allocator_policy(config, torch.device(device)) is applies
-    assert calls == ([memory.DISTRIBUTED_MMAP_THRESHOLD] if applies else [])
+    assert calls == ([allocator.MMAP_THRESHOLD] if applies else [])
+
+
+@pytest.mark.parametrize(
+    "kind, device, env, wanted",
+    [
+        ("fsdp", "cpu", {}, {"THP_MEM_ALLOC_ENABLE": "1"}),  # the workers will return freed memory
+        ("hsdp", "cpu", {}, {"THP_MEM_ALLOC_ENABLE": "1"}),
+        ("ddp", "cpu", {"DITTY_CPU_ALLOCATOR": "return"}, {"THP_MEM_ALLOC_ENABLE": "1"}),
+        ("ddp", "cpu", {}, {}),  # glibc's defaults: huge pages would only change what was measured
+        ("fsdp", "cuda", {}, {}),
+        ("fsdp", "cpu", {"DITTY_CPU_ALLOCATOR": "glibc"}, {}),
+        ("fsdp", "cpu", {"THP_MEM_ALLOC_ENABLE": "0"}, {}),  # the user's own switch stays
+    ],
+)
+def test_the_launcher_gives_returning_workers_huge_pages(monkeypatch, kind, device, env, wanted):
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + list(CLEAN):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert allocator.worker_environment(device, kind, 2) == wanted
 
 
 def run_python(script: str, env: dict) -> subprocess.CompletedProcess:
     """`script` in a fresh interpreter with `env` and none of the caller's allocator settings."""
-    ours = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
-    clean = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("MALLOC_")}
+    clean = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("MALLOC_")}
     return subprocess.run(
         [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True, timeout=300
     )

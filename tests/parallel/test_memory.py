@@ -3,8 +3,8 @@
 Per-rank parameter + optimizer bytes (from the local shards) must be <= 0.55 of one process, and
 per-rank peak resident memory above the after-import baseline <= 0.6 (max over ranks). Each run uses
 ditty's default host allocator policy: glibc's defaults on one process, a fixed 2 MB mmap threshold
-on several CPU processes (applied by `init_distributed`; see
-`ditty.parallel.memory.apply_distributed_allocator_policy` for why and what it costs). The same
+on several CPU processes (`workers.memory_run` applies it as the trainer does; see
+`ditty.parallel.allocator` for why and what it costs). The same
 run with every rank building the whole model first peaks as high once training runs on 2 ranks
 (AdamW state outweighs one full copy of the weights), but its load phase holds the whole model on
 every rank; the meta-device path keeps that phase near one shard, which is what matters on more

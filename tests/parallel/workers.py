@@ -93,8 +93,8 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2,
     mode "sharded": meta build -> fully_shard (on >1 rank) -> rank 0 streams the checkpoint.
     mode "naive": every rank builds and loads the whole model, then fully_shard (the old way).
     Same global batch (4 sequences of 64 tokens) split over the ranks; AdamW; `steps` steps.
-    The allocator policy is ditty's default for fsdp (the trainer's `apply_allocator_policy`: glibc's
-    own on one process, a fixed 2 MB mmap threshold on several); `opt_in_mmap` applies
+    The allocator policy is ditty's for fsdp (`ditty.parallel.allocator`: glibc's own on one process,
+    a fixed 2 MB mmap threshold on several, unless the environment says otherwise); `opt_in_mmap` applies
     `return_freed_memory_to_os()` (64 KB) instead, for comparison.
     """
     import gc
@@ -105,18 +105,17 @@ def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2,
     from transformers import AutoConfig, LlamaForCausalLM
 
     from ditty.config.sections import ParallelConfig
+    from ditty.parallel.allocator import apply_host_allocator_policy, return_freed_memory_to_os
     from ditty.parallel.env import init_distributed
     from ditty.parallel.materialize import load_sharded_from_safetensors, meta_init
-    from ditty.parallel.memory import optimizer_state_bytes, parameter_bytes, peak_rss_bytes, return_freed_memory_to_os
+    from ditty.parallel.memory import optimizer_state_bytes, parameter_bytes, peak_rss_bytes
     from ditty.parallel.mesh import build_mesh
     from ditty.parallel.wrap import apply_parallelism
 
     if opt_in_mmap:
         assert return_freed_memory_to_os()
-    elif world > 1:  # what the trainer applies for fsdp/hsdp on several CPU processes
-        from ditty.parallel.memory import apply_distributed_allocator_policy
-
-        apply_distributed_allocator_policy()
+    else:  # what the trainer applies (a fixed 2 MB threshold for fsdp on several CPU processes)
+        apply_host_allocator_policy("cpu", "fsdp", world)
     config = AutoConfig.from_pretrained(model_dir)
     gc.collect()
     baseline_peak, baseline_rss = peak_rss_bytes(), psutil.Process().memory_info().rss

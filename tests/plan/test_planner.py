@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -104,3 +105,28 @@ def test_lora_optimizer_state_is_the_adapters_only():
     s = state(make_plan(config, Target()))
     adapters = s.parameters["LoRA adapters (float32)"]
     assert s.gradients == adapters and s.optimizer == 2 * adapters + 4 * (2 * 7 * 32)  # moments + step per tensor
+
+
+@pytest.mark.parametrize(
+    "env, kind, world, kept",
+    [
+        ({}, "none", 1, True),  # glibc's heap keeps a step's activations
+        ({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1, False),
+        ({"DITTY_CPU_ALLOCATOR": "return", "MALLOC_ARENA_MAX": "2"}, "none", 1, True),  # the user's glibc policy
+        ({}, "fsdp", 2, False),  # several CPU processes of fsdp return freed memory by default
+        ({"DITTY_CPU_ALLOCATOR": "glibc"}, "fsdp", 2, True),
+    ],
+)
+def test_a_cpu_plan_adds_the_kept_heap_only_where_glibc_keeps_it(monkeypatch, env, kind, world, kept):
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = replace(load_any("tiny_sft").config, parallel=ParallelConfig(kind=kind))
+    plan = make_plan(config, Target(device="cpu", gpus_per_node=world))
+    rows = plan.memory.for_rank(0).rows
+    labels = [row.label for row in rows]
+    assert ("CPU heap kept from the previous step" in labels) is kept
+    activations = sum(row.bytes for row in rows if row.kind == "activations")
+    if kept:
+        assert next(row.bytes for row in rows if row.label.startswith("CPU heap kept")) >= activations > 0
