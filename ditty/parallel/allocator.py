@@ -11,8 +11,9 @@ resident memory, and ditty fixes the threshold at 2 MB for them (`returns_freed_
   1,422 MB returning freed memory).
 Each allocation of 2 MB or more then gets fresh pages from the kernel: a page fault per page on
 every reuse. torch's huge pages (THP_MEM_ALLOC_ENABLE=1: 2 MB-aligned tensors, faulted in 2 MB at a
-time) make that cheap: 1.05-1.15x glibc's CPU time per step instead of 1.5-1.7x (BENCHMARKS.md,
-"Host memory of FSDP on the CPU" and `scale`). torch reads the switch once, at its first
+time) make that cheaper: about 1.2x glibc's CPU time per step on 2 fsdp ranks instead of 1.7x with
+4 KB pages, and 1.05x on one process with long rows (BENCHMARKS.md, "Host memory of FSDP on the
+CPU" and `scale`). torch reads the switch once, at its first
 allocation, so it is set before torch loads: by `import ditty` for DITTY_CPU_ALLOCATOR=return, and by
 ditty's launcher for the workers of a sharded run (`worker_environment`).
 
@@ -121,7 +122,7 @@ def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
 def apply_host_allocator_policy(device_type: str, parallel_kind: str, world_size: int) -> bool:
     """In a process of the run, before its process group starts threads: fix glibc's mmap threshold
     where `returns_freed_memory` says so; returns whether it applied. Warns when torch's huge pages
-    are off, since each step then pays 4 KB page faults (about 1.5x the CPU time)."""
+    are off, since each step then pays 4 KB page faults (about 1.7x glibc's CPU time)."""
     if not returns_freed_memory(device_type, parallel_kind, world_size):
         return False
     applied = return_freed_memory_to_os(MMAP_THRESHOLD)
@@ -130,7 +131,7 @@ def apply_host_allocator_policy(device_type: str, parallel_kind: str, world_size
 
         logging.getLogger("ditty.train").warning(
             "freed memory goes back to the OS without torch's huge pages (%s is not 1 where torch loaded): "
-            "each step pays 4 KB page faults, about 1.5x the CPU time; start runs with `ditty run` (its launcher "
+            "each step pays 4 KB page faults, about 1.7x the CPU time; start runs with `ditty run` (its launcher "
             "sets it for the workers), import ditty first, or set %s=1 before starting Python",
             HUGE_PAGES_ENV,
             HUGE_PAGES_ENV,
