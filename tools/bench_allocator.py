@@ -34,25 +34,6 @@ CONTENDERS = [
 _OURS = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE")
 
 
-def save_model(path: str) -> str:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=8192,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=13,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
 def measure(model_dir: str, world: int, env: dict) -> dict:
     """One contender: the ranks are spawned with `env` (torch reads THP_MEM_ALLOC_ENABLE at start)."""
     from tests.parallel import workers
@@ -87,7 +68,10 @@ def main(rounds: int = 3, log=lambda msg: print(msg, file=sys.stderr, flush=True
     os.environ.pop("MALLOC_ARENA_MAX", None)
     results: dict[str, list[dict]] = {name: [] for name, _, _ in CONTENDERS}
     with tempfile.TemporaryDirectory(prefix="ditty-bench-allocator-") as work:
-        model_dir = save_model(os.path.join(work, "llama-105m"))
+        from tests.parallel.workers import save_llama_105m
+
+        model_dir = os.path.join(work, "llama-105m")
+        save_llama_105m(model_dir)
         for round_ in range(rounds):
             for name, world, env in CONTENDERS:
                 result = measure(model_dir, world, env)

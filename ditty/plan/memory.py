@@ -142,13 +142,18 @@ def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes
     """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees (its
     mmap threshold rises to 32 MB after the first large free, so activations come from the heap,
     and the next step's do not fit the holes they leave), except where the trainer fixes the
-    threshold at 2 MB and freed memory goes back: multi-process FSDP, and any CPU run with
-    DITTY_CPU_ALLOCATOR=return in this environment (ditty.parallel.allocator).
+    threshold at 2 MB (ditty.parallel.allocator) and freed memory goes back: multi-process FSDP
+    (tools/plan_validate.py: its peak within 9% of the plan without the row), and a CPU run under
+    DITTY_CPU_ALLOCATOR=return in this environment whose activations are at least that size
+    (tensors of the residual stream's size or more). Smaller ones still come from the heap: a 105M
+    Llama on 2 x 256-token rows (1.5 MB tensors) peaked only 2-12% lower under the returning policy.
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
-    from ditty.parallel.allocator import returns_freed_memory
+    from ditty.parallel.allocator import MMAP_THRESHOLD, returns_freed_memory
 
     rows = []
-    if not returns_freed_memory("cpu", s.parallel, s.world_size):
+    sharded = s.parallel in SHARDED and s.world_size > 1
+    large = s.tokens * shape.hidden_size * s.activation_bytes >= MMAP_THRESHOLD
+    if not (returns_freed_memory("cpu", s.parallel, s.world_size) and (sharded or large)):
         kept = Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")
         rows.append(kept)
     if s.quant != "none":

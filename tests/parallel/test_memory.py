@@ -26,30 +26,8 @@ MB = 2**20
 
 @pytest.fixture(scope="module")
 def llama_100m(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    # Blocks dominate, as in real LLMs (7B Llama: the embedding and the head are 2% each). With a 32k
-    # vocabulary at this width they would be 23% each, and FSDP's transient for the largest unit
-    # (gathered weight, full gradient, reduce-scatter buffers) would set the peak (see the report).
-    config = LlamaConfig(
-        vocab_size=8192,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=13,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
-    model = LlamaForCausalLM(config)
     path = tmp_path_factory.mktemp("llama-100m")
-    model.save_pretrained(path)
-    del model
-    return str(path), parameters
+    return str(path), workers.save_llama_105m(str(path))
 
 
 def _summary(name, results):

@@ -87,6 +87,31 @@ def load_sharded(rank: int, world: int, model_dir: str, how: str):
     return full_state(model), logits, local
 
 
+# ~105M parameters with the blocks dominating, as in real LLMs (7B Llama: the embedding and the head
+# are 2% each). With a 32k vocabulary at this width they would be 23% each, and FSDP's transient for
+# the largest unit (gathered weight, full gradient, reduce-scatter buffers) would set the peak.
+LLAMA_105M = dict(
+    vocab_size=8192,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=13,
+    num_attention_heads=12,
+    num_key_value_heads=12,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+
+
+def save_llama_105m(path: str) -> int:
+    """A random LLAMA_105M (seed 0) saved in Hugging Face format at `path`; returns its parameter count."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA_105M))
+    model.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
 def memory_run(rank: int, world: int, model_dir: str, mode: str, steps: int = 2, opt_in_mmap: bool = False):
     """Peak resident memory above the after-import baseline, and local parameter + optimizer bytes.
 

@@ -108,21 +108,26 @@ def test_lora_optimizer_state_is_the_adapters_only():
 
 
 @pytest.mark.parametrize(
-    "env, kind, world, kept",
+    "env, kind, world, micro, kept",
     [
-        ({}, "none", 1, True),  # glibc's heap keeps a step's activations
-        ({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1, False),
-        ({"DITTY_CPU_ALLOCATOR": "return", "MALLOC_ARENA_MAX": "2"}, "none", 1, True),  # the user's glibc policy
-        ({}, "fsdp", 2, False),  # several CPU processes of fsdp return freed memory by default
-        ({"DITTY_CPU_ALLOCATOR": "glibc"}, "fsdp", 2, True),
+        ({}, "none", 1, 64, True),  # glibc's heap keeps a step's activations
+        ({}, "none", 1, 256, True),
+        # tiny_sft: 64 x 32 tokens x 128 wide x fp32 = 1 MB tensors, below the 2 MB threshold: still the heap's
+        ({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1, 64, True),
+        ({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1, 256, False),  # 4 MB tensors: each goes back when freed
+        ({"DITTY_CPU_ALLOCATOR": "return", "MALLOC_ARENA_MAX": "2"}, "none", 1, 256, True),  # the user's glibc policy
+        ({}, "fsdp", 2, 32, False),  # several CPU processes of fsdp return freed memory by default
+        ({"DITTY_CPU_ALLOCATOR": "glibc"}, "fsdp", 2, 32, True),
     ],
 )
-def test_a_cpu_plan_adds_the_kept_heap_only_where_glibc_keeps_it(monkeypatch, env, kind, world, kept):
+def test_a_cpu_plan_adds_the_kept_heap_only_where_glibc_keeps_it(monkeypatch, env, kind, world, micro, kept):
     for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    config = replace(load_any("tiny_sft").config, parallel=ParallelConfig(kind=kind))
+    config = load_any("tiny_sft").config
+    train = replace(config.train, micro_batch_size=micro, global_batch_size=256)
+    config = replace(config, train=train, parallel=ParallelConfig(kind=kind))
     plan = make_plan(config, Target(device="cpu", gpus_per_node=world))
     rows = plan.memory.for_rank(0).rows
     labels = [row.label for row in rows]
