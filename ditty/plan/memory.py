@@ -146,7 +146,7 @@ def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes
     (tools/plan_validate.py: its peak within 9% of the plan without the row), and a CPU run under
     DITTY_CPU_ALLOCATOR=return in this environment whose activations are at least that size
     (tensors of the residual stream's size or more). Smaller ones still come from the heap: a 105M
-    Llama on 2 x 256-token rows (1.5 MB tensors) peaked only 2-12% lower under the returning policy.
+    Llama on 2 x 256-token rows (1.5 MB tensors) peaked within 12% of glibc's figures under that policy.
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
     from ditty.parallel.allocator import MMAP_THRESHOLD, returns_freed_memory
 

@@ -161,6 +161,19 @@ def test_an_unknown_choice_is_a_user_error_before_training(tmp_path, capsys, mon
     assert not (out / "final").exists()
 
 
+def test_an_unknown_choice_stops_the_launcher_before_any_worker(tmp_path, capsys, monkeypatch):
+    from ditty.cli import main
+
+    monkeypatch.setenv("DITTY_CPU_ALLOCATOR", "retrun")
+    out = tmp_path / "run"
+    args = ["run", "tiny_sft", "--nproc-per-node", "2", "--parallel.kind", "fsdp", "--train.micro_batch_size", "32"]
+    code = main([*args, "--run.output_dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "`DITTY_CPU_ALLOCATOR` 'retrun' is not a host allocator policy" in err
+    assert not out.exists()  # no worker started, nothing written
+
+
 def test_return_without_huge_pages_says_so():
     """torch imported before ditty: torch never saw THP_MEM_ALLOC_ENABLE, and the run is told the price."""
     script = (
