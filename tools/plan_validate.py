@@ -1,6 +1,7 @@
 """Planned vs measured memory of real CPU trainings: the table in BENCHMARKS.md ("Planner").
 
-    python tools/plan_validate.py            # tiny and ~100M Llama: full, LoRA, QLoRA, 8-bit AdamW, fsdp x 2
+    python tools/plan_validate.py            # tiny and ~100M Llama: full, LoRA, QLoRA, 8-bit AdamW, fsdp x 2;
+                                             # one packed row of 16,384 tokens ("long")
     python tools/plan_validate.py --quick    # the tiny model only
 
 Each case is `ditty.train.Trainer` on a fresh process per rank (tests/plan/measure.py): parameter,
@@ -31,6 +32,7 @@ CASES = [
     ("100m", "qlora", 1),
     ("100m", "adamw8bit", 1),
     ("100m", "full", 2),
+    ("long", "full", 1),
 ]
 
 

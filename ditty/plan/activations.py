@@ -11,8 +11,9 @@ model with the saved tensors of real layers, full finetune and LoRA, fp32 and bf
   LoRA-adapted layer under autocast (peft casts the input to the adapter's fp32 and autocast casts
   it back) or with adapter dropout; a frozen, unadapted layer keeps nothing;
 - attention (SDPA flash or memory-efficient kernels) keeps q, k, v, its output and a fp32
-  log-sum-exp per head; with a mask (padding or packing) k and v are kept expanded to all heads
-  and the mask is copied per layer;
+  log-sum-exp per head; with a mask (padding, or packing on the dense block mask) k and v are kept
+  expanded to all heads and the mask is copied per layer; packed rows of the mask-free model types
+  (ditty.models.packing: per-sample SDPA, varlen and flex kernels) keep what an unmasked row keeps;
 - the SwiGLU MLP keeps the gate and up projections and the activation's output.
 
 Activation checkpointing "full" keeps each block's input and recomputes one block at a time in
@@ -33,17 +34,33 @@ FP32 = 4
 
 @dataclass(frozen=True)
 class Activations:
-    per_token_block: float
-    """Bytes per token one block saves without checkpointing."""
-    kept_per_token_block: float
-    """Bytes per token one block keeps until the backward under the recipe's checkpointing."""
-    per_token_outside: float
-    """Bytes per token outside the blocks (inputs, embeddings output, final norm)."""
+    """What autograd keeps for one micro-batch, tensor by tensor: each entry is the bytes per token of
+    one [tokens, width] tensor (so a tensor's size is `tokens` times its entry)."""
+
+    kept_per_block: tuple[int, ...]
+    """The tensors one block keeps until the backward under the recipe's checkpointing."""
+    once: tuple[int, ...]
+    """The tensors kept once per micro-batch: outside the blocks (inputs, the final norm, the head's
+    input) and, under checkpointing, the one block recomputed in the backward."""
+    tokens: int
+    layers: int
     weight_copies: int
     """Per step: 16-bit copies of fp32 weights that autocast casts and saves (not per token)."""
-    total: int
-    """Bytes held at the start of the backward for one micro-batch."""
     detail: str
+
+    @property
+    def total(self) -> int:
+        """Bytes held at the start of the backward."""
+        return self.in_tensors_below(None)
+
+    def in_tensors_below(self, nbytes: int | None) -> int:
+        """Bytes held in tensors smaller than `nbytes` (None: every tensor); the weight copies count
+        in full. A host allocator serves smaller tensors from its heap and maps larger ones."""
+
+        def held(sizes: tuple[int, ...]) -> int:
+            return sum(x for x in sizes if nbytes is None or self.tokens * x < nbytes)
+
+        return self.tokens * (self.layers * held(self.kept_per_block) + held(self.once)) + self.weight_copies
 
 
 def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac: str | None = None) -> Activations:
@@ -52,43 +69,48 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     a = s.activation_bytes
     w = _norm_bytes(s, held)
     h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
-    masked = s.packing or s.micro_batch > 1
+    # A mask reaches attention with padding (micro-batches of several rows) or packed rows on the
+    # dense block mask; packed rows of a mask-free type attend within each sample (no mask), and
+    # packed rows carry no padding.
+    masked = s.packed_mask if s.packing else s.micro_batch > 1
     kv_saved = q if masked else kv
     adapted = _adapted_modules(held)
     trains_base = s.peft == "none"
     norm_trains = trains_base
 
-    def norm() -> float:
+    def norm() -> list[int]:
         # fp32 input, fp32 reciprocal RMS per token, and the normalised input for the weight's gradient
-        return FP32 * h + FP32 + (w * h if norm_trains else 0)
+        return [FP32 * h, FP32] + ([w * h] if norm_trains else [])
 
-    def group(x_bytes: int, dim: int, consumers: list[str], already_saved: bool = False) -> float:
+    def group(x_bytes: int, dim: int, consumers: list[str], already_saved: bool = False) -> list[int]:
         """Inputs the linear layers reading one tensor keep (see the module docstring)."""
-        total, shared = 0.0, False
+        tensors, shared = [], False
         for name in consumers:
             is_adapted = name in adapted
             if not (trains_base or is_adapted):
                 continue
             if s.autocast and (x_bytes != a or is_adapted):
-                total += a * dim  # its own 16-bit copy
+                tensors.append(a * dim)  # its own 16-bit copy
             elif is_adapted and (x_bytes != FP32 or s.lora_dropout > 0):
-                total += FP32 * dim  # peft's fp32 copy (or dropout's output)
+                tensors.append(FP32 * dim)  # peft's fp32 copy (or dropout's output)
             else:
                 shared = True
             if is_adapted and s.lora_dropout > 0:
-                total += dim  # dropout's mask, one byte per element
+                tensors.append(dim)  # dropout's mask, one byte per element
         if shared and not already_saved:
-            total += x_bytes * dim
-        return total
+            tensors.append(x_bytes * dim)
+        return tensors
 
-    lora_out = (a if s.autocast else FP32) * s.lora_r * len([m for m in _block_linears() if m in adapted])
-    attention = a * q + 2 * a * kv_saved + FP32 * shape.num_heads + a * q + (a * s.seq_len if masked else 0)
+    lora_out = [(a if s.autocast else FP32) * s.lora_r for m in _block_linears() if m in adapted]
+    # q, k, v, the output and the log-sum-exp per head; a mask is [B, 1, T, T] (T bytes x a per token)
+    attention = [a * q, a * kv_saved, a * kv_saved, FP32 * shape.num_heads, a * q] + ([a * s.seq_len] if masked else [])
     # bitsandbytes' 4-bit layers return their input's dtype, not autocast's: with an fp32 residual
     # stream (a one-process QLoRA upcasts the norms) the MLP's gate, activation and up stay fp32.
     m = w if s.quant == "bnb-4bit" else a
-    mlp = 3 * m * i
+    mlp = [m * i] * 3
     block = (
-        2 * norm()
+        norm()
+        + norm()
         + group(w, h, ["q_proj", "k_proj", "v_proj"])
         + group(a, q, ["o_proj"], already_saved=True)
         + group(w, h, ["gate_proj", "up_proj"])
@@ -100,24 +122,23 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     if not shape.llama_block:
         block = _generic_block(shape, a)
     head_trains = trains_base or "lm_head" in s.modules_to_save
-    outside = 4 * 8 + FP32 * h + FP32 + (w * h if norm_trains else 0)  # ids, labels, mask, positions; final norm
+    # ids, labels, mask, positions (int64); the final norm
+    outside = [8] * 4 + [FP32 * h, FP32] + ([w * h] if norm_trains else [])
     if head_trains:
-        outside += a * h if (s.autocast and w != a) else w * h
+        outside.append(a * h if (s.autocast and w != a) else w * h)
     weight_copies = _autocast_weight_copies(s, held) if ac == "none" else 0
-    tokens, layers = s.tokens, shape.num_layers
-    resid = w * h  # the block input a checkpoint keeps
+    resid = [w * h]  # the block input a checkpoint keeps
     if ac == "full":
         kept = resid
-        detail = f"{layers} block inputs + 1 block recomputed in the backward"
+        detail = f"{shape.num_layers} block inputs + 1 block recomputed in the backward"
     elif ac == "selective":
-        kept = resid + _matmul_outputs(shape, s, adapted) + a * q + FP32 * shape.num_heads
-        detail = f"{layers} blocks' matrix-product outputs + 1 block recomputed"
+        kept = resid + _matmul_outputs(shape, s, adapted) + [a * q, FP32 * shape.num_heads]
+        detail = f"{shape.num_layers} blocks' matrix-product outputs + 1 block recomputed"
     else:
         kept = block
-        detail = f"{layers} blocks"
-    recompute = block if ac in ("full", "selective") else 0
-    total = int(tokens * (layers * kept + recompute + outside) + weight_copies)
-    return Activations(block, kept, outside, weight_copies, total, detail)
+        detail = f"{shape.num_layers} blocks"
+    recompute = block if ac in ("full", "selective") else []
+    return Activations(tuple(kept), tuple(recompute + outside), s.tokens, shape.num_layers, int(weight_copies), detail)
 
 
 def _norm_bytes(s: Settings, held: list[HeldTensor]) -> int:
@@ -141,13 +162,13 @@ def _adapted_modules(held: list[HeldTensor]) -> set[str]:
     return names
 
 
-def _matmul_outputs(shape: ModelShape, s: Settings, adapted: set[str]) -> float:
+def _matmul_outputs(shape: ModelShape, s: Settings, adapted: set[str]) -> list[int]:
     a, h, i, q, kv = s.activation_bytes, shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     outputs = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": h, "gate_proj": i, "up_proj": i, "down_proj": h}
-    total = a * sum(outputs.values())
+    tensors = [a * width for width in outputs.values()]
     for name in adapted:
-        total += a * (s.lora_r + outputs[name])  # lora_A's and lora_B's outputs
-    return total
+        tensors += [a * s.lora_r, a * outputs[name]]  # lora_A's and lora_B's outputs
+    return tensors
 
 
 def _autocast_weight_copies(s: Settings, held: list[HeldTensor]) -> int:
@@ -159,10 +180,10 @@ def _autocast_weight_copies(s: Settings, held: list[HeldTensor]) -> int:
     return sum(t.numel * DTYPE_BYTES[s.compute_dtype] for t in held if t.matmul and t.dtype == "float32")
 
 
-def _generic_block(shape: ModelShape, a: int) -> float:
+def _generic_block(shape: ModelShape, a: int) -> list[int]:
     """A rough figure for architectures the model does not cover: a Llama-like block of the same sizes."""
     h, i = shape.hidden_size, shape.intermediate_size
-    return FP32 * 4 * h + a * (4 * h + 4 * h + 4 * i)
+    return [FP32 * h] * 4 + [a * h] * 8 + [a * i] * 4
 
 
 # --- logits and loss ---------------------------------------------------------------------------------
@@ -172,6 +193,9 @@ def _generic_block(shape: ModelShape, a: int) -> float:
 class LossMemory:
     bytes: int
     detail: str
+    tensor_bytes: int = 0
+    """The size of its largest tensor (fp32 logits or their gradient, of the whole micro-batch or of
+    a chunk): a host allocator maps tensors above its threshold rather than keep them in its heap."""
 
 
 def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_trains: bool = False) -> LossMemory:
@@ -192,10 +216,11 @@ def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_tr
         forward = a + shifted + (FP32 if a != FP32 else 0) + FP32
         backward = a + 3 * FP32
         per = max(forward, backward)
-        return LossMemory(tokens * vocab * per, f"{tokens:,} tokens x {vocab:,} vocabulary x {per} bytes")
+        detail = f"{tokens:,} tokens x {vocab:,} vocabulary x {per} bytes"
+        return LossMemory(tokens * vocab * per, detail, tokens * vocab * FP32)
     chunk = -(-tokens // chunks)
     per = FP32 + (2 * a if a != FP32 else 0)
     total = (
         chunk * vocab * per + tokens * shape.hidden_size * a + (vocab * shape.hidden_size * FP32 if head_trains else 0)
     )
-    return LossMemory(total, f"{chunks} chunks of {chunk:,} tokens x {vocab:,} vocabulary")
+    return LossMemory(total, f"{chunks} chunks of {chunk:,} tokens x {vocab:,} vocabulary", chunk * vocab * FP32)

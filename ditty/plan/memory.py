@@ -35,6 +35,8 @@ CPU_PEFT_IMPORT = 50 * 2**20
 CPU_TORCH_COMPILE = 110 * 2**20
 # DeepSpeed's defaults: reduce and all-gather buckets of 5e8 elements; with overlap_comm (which
 # ditty sets) its documentation puts the buffers at 4.5 times the bucket sizes.
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
+"""The highest mmap threshold glibc's dynamic adjustment reaches on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
 DEEPSPEED_BUCKET = 500_000_000
 
 
@@ -104,7 +106,7 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
     ]
     shared_rows += _transients(shape, s, held)
     if s.device == "cpu":
-        shared_rows += _cpu_rows(shape, s, held, activations.total + loss.bytes)
+        shared_rows += _cpu_rows(shape, s, held, activations, loss)
     overhead, overhead_note = _overhead(s)
     kinds: list[RankKind] = []
     by_rows: dict[tuple, RankKind] = {}
@@ -138,24 +140,24 @@ def _overhead(s: Settings) -> tuple[int, str]:
     return CUDA_CONTEXT + nccl, "CUDA context and kernels" + (", NCCL buffers" if nccl else "")
 
 
-def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], step_bytes: int) -> list[Row]:
-    """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees (its
-    mmap threshold rises to 32 MB after the first large free, so activations come from the heap,
-    and the next step's do not fit the holes they leave), except where the trainer fixes the
-    threshold at 2 MB (ditty.parallel.allocator) and freed memory goes back: multi-process FSDP
-    (tools/plan_validate.py: its peak within 9% of the plan without the row), and a CPU run under
-    DITTY_CPU_ALLOCATOR=return in this environment whose activations are at least that size
-    (tensors of the residual stream's size or more). Smaller ones still come from the heap: a 105M
-    Llama on 2 x 256-token rows (1.5 MB tensors) peaked within 12% of glibc's figures under that policy.
+def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], activations, loss) -> list[Row]:
+    """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees: the
+    activations of the next step do not fit the holes the last one left, so the heap holds about
+    one more step of them. Only the tensors it serves from its heap, though: those below its mmap
+    threshold, which glibc raises up to 32 MB after the first large free, and which the trainer
+    fixes at 2 MB where freed memory should go back (multi-process FSDP; any CPU run under
+    DITTY_CPU_ALLOCATOR=return in this environment; see ditty.parallel.allocator). Larger tensors
+    are mapped and unmapped, and leave nothing behind (tools/plan_validate.py: a packed row of
+    16,384 tokens, whose 64 MB MLP tensors are mapped, within 5% of the plan).
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
     from ditty.parallel.allocator import MMAP_THRESHOLD, returns_freed_memory
 
     rows = []
-    sharded = s.parallel in SHARDED and s.world_size > 1
-    large = s.tokens * shape.hidden_size * s.activation_bytes >= MMAP_THRESHOLD
-    if not (returns_freed_memory("cpu", s.parallel, s.world_size) and (sharded or large)):
-        kept = Row("CPU heap kept from the previous step", step_bytes, "glibc keeps freed activations", "transient")
-        rows.append(kept)
+    threshold = MMAP_THRESHOLD if returns_freed_memory("cpu", s.parallel, s.world_size) else GLIBC_MMAP_THRESHOLD_MAX
+    kept = activations.in_tensors_below(threshold) + (loss.bytes if loss.tensor_bytes < threshold else 0)
+    if kept:
+        note = f"glibc keeps freed activations below {threshold // 2**20} MB"
+        rows.append(Row("CPU heap kept from the previous step", kept, note, "transient"))
     if s.quant != "none":
         quantized = [t for t in held if t.group in ("4-bit weights", "8-bit weights")]
         stored = shape.checkpoint_dtype if shape.checkpoint_dtype in DTYPE_BYTES else s.weight_dtype

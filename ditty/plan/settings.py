@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from ditty.config.errors import RecipeError
+from ditty.models.packing import MASK_FREE_MODEL_TYPES
 from ditty.plan.architecture import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
@@ -83,6 +84,9 @@ class Settings:
     activation_checkpointing: str
     loss_chunks: int
     packing: bool
+    packed_mask: bool
+    """Packed rows attend through the dense [B, 1, T, T] block mask: model types outside
+    ditty.models.packing.MASK_FREE_MODEL_TYPES (the others attend within each sample, no mask)."""
     reshard_after_forward: Any
     cpu_offload: bool
     zero_stage: int
@@ -154,6 +158,7 @@ class Settings:
             activation_checkpointing=train.activation_checkpointing,
             loss_chunks=int(getattr(train, "loss_chunks", 0) or 0),
             packing=config.data.packing,
+            packed_mask=config.data.packing and shape.model_type not in MASK_FREE_MODEL_TYPES,
             reshard_after_forward=parallel.reshard_after_forward,
             cpu_offload=parallel.cpu_offload and parallel.kind in SHARDED,
             zero_stage=parallel.zero_stage,

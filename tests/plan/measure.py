@@ -50,8 +50,20 @@ MODELS = {
         num_attention_heads=12,
         num_key_value_heads=12,
     ),
+    # The `scale` benchmark's model (tools/bench_scale.py) on one packed row of 16,384 tokens: the
+    # activations, not the weights, set the peak, and each of their tensors is 16 MB or more.
+    "long": dict(
+        vocab_size=259,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
 }
-SEQ = {"tiny": 128, "100m": 256}
+SEQ = {"tiny": 128, "100m": 256, "long": 16384}
+MICRO = {"long": 1}
+"""Rows per micro-batch where it is not 2."""
 METHODS = {
     "full": {},
     "lora": dict(peft=PeftConfig(kind="lora", r=8)),
@@ -71,7 +83,7 @@ def save_model(name: str, path: str) -> str:
     torch.manual_seed(0)
     config = LlamaConfig(
         **MODELS[name],
-        max_position_embeddings=512,
+        max_position_embeddings=max(512, SEQ[name]),
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -82,13 +94,16 @@ def save_model(name: str, path: str) -> str:
     return path
 
 
-def recipe(model: str, model_dir: str, out: str, method: str, world: int = 1, micro: int = 2, steps: int = 2):
+def recipe(model: str, model_dir: str, out: str, method: str, world: int = 1, micro: int = 0, steps: int = 2):
     """Packed rows (every micro-batch is micro x max_seq_len real tokens, as the plan assumes), fp32
     on the CPU, `steps` optimizer steps of one micro-batch per rank."""
+    micro = micro or MICRO.get(model, 2)
+    # enough addition samples (about 9 tokens each) for every step's rows, and some to spare
+    samples = max(2000, SEQ[model] * micro * world * (steps + 1) // 8)
     base = TrainerConfig(
         run=RunConfig(name=f"plan-{model}-{method}", output_dir=out, seed=0, device="cpu"),
         model=ModelConfig(path=model_dir),
-        data=DataConfig(source="builtin", name="addition", num_samples=2000, max_seq_len=SEQ[model], packing=True),
+        data=DataConfig(source="builtin", name="addition", num_samples=samples, max_seq_len=SEQ[model], packing=True),
         train=TrainConfig(
             steps=steps,
             global_batch_size=micro * world,
