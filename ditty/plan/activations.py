@@ -13,7 +13,8 @@ model with the saved tensors of real layers, full finetune and LoRA, fp32 and bf
 - attention (SDPA flash or memory-efficient kernels) keeps q, k, v, its output and a fp32
   log-sum-exp per head; with a mask (padding, or packing on the dense block mask) k and v are kept
   expanded to all heads and the mask is copied per layer; packed rows of the mask-free model types
-  (ditty.models.packing: per-sample SDPA, varlen and flex kernels) keep what an unmasked row keeps;
+  (ditty.models.packing) keep what an unmasked row keeps, and under the per-sample SDPA also the
+  output gathered back into row order and its int64 index;
 - the SwiGLU MLP keeps the gate and up projections and the activation's output.
 
 Activation checkpointing "full" keeps each block's input and recomputes one block at a time in
@@ -72,7 +73,7 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     # A mask reaches attention with padding (micro-batches of several rows) or packed rows on the
     # dense block mask; packed rows of a mask-free type attend within each sample (no mask), and
     # packed rows carry no padding.
-    masked = s.packed_mask if s.packing else s.micro_batch > 1
+    masked = s.packed_attention == "dense" if s.packing else s.micro_batch > 1
     kv_saved = q if masked else kv
     adapted = _adapted_modules(held)
     trains_base = s.peft == "none"
@@ -104,6 +105,10 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     lora_out = [(a if s.autocast else FP32) * s.lora_r for m in _block_linears() if m in adapted]
     # q, k, v, the output and the log-sum-exp per head; a mask is [B, 1, T, T] (T bytes x a per token)
     attention = [a * q, a * kv_saved, a * kv_saved, FP32 * shape.num_heads, a * q] + ([a * s.seq_len] if masked else [])
+    if s.packed_attention == "per-sample":
+        # samples of several lengths: the output is gathered back into row order (o_proj's input is
+        # its own copy) through an int64 index per token
+        attention += [a * q, 8]
     # bitsandbytes' 4-bit layers return their input's dtype, not autocast's: with an fp32 residual
     # stream (a one-process QLoRA upcasts the norms) the MLP's gate, activation and up stay fp32.
     m = w if s.quant == "bnb-4bit" else a

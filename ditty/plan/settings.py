@@ -84,9 +84,10 @@ class Settings:
     activation_checkpointing: str
     loss_chunks: int
     packing: bool
-    packed_mask: bool
-    """Packed rows attend through the dense [B, 1, T, T] block mask: model types outside
-    ditty.models.packing.MASK_FREE_MODEL_TYPES (the others attend within each sample, no mask)."""
+    packed_attention: str
+    """How packed rows reach attention (ditty.models.packing): "dense" (the [B, 1, T, T] block mask:
+    model types outside MASK_FREE_MODEL_TYPES), "per-sample" (ditty's per-sample SDPA: the CPU, or
+    sdpa/eager on CUDA), "kernel" (flash varlen or flex attention on CUDA); "" without packing."""
     reshard_after_forward: Any
     cpu_offload: bool
     zero_stage: int
@@ -158,7 +159,7 @@ class Settings:
             activation_checkpointing=train.activation_checkpointing,
             loss_chunks=int(getattr(train, "loss_chunks", 0) or 0),
             packing=config.data.packing,
-            packed_mask=config.data.packing and shape.model_type not in MASK_FREE_MODEL_TYPES,
+            packed_attention=_packed_attention(config, shape, target),
             reshard_after_forward=parallel.reshard_after_forward,
             cpu_offload=parallel.cpu_offload and parallel.kind in SHARDED,
             zero_stage=parallel.zero_stage,
@@ -201,3 +202,15 @@ def _is_local(path: str) -> bool:
     import os
 
     return os.path.isdir(os.path.expanduser(path))
+
+
+def _packed_attention(config: Any, shape: ModelShape, target: Target) -> str:
+    """Settings.packed_attention: the path ditty.models.packing.packed_inputs takes."""
+    if not config.data.packing:
+        return ""
+    if shape.model_type not in MASK_FREE_MODEL_TYPES:
+        return "dense"
+    kernel = config.model.attn_implementation
+    if kernel in ("flash_attention_2", "flex_attention") or (kernel == "auto" and target.device == "cuda"):
+        return "kernel"
+    return "per-sample"

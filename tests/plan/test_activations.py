@@ -33,7 +33,7 @@ def llama_dirs(tmp_path_factory):
     return dirs
 
 
-def saved_bytes(model, ids, mask, autocast: bool) -> int:
+def saved_bytes(model, ids, mask, autocast: bool, **inputs) -> int:
     """Bytes of the distinct storages autograd saves in a forward, parameters excluded."""
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -46,15 +46,17 @@ def saved_bytes(model, ids, mask, autocast: bool) -> int:
 
     context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), context:
-        model(input_ids=ids, attention_mask=mask)
+        model(input_ids=ids, attention_mask=mask, **inputs)
     return sum(seen.values())
 
 
-def recipe(path, *, dtype="float32", precision="fp32", peft="none", quant="none", micro=1) -> TrainerConfig:
+def recipe(
+    path, *, dtype="float32", precision="fp32", peft="none", quant="none", micro=1, packing=False
+) -> TrainerConfig:
     return TrainerConfig(
         run=RunConfig(device="cpu"),
         model=ModelConfig(path=path, dtype=dtype),
-        data=DataConfig(max_seq_len=SEQ),
+        data=DataConfig(max_seq_len=SEQ, packing=packing),
         train=TrainConfig(precision=precision, micro_batch_size=micro, global_batch_size=micro),
         peft=PeftConfig(kind=peft, r=8),
         quant=QuantConfig(kind=quant, compute_dtype="bfloat16") if quant != "none" else QuantConfig(),
@@ -104,3 +106,34 @@ def test_one_layer_saves_what_the_plan_says(llama_dirs, case, micro):
     assert planned[2] - planned[1] == pytest.approx(one_layer, abs=1)
     # The whole forward (a 1-layer model: inputs, embeddings, final norm): within 10 percent.
     assert planned[1] == pytest.approx(measured[1], rel=0.10)
+
+
+@pytest.mark.parametrize("case", ["full fp32", "LoRA fp32"])
+def test_a_packed_row_keeps_what_an_unmasked_row_keeps(llama_dirs, case):
+    """Packed samples of a mask-free type attend within each sample (ditty.models.packing's
+    per-sample SDPA): no [T, T] mask, k and v at their own width, as the plan counts them."""
+    from ditty.models.packing import packed_inputs
+
+    lengths = [8, 10, 6]  # three samples, three SDPA calls, in one row of SEQ tokens
+    ids = torch.randint(0, SIZES["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(0))
+    batch = {
+        "input_ids": ids,
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+        "cu_seq_lens_q": torch.tensor([0, 8, 18, 24], dtype=torch.int32),
+        "cu_seq_lens_k": torch.tensor([0, 8, 18, 24], dtype=torch.int32),
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+    }
+    measured, planned = {}, {}
+    for layers, path in llama_dirs.items():
+        config = recipe(path, packing=True, **CASES[case])
+        model = build(config)
+        inputs = packed_inputs(model, batch)
+        assert "ditty_packed_sdpa" == model.config._attn_implementation  # the mask-free path, not the dense mask
+        mask = inputs.pop("attention_mask")
+        measured[layers] = saved_bytes(model, inputs.pop("input_ids"), mask, autocast=False, **inputs)
+        plan = make_plan(config, Target(device="cpu"), with_knobs=False)
+        planned[layers] = next(r.bytes for r in plan.memory.kinds[0].rows if r.label.startswith("activations"))
+    one_layer = measured[2] - measured[1]
+    print(f"{case}, packed row: one layer saves {one_layer} bytes, planned {planned[2] - planned[1]}")
+    assert planned[2] - planned[1] == pytest.approx(one_layer, abs=1)
