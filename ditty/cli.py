@@ -20,6 +20,7 @@ from ditty.config.loader import LoadedRecipe, from_config, load_any
 from ditty.config.overrides import apply_overrides
 from ditty.config.schema import walk_leaves
 from ditty.config.starter import starter_config
+from ditty.parallel.allocator import cpu_allocator_choice
 from ditty.recipe import Plan, compile_recipe
 
 USAGE = """\
@@ -197,6 +198,7 @@ def cmd_run(args: list[str]) -> int:
     launch_options, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "run")
     loaded = _load(ref, flags)
+    cpu_allocator_choice()  # a typo in DITTY_CPU_ALLOCATOR stops here, on any device
     # Inside a torchrun worker the world comes from the environment.
     world_size = int(os.environ.get("WORLD_SIZE", "0")) or _world_size(launch_options)
     plan = compile_recipe(loaded, world_size=world_size)
@@ -236,6 +238,7 @@ def cmd_check(args: list[str]) -> int:
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
     loaded = _load(ref, flags)
+    cpu_allocator_choice()  # the environment a run would start with (ditty.parallel.allocator)
     from ditty import cli_plan
 
     target = cli_plan.plan_target(plan_options, launch, loaded.config) if plan_options else None

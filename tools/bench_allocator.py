@@ -39,7 +39,10 @@ def measure(model_dir: str, world: int, env: dict) -> dict:
     from tests.parallel import workers
     from tests.parallel.harness import run_ranks
 
-    saved = {name: os.environ.pop(name, None) for name in _OURS}
+    # the contenders' settings only: a MALLOC_* variable or glibc tunable of the caller's would turn
+    # ditty's policy off in the ranks
+    theirs = [n for n in os.environ if n.startswith("MALLOC_") or n == "GLIBC_TUNABLES"]
+    saved = {name: os.environ.pop(name, None) for name in (*_OURS, *theirs)}
     os.environ.update(env)
     try:
         ranks = run_ranks(workers.memory_run, world, model_dir, "sharded", 4, timeout=900)
@@ -65,7 +68,6 @@ def span(values, fmt="{:.2f}") -> str:
 
 def main(rounds: int = 3, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> str:
     sys.path.insert(0, str(ROOT))
-    os.environ.pop("MALLOC_ARENA_MAX", None)
     results: dict[str, list[dict]] = {name: [] for name, _, _ in CONTENDERS}
     with tempfile.TemporaryDirectory(prefix="ditty-bench-allocator-") as work:
         from tests.parallel.workers import save_llama_105m

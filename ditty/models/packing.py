@@ -128,6 +128,16 @@ def packed_kernel(model_type: Optional[str], attn_implementation: str, device_ty
     return "flex_attention"
 
 
+def planned_path(model_type: Optional[str], attn_implementation: str, device_type: str) -> str:
+    """From the recipe alone (the memory planner's question), how `packed_inputs` will treat packed
+    rows: "dense" (the block mask), "kernel" (flash varlen or flex attention) or "per-sample"
+    (PACKED_SDPA)."""
+    if model_type not in MASK_FREE_MODEL_TYPES:
+        return "dense"
+    kernel = packed_kernel(model_type, attn_implementation, device_type) or attn_implementation
+    return "kernel" if kernel in ("flash_attention_2", "flash_attention_3", "flex_attention") else "per-sample"
+
+
 def attention_path(config: Any) -> str:
     """ "varlen", "flex" or "dense": how a packed batch reaches this model's attention."""
     kernel = getattr(config, "_attn_implementation", None)

@@ -8,6 +8,7 @@ One job per module:
 - `accumulation`: `no_sync_context` and `grad_average_correction` for micro-batches and ranks.
 - `materialize`: meta-device build, then each rank loads only its shard.
 - `memory`: per-rank bytes in local tensors and peak resident memory.
+- `allocator`: whether a CPU process gives freed memory back to the OS (glibc's mmap threshold).
 - `deepspeed`: the ZeRO engine config (deepspeed is an optional extra).
 
 Importing this package imports no torch; the names below load their module on first use. (`launch`

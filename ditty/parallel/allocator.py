@@ -29,13 +29,15 @@ import sys
 from typing import Mapping, Optional
 
 ALLOCATOR_ENV = "DITTY_CPU_ALLOCATOR"
-""""glibc" (or "off"): keep glibc's own malloc settings. "return": every CPU run, one process included,
+""""glibc" (or "off", "0", "none"): keep glibc's own malloc settings. "return": every CPU run, one process included,
 returns freed memory (the same 2 MB threshold), in huge pages. Unset or "default": sharded runs on
 several CPU processes return it, others keep glibc's settings."""
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 RETURNING = "return"
 MMAP_THRESHOLD = 2 * 2**20
 """2 MB: the smallest cost that kept a 2-rank FSDP peak under 0.6 of one process with a margin."""
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
+"""The highest mmap threshold glibc's dynamic adjustment reaches on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
 _KEEP_GLIBC = ("glibc", "off", "0", "none")
 # glibc's own variables: a user who set any of them chose a policy, and ditty leaves it alone.
 _GLIBC_MALLOC_ENV = (
@@ -95,6 +97,14 @@ def returns_freed_memory(
     return choice == RETURNING or (parallel_kind in SHARDED_KINDS and world_size >= 2)
 
 
+def heap_mmap_threshold(device_type: str, parallel_kind: str, world_size: int) -> int:
+    """Below this size a run's CPU process takes tensors from glibc's heap, which keeps them once
+    freed; larger ones are mapped and unmapped. The memory planner counts a step of the former."""
+    if returns_freed_memory(device_type, parallel_kind, world_size):
+        return MMAP_THRESHOLD
+    return GLIBC_MMAP_THRESHOLD_MAX
+
+
 def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
     """Fix glibc's mmap threshold at `mmap_threshold` bytes (and its trim threshold at twice that),
     which also stops glibc from raising it; returns whether it applied (glibc only).
@@ -122,7 +132,7 @@ def return_freed_memory_to_os(mmap_threshold: int = 64 * 1024) -> bool:
 def apply_host_allocator_policy(device_type: str, parallel_kind: str, world_size: int) -> bool:
     """In a process of the run, before its process group starts threads: fix glibc's mmap threshold
     where `returns_freed_memory` says so; returns whether it applied. Warns when torch's huge pages
-    are off, since each step then pays 4 KB page faults (about 1.7x glibc's CPU time)."""
+    are off, since each step then pays 4 KB page faults (1.4-1.7x glibc's CPU time, measured)."""
     if not returns_freed_memory(device_type, parallel_kind, world_size):
         return False
     applied = return_freed_memory_to_os(MMAP_THRESHOLD)
@@ -131,7 +141,7 @@ def apply_host_allocator_policy(device_type: str, parallel_kind: str, world_size
 
         logging.getLogger("ditty.train").warning(
             "freed memory goes back to the OS without torch's huge pages (%s is not 1 where torch loaded): "
-            "each step pays 4 KB page faults, about 1.7x the CPU time; start runs with `ditty run` (its launcher "
+            "each step pays 4 KB page faults, 1.4-1.7x the CPU time; start runs with `ditty run` (its launcher "
             "sets it for the workers), import ditty first, or set %s=1 before starting Python",
             HUGE_PAGES_ENV,
             HUGE_PAGES_ENV,
@@ -148,7 +158,8 @@ def worker_environment(device_type: str, parallel_kind: str, world_size: int) ->
 
 
 def huge_pages_at_import(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """For `import ditty`, before torch loads: whether DITTY_CPU_ALLOCATOR=return asks for huge pages.
-    Quiet about a bad value: the run reports it as a user error once it starts."""
+    """For `import ditty`, before torch loads: whether DITTY_CPU_ALLOCATOR=return will apply, so that
+    torch's huge pages should be on. Quiet about a bad value: the run reports it as a user error."""
     environ = os.environ if environ is None else environ
-    return environ.get(ALLOCATOR_ENV, "").strip().lower() == RETURNING
+    requested = environ.get(ALLOCATOR_ENV, "").strip().lower() == RETURNING
+    return requested and sys.platform.startswith("linux") and not user_chose_malloc_settings(environ)

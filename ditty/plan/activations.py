@@ -55,8 +55,9 @@ class Activations:
         return self.in_tensors_below(None)
 
     def in_tensors_below(self, nbytes: int | None) -> int:
-        """Bytes held in tensors smaller than `nbytes` (None: every tensor); the weight copies count
-        in full. A host allocator serves smaller tensors from its heap and maps larger ones."""
+        """Bytes held in tensors smaller than `nbytes` (None: every tensor). A host allocator serves
+        smaller tensors from its heap and maps larger ones. The weight copies count in full (an
+        upper bound: a copy above `nbytes` is mapped too)."""
 
         def held(sizes: tuple[int, ...]) -> int:
             return sum(x for x in sizes if nbytes is None or self.tokens * x < nbytes)
@@ -107,7 +108,8 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     attention = [a * q, a * kv_saved, a * kv_saved, FP32 * shape.num_heads, a * q] + ([a * s.seq_len] if masked else [])
     if s.packed_attention == "per-sample":
         # samples of several lengths: the output is gathered back into row order (o_proj's input is
-        # its own copy) through an int64 index per token
+        # its own copy) through an int64 index per token. Counted always (rows of one sample length
+        # skip the gather): an upper bound.
         attention += [a * q, 8]
     # bitsandbytes' 4-bit layers return their input's dtype, not autocast's: with an fp32 residual
     # stream (a one-process QLoRA upcasts the norms) the MLP's gate, activation and up stay fp32.
@@ -198,7 +200,7 @@ def _generic_block(shape: ModelShape, a: int) -> list[int]:
 class LossMemory:
     bytes: int
     detail: str
-    tensor_bytes: int = 0
+    tensor_bytes: int
     """The size of its largest tensor (fp32 logits or their gradient, of the whole micro-batch or of
     a chunk): a host allocator maps tensors above its threshold rather than keep them in its heap."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ditty.plan.activations import plan_activations, plan_loss
+from ditty.plan.activations import Activations, LossMemory, plan_activations, plan_loss
 from ditty.plan.architecture import ModelShape
 from ditty.plan.parameters import HeldTensor, StateBytes, held_tensors, local_numel, rank_state
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, GiB, Settings
@@ -35,8 +35,6 @@ CPU_PEFT_IMPORT = 50 * 2**20
 CPU_TORCH_COMPILE = 110 * 2**20
 # DeepSpeed's defaults: reduce and all-gather buckets of 5e8 elements; with overlap_comm (which
 # ditty sets) its documentation puts the buffers at 4.5 times the bucket sizes.
-GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
-"""The highest mmap threshold glibc's dynamic adjustment reaches on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
 DEEPSPEED_BUCKET = 500_000_000
 
 
@@ -140,7 +138,9 @@ def _overhead(s: Settings) -> tuple[int, str]:
     return CUDA_CONTEXT + nccl, "CUDA context and kernels" + (", NCCL buffers" if nccl else "")
 
 
-def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], activations, loss) -> list[Row]:
+def _cpu_rows(
+    shape: ModelShape, s: Settings, held: list[HeldTensor], activations: Activations, loss: LossMemory
+) -> list[Row]:
     """What a CPU process holds beyond its tensors. glibc's heap keeps the memory a step frees: the
     activations of the next step do not fit the holes the last one left, so the heap holds about
     one more step of them. Only the tensors it serves from its heap, though: those below its mmap
@@ -150,10 +150,10 @@ def _cpu_rows(shape: ModelShape, s: Settings, held: list[HeldTensor], activation
     are mapped and unmapped, and leave nothing behind (tools/plan_validate.py: a packed row of
     16,384 tokens, whose 64 MB MLP tensors are mapped, within 5% of the plan).
     And a checkpoint loaded quantized stays memory-mapped: its pages, read to quantize, stay resident."""
-    from ditty.parallel.allocator import MMAP_THRESHOLD, returns_freed_memory
+    from ditty.parallel.allocator import heap_mmap_threshold
 
     rows = []
-    threshold = MMAP_THRESHOLD if returns_freed_memory("cpu", s.parallel, s.world_size) else GLIBC_MMAP_THRESHOLD_MAX
+    threshold = heap_mmap_threshold("cpu", s.parallel, s.world_size)
     kept = activations.in_tensors_below(threshold) + (loss.bytes if loss.tensor_bytes < threshold else 0)
     if kept:
         note = f"glibc keeps freed activations below {threshold // 2**20} MB"

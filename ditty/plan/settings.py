@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.models.packing import MASK_FREE_MODEL_TYPES
+from ditty.models.packing import planned_path
 from ditty.plan.architecture import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
@@ -205,12 +205,7 @@ def _is_local(path: str) -> bool:
 
 
 def _packed_attention(config: Any, shape: ModelShape, target: Target) -> str:
-    """Settings.packed_attention: the path ditty.models.packing.packed_inputs takes."""
+    """Settings.packed_attention: the path ditty.models.packing.packed_inputs will take."""
     if not config.data.packing:
         return ""
-    if shape.model_type not in MASK_FREE_MODEL_TYPES:
-        return "dense"
-    kernel = config.model.attn_implementation
-    if kernel in ("flash_attention_2", "flex_attention") or (kernel == "auto" and target.device == "cuda"):
-        return "kernel"
-    return "per-sample"
+    return planned_path(shape.model_type, config.model.attn_implementation, target.device)

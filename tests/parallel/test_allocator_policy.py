@@ -26,6 +26,8 @@ CLEAN = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
     ],
 )
 def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, env):
+    for name in CLEAN:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DITTY_CPU_ALLOCATOR", "return")  # even then
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -129,8 +131,8 @@ def test_return_gives_freed_memory_back_in_a_single_cpu_process(env, applies):
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["applied"] is applies
-    # the switch torch reads at its first allocation is set whenever "return" was asked for
-    assert out["thp"] == ("1" if env.get("DITTY_CPU_ALLOCATOR") == "return" else None)
+    # the switch torch reads at its first allocation is set wherever "return" applies
+    assert out["thp"] == ("1" if applies else None)
     if applies:
         assert out["returned_mb"] >= 120  # the 8 freed 16 MB tensors, 128 MB
     else:
@@ -172,6 +174,31 @@ def test_an_unknown_choice_stops_the_launcher_before_any_worker(tmp_path, capsys
     assert code == 2
     assert "`DITTY_CPU_ALLOCATOR` 'retrun' is not a host allocator policy" in err
     assert not out.exists()  # no worker started, nothing written
+
+
+def test_check_reports_an_unknown_choice_too(capsys, monkeypatch):
+    from ditty.cli import main
+
+    monkeypatch.setenv("DITTY_CPU_ALLOCATOR", "retrun")
+    assert main(["check", "tiny_sft"]) == 2
+    assert "`DITTY_CPU_ALLOCATOR` 'retrun' is not a host allocator policy" in capsys.readouterr().err
+
+
+def test_run_hands_the_workers_environment_to_the_launcher(tmp_path, monkeypatch):
+    """`ditty run --nproc-per-node 2` of an fsdp CPU recipe: what reaches torchrun's workers (the
+    launch itself is replaced; tests/train/test_distributed.py runs the real one)."""
+    from ditty import cli
+    from ditty.parallel import launch
+
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + list(CLEAN):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+    monkeypatch.setattr(launch, "launch", lambda argv, **options: seen.update(options) or 0)
+    args = ["run", "tiny_sft", "--nproc-per-node", "2", "--run.device", "cpu", "--train.micro_batch_size", "32"]
+    assert cli.main([*args, "--parallel.kind", "fsdp", "--run.output_dir", str(tmp_path / "a")]) == 0
+    assert seen["worker_env"] == {"THP_MEM_ALLOC_ENABLE": "1"}
+    assert cli.main([*args, "--parallel.kind", "ddp", "--run.output_dir", str(tmp_path / "b")]) == 0
+    assert seen["worker_env"] == {}
 
 
 def test_return_without_huge_pages_says_so():

@@ -109,9 +109,10 @@ def test_one_layer_saves_what_the_plan_says(llama_dirs, case, micro):
 
 
 @pytest.mark.parametrize("case", ["full fp32", "LoRA fp32"])
-def test_a_packed_row_keeps_what_an_unmasked_row_keeps(llama_dirs, case):
+def test_a_packed_row_keeps_what_the_plan_says(llama_dirs, case):
     """Packed samples of a mask-free type attend within each sample (ditty.models.packing's
-    per-sample SDPA): no [T, T] mask, k and v at their own width, as the plan counts them."""
+    per-sample SDPA): no [T, T] mask, k and v at their own width, and, for samples of several
+    lengths, the output gathered back into row order with its index, as the plan counts them."""
     from ditty.models.packing import packed_inputs
 
     lengths = [8, 10, 6]  # three samples, three SDPA calls, in one row of SEQ tokens

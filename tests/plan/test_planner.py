@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 
 import pytest
@@ -107,6 +108,9 @@ def test_lora_optimizer_state_is_the_adapters_only():
     assert s.gradients == adapters and s.optimizer == 2 * adapters + 4 * (2 * 7 * 32)  # moments + step per tensor
 
 
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+
+
 def _cpu_plan(monkeypatch, env: dict, kind: str = "none", world: int = 1, micro: int = 64):
     """tiny_sft (4 layers, 128 wide, MLP 256, 4 heads, rows of 32 tokens) planned for the CPU under `env`."""
     for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
@@ -121,6 +125,7 @@ def _cpu_plan(monkeypatch, env: dict, kind: str = "none", world: int = 1, micro:
     return kept, sum(row.bytes for row in rows if row.kind == "activations")
 
 
+@linux_only
 @pytest.mark.parametrize(
     "env, kind, world",
     [
@@ -134,6 +139,7 @@ def test_glibc_keeps_a_step_of_small_activations_in_its_heap(monkeypatch, env, k
     assert kept == activations > 0  # 64 x 32 tokens: every tensor is 2 MB or less
 
 
+@linux_only
 @pytest.mark.parametrize("env, kind, world", [({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1), ({}, "fsdp", 2)])
 def test_where_freed_memory_goes_back_only_tensors_under_2_mb_stay(monkeypatch, env, kind, world):
     # 256 x 32 = 8,192 tokens per rank: the 128-wide tensors are 4 MB and go back when freed. What
@@ -146,6 +152,7 @@ def test_where_freed_memory_goes_back_only_tensors_under_2_mb_stay(monkeypatch, 
     assert kept < 0.05 * activations
 
 
+@linux_only
 def test_on_long_rows_glibc_maps_the_tensors_over_32_mb(monkeypatch):
     # 1,024 x 32 = 32,768 tokens: the MLP's 256-wide tensors are 32 MB and the logits 34 MB, mapped
     # even under glibc's dynamic threshold; the 128-wide ones (16 MB) stay in its heap.

@@ -206,7 +206,8 @@ def write_recipe(path, config: TrainerConfig, pipeline: bool = False) -> str:
 
 
 def ditty(*args: str, env: dict | None = None, timeout: int = 300, wait: bool = True):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DITTY_TEST_")}
+    # THP_MEM_ALLOC_ENABLE is the launcher's to set (tests assert it does)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DITTY_TEST_") and k != "THP_MEM_ALLOC_ENABLE"}
     # Short collective timeout: a lost peer ends the run in seconds, not minutes.
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO, DITTY_DIST_TIMEOUT_S="30", **(env or {}))
     command = [sys.executable, "-m", "ditty", *args]
