@@ -30,6 +30,7 @@ from ditty.config.sections import (
     SchedulerConfig,
     TrainConfig,
 )
+from tests.parallel.workers import LLAMA_105M
 
 MODELS = {
     # 2 layers, 64 wide, the byte tokenizer's vocabulary: the framework's baseline dominates.
@@ -42,14 +43,7 @@ MODELS = {
         num_key_value_heads=2,
     ),
     # ~105M parameters, blocks dominating as in real LLMs (tests/parallel/test_memory.py's model).
-    "100m": dict(
-        vocab_size=8192,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=13,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-    ),
+    "100m": {k: v for k, v in LLAMA_105M.items() if k not in ("max_position_embeddings", "tie_word_embeddings")},
     # The `scale` benchmark's model (tools/bench_scale.py) on one packed row of 16,384 tokens: the
     # activations, not the weights, set the peak, and each of their tensors is 16 MB or more.
     "long": dict(
