@@ -3,7 +3,8 @@
 Per-rank parameter + optimizer bytes (from the local shards) must be <= 0.55 of one process, and
 per-rank peak resident memory above the after-import baseline <= 0.6 (max over ranks). Each run uses
 ditty's default host allocator policy: glibc's defaults on one process, a fixed 2 MB mmap threshold
-on several CPU processes (`workers.memory_run` applies it as the trainer does; see
+on several CPU processes, in torch's huge pages as ditty's launcher starts them
+(`workers.memory_run` applies it as the trainer does; see
 `ditty.parallel.allocator` for why and what it costs). The same
 run with every rank building the whole model first peaks as high once training runs on 2 ranks
 (AdamW state outweighs one full copy of the weights), but its load phase holds the whole model on
@@ -13,6 +14,8 @@ Run it alone to see the figures: `pytest tests/parallel/test_memory.py -s`.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -45,10 +48,15 @@ def _summary(name, results):
     return peak, state
 
 
-def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m):
+def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m, monkeypatch):
     model_dir, parameters = llama_100m
     assert 100e6 < parameters < 110e6
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     one = run_ranks(workers.memory_run, 1, model_dir, "sharded", timeout=600)
+    # what `ditty run --nproc-per-node 2` gives the workers of an fsdp CPU run (torch's huge pages)
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
     two = run_ranks(workers.memory_run, 2, model_dir, "sharded", timeout=600)
     naive = run_ranks(workers.memory_run, 2, model_dir, "naive", timeout=600)
     peak1, state1 = _summary("1 process", one)
