@@ -13,9 +13,9 @@ Each allocation of 2 MB or more then gets fresh pages from the kernel: a page fa
 every reuse. torch's huge pages (THP_MEM_ALLOC_ENABLE=1: 2 MB-aligned tensors, faulted in 2 MB at a
 time) make that cheaper: about 1.2x glibc's CPU time per step on 2 fsdp ranks instead of 1.7x with
 4 KB pages, and 1.05x on one process with long rows (BENCHMARKS.md, "Host memory of FSDP on the
-CPU" and `scale`). torch reads the switch once, at its first
-allocation, so it is set before torch loads: by `import ditty` for DITTY_CPU_ALLOCATOR=return, and by
-ditty's launcher for the workers of a sharded run (`worker_environment`).
+CPU" and `scale`). torch reads the switch once, at its first allocation, so it is set before torch
+loads: by `import ditty` for DITTY_CPU_ALLOCATOR=return, and by ditty's launcher for the workers of
+a sharded run (`worker_environment`).
 
 DITTY_CPU_ALLOCATOR=glibc (or a MALLOC_* variable or glibc.malloc tunable of the user's own) keeps
 glibc's settings. Host memory only: CUDA tensors have their own caching allocator. This module
@@ -29,9 +29,9 @@ import sys
 from typing import Mapping, Optional
 
 ALLOCATOR_ENV = "DITTY_CPU_ALLOCATOR"
-""""glibc" (or "off", "0", "none"): keep glibc's own malloc settings. "return": every CPU run, one process included,
-returns freed memory (the same 2 MB threshold), in huge pages. Unset or "default": sharded runs on
-several CPU processes return it, others keep glibc's settings."""
+""""glibc" (or "off", "0", "none"): keep glibc's own malloc settings. "return": every CPU run, one
+process included, returns freed memory (the same 2 MB threshold), in huge pages. Unset or
+"default": sharded runs on several CPU processes return it, others keep glibc's settings."""
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 RETURNING = "return"
 MMAP_THRESHOLD = 2 * 2**20
