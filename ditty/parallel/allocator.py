@@ -159,7 +159,9 @@ def worker_environment(device_type: str, parallel_kind: str, world_size: int) ->
 
 def huge_pages_at_import(environ: Optional[Mapping[str, str]] = None) -> bool:
     """For `import ditty`, before torch loads: whether DITTY_CPU_ALLOCATOR=return will apply, so that
-    torch's huge pages should be on. Quiet about a bad value: the run reports it as a user error."""
+    torch's huge pages should be on. Reads the variable itself rather than through
+    `cpu_allocator_choice`: quiet about a bad value (the run reports it as a user error) and without
+    importing ditty.config (44 ms) on every `import ditty`."""
     environ = os.environ if environ is None else environ
     requested = environ.get(ALLOCATOR_ENV, "").strip().lower() == RETURNING
     return requested and sys.platform.startswith("linux") and not user_chose_malloc_settings(environ)
