@@ -575,7 +575,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale);"
+        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale),"
+        " streaming, allocator (only when named);"
         " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed,packed-sdpa",
     )
     parser.add_argument(
