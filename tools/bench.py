@@ -40,11 +40,13 @@ Comparisons:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -613,6 +615,7 @@ def main(argv=None) -> int:
     sections = (opts.only or default).split(",")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)  # run directories, checkpoints, inductor caches; also on Ctrl-C
     write_text(tmp / "text.jsonl", 2000)
     write_instructions(tmp / "instructions.jsonl", 3000)
     started = time.time()
@@ -770,9 +773,6 @@ def main(argv=None) -> int:
         from bench_allocator import main as allocator_benchmark
 
         print(allocator_benchmark(rounds=opts.reps or 3, log=log))
-    import shutil
-
-    shutil.rmtree(tmp, ignore_errors=True)  # run directories, checkpoints, inductor caches
     return 0
 
 

@@ -15,6 +15,7 @@ tokens) padded per micro-batch against packed rows; the other variants use rows 
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import random
@@ -156,6 +157,7 @@ def main(run_worker, quick: bool, only: str | None = None) -> int:
     # that end short where /dev/shm exists (it is not part of what is measured).
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-gpu-", dir=shm if shm.is_dir() else None))
+    atexit.register(shutil.rmtree, tmp, True)  # also on Ctrl-C: /dev/shm is memory
     write_data(tmp)
     steps = 12 if quick else STEPS
     chosen = variants(tmp)
@@ -177,7 +179,6 @@ def main(run_worker, quick: bool, only: str | None = None) -> int:
         except RuntimeError as error:  # one variant failing (FP8 on an older GPU, say) keeps the others
             print(error, file=sys.stderr, flush=True)
             rows.append(f"| {name} | failed: {str(error).splitlines()[-1][:120]} | | | |")
-    shutil.rmtree(tmp, ignore_errors=True)
     shape = f"~1B Llama (random init), bf16, micro batch {MICRO} x {SEQ}, {steps} steps"
     print(f"ditty --gpu benchmark on {device}: {shape}")
     print()

@@ -8,8 +8,10 @@ cProfile (top functions by own time). BENCHMARKS.md quotes its runs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import pstats
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +37,7 @@ def main() -> None:
 
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="ditty-probe-", dir=shm if shm.is_dir() else None))
+    atexit.register(shutil.rmtree, tmp, True)  # /dev/shm is memory
     bench_gpu.write_data(tmp)
     bench_gpu.LOG_EVERY = 4
     name, variant = bench_gpu.variants(tmp)[opts.variant]

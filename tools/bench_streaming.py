@@ -22,10 +22,12 @@ Sections:
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,6 +127,7 @@ CONTENDERS = {
 
 def main(reps: int = 2, scales: tuple[int, ...] = (1, 10, 100), log=print) -> str:
     tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-stream-"))
+    atexit.register(shutil.rmtree, tmp, True)  # corpora and datasets caches; also on Ctrl-C
     started = time.time()
     corpora = {}
     for scale in scales:
@@ -166,9 +169,6 @@ def main(reps: int = 2, scales: tuple[int, ...] = (1, 10, 100), log=print) -> st
             f"{cpu / baseline:.3f}x | {median(rs, 'tok_per_s'):,.0f} | {median(rs, 'startup_s'):.1f} | "
             f"{median(rs, 'peak_pss_mb'):.0f} |"
         )
-    import shutil
-
-    shutil.rmtree(tmp, ignore_errors=True)
     return "\n".join(out)
 
 
