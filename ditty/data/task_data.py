@@ -2,7 +2,7 @@
 
 The rows come from where the causal-LM formats' rows come from (ditty.data.sources: local files or
 a hub dataset; ditty.data.builtin: a generated dataset), or from the Python API as a list of dicts
-or a `datasets.Dataset`. They are checked (ditty.data.task_formats.check_rows), the label set is
+or a `datasets.Dataset`. They are checked (ditty.data.task_rows.check_rows), the label set is
 taken from the training rows, the validation rows are checked against it, and both are tokenized.
 Validation is `data.val_path`, else a seeded `data.val_fraction` of the rows (built-in datasets hold
 out whole problems, as for the causal-LM formats).
@@ -19,7 +19,8 @@ import numpy as np
 
 from ditty.config.errors import RecipeError
 from ditty.data.task_collate import TaskCollator
-from ditty.data.task_formats import LabelSpace, RowSource, check_labels_known, check_rows, encode_rows
+from ditty.data.task_formats import encode_rows
+from ditty.data.task_rows import LabelSpace, RowSource, check_labels_known, check_rows
 
 if TYPE_CHECKING:
     from datasets import Dataset

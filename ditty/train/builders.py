@@ -276,7 +276,7 @@ def base_model_for(
 ) -> tuple[torch.nn.Module, Any]:
     """(model before converters, weights still pending after sharding or None): the Python API's
     instance (quantized as `[quant]` asks), a low-memory meta build (`low_memory`, sharded runs), or
-    the ordinary build. `labels`: a LabelSpace (ditty.data.task_formats) for the classifying tasks."""
+    the ordinary build. `labels`: a LabelSpace (ditty.data.task_rows) for the classifying tasks."""
     from ditty.models import build_model
 
     names = list(labels.names) if labels is not None else None

@@ -13,7 +13,7 @@ from ditty.config.errors import RecipeError
 from ditty.config.sections import DataConfig
 from ditty.data.task_collate import TaskCollator, TaskStream, shift_right
 from ditty.data.task_data import build_task_data
-from ditty.data.task_formats import LabelSpace
+from ditty.data.task_rows import LabelSpace
 from ditty.data.tokenizer import byte_tokenizer
 from tests.tasks.models import wordpiece_tokenizer
 
