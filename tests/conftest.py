@@ -52,6 +52,16 @@ def tiny_mistral_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def no_allocator_settings(monkeypatch):
+    """The test, and the processes it starts, run without the caller's host allocator settings:
+    ditty's DITTY_CPU_ALLOCATOR, torch's THP_MEM_ALLOC_ENABLE and glibc's MALLOC_* and GLIBC_TUNABLES
+    (ditty.parallel.allocator reads them all)."""
+    ours = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
+    for name in [n for n in os.environ if n in ours or n.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
 def forbid_unpickling(monkeypatch):
     """A function that, once called, fails the test if anything unpickles: pickle.load(s), or
     torch.load without weights_only=True (call it after writing the checkpoint, before reading it)."""

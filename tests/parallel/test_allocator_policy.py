@@ -12,9 +12,6 @@ import pytest
 
 from ditty.parallel import allocator
 
-CLEAN = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
-"""The allocator settings a test starts without (with glibc's MALLOC_* variables)."""
-
 
 @pytest.mark.parametrize(
     "env",
@@ -25,9 +22,7 @@ CLEAN = ("DITTY_CPU_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
         {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
     ],
 )
-def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, env):
-    for name in CLEAN:
-        monkeypatch.delenv(name, raising=False)
+def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, no_allocator_settings, env):
     monkeypatch.setenv("DITTY_CPU_ALLOCATOR", "return")  # even then
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -46,7 +41,9 @@ def test_the_user_can_opt_out_or_choose_their_own(monkeypatch, env):
         ("fsdp", "cuda", "2", False),  # CUDA tensors have their own caching allocator
     ],
 )
-def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeypatch, kind, device, world, applies):
+def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(
+    monkeypatch, no_allocator_settings, kind, device, world, applies
+):
     import torch
 
     from ditty.config import TrainerConfig
@@ -56,10 +53,6 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
     calls = []
     monkeypatch.setattr(allocator, "return_freed_memory_to_os", lambda threshold: calls.append(threshold) or True)
     monkeypatch.setenv("WORLD_SIZE", world)
-    for name in ("DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"):
-        monkeypatch.delenv(name, raising=False)
-    for name in [n for n in os.environ if n.startswith("MALLOC_")]:
-        monkeypatch.delenv(name)
     config = TrainerConfig(parallel=ParallelConfig(kind=kind))
     assert apply_allocator_policy(config, torch.device(device)) is applies
     assert calls == ([allocator.MMAP_THRESHOLD] if applies else [])
@@ -77,19 +70,16 @@ def test_the_trainer_applies_it_to_sharded_cpu_runs_on_several_processes(monkeyp
         ("fsdp", "cpu", {"THP_MEM_ALLOC_ENABLE": "0"}, {}),  # the user's own switch stays
     ],
 )
-def test_the_launcher_gives_returning_workers_huge_pages(monkeypatch, kind, device, env, wanted):
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + list(CLEAN):
-        monkeypatch.delenv(name, raising=False)
+def test_the_launcher_gives_returning_workers_huge_pages(monkeypatch, no_allocator_settings, kind, device, env, wanted):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert allocator.worker_environment(device, kind, 2) == wanted
 
 
 def run_python(script: str, env: dict) -> subprocess.CompletedProcess:
-    """`script` in a fresh interpreter with `env` and none of the caller's allocator settings."""
-    clean = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("MALLOC_")}
+    """`script` in a fresh interpreter with `env` added (tests calling it ask for `no_allocator_settings`)."""
     return subprocess.run(
-        [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
     )
 
 
@@ -126,7 +116,7 @@ print(json.dumps({"applied": applied, "thp": os.environ.get("THP_MEM_ALLOC_ENABL
         ({"DITTY_CPU_ALLOCATOR": "return", "MALLOC_ARENA_MAX": "2"}, False),  # the user's own glibc policy wins
     ],
 )
-def test_return_gives_freed_memory_back_in_a_single_cpu_process(env, applies):
+def test_return_gives_freed_memory_back_in_a_single_cpu_process(no_allocator_settings, env, applies):
     run = run_python(HOLES_IN_THE_HEAP, env)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
@@ -184,14 +174,12 @@ def test_check_reports_an_unknown_choice_too(capsys, monkeypatch):
     assert "`DITTY_CPU_ALLOCATOR` 'retrun' is not a host allocator policy" in capsys.readouterr().err
 
 
-def test_run_hands_the_workers_environment_to_the_launcher(tmp_path, monkeypatch):
+def test_run_hands_the_workers_environment_to_the_launcher(tmp_path, monkeypatch, no_allocator_settings):
     """`ditty run --nproc-per-node 2` of an fsdp CPU recipe: what reaches torchrun's workers (the
     launch itself is replaced; tests/train/test_distributed.py runs the real one)."""
     from ditty import cli
     from ditty.parallel import launch
 
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + list(CLEAN):
-        monkeypatch.delenv(name, raising=False)
     seen = {}
     monkeypatch.setattr(launch, "launch", lambda argv, **options: seen.update(options) or 0)
     args = ["run", "tiny_sft", "--nproc-per-node", "2", "--run.device", "cpu", "--train.micro_batch_size", "32"]
@@ -201,7 +189,7 @@ def test_run_hands_the_workers_environment_to_the_launcher(tmp_path, monkeypatch
     assert seen["worker_env"] == {}
 
 
-def test_return_without_huge_pages_says_so():
+def test_return_without_huge_pages_says_so(no_allocator_settings):
     """torch imported before ditty: torch never saw THP_MEM_ALLOC_ENABLE, and the run is told the price."""
     script = (
         "import torch, ditty, os\n"

@@ -15,8 +15,6 @@ Run it alone to see the figures: `pytest tests/parallel/test_memory.py -s`.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.parallel import workers
@@ -48,12 +46,9 @@ def _summary(name, results):
     return peak, state
 
 
-def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m, monkeypatch):
+def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m, monkeypatch, no_allocator_settings):
     model_dir, parameters = llama_100m
     assert 100e6 < parameters < 110e6
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     one = run_ranks(workers.memory_run, 1, model_dir, "sharded", timeout=600)
     # what `ditty run --nproc-per-node 2` gives the workers of an fsdp CPU run (torch's huge pages)
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")

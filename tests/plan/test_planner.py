@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import replace
 
@@ -113,8 +112,6 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 def _cpu_plan(monkeypatch, env: dict, kind: str = "none", world: int = 1, micro: int = 64):
     """tiny_sft (4 layers, 128 wide, MLP 256, 4 heads, rows of 32 tokens) planned for the CPU under `env`."""
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["DITTY_CPU_ALLOCATOR", "GLIBC_TUNABLES"]:
-        monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     config = load_any("tiny_sft").config
@@ -134,14 +131,16 @@ def _cpu_plan(monkeypatch, env: dict, kind: str = "none", world: int = 1, micro:
         ({"DITTY_CPU_ALLOCATOR": "glibc"}, "fsdp", 2),
     ],
 )
-def test_glibc_keeps_a_step_of_small_activations_in_its_heap(monkeypatch, env, kind, world):
+def test_glibc_keeps_a_step_of_small_activations_in_its_heap(monkeypatch, no_allocator_settings, env, kind, world):
     kept, activations = _cpu_plan(monkeypatch, env, kind, world)
     assert kept == activations > 0  # 64 x 32 tokens: every tensor is 2 MB or less
 
 
 @linux_only
 @pytest.mark.parametrize("env, kind, world", [({"DITTY_CPU_ALLOCATOR": "return"}, "none", 1), ({}, "fsdp", 2)])
-def test_where_freed_memory_goes_back_only_tensors_under_2_mb_stay(monkeypatch, env, kind, world):
+def test_where_freed_memory_goes_back_only_tensors_under_2_mb_stay(
+    monkeypatch, no_allocator_settings, env, kind, world
+):
     # 256 x 32 = 8,192 tokens per rank: the 128-wide tensors are 4 MB and go back when freed. What
     # stays in the heap, per token: per block two RMSNorms' reciprocal RMS (4 bytes each), the
     # log-sum-exp of 4 heads (16) and the padding mask (32 keys x 4 bytes); outside the blocks the
@@ -153,7 +152,7 @@ def test_where_freed_memory_goes_back_only_tensors_under_2_mb_stay(monkeypatch, 
 
 
 @linux_only
-def test_on_long_rows_glibc_maps_the_tensors_over_32_mb(monkeypatch):
+def test_on_long_rows_glibc_maps_the_tensors_over_32_mb(monkeypatch, no_allocator_settings):
     # 1,024 x 32 = 32,768 tokens: the MLP's 256-wide tensors are 32 MB and the logits 34 MB, mapped
     # even under glibc's dynamic threshold; the 128-wide ones (16 MB) stay in its heap.
     kept, activations = _cpu_plan(monkeypatch, {}, micro=1024)
