@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
+from ditty.data.rows import require_columns
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -46,21 +47,11 @@ def tokenize_dataset(
     `source_key` is the recipe key that named the data ("data.path", "data.val_path", "data.name"),
     used in error messages.
     """
-    if len(dataset) == 0:
-        raise RecipeError.single(
-            "the dataset is empty", key=source_key, fix="point it at data with at least one sample"
-        )
     encode, columns = _encoder_for(tokenizer, data)
-    found = dataset.column_names
-    for key, column in columns.items():
-        if column not in found:
-            raise RecipeError.single(
-                f"column {column!r} is missing from the data (columns found: {', '.join(found) or 'none'})",
-                key=key,
-                fix=f"set {key} to one of the columns found, or pick the data.format that matches the data",
-            )
-
-    tokenized = dataset.map(encode, batched=True, remove_columns=found, desc=f"tokenizing ({data.format})")
+    require_columns(dataset, columns, "the data", source_key)
+    tokenized = dataset.map(
+        encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenizing ({data.format})"
+    )
     dropped = len(dataset) - len(tokenized)
     if len(tokenized) == 0:
         raise RecipeError.single(

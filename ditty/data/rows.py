@@ -51,6 +51,26 @@ class BadRow:
         return f"{self.file} row {self.row}"
 
 
+def require_columns(dataset: Any, columns: Mapping[str, str], description: str, key: str) -> None:
+    """A RecipeError unless `dataset` (a `datasets.Dataset`) has rows and every column of `columns`
+    ({recipe key: column} that the format reads). `description` names the data, `key` the recipe key
+    that pointed at it."""
+    from ditty.config.errors import RecipeError
+
+    if len(dataset) == 0:
+        raise RecipeError.single(
+            f"{description} holds no rows", key=key, fix="point it at data with at least one sample"
+        )
+    found = dataset.column_names
+    for column_key, column in columns.items():
+        if column not in found:
+            raise RecipeError.single(
+                f"column {column!r} is missing from {description} (columns found: {', '.join(found) or 'none'})",
+                key=column_key,
+                fix=f"set {column_key} to one of the columns found, or pick the data.format that matches the data",
+            )
+
+
 def required_fields(data: Any) -> dict[str, str]:
     """{column: kind} that `data.format` reads (a DataConfig or anything with the same fields)."""
     if data.format == "text":

@@ -109,9 +109,9 @@ def _raw_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> tuple[
     from ditty.data.sources import load_file_dataset, load_hub_dataset
 
     if rows is not None:
-        train = RawRows(_as_dataset(rows), RowSource("the training rows", key="dataset"))
+        train = RawRows(_as_dataset(rows), RowSource("the training dataset", key="dataset"))
         if val_rows is not None:
-            return train, RawRows(_as_dataset(val_rows), RowSource("the validation rows", key="val_dataset"))
+            return train, RawRows(_as_dataset(val_rows), RowSource("the validation dataset", key="val_dataset"))
         return _split(train, data.val_fraction, seed)
     if data.source == "builtin":
         return _builtin_rows(data)

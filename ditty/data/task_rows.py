@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ditty.config.errors import RecipeError
+from ditty.data.rows import require_columns
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -140,19 +141,8 @@ def check_rows(dataset: "Dataset", data: "DataConfig", source: RowSource) -> tup
     None) and how many bad rows were left out.
     Bad rows are a RecipeError naming the file and row of each (up to five), or with
     `data.on_bad_rows = "skip"` left out and counted (all of them bad is still an error)."""
-    if len(dataset) == 0:
-        raise RecipeError.single(
-            f"{source.description} holds no rows", key=source.key, fix="point it at data with at least one sample"
-        )
     columns = columns_of(data)
-    found = dataset.column_names
-    for key, column in columns.items():
-        if column not in found:
-            raise RecipeError.single(
-                f"column {column!r} is missing from {source.description} (columns found: {', '.join(found) or 'none'})",
-                key=key,
-                fix=f"set {key} to one of the columns found, or pick the data.format that matches the data",
-            )
+    require_columns(dataset, columns, source.description, source.key)
     check = _ROW_CHECKS[data.format]
     skip = data.on_bad_rows == "skip"
     bad: list[str] = []

@@ -86,6 +86,27 @@ def test_bad_rows_are_named_by_file_and_row(tmp_path, wordpiece):
         assert f"bad.jsonl, row {row}: {what}" in text, text
 
 
+def test_a_column_the_format_reads_is_missing_is_an_error_naming_its_key(tmp_path, wordpiece):
+    path = write(tmp_path / "data.jsonl", [{"sentence": "fine", "label": "a"}])
+    with pytest.raises(RecipeError) as error:
+        build_task_data(file_data(path, "classification"), wordpiece, 0)
+    assert error.value.problems[0].key == "data.text_column"
+    assert "column 'text' is missing from" in str(error.value) and "columns found: sentence, label" in str(error.value)
+    data = file_data(path, "classification", text_column="sentence")  # the fix the message names
+    assert len(build_task_data(data, wordpiece, 0).train) == 1
+
+
+def test_data_without_rows_is_an_error_naming_where_it_came_from():
+    from datasets import Dataset
+
+    from ditty.data.rows import require_columns
+
+    with pytest.raises(RecipeError) as error:
+        require_columns(Dataset.from_list([]), {"data.text_column": "text"}, "the training dataset", "dataset")
+    assert error.value.problems[0].key == "dataset"
+    assert "the training dataset holds no rows" in str(error.value)
+
+
 def test_rows_whose_columns_change_type_are_named_by_file_and_line(tmp_path, wordpiece):
     """A column that changes type is caught while the file is read (ditty.data.rows), before the
     task's own checks: one report names every such line."""
