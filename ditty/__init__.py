@@ -2,11 +2,14 @@
 
 Heavy names (torch, transformers) load on first use, so `ditty check` and `ditty ls` stay fast.
 The names below include the original Ditty library's public API (README "Coming from Ditty").
+The package root holds no other module: see docs/ARCHITECTURE.md for the packages and their layers.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -26,26 +29,26 @@ _LAZY = {
     "TrainerConfig": "ditty.config",
     "RecipeError": "ditty.config",
     "Trainer": "ditty.train",
-    # The Python API (ditty.pipeline) and its building blocks, as the README's examples import them.
-    "Pipeline": "ditty.pipeline",
-    "Data": "ditty.pipeline",
-    "ModelFactory": "ditty.model_factory",
-    "FSDPConfig": "ditty.model_factory",
-    "QuantConfig": "ditty.model_factory",
-    "PeftConfig": "ditty.model_factory",
-    "TokenizerFactory": "ditty.model_factory",
-    "ModelTransform": "ditty.model_factory",
+    # The Python API (ditty.compat.pipeline) and its building blocks, as the README's examples import them.
+    "Pipeline": "ditty.compat.pipeline",
+    "Data": "ditty.compat.pipeline",
+    "ModelFactory": "ditty.compat.model_factory",
+    "FSDPConfig": "ditty.compat.model_factory",
+    "QuantConfig": "ditty.compat.model_factory",
+    "PeftConfig": "ditty.compat.model_factory",
+    "TokenizerFactory": "ditty.compat.model_factory",
+    "ModelTransform": "ditty.compat.model_factory",
     "RuntimeComponents": "ditty.train.components",
-    "PreProcessor": "ditty.processors",
-    "PostProcessor": "ditty.processors",
-    "Context": "ditty.processors",
-    "LossCalculator": "ditty.loss",
-    "LossOutput": "ditty.loss",
-    "MSELoss": "ditty.loss",
-    "L1Loss": "ditty.loss",
-    "CrossEntropyLoss": "ditty.loss",
-    "CompositeLoss": "ditty.loss",
-    "UncertaintyWeightedLoss": "ditty.loss",
+    "PreProcessor": "ditty.stages.processors",
+    "PostProcessor": "ditty.stages.processors",
+    "Context": "ditty.stages.processors",
+    "LossCalculator": "ditty.stages.loss",
+    "LossOutput": "ditty.stages.loss",
+    "MSELoss": "ditty.stages.loss",
+    "L1Loss": "ditty.stages.loss",
+    "CrossEntropyLoss": "ditty.stages.loss",
+    "CompositeLoss": "ditty.stages.loss",
+    "UncertaintyWeightedLoss": "ditty.stages.loss",
     # Contracts (ditty.contracts).
     "Contract": "ditty.contracts",
     "TensorSpec": "ditty.contracts",
@@ -55,15 +58,13 @@ _LAZY = {
     "validate_pipeline_chain": "ditty.contracts",
     "format_pipeline_contracts": "ditty.contracts",
     # The rest of the original Ditty's names.
-    "print_pipeline": "ditty.porting",
-    "TrainerState": "ditty.porting",
-    "CheckpointManager": "ditty.porting",
-    "Checkpoint": "ditty.porting",
-    "MetricsLogger": "ditty.metrics_logger",
-    "FusedLinearCrossEntropyLoss": "ditty.fused_loss",
+    "print_pipeline": "ditty.compat.porting",
+    "TrainerState": "ditty.compat.porting",
+    "CheckpointManager": "ditty.compat.porting",
+    "Checkpoint": "ditty.compat.porting",
+    "MetricsLogger": "ditty.compat.metrics_logger",
+    "FusedLinearCrossEntropyLoss": "ditty.stages.fused_loss",
 }
-_MODULES = {"diffusion": "ditty.diffusion"}
-"""Submodules the original exposed as attributes of the package (`from ditty import diffusion`)."""
 _REFUSED = {
     "DittyBase": "subclass ditty.PreProcessor, ditty.PostProcessor or ditty.LossCalculator (each has name and "
     "contract)",
@@ -71,10 +72,69 @@ _REFUSED = {
 }
 """Names of the original Ditty that ditty does not have, and what to use instead."""
 
+# --------------------------------------------------------------------------------- moved modules
+
+MOVED_MODULES = {
+    "ditty.pipeline": "ditty.compat.pipeline",
+    "ditty.pipeline_options": "ditty.compat.pipeline_options",
+    "ditty.model_factory": "ditty.compat.model_factory",
+    "ditty.model_configs": "ditty.compat.model_configs",
+    "ditty.porting": "ditty.compat.porting",
+    "ditty.metrics_logger": "ditty.compat.metrics_logger",
+    "ditty.loss": "ditty.stages.loss",
+    "ditty.processors": "ditty.stages.processors",
+    "ditty.task_losses": "ditty.stages.task_losses",
+    "ditty.fused_loss": "ditty.stages.fused_loss",
+    "ditty.diffusion": "ditty.stages.diffusion",
+    "ditty.evaluation": "ditty.metrics.harness",
+    "ditty.cli_plan": "ditty.cli.plan",
+}
+"""Module names users import (the original Ditty's, and ditty's own before its root was tidied)
+-> where the module lives now. `import ditty.loss` gives the module `ditty.stages.loss` itself (one
+object, so isinstance checks, monkeypatching and "ditty.loss:MSELoss" references all agree); a
+submodule of a moved package follows it (`ditty.fused_loss.kernels`). Nothing is imported until
+an old name is: `import ditty` stays cheap. New code imports the new names."""
+
+
+def moved_to(name: str) -> str | None:
+    """The module's name now, for an old name in MOVED_MODULES (or a submodule of one); else None."""
+    for old, new in MOVED_MODULES.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A meta-path finder that answers an old module name with the module under its new name."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, Any] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if moved_to(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        module = importlib.import_module(moved_to(spec.name))
+        self._specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        # The import system stamped the alias spec on the module it got from create_module; give
+        # the module its own back (relative imports and importlib.reload read it).
+        module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    # First: a moved package's old name must not reach the path finder, which would load a
+    # second copy of its submodules under the old name.
+    sys.meta_path.insert(0, _MovedModules())
+
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(_MODULES[name])
+    if f"ditty.{name}" in MOVED_MODULES:  # `import ditty; ditty.diffusion.Scheduler`, as the original allowed
+        return importlib.import_module(f"ditty.{name}")
     if name in _REFUSED:
         from ditty.config.errors import RecipeError
 
@@ -85,4 +145,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted([*_LAZY, *_MODULES])
+__all__ = sorted([*_LAZY, "diffusion"])

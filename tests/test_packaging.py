@@ -34,4 +34,11 @@ def test_wheel_contains_every_bundled_recipe(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for recipe in (ROOT / "recipes").glob("*.toml"):
         assert f"ditty/bundled_recipes/{recipe.name}" in names
-    assert "ditty/cli.py" in names
+    for module in (
+        "cli/__init__.py",
+        "cli/commands.py",
+        "compat/pipeline.py",
+        "stages/loss.py",
+        "stages/fused_loss/head.py",
+    ):
+        assert f"ditty/{module}" in names

@@ -95,9 +95,9 @@ def worker_loss(a: dict) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from ditty.fused_loss import FusedLinearCrossEntropyLoss
-    from ditty.loss import CausalLMLoss
-    from ditty.processors import Context
+    from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
+    from ditty.stages.loss import CausalLMLoss
+    from ditty.stages.processors import Context
     from ditty.train.pipeline import Pipeline, run_pipeline
 
     model = build(a["vocab"], a["width"])
@@ -138,9 +138,9 @@ def worker_packed(a: dict) -> dict:
 
     from ditty.config import TrainerConfig
     from ditty.data.collate import pack_rows
-    from ditty.loss import CausalLMLoss
     from ditty.models.packing import dense_block_mask, packed_inputs
     from ditty.parallel.allocator import returning_allocator_requested
+    from ditty.stages.loss import CausalLMLoss
     from ditty.train.runtime import apply_allocator_policy
 
     if returning_allocator_requested():  # what the trainer does first, with the same checks

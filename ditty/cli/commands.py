@@ -239,7 +239,7 @@ def cmd_check(args: list[str]) -> int:
     ref, flags = _recipe_and_flags(args, "check")
     loaded = _load(ref, flags)
     cpu_allocator_choice()  # the environment a run would start with (ditty.parallel.allocator)
-    from ditty import cli_plan
+    from ditty.cli import plan as cli_plan
 
     target = cli_plan.plan_target(plan_options, launch, loaded.config) if plan_options else None
     plan = compile_recipe(loaded, world_size=target.world_size if target else _world_size(launch))
@@ -310,7 +310,7 @@ def cmd_init(args: list[str]) -> int:
         if value is not None:
             intent[flag.lstrip("-")] = value
     if intent:
-        from ditty import cli_plan
+        from ditty.cli import plan as cli_plan
 
         return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
@@ -437,7 +437,7 @@ def cmd_eval(args: list[str]) -> int:
         task_list = [task.strip() for task in tasks.split(",") if task.strip()]
     else:
         task_list = list(saved.harness_tasks) if saved else []
-    from ditty.evaluation import evaluate_path
+    from ditty.metrics.harness import evaluate_path
 
     scores = evaluate_path(
         args[0],

@@ -1,6 +1,6 @@
 """The command line's planning parts: `ditty check RECIPE --plan` and `ditty init --method`.
 
-ditty/cli.py parses the flags; this module turns them into a `ditty.plan.Target`, prints the plan
+ditty/cli/commands.py parses the flags; this module turns them into a `ditty.plan.Target`, prints the plan
 (after an optional probe of real steps), and writes recipes chosen from intent, compiling each
 first so that a recipe `ditty check` would refuse is never written.
 """

@@ -1,7 +1,7 @@
 """The original Ditty's model-side config objects, each mapped onto a recipe section.
 
 `FSDPConfig` -> [parallel], `QuantConfig` -> [quant], `PeftConfig` -> [peft] (see
-`ditty.model_factory`, which takes them, also as dicts); `TokenizerFactory` builds a Hugging Face
+`ditty.compat.model_factory`, which takes them, also as dicts); `TokenizerFactory` builds a Hugging Face
 tokenizer for the run; `ModelTransform` is the original's name for a model converter
 (ditty.models.converters). Defaults are ditty's (README, "Coming from Ditty").
 """

@@ -14,7 +14,7 @@ compile, and a `ModelTransform` is a model converter (ditty.models.converters) t
 before the adapter, as the original applied it. Each config also accepts a dict; an unknown key
 or a value ditty cannot honour is a RecipeError that names it and says what to use instead.
 Defaults are ditty's (README, "Coming from Ditty"), not the original's. The config objects live
-in ditty.model_configs and are re-exported here, where the original kept them.
+in ditty.compat.model_configs and are re-exported here, where the original kept them.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ditty.config.errors import RecipeError
-from ditty.model_configs import (
+from ditty.compat.model_configs import (
     FSDPConfig,
     ModelTransform,
     PeftConfig,
@@ -34,6 +33,7 @@ from ditty.model_configs import (
     dtype_name,
     from_dict,
 )
+from ditty.config.errors import RecipeError
 
 __all__ = ["FSDPConfig", "ModelFactory", "ModelTransform", "PeftConfig", "QuantConfig", "TokenizerFactory"]
 

@@ -11,7 +11,7 @@
     pipeline.run()
 
 There is no second training loop: the keyword arguments become recipe sections
-(ditty.pipeline_options; `config()` shows the Trainer.Config), the Python objects travel beside it
+(ditty.compat.pipeline_options; `config()` shows the Trainer.Config), the Python objects travel beside it
 as `RuntimeComponents`, and the run directory is the one a recipe run writes; its recipe.toml lists
 the objects and says the file alone cannot re-run it. Everything the recipe compiler checks is
 checked when `Pipeline(...)` is constructed (all problems at once, as a RecipeError), including
@@ -44,10 +44,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ditty.compat.data import Data
+from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
+from ditty.compat.pipeline_options import build_config, keyword_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
-from ditty.data.hf import Data
-from ditty.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
-from ditty.pipeline_options import build_config, keyword_problems, unknown_keyword_problems
 from ditty.train import Trainer
 from ditty.train.components import RuntimeComponents
 
@@ -314,8 +314,8 @@ class Pipeline:
         return tuple(replaced)
 
     def _slot_problems(self) -> list[Problem]:
-        from ditty.loss import LossCalculator
-        from ditty.processors import PostProcessor, PreProcessor
+        from ditty.stages.loss import LossCalculator
+        from ditty.stages.processors import PostProcessor, PreProcessor
 
         problems = []
         for slot, items, base in (
@@ -358,7 +358,7 @@ class Pipeline:
     # ---------------------------------------------------------------- running
 
     def components(self, data: Any) -> RuntimeComponents:
-        from ditty.loss import CausalLMLoss
+        from ditty.stages.loss import CausalLMLoss
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
         extra = self.settings["extra_config"]

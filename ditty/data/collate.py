@@ -9,7 +9,7 @@ tensor is ever built for a model that does not need one. A row's padding tail is
 (positions 0, 1, ...): it attends only to itself, and nothing attends to it.
 
 Labels are NOT shifted (Hugging Face convention: the loss shifts them) and padded batches copy them
-as given, like every collator of ditty's (ditty.data.hf's too): the formats already give the first
+as given, like every collator of ditty's (ditty.compat.data's too): the formats already give the first
 token of every language-model sample label -100, since nothing predicts it. A packed row also blanks
 each sample's first label, so the previous sample's last position is never asked to predict it. So
 `labels != -100` counts exactly the tokens that take loss.

@@ -76,8 +76,8 @@ def chunked_loss_fits(ctx: Context) -> Iterator[Problem]:
             f"use fewer chunks, e.g. {max(1, tokens // 1024)} (about 1,024 tokens each)",
         )
     try:
-        from ditty.fused_loss import VERIFIED_MODEL_TYPES
         from ditty.models import read_model_type
+        from ditty.stages.fused_loss import VERIFIED_MODEL_TYPES
     except ImportError:
         return
     model_type = read_model_type(cfg.model)

@@ -30,10 +30,11 @@ from ditty.contracts import Stage, check_chain
 from ditty.recipe.rules import Context, error, rule, warning
 
 SLOTS = {
-    "preprocessors": ("ditty.processors", "PreProcessor"),
-    "postprocessors": ("ditty.processors", "PostProcessor"),
-    "loss": ("ditty.loss", "LossCalculator"),
+    "preprocessors": ("ditty.stages.processors", "PreProcessor"),
+    "postprocessors": ("ditty.stages.processors", "PostProcessor"),
+    "loss": ("ditty.stages.loss", "LossCalculator"),
 }
+"""Each slot's base class; messages name it as users import it (`from ditty import PreProcessor`)."""
 IMAGE_BUILTINS = ("digits",)
 """Built-in non-text datasets (ditty.data.build.IMAGE_BUILTINS): they need a [[pipeline.loss]]."""
 BATCH_SPECS = {"digits": "images:4:f32"}
@@ -54,7 +55,7 @@ def check_component(obj: Any, slot: str, key: str, kwargs: dict, reference: str)
         return [
             error(
                 key,
-                f"{reference} is {what}, not a subclass of {base.__module__}.{base.__name__}; refused, never called",
+                f"{reference} is {what}, not a subclass of ditty.{base.__name__}; refused, never called",
                 f"name a class that extends {base.__name__}",
             )
         ]
@@ -254,7 +255,7 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
     if len(instances["loss"]) == 1:
         loss_name, loss, _ = instances["loss"][0]
     elif instances["loss"]:
-        from ditty.loss import CompositeLoss
+        from ditty.stages.loss import CompositeLoss
 
         loss = CompositeLoss([(inst, weight) for _, inst, weight in instances["loss"]])
         loss_name = "pipeline.loss (composite)"
@@ -262,7 +263,7 @@ def pipeline_contracts(ctx: Context) -> Iterator[Problem]:
         loss = resolved["factory"].make_loss()  # a model spec's own loss, used when the recipe names none
         loss_name = f"pipeline.loss (the spec's {type(loss).__name__})"
     else:
-        from ditty.loss import CausalLMLoss
+        from ditty.stages.loss import CausalLMLoss
 
         loss, loss_name = CausalLMLoss(), "pipeline.loss (default CausalLMLoss)"
     model_contract = contract_of(resolved["factory"]) if resolved["factory"] is not None else None

@@ -7,8 +7,8 @@ the noise (MSE). `NoisePreProcessor` is that first half as a pipeline stage; `di
 
 Sampling: start from pure noise and apply `Scheduler.step` from t = T-1 down to 0.
 
-`NoisePreProcessor` subclasses `ditty.processors.PreProcessor` (a same-layer import the layer
-test allows by name), so the recipe compiler's slot check accepts it like any user processor.
+`NoisePreProcessor` subclasses `ditty.stages.processors.PreProcessor`, so the recipe compiler's
+slot check accepts it like any user processor.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from ditty.processors import PreProcessor
+from ditty.stages.processors import PreProcessor
 
 SCHEDULE_TYPES = ("cosine", "linear")
 COSINE_OFFSET = 0.008

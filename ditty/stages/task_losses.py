@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.loss import CrossEntropyLoss, LossOutput, token_cross_entropy
+from ditty.stages.loss import CrossEntropyLoss, LossOutput, token_cross_entropy
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -219,7 +219,7 @@ class Builders:
         cfg = self.config
         logger = build_logger(cfg.logging, cfg.run.output_dir, run_name=cfg.run.name, append=resuming)
         if self.components.metrics_logger is not None:  # the Python API's metrics_logger=
-            from ditty.metrics_logger import attach_user_logger
+            from ditty.metrics.user_logger import attach_user_logger
 
             attach_user_logger(logger, self.components.metrics_logger, self)
         return logger

@@ -47,7 +47,7 @@ class RuntimeComponents:
     ditty.optim.given (it cannot hold LoRA adapters or FSDP shards made after it)."""
     metrics_logger: Any = None
     """An object with `log_scalar(tag, value, step)` (ditty.MetricsLogger) that gets every logged
-    record too, on rank 0 (ditty.metrics_logger.attach_user_logger)."""
+    record too, on rank 0 (ditty.metrics.user_logger.attach_user_logger)."""
     converters: Optional[list] = None
     """Model converters (e.g. a ModelTransform) applied before the configured ones ([peft], [fp8])."""
     hub_token: Optional[str] = field(default=None, repr=False)

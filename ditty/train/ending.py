@@ -12,8 +12,8 @@ import os
 from typing import Optional
 
 from ditty._utils.dist import is_main_process
-from ditty.evaluation import score_final_model
 from ditty.metrics import plot_run
+from ditty.metrics.harness import score_final_model
 from ditty.train import checkpointing
 from ditty.train.final import write_final
 from ditty.train.push import push_checkpoint_snapshot, push_to_hub

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditty.loss import loss_sharding_refused
+from ditty.stages.loss import loss_sharding_refused
 
 LOSS_MODULE = "ditty_loss"
 """Name under which a loss's parameters join the model (`attach_loss_parameters`)."""

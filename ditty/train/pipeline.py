@@ -17,8 +17,8 @@ import torch
 from ditty.config.references import import_reference
 from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
 from ditty.data.generic import batch_samples
-from ditty.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
 from ditty.metrics.mfu import measure_forward_flops
+from ditty.stages.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
 
 # Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
 # passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
@@ -56,7 +56,7 @@ def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> 
     elif len(cfg.loss) == 1:
         loss = import_component(cfg.loss[0], "pipeline.loss[0]")
     else:
-        from ditty.loss import CompositeLoss  # weighted sum of several losses
+        from ditty.stages.loss import CompositeLoss  # weighted sum of several losses
 
         loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
     return Pipeline(pre, post, loss)
@@ -65,10 +65,10 @@ def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> 
 def causal_lm_loss(train: Optional[TrainConfig] = None) -> Any:
     """CausalLMLoss, or FusedLinearCrossEntropyLoss when `train.loss_chunks` > 0."""
     if train is not None and train.loss_chunks > 0:
-        from ditty.fused_loss import FusedLinearCrossEntropyLoss
+        from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
 
         return FusedLinearCrossEntropyLoss(chunks=train.loss_chunks, backend=train.loss_backend)
-    from ditty.loss import CausalLMLoss
+    from ditty.stages.loss import CausalLMLoss
 
     return CausalLMLoss()
 

@@ -30,7 +30,7 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
     for record in records:
         if any(k.startswith("val_") for k in record):
             out = {k: v for k, v in record.items() if k.startswith("val_") and isinstance(v, (int, float))}
-        # lm-eval scores (ditty.evaluation) arrive in records of their own; the latest of each counts.
+        # lm-eval scores (ditty.metrics.harness) arrive in records of their own; the latest of each counts.
         harness.update({k: v for k, v in record.items() if k.startswith("harness/") and isinstance(v, (int, float))})
     out.update(harness)
     losses = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]

@@ -102,7 +102,7 @@ class TaskDataMode(DataMode):
         """The pipeline on one batch, in evaluation mode: (the loss calculator's output, the model's
         output after the postprocessors; its logits give the predictions)."""
         from ditty.data.generic import to_device
-        from ditty.processors import Context
+        from ditty.stages.processors import Context
         from ditty.train.pipeline import call_model
 
         ctx = Context(

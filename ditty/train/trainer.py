@@ -26,8 +26,8 @@ from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
 from ditty.data.mixture import source_token_record
-from ditty.evaluation import harness_due, harness_on_model
 from ditty.metrics import Progress
+from ditty.metrics.harness import harness_due, harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.train import checkpointing
@@ -277,7 +277,7 @@ class Trainer(Builders, RunEnding):
             self.progress.write(f"step {record['step']}: {shown}")
 
     def make_context(self, *, index: int, count: int, training: bool) -> dict:
-        from ditty.processors import Context
+        from ditty.stages.processors import Context
 
         return Context(
             step=self.state.step,

@@ -81,7 +81,7 @@ def test_os_system_is_refused_never_run(tmp_path, monkeypatch):
     monkeypatch.setattr("os.system", lambda *a, **k: calls.append(a))
     body = '[[pipeline.preprocessors]]\nuse = "os:system"\nkwargs = { command = "touch pwned" }\n' + LOSS
     found = one(problems(tmp_path, body), "pipeline.components")
-    assert "not a subclass of ditty.processors.PreProcessor" in found.message and "never called" in found.message
+    assert "not a subclass of ditty.PreProcessor" in found.message and "never called" in found.message
     found = one(problems(tmp_path, NOISE + LOSS, factory="os:system"), "pipeline.components")
     assert found.key == "model.factory"
     assert calls == []

@@ -38,7 +38,7 @@ def config(tmp_path, tiny_llama_dir):
 
 
 def test_cli_run_refuses_it(config, tmp_path, capsys):
-    from ditty import cli
+    from ditty.cli import commands as cli
 
     path = tmp_path / "recipe.toml"
     path.write_text(recipe_to_toml(refused(config)), encoding="utf-8")

@@ -12,7 +12,7 @@ three a full-logits step runs (no recompute), so throughput does not drop.
 Backends (kernels.py): "chunked" (pure PyTorch, any device), "liger" (liger-kernel's Triton
 kernel) and "cce" (Apple's cut-cross-entropy), the last two on CUDA only. Every backend returns the SUM of
 the per-token losses and the token count, so the trainer's per-token normalisation over the global
-batch is unchanged (ditty/loss.py).
+batch is unchanged (ditty/stages/loss.py).
 
 How the hidden states get here (head.py): `emit_head_input(model)` switches the model's output projection
 (`get_output_embeddings()`) to hand its input through instead of projecting it, for one forward;
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from ditty.fused_loss.head import (
+from ditty.stages.fused_loss.head import (
     Projection,
     emit_head_input,
     head_projection,
@@ -38,14 +38,14 @@ from ditty.fused_loss.head import (
     replicated,
     unwrap,
 )
-from ditty.fused_loss.kernels import (
+from ditty.stages.fused_loss.kernels import (
     BACKENDS,
     GPU_BACKENDS,
     backend_installed,
     fused_linear_cross_entropy,
     resolve_backend,
 )
-from ditty.loss import IGNORE_INDEX, LossCalculator, LossOutput
+from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -1,6 +1,6 @@
 """The fused linear cross-entropy kernels: "chunked" (pure PyTorch, here), "liger" and "cce".
 
-Every backend returns the SUM of the per-token losses and the token count (ditty/loss.py's token
+Every backend returns the SUM of the per-token losses and the token count (ditty/stages/loss.py's token
 losses), so the trainer's normalisation over the global batch is unchanged.
 """
 
@@ -11,8 +11,8 @@ import importlib.util
 import math
 from typing import TYPE_CHECKING, Any
 
-from ditty.fused_loss.head import Projection
-from ditty.loss import IGNORE_INDEX
+from ditty.stages.fused_loss.head import Projection
+from ditty.stages.loss import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from torch import Tensor
