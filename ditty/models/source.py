@@ -3,7 +3,7 @@
 `ditty check` calls `check_model_source` for every recipe, so everything here must stay cheap:
 no torch, no transformers package import (about a second), no HTTP. A hub id that is
 not in the local Hugging Face cache cannot be verified offline; that is a warning, never an error
-(DESIGN.md, `ditty check`). The build step (`build_model`) turns a real failure into a RecipeError.
+(`ditty check` never touches the network). The build step (`build_model`) turns a real failure into a RecipeError.
 """
 
 from __future__ import annotations

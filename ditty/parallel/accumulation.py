@@ -1,8 +1,8 @@
 """Gradient accumulation across micro-batches and ranks: when to reduce, and how to scale the loss.
 
 DDP and FSDP reduce gradients with a MEAN over the data-parallel ranks. ditty's loss is a SUM over
-the tokens of the whole global batch divided by the global token count (DESIGN.md, shared
-semantics), so each rank backwards `local_token_loss_sum / global_tokens` and the gradient it needs
+the tokens of the whole global batch divided by the global token count (docs/ARCHITECTURE.md,
+the flow), so each rank backwards `local_token_loss_sum / global_tokens` and the gradient it needs
 is the SUM of those over ranks; the mean divides it by the world size once too often.
 `grad_average_correction` is the factor that undoes it.
 """

@@ -1,6 +1,6 @@
 """Loss calculators: the last stage of the pipeline, from the model's output (and the context) to a loss.
 
-Two kinds of result, told apart by `LossOutput.num_tokens` (DESIGN.md, shared semantics):
+Two kinds of result, told apart by `LossOutput.num_tokens` (docs/ARCHITECTURE.md, the flow):
 - a token loss returns the SUM over its supervised tokens and their count; the trainer divides by
   the count of the whole global batch (all micro-batches, all ranks), so any split of a global
   batch gives the same loss and gradients (CausalLMLoss);

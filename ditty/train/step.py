@@ -1,6 +1,6 @@
 """The arithmetic of one optimizer step: token counts, loss normalisation, gradient norm, finiteness.
 
-DESIGN.md fixes the loss as the mean over supervised tokens of the whole global batch. Because
+docs/ARCHITECTURE.md fixes the loss as the mean over supervised tokens of the whole global batch. Because
 `BatchStream.next_step()` hands over every micro-batch of a step at once, the supervised tokens of
 all of them are counted *before* the first forward, all-reduced across ranks, and each micro-batch
 backwards `its token sum / global count`. Any cut of the same global batch (1x8, 2x4, 8x1) then
@@ -31,7 +31,7 @@ def supervised_tokens(batch: dict) -> torch.Tensor:
 
 
 def input_tokens(batch: dict, pad_token_id: Optional[int]) -> torch.Tensor:
-    """Non-padding tokens that entered the model (the `tokens` metric of DESIGN.md)."""
+    """Non-padding tokens that entered the model (the `tokens` metric of metrics.jsonl)."""
     mask = batch.get("attention_mask")
     if mask is not None and mask.dim() == 2:
         return mask.sum()

@@ -1,7 +1,7 @@
 """The bundled finetuning recipes (mistral_lora, llama3_qlora, qwen_lora) run end to end through the
 command line, each on a tiny local model of its recipe's architecture instead of the 0.5-8B hub
-model, on the built-in data, for two steps; then their outputs load as DESIGN.md's run directory
-promises (the adapter with peft, final/merged/ with from_pretrained)."""
+model, on the built-in data, for two steps; then their outputs load as the README's run directory
+section promises (the adapter with peft, final/merged/ with from_pretrained)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The loss is the mean over supervised tokens of the whole global batch (DESIGN.md, shared semantics):
+"""The loss is the mean over supervised tokens of the whole global batch (docs/ARCHITECTURE.md, the flow):
 any micro x accumulation cut of the same 8 samples gives the same loss and gradient norm."""
 
 from __future__ import annotations
