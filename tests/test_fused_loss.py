@@ -22,7 +22,7 @@ from ditty.fused_loss import (
 )
 from ditty.loss import CausalLMLoss
 from ditty.processors import Context
-from ditty.train.pipeline import Pipeline, run_pipeline
+from ditty.train.pipeline import StageChain, run_pipeline
 
 TINY = dict(
     vocab_size=300,
@@ -57,7 +57,7 @@ def loss_and_grads(model, loss, data) -> tuple[float, int, dict]:
     """One micro-batch through ditty's pipeline, then backward of the per-token sum."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(2)  # the same dropout masks for both losses
-    out = run_pipeline(Pipeline([], [], loss), model, data, Context(model=model), contextlib.nullcontext)
+    out = run_pipeline(StageChain([], [], loss), model, data, Context(model=model), contextlib.nullcontext)
     out.loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return out.loss.item(), int(out.num_tokens), grads

@@ -98,7 +98,7 @@ def worker_loss(a: dict) -> dict:
     from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
     from ditty.stages.loss import CausalLMLoss
     from ditty.stages.processors import Context
-    from ditty.train.pipeline import Pipeline, run_pipeline
+    from ditty.train.pipeline import StageChain, run_pipeline
 
     model = build(a["vocab"], a["width"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -106,7 +106,7 @@ def worker_loss(a: dict) -> dict:
     ids = torch.randint(3, a["vocab"], (a["rows"], a["width"]), generator=generator)
     batch = {"input_ids": ids, "labels": ids.clone()}
     loss = FusedLinearCrossEntropyLoss(chunks=a["chunks"]) if a["chunked"] else CausalLMLoss()
-    pipeline = Pipeline([], [], loss)
+    pipeline = StageChain([], [], loss)
     before = rss_mb()
     first = {}
 

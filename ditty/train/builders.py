@@ -154,11 +154,11 @@ class Builders:
         from ditty.config.errors import RecipeError
         from ditty.config.references import import_reference
         from ditty.models.tasks import DEFAULT_TASK, TASKS, model_task
-        from ditty.train.pipeline import Pipeline, build_pipeline
+        from ditty.train.pipeline import StageChain, build_pipeline
 
         cfg, components = self.config.pipeline, self.components
         pipeline = build_pipeline(cfg, self.config.train)  # train.loss_chunks picks the chunked loss
-        pipeline = Pipeline(
+        pipeline = StageChain(
             components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
             components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,
             components.loss if components.loss is not None else pipeline.loss,
@@ -168,10 +168,10 @@ class Builders:
         if no_loss and task.loss != TASKS[DEFAULT_TASK].loss and data.token_batches:
             # [pipeline]'s default is the causal-LM loss; another model task brings its own (ditty.models.tasks).
             task_loss = import_reference(task.loss, key="model.task")()
-            pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, task_loss), False
+            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, task_loss), False
         spec = getattr(self.engine.unwrap(model), "ditty_spec", None)  # a registered ModelSpec brings its loss
         if no_loss and spec is not None and spec.make_loss() is not None:
-            pipeline, no_loss = Pipeline(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
+            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
         if not data.token_batches and no_loss:
             raise RecipeError.single(
                 "non-text data needs a loss: the default causal-LM loss needs token labels",

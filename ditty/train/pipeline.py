@@ -35,7 +35,10 @@ MODEL_INPUTS = (
 
 
 @dataclass
-class Pipeline:
+class StageChain:
+    """The stages one micro-batch passes through around the model (not the Python API's
+    `ditty.Pipeline`, which builds a whole run)."""
+
     preprocessors: list = field(default_factory=list)
     postprocessors: list = field(default_factory=list)
     loss: Any = None
@@ -46,7 +49,7 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
-def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> Pipeline:
+def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> StageChain:
     """The `[pipeline]` components; without a `[[pipeline.loss]]`, the causal-LM loss, computed from
     the hidden states in chunks when `train.loss_chunks` > 0 (ditty.fused_loss)."""
     pre = [import_component(s, f"pipeline.preprocessors[{i}]") for i, s in enumerate(cfg.preprocessors)]
@@ -59,7 +62,7 @@ def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> 
         from ditty.stages.loss import CompositeLoss  # weighted sum of several losses
 
         loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
-    return Pipeline(pre, post, loss)
+    return StageChain(pre, post, loss)
 
 
 def causal_lm_loss(train: Optional[TrainConfig] = None) -> Any:
@@ -120,7 +123,7 @@ def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: 
 
 
 def run_pipeline(
-    pipeline: Pipeline,
+    pipeline: StageChain,
     model: torch.nn.Module,
     batch: Any,
     ctx: dict,
