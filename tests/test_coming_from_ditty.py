@@ -164,6 +164,37 @@ def test_hf_hub_token_reaches_the_hub_and_is_written_nowhere(tmp_path):
     assert not any("token" in line for line in listed)  # the objects listed in recipe.toml: not the token
 
 
+def assert_adapter_only_trains(model, adapted: list[str], layers: int) -> None:
+    """A peft model whose trainable tensors are exactly LoRA's A and B on the `adapted` modules."""
+    from peft import PeftModel
+
+    assert isinstance(model, PeftModel)
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * len(adapted) * layers
+    assert all("lora_A" in n or "lora_B" in n for n in trainable)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == set(adapted)
+
+
+def test_model_factory_build_puts_the_adapter_on_a_given_model(tiny_llama_dir):
+    """ModelFactory(model=m, peft_config=...).build(): LoRA layers trainable, the base frozen; `m`
+    itself untouched (the factory still hands it to a Pipeline, whose Trainer adds the adapter)."""
+    from transformers import AutoModelForCausalLM
+
+    from ditty import ModelFactory, PeftConfig
+
+    given = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    factory = ModelFactory(model=given, peft_config=PeftConfig(enabled=True, r=4, target_modules=["q_proj", "o_proj"]))
+    built = factory.build()
+    assert_adapter_only_trains(built, adapted=["q_proj", "o_proj"], layers=2)
+    assert built.peft_config["default"].r == 4
+    assert all(p.requires_grad for p in given.parameters())
+    assert not any("lora" in name for name, _ in given.named_modules())
+    assert factory.base_model() is given
+    ids = torch.arange(3, 19)[None]
+    built(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is None for p in given.parameters())  # the copy trained, not `given`
+
+
 def test_from_huggingface_with_4bit_quantization_lora_and_a_tokenizer_factory(tmp_path, tiny_llama_dir):
     from ditty import ModelFactory, PeftConfig, Pipeline, QuantConfig, TokenizerFactory
     from ditty.models.quant import quantized_linear_count
@@ -175,6 +206,15 @@ def test_from_huggingface_with_4bit_quantization_lora_and_a_tokenizer_factory(tm
         quant_config=QuantConfig(enabled=True, bits=4),
         peft_config=PeftConfig(enabled=True, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
+    # build() gives the model as the original's did: loaded in 4 bits, the adapter on, the base frozen.
+    built = model_factory.build(device="cpu")
+    assert quantized_linear_count(built)["Linear4bit"] == 14
+    assert_adapter_only_trains(built, adapted=["q_proj", "v_proj"], layers=2)
+    out = built(input_ids=ids[None], labels=ids[None])
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(p.grad is not None for p in built.parameters() if p.requires_grad)
+    del built
+    # The same factory then trains through a Pipeline (its Trainer loads the model again).
     pipeline = Pipeline(
         model_factory=model_factory,
         dataset=samples,

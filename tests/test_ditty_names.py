@@ -221,8 +221,8 @@ def test_from_huggingface_loads_through_the_recipe(tmp_path, tiny_llama_dir):
         ModelFactory.from_huggingface(tiny_llama_dir, device_map="auto").recipe_overrides()
     with pytest.raises(RecipeError, match="Hugging Face models loaded by path"):
         ModelFactory(model=Regressor(), quant_config={"enabled": True}).recipe_overrides()
-    with pytest.raises(RecipeError, match="loaded by the Trainer"):
-        factory.build()
+    with pytest.raises(RecipeError, match="loaded when it is built or run"):
+        factory.base_model()  # build() loads it (tests/test_coming_from_ditty.py)
 
 
 def test_from_checkpoint_and_the_constructor(tmp_path):
@@ -261,6 +261,8 @@ def test_a_model_transform_runs_as_a_converter_before_the_adapter(tmp_path):
     loaded = ModelFactory.from_checkpoint(str(checkpoint), Regressor, model_transform=FreezeFirst(), use_compile=False)
     assert isinstance(loaded.converters()[0], FreezeFirst) and "train" not in loaded.recipe_overrides()
     factory = ModelFactory(model=Regressor(), model_transform=FreezeFirst())
+    built = factory.build()  # the transform on a copy: the given model stays as it was, for the Pipeline
+    assert not built.fc1.weight.requires_grad and factory.base_model().fc1.weight.requires_grad
     p = pipeline(tmp_path, model_factory=factory, steps=1, device="cpu", progress=False)
     trainer = p.build_trainer()
     assert trainer.converters[0] is factory.model_transform

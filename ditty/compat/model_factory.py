@@ -11,7 +11,9 @@ compiler checks and the Trainer builds (`recipe_overrides`): FSDPConfig -> [para
 QuantConfig -> [quant], PeftConfig -> [peft], a Hugging Face model -> [model] path (the Trainer
 loads it, quantized and on the meta device where the recipe says so), `use_compile` -> [train]
 compile, and a `ModelTransform` is a model converter (ditty.models.converters) that runs first,
-before the adapter, as the original applied it. Each config also accepts a dict; an unknown key
+before the adapter, as the original applied it. `build()` gives the model without a run, as the
+original's did: loaded, quantized, transformed and with its adapter, through the same builders
+(ditty.models.build_model, ditty.models.adapters.LoraConverter). Each config also accepts a dict; an unknown key
 or a value ditty cannot honour is a RecipeError that names it and says what to use instead.
 Defaults are ditty's (README, "Coming from Ditty"), not the original's. The config objects live
 in ditty.compat.model_configs and are re-exported here, where the original kept them.
@@ -19,6 +21,8 @@ in ditty.compat.model_configs and are re-exported here, where the original kept 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from typing import Any, Callable, Optional, Union
 
@@ -77,6 +81,7 @@ class ModelFactory:
         self.hub_path: Optional[str] = None
         """Set when the Trainer loads a Hugging Face model from this path ([model] path)."""
         self._build: Optional[Callable[[], torch.nn.Module]] = None
+        self._given = model
         if model is not None:
             if not isinstance(model, torch.nn.Module):
                 raise RecipeError.single(f"model is a {type(model).__name__}, not an nn.Module", key="model_factory")
@@ -189,15 +194,39 @@ class ModelFactory:
             compile_mode=compile_mode,
         )
 
-    # -- what the Pipeline uses
+    # -- the model
 
-    def build(self) -> torch.nn.Module:
-        """The model instance (an instance, or a class with its weights loaded)."""
+    def build(self, device: Any = None) -> torch.nn.Module:
+        """The model ready to train, as the original's `build()` returned it: loaded (a Hugging Face
+        model quantized as `quant_config` asks, on `device`: default CUDA when there is one, else
+        CPU), then its `model_transform`, then its adapter (`peft_config`: LoRA/DoRA layers
+        trainable, the base frozen). Sharding (`fsdp_config`) and `use_compile` belong to a run and
+        are applied by `Pipeline(...).run()`.
+
+        A given instance that a transform or an adapter would change is copied first: `model`
+        itself stays as it was, so the factory can still hand it to a Pipeline, whose Trainer
+        applies the same transform and adapter. Each call builds a new model."""
+        overrides = self.recipe_overrides()  # every setting checked as for a Pipeline, before loading
+        changes = self.converters() + self._adapter(overrides)
+        if self.hub_path is not None:
+            model = self._load_hugging_face(overrides, device)
+        else:
+            model = self.base_model()
+            if changes and self._given is not None:
+                model = copy.deepcopy(model)
+        for change in changes:
+            model = change.convert(model)
+        return model
+
+    def base_model(self) -> torch.nn.Module:
+        """The model before its transform and adapter, which a Pipeline's Trainer applies: the
+        instance given, or the class with its weights loaded. A Hugging Face model given by path
+        has none here (the Trainer loads it); `build()` loads one."""
         if self._build is None:
             raise RecipeError.single(
-                f"the Hugging Face model {self.hub_path!r} is loaded by the Trainer, not by the factory",
+                f"the Hugging Face model {self.hub_path!r} is loaded when it is built or run",
                 key="model_factory",
-                fix="run it through Pipeline(...).run(); or AutoModelForCausalLM.from_pretrained(path) yourself",
+                fix="call build() for the model with its quantization and adapter, or run it through a Pipeline",
             )
         model = self._build()
         if not isinstance(model, torch.nn.Module):
@@ -205,6 +234,27 @@ class ModelFactory:
                 f"the model factory returned {type(model).__name__}, not an nn.Module", key="model_factory"
             )
         return model
+
+    def _adapter(self, overrides: dict[str, dict[str, Any]]) -> list:
+        """[LoraConverter] for the [peft] section this factory stands for; [] without one."""
+        if "peft" not in overrides:
+            return []
+        from ditty.config import sections
+        from ditty.models.adapters import LoraConverter
+
+        peft = dataclasses.replace(sections.PeftConfig(), **overrides["peft"])
+        return [LoraConverter(peft, task=overrides.get("model", {}).get("task", "causal-lm"))]
+
+    def _load_hugging_face(self, overrides: dict[str, dict[str, Any]], device: Any) -> torch.nn.Module:
+        """The [model] and [quant] sections built as a recipe's are (ditty.models.build_model)."""
+        from ditty.config import sections
+        from ditty.models import build_model
+
+        model = dataclasses.replace(sections.ModelConfig(), **overrides["model"])
+        quant = dataclasses.replace(sections.QuantConfig(), **overrides.get("quant", {}))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return build_model(model, device=device, quant=quant)
 
     def recipe_overrides(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}} of the recipe sections this factory stands for."""

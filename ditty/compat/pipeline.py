@@ -212,7 +212,10 @@ class Pipeline:
             raise RecipeError.single(
                 "Pipeline needs a model_factory (ModelFactory.from_instance(model))", key="model_factory"
             )
-        return None if getattr(self.model_factory, "hub_path", None) is not None else self.model_factory.build()
+        # The base model: the Trainer applies the factory's transform and adapter (ModelFactory.build()
+        # applies them itself, for code that wants the model without a run).
+        factory = self.model_factory
+        return None if getattr(factory, "hub_path", None) is not None else factory.base_model()
 
     # ---------------------------------------------------------------- config and checks
 
