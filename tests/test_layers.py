@@ -23,6 +23,7 @@ LAYERS = {
     "ditty.loss": 2,
     "ditty.task_losses": 2,
     "ditty.fused_loss": 2,
+    "ditty.objectives": 2,
     "ditty.diffusion": 2,
     "ditty.metrics_logger": 2,
     "ditty.recipe": 3,
@@ -55,6 +56,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.metrics_logger", "ditty.metrics"),  # the original's MetricsLogger reuses the TensorBoard tags
     ("ditty.task_losses", "ditty.loss"),  # the model tasks' losses subclass the loss base types
     ("ditty.fused_loss", "ditty.loss"),  # the fused loss is a LossCalculator with the token-loss convention
+    ("ditty.objectives", "ditty.fused_loss"),  # completion log-probabilities go through the fused loss's head
     ("ditty.train", "ditty.evaluation"),  # the trainer runs [eval] harness_tasks on its model
 }
 
