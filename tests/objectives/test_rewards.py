@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -216,3 +218,11 @@ def test_format_and_length_rewards():
     assert builtin_rewards.length_penalty(["p"], ["a" * 384]) == [-0.5]
     with pytest.raises(ValueError, match="soft_limit"):
         builtin_rewards.make_length_penalty(soft_limit=10, hard_limit=5)
+
+
+def test_the_compiler_can_check_references_without_importing_torch():
+    code = "import sys, ditty.objectives.rewards, ditty.objectives.builtin_rewards; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
