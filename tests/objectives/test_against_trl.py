@@ -1,8 +1,8 @@
 """ditty's objectives against TRL's own loss code on the same fixed log-probabilities: DPO and IPO
-(DPOTrainer._compute_loss), SimPO (CPOTrainer.cpo_loss), ORPO (ORPOTrainer.odds_ratio_loss) and
-every GRPO variant (GRPOTrainer._compute_loss). TRL's methods run unbound on a stand-in `self`
-holding only the settings they read, and a stand-in model returning the per-token log-probabilities
-TRL's fused head would; nothing is trained."""
+(DPOTrainer._compute_loss), SimPO (CPOTrainer.cpo_loss), ORPO (ORPOTrainer.odds_ratio_loss), KTO
+(KTOTrainer._compute_loss) and every GRPO variant (GRPOTrainer._compute_loss). TRL's methods run
+unbound on a stand-in `self` holding only the settings they read, and a stand-in model returning the
+per-token log-probabilities TRL's fused head would; nothing is trained."""
 
 from __future__ import annotations
 
@@ -215,4 +215,75 @@ def test_grpo_matches_trl(loss, importance, beta, clip_high):
     assert abs(out.loss.item() - want) < TOL
     names = ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"] + (["kl"] if beta else [])
     for name in names:
+        assert abs(out.metrics[name].item() - trl_metrics[name]) < TOL, name
+
+
+def test_kto_matches_trl():
+    from trl.trainer.kto_trainer import KTOTrainer
+
+    from ditty.objectives.preference import kto_kl, kto_kl_share, kto_loss
+
+    examples, width = 6, 8
+    generator = torch.Generator().manual_seed(5)
+    mask = torch.zeros(examples, width, dtype=torch.long)
+    mask[:, 3:] = 1
+    policy = -torch.rand(examples, width - 1, generator=generator, dtype=torch.float64) * 2
+    kl_policy = -torch.rand(examples, width - 1, generator=generator, dtype=torch.float64) * 2
+    reference = policy.sum(-1) + torch.randn(examples, generator=generator, dtype=torch.float64)
+    # A reference that likes the mismatched completions less: a positive KL estimate, not clamped away.
+    kl_reference = kl_policy.sum(-1) - torch.rand(examples, generator=generator, dtype=torch.float64)
+    labels = torch.tensor([True, False, True, True, False, False])
+
+    def forward(input_ids, **kwargs):
+        tokens = kl_policy if int(input_ids[0, 0]) == 2 else policy
+        zeros = torch.zeros_like(tokens)
+        return SimpleNamespace(log_probs=tokens, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+
+    trainer = SimpleNamespace(
+        model=SimpleNamespace(training=True),
+        accelerator=Accelerator(),
+        calculate_KL=True,
+        precompute_ref_logps=True,
+        loss_type="kto",
+        beta=0.1,
+        desirable_weight=1.33,
+        undesirable_weight=0.9,
+        aux_loss_enabled=False,
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        _total_train_tokens=0,
+        _tp_size=1,
+        args=SimpleNamespace(),
+    )
+    trainer._compute_kl_logps = lambda model, batch: KTOTrainer._compute_kl_logps(trainer, model, batch)
+    inputs = {
+        "input_ids": torch.ones_like(mask),
+        "attention_mask": torch.ones_like(mask),
+        "completion_mask": mask,
+        "KL_input_ids": torch.full_like(mask, 2),
+        "KL_attention_mask": torch.ones_like(mask),
+        "KL_completion_mask": mask,
+        "label": labels,
+        "ref_logps": reference,
+        "ref_KL_logps": kl_reference,
+    }
+    result = KTOTrainer._compute_loss(trainer, forward, inputs, return_outputs=False)
+    want = (result[0] if isinstance(result, tuple) else result).item()
+    trl_metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+
+    kl = kto_kl(kto_kl_share(kl_policy.sum(-1), kl_reference, examples))
+    out = kto_loss(
+        policy.sum(-1),
+        reference,
+        labels,
+        kl,
+        global_examples=examples,
+        global_desirable=3,
+        global_undesirable=3,
+        beta=0.1,
+        desirable_weight=1.33,
+        undesirable_weight=0.9,
+    )
+    assert kl.item() > 0
+    assert abs(out.loss.item() - want) < TOL
+    for name in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"):
         assert abs(out.metrics[name].item() - trl_metrics[name]) < TOL, name
