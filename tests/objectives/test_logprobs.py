@@ -180,3 +180,47 @@ def test_pairs_must_match_in_number():
         concatenate_pairs(one, two, pad_id=0)
     with pytest.raises(ValueError, match="even number"):
         split_pairs(torch.zeros(3))
+
+
+def test_same_head_as_the_fused_cross_entropy_in_bf16():
+    """The completion log-probabilities sum to minus the fused cross-entropy of train.loss_chunks
+    (the same head, the same tokens), also for bf16 hidden states and weights."""
+    from ditty.fused_loss import fused_linear_cross_entropy, shifted
+
+    torch.manual_seed(4)
+    hidden = torch.randn(3, 12, 32, dtype=torch.bfloat16)
+    weight = torch.randn(50, 32, dtype=torch.bfloat16) * 0.2
+    labels = torch.randint(0, 50, (3, 12))
+    labels[:, :4] = -100
+    logps, _ = token_logps(hidden, Projection(weight, softcap=8.0), labels, chunks=5)
+    total, count = fused_linear_cross_entropy(
+        hidden, Projection(weight, softcap=8.0), shifted(labels), chunks=2, backend="chunked"
+    )
+    assert logps.dtype == torch.float32 and int(count) == 3 * 8
+    torch.testing.assert_close(-logps.sum(), total, atol=1e-3, rtol=1e-5)
+
+
+def test_lora_policy_and_its_base_as_the_reference_without_a_second_copy():
+    """preference.reference = "auto" with an adapter: the reference is the same model with the
+    adapter disabled. LoRA on the output head too: the adapter's head update is in the projection."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_llama()
+    batch = rows(2, 12, prompt=4, seed=7)
+    with torch.no_grad():
+        base_logps = sequence_logps(*model_token_logps(base, batch))[0]
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "lm_head"])
+    model = get_peft_model(base, config)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # a trained adapter, not the zero-initialised one
+            torch.nn.init.normal_(param, std=0.2)
+    policy = sequence_logps(*model_token_logps(model, batch))[0]
+    with torch.no_grad(), model.disable_adapter():
+        reference = sequence_logps(*model_token_logps(model, batch))[0]
+    expected, _ = full_logits_sequence_logps(model, batch)
+    torch.testing.assert_close(policy, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(reference, base_logps, atol=1e-10, rtol=0)
+    assert (policy - reference).abs().min() > 1e-3  # the adapter changes every sequence
+    policy.sum().backward()
+    lora_grads = [p.grad for n, p in model.named_parameters() if "lora_" in n and "lm_head" in n]
+    assert lora_grads and all(g is not None and g.abs().sum() > 0 for g in lora_grads)
