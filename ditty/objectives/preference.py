@@ -134,15 +134,9 @@ def orpo_loss(
     nll = -share(policy_chosen_logps, global_chosen_tokens)
     loss = nll - beta * share(ratio, global_pairs)
     metrics = pair_metrics(beta * chosen, beta * rejected, chosen, rejected, global_pairs)
-    metrics.update(
-        detached(
-            {
-                "nll_loss": nll,
-                "log_odds_ratio": share(ratio, global_pairs),
-                "log_odds_chosen": share(log_odds, global_pairs),
-            }
-        )
-    )
+    metrics["nll_loss"] = nll.detach()
+    metrics["log_odds_ratio"] = share(ratio, global_pairs).detach()
+    metrics["log_odds_chosen"] = share(log_odds, global_pairs).detach()
     return ObjectiveOutput(loss, metrics)
 
 
