@@ -22,6 +22,7 @@ LAYERS = {
     "ditty.checkpoint": 2,
     "ditty.metrics": 2,
     "ditty.stages": 2,
+    "ditty.objectives": 2,
     "ditty.recipe": 3,
     "ditty.plan": 3,
     "ditty.train": 4,
@@ -36,6 +37,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.__main__", "ditty.cli"),  # `python -m ditty` is the command line
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.metrics", "ditty.checkpoint"),  # lm-eval harness scores are written into the model card
+    ("ditty.objectives", "ditty.stages"),  # log-probabilities reuse the fused loss's head, not a second copy
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""
