@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ditty.stages.fused_loss import Projection
 from ditty.objectives.logprobs import (
     concatenate_pairs,
     model_token_logps,
@@ -17,6 +16,7 @@ from ditty.objectives.logprobs import (
     split_pairs,
     token_logps,
 )
+from ditty.stages.fused_loss import Projection
 
 VOCAB = 300
 
