@@ -293,7 +293,7 @@ class OptimizerConfig:
     """Implementation: "default" is torch for adamw, sgd, muon and adafactor, torchao for adamw8bit,
     schedulefree for adamw_schedulefree."""
     lr: float = 3e-4
-    """Peak learning rate (for muon: of the AdamW part)."""
+    """Peak learning rate. For muon: the AdamW part's (muon_lr is the Muon part's)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam betas (adamw, adamw8bit, adamw_schedulefree, and muon's AdamW part)."""
     weight_decay: float = 0.0
