@@ -85,10 +85,10 @@ def test_lr_scales_with_the_world_size_only_when_asked(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("kwargs", "message", "fix"),
     [
-        ({"muon_lr": 0.02}, "original Ditty", "torch.optim.Muon"),
+        ({"optim_backend": "muon", "muon_nesterov": False}, "always uses Nesterov", "muon_nesterov=True"),
         ({"validation_callbacks": [print]}, "original Ditty", "task="),
         ({"batchsize": 4}, "not a Pipeline keyword", "did you mean batch_size?"),
-        ({"optim_backend": "adafactor"}, "not built in", "optimizer="),
+        ({"optim_backend": "adamw_fp8"}, "not built in", "optimizer="),
         ({"save_final_checkpoint": False}, "always saves the last step", "keep_last"),
         ({"load_optimizer_checkpoint": False}, "restores the optimizer", "from_checkpoint"),
         ({"shuffle_each_epoch": False}, "not supported yet", "shuffle=False"),
@@ -100,6 +100,25 @@ def test_keywords_ditty_cannot_honour_are_refused_with_what_to_use(tmp_path, kwa
     with pytest.raises(RecipeError) as caught:
         pipeline(tmp_path, **kwargs)
     assert message in str(caught.value) and fix in str(caught.value)
+
+
+def test_optim_backend_muon_and_its_keywords_map_onto_the_optimizer_section(tmp_path):
+    c = pipeline(
+        tmp_path,
+        optim_backend="muon",
+        lr=1e-3,
+        muon_lr=0.05,
+        muon_weight_decay=0.01,
+        muon_momentum=0.9,
+        muon_ns_steps=3,
+        muon_adjust_lr_fn="match_rms_adamw",
+    ).config()
+    o = c.optimizer
+    assert (o.kind, o.lr, o.muon_lr, o.muon_weight_decay, o.muon_momentum) == ("muon", 1e-3, 0.05, 0.01, 0.9)
+    assert (o.ns_steps, o.adjust_lr_fn) == (3, "match_rms_adamw")
+    assert pipeline(tmp_path, optim_backend="adafactor").config().optimizer.kind == "adafactor"
+    p = pipeline(tmp_path, muon_lr=0.05)  # without optim_backend="muon": said, not silently dropped
+    assert [w.key for w in p.warnings] == ["muon_lr"] and p.config().optimizer.kind == "adamw"
 
 
 def test_keywords_without_effect_are_warnings(tmp_path, caplog):

@@ -65,5 +65,8 @@ class ModelOptimizerState:
             options=self.options,
         )
         if self.keep_hyperparameters:
+            # Counters an optimizer keeps in its param groups (schedule-free's step count and weight
+            # sum) are state, not hyperparameters: they stay as loaded.
+            counters = set(getattr(self.optimizer, "group_state_keys", ()))
             for group, values in zip(self.optimizer.param_groups, built):
-                group.update(values)
+                group.update({k: v for k, v in values.items() if k not in counters})

@@ -250,6 +250,9 @@ def cmd_check(args: list[str]) -> int:
     _print_warnings(plan)
     if plan.errors:
         raise RecipeError(plan.errors, source=plan.source)
+    from ditty.plan.groups import describe_groups
+
+    print(describe_groups(loaded.config))
     if target is not None:
         cli_plan.print_training_plan(loaded, target, plan_options.get("probe"))
     print("ok: the recipe is valid" + (f" ({len(plan.warnings)} warning(s))" if plan.warnings else ""))

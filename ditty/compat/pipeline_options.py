@@ -19,23 +19,21 @@ from ditty.config.errors import Problem, RecipeError
 REFUSED = {
     "validation_callbacks": "pass val_dataset= (val_loss every eval_every steps) and task= "
     "(ditty.data.generic.GenericTask: your own metrics, also every eval_every steps)",
-    **{
-        name: "the Muon optimizer is not built in: pass optimizer=torch.optim.Muon(...) over the model's "
-        "parameters (optimizer= takes any torch optimizer)"
-        for name in (
-            "muon_lr",
-            "muon_weight_decay",
-            "muon_momentum",
-            "muon_nesterov",
-            "muon_ns_steps",
-            "muon_adjust_lr_fn",
-        )
-    },
 }
 """The original Ditty's Pipeline keywords with no ditty equivalent -> what to use instead."""
 
-OPTIM_BACKENDS = {"torchao": "torchao", "bnb": "bnb", "torch": "torch"}
-"""optim_backend values ditty builds; the original's "adafactor", "muon" and "adamw_fp8" are refused."""
+OPTIM_BACKENDS = {"torchao": "torchao", "bnb": "bnb", "torch": "torch", "muon": "torch", "adafactor": "torch"}
+"""optim_backend values ditty builds ("muon" and "adafactor" are optimizer kinds); the original's
+"adamw_fp8" is refused."""
+
+MUON_KEYWORDS = {
+    "muon_lr": "muon_lr",
+    "muon_weight_decay": "muon_weight_decay",
+    "muon_momentum": "muon_momentum",
+    "muon_ns_steps": "ns_steps",
+    "muon_adjust_lr_fn": "adjust_lr_fn",
+}
+"""The original's muon_* keywords -> [optimizer] fields (torch.optim.Muon's names)."""
 
 NOT_YET = "not supported yet"
 
@@ -70,9 +68,17 @@ def keyword_problems(s: dict[str, Any], data: Any, factory: Any, val: Any = None
     if backend not in OPTIM_BACKENDS:
         error(
             "optim_backend",
-            f"{backend!r} is not built in (ditty builds AdamW: torch, or 8-bit with torchao or bnb)",
+            f"{backend!r} is not built in (ditty builds AdamW: torch, or 8-bit with torchao or bnb; muon; adafactor)",
             "pass optimizer=<your torch optimizer instance>, e.g. torch.optim.Adafactor(model.parameters())",
         )
+    if backend == "muon" and s["use_8bit_optim"]:
+        error("use_8bit_optim", "there is no 8-bit Muon", 'leave use_8bit_optim=False with optim_backend="muon"')
+    if backend == "muon" and not s["muon_nesterov"]:
+        error("muon_nesterov", "ditty's Muon always uses Nesterov momentum", "leave muon_nesterov=True")
+    if backend != "muon":
+        for name in [*MUON_KEYWORDS, "muon_nesterov"]:
+            if s[name] != MUON_DEFAULTS[name]:
+                warning(name, 'has no effect without optim_backend="muon"')
     if s["push_to_hub"] and not s["output_hub_repo"]:
         error("push_to_hub", "push_to_hub=True needs output_hub_repo", 'pass output_hub_repo="you/model-name"')
     if s["hf_hub_token"] and not s["push_to_hub"]:
@@ -165,12 +171,7 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
             eval_every=s["validation_every"] if s["validation_every"] is not None else s["eval_every"],
             activation_checkpointing="full" if s["gradient_checkpointing"] else "none",
         ),
-        optimizer=S.OptimizerConfig(
-            kind="adamw8bit" if s["use_8bit_optim"] and backend != "torch" else "adamw",
-            backend=backend if s["use_8bit_optim"] and backend != "torch" else "default",
-            lr=lr,
-            weight_decay=s["weight_decay"],
-        ),
+        optimizer=_optimizer(s, backend, lr),
         scheduler=S.SchedulerConfig(kind=s["lr_schedule"], warmup_steps=s["warmup_steps"]),
         data=S.DataConfig(num_workers=workers, shuffle_buffer_size=max(1, s["shuffle_buffer_size"] or 1000)),
         parallel=S.ParallelConfig(kind="ddp") if world_size > 1 else S.ParallelConfig(),
@@ -238,6 +239,35 @@ def _length(data: Any) -> Optional[int]:
         return len(data)
     except TypeError:
         return None
+
+
+MUON_DEFAULTS = {
+    "muon_lr": None,
+    "muon_weight_decay": None,
+    "muon_momentum": 0.95,
+    "muon_nesterov": True,
+    "muon_ns_steps": 5,
+    "muon_adjust_lr_fn": None,
+}
+"""The Pipeline's muon_* defaults (None: the [optimizer] field's default)."""
+
+
+def _optimizer(s: dict[str, Any], backend: str, lr: float) -> Any:
+    """[optimizer] from optim_backend, use_8bit_optim and the muon_* keywords."""
+    from ditty.config import sections as S
+
+    if s["optim_backend"] in ("muon", "adafactor"):
+        muon = {}
+        if s["optim_backend"] == "muon":
+            muon = {field: s[name] for name, field in MUON_KEYWORDS.items() if s[name] is not None}
+        return S.OptimizerConfig(kind=s["optim_backend"], lr=lr, weight_decay=s["weight_decay"], **muon)
+    eight_bit = s["use_8bit_optim"] and backend != "torch"
+    return S.OptimizerConfig(
+        kind="adamw8bit" if eight_bit else "adamw",
+        backend=backend if eight_bit else "default",
+        lr=lr,
+        weight_decay=s["weight_decay"],
+    )
 
 
 def _replace_section(config: Any, section: str, values: dict[str, Any]) -> Any:

@@ -285,20 +285,42 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    kind: Literal["adamw", "adamw8bit", "sgd"] = "adamw"
-    """Optimizer algorithm."""
-    backend: Literal["default", "torch", "torchao", "bnb"] = "default"
-    """Implementation: "default" is torch for adamw and sgd, torchao for adamw8bit."""
+    kind: Literal["adamw", "adamw8bit", "sgd", "muon", "adafactor", "adamw_schedulefree"] = "adamw"
+    """Optimizer algorithm. "muon": Muon on the hidden layers' 2-D weights, AdamW on everything else,
+    as one optimizer; "adafactor": torch's Adafactor (factored second moments); "adamw_schedulefree":
+    schedule-free AdamW (the `schedulefree` package; needs scheduler.kind = "constant")."""
+    backend: Literal["default", "torch", "torchao", "bnb", "schedulefree"] = "default"
+    """Implementation: "default" is torch for adamw, sgd, muon and adafactor, torchao for adamw8bit,
+    schedulefree for adamw_schedulefree."""
     lr: float = 3e-4
-    """Peak learning rate."""
+    """Peak learning rate. For muon: the AdamW part's (muon_lr is the Muon part's)."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas."""
+    """Adam betas (adamw, adamw8bit, adamw_schedulefree, and muon's AdamW part)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay."""
+    """Decoupled weight decay (never applied to the parameters `no_decay` names)."""
     eps: float = 1e-8
     """Adam epsilon."""
     momentum: float = 0.0
     """SGD momentum (kind = "sgd")."""
+    no_decay: list[str] = field(default_factory=lambda: ["bias", "norm", "embedding"])
+    """Parameters without weight decay: the roles "bias", "norm", "embedding" (from the module types;
+    a head tied to the embedding is the embedding) and/or regular expressions searched in the
+    parameter name (e.g. "lora_"). [] decays everything."""
+    lr_multipliers: dict[str, float] = field(default_factory=dict)
+    """Learning-rate factors: {pattern = factor}, a pattern being a role ("bias", "norm",
+    "embedding", "head") or a regular expression searched in the parameter name; the first
+    matching pattern wins. E.g. { classifier = 10.0 } or LoRA+'s { lora_B = 16.0 }."""
+    muon_lr: float = 0.02
+    """muon: learning rate of the Muon part (torch.optim.Muon's lr; the schedule scales it too)."""
+    muon_weight_decay: Optional[float] = None
+    """muon: weight decay of the Muon part (default: weight_decay)."""
+    muon_momentum: float = 0.95
+    """muon: Muon's momentum (Nesterov)."""
+    ns_steps: int = 5
+    """muon: Newton-Schulz iterations per step."""
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "original"
+    """muon: how the update is scaled per matrix shape: "original" (Keller Jordan's sqrt(max(1, rows/cols)))
+    or "match_rms_adamw" (Moonshot's 0.2 sqrt(max(rows, cols)): the AdamW lr then suits muon_lr too)."""
 
 
 @dataclass(frozen=True)

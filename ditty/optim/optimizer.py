@@ -1,9 +1,10 @@
 """The optimizer an `[optimizer]` section describes, over the model's trainable parameters.
 
-Parameters form two groups: weight decay applies to matrices (>= 2-D: linear and embedding
-weights) and never to vectors (biases, norm scales), the usual rule (GPT-2, nanoGPT, torchtitan):
-decaying a norm's scale towards zero only fights the normalisation. Build the optimizer after the
-model is parallelized: FSDP2 replaces parameters with sharded ones.
+Parameters are grouped by ditty.optim.groups: by default no weight decay on biases, norm scales
+and embeddings (the usual rule of GPT-2, nanoGPT, torchtitan: decaying a norm's scale towards zero
+only fights the normalisation), `optimizer.lr_multipliers` factors, and for muon the split between
+Muon and AdamW. Build the optimizer after the model is parallelized: FSDP2 replaces parameters
+with sharded ones.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ BACKENDS: dict[str, tuple[str, ...]] = {
     "sgd": ("torch",),
     # torchao first: it works with FSDP2 (DTensor) and torch.compile; bitsandbytes does not shard.
     "adamw8bit": ("torchao", "bnb"),
+    "muon": ("torch",),
+    "adafactor": ("torch",),
+    "adamw_schedulefree": ("schedulefree",),
 }
 
 
@@ -44,34 +48,20 @@ def resolve_backend(opt: OptimizerConfig) -> str:
     return BACKENDS[opt.kind][0] if opt.backend == "default" else opt.backend
 
 
-def param_groups(model: "torch.nn.Module", weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters split into a decayed (>= 2-D) and an undecayed (< 2-D) group.
+def param_groups(model: "torch.nn.Module", opt: OptimizerConfig) -> list[dict[str, Any]]:
+    """Trainable parameters in the groups `opt` makes (ditty.optim.groups). Frozen parameters (a PEFT
+    base model) are not handed to the optimizer at all, so they get no state."""
+    from ditty.optim.groups import torch_param_groups
 
-    Empty groups are left out (a model of matrices only has no second group). Frozen parameters
-    (a PEFT base model) are not handed to the optimizer at all, so they get no state.
-    """
-    decay, no_decay = [], []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    if not decay and not no_decay:
-        raise RecipeError.single(
-            "the model has no trainable parameters: every parameter has requires_grad = False",
-            fix="check that peft.target_modules names modules the model has, or that a custom model leaves "
-            "some parameters trainable",
-        )
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return [group for group in groups if group["params"]]
+    return torch_param_groups(model, opt)
 
 
 def build_optimizer(opt: OptimizerConfig, model: "torch.nn.Module") -> "torch.optim.Optimizer":
-    """The optimizer for `model`'s trainable parameters: AdamW, SGD, or an 8-bit AdamW."""
+    """The optimizer for `model`'s trainable parameters: AdamW, SGD, an 8-bit AdamW, Muon with AdamW,
+    Adafactor or schedule-free AdamW."""
     backend = resolve_backend(opt)
     builder = _BUILDERS[(opt.kind, backend)]
-    return builder(param_groups(model, opt.weight_decay), opt)
+    return builder(param_groups(model, opt), opt)
 
 
 def _torch_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
@@ -101,11 +91,39 @@ def _bnb_adamw8bit(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch
     return AdamW8bit(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
 
 
+def _muon(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    from ditty.optim.muon import MuonWithAdamW
+
+    adamw_groups = [group for group in groups if group["algorithm"] == "adamw"]
+    return MuonWithAdamW(
+        groups,
+        muon=dict(momentum=opt.muon_momentum, nesterov=True, ns_steps=opt.ns_steps, adjust_lr_fn=opt.adjust_lr_fn),
+        adamw=dict(betas=tuple(opt.betas), eps=opt.eps, **_kernel_choice(adamw_groups)),
+    )
+
+
+def _torch_adafactor(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    import torch
+
+    return torch.optim.Adafactor(groups, lr=opt.lr)
+
+
+def _schedulefree_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    from ditty.optim.schedule_free import schedule_free_adamw
+
+    # Warmup comes from [scheduler] (constant with warmup_steps), which scales the group rates the
+    # same way schedulefree's own warmup_steps would.
+    return schedule_free_adamw(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+
+
 _BUILDERS: dict[tuple[str, str], Callable[[list, OptimizerConfig], "torch.optim.Optimizer"]] = {
     ("adamw", "torch"): _torch_adamw,
     ("sgd", "torch"): _torch_sgd,
     ("adamw8bit", "torchao"): _torchao_adamw8bit,
     ("adamw8bit", "bnb"): _bnb_adamw8bit,
+    ("muon", "torch"): _muon,
+    ("adafactor", "torch"): _torch_adafactor,
+    ("adamw_schedulefree", "schedulefree"): _schedulefree_adamw,
 }
 
 

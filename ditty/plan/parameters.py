@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from ditty.optim.groups import ParamInfo, takes_muon
 from ditty.plan.architecture import ModelShape, TensorSpec
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, Settings
 
@@ -46,10 +47,22 @@ class HeldTensor:
     quant_state_bytes: int = 0
     matmul: bool = False
     """Used in a matrix product (linear layers, the head, a tied embedding, adapters)."""
+    shape: tuple[int, ...] = ()
+    role: str = "other"
+    """The parameter's role for the optimizer's groups (ditty.optim.groups): linear, embedding, head, norm, bias."""
 
     @property
     def bytes(self) -> int:
         return self.storage_numel * DTYPE_BYTES[self.dtype]
+
+    @property
+    def param_info(self) -> ParamInfo:
+        return ParamInfo(self.name, self.shape, self.role)
+
+    @property
+    def muon(self) -> bool:
+        """Whether optimizer.kind = "muon" gives this tensor to Muon (else to AdamW)."""
+        return takes_muon(self.param_info)
 
 
 def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
@@ -78,12 +91,15 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
                     tensor.block,
                     0,
                     matmul,
+                    tensor.shape,
+                    tensor.kind,
                 )
             )
         if adapted and tensor.kind == "linear":
             out_features, in_features = tensor.shape
             r = s.lora_r
-            for name, size, rows in (("lora_A", r * in_features, r), ("lora_B", out_features * r, out_features)):
+            for name, adapter_shape in (("lora_A", (r, in_features)), ("lora_B", (out_features, r))):
+                size, rows = adapter_shape[0] * adapter_shape[1], adapter_shape[0]
                 held.append(
                     HeldTensor(
                         f"{tensor.module}.{name}",
@@ -96,6 +112,8 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
                         tensor.block,
                         0,
                         True,
+                        adapter_shape,
+                        "linear",
                     )
                 )
             if s.peft == "dora":
@@ -109,6 +127,8 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
                         True,
                         "LoRA adapters",
                         tensor.block,
+                        shape=(out_features,),
+                        role="norm",
                     )
                 )
         if not full and _saved_module(tensor, s.modules_to_save):
@@ -125,6 +145,8 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
                     tensor.block,
                     0,
                     tensor.kind in ("linear", "head"),
+                    tensor.shape,
+                    tensor.kind,
                 )
             )
     if not full and "lm_head" in s.modules_to_save and shape.tie_word_embeddings:
@@ -142,6 +164,8 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
                 None,
                 0,
                 True,
+                embed.shape,
+                "head",
             )
         )
     return held
@@ -242,7 +266,7 @@ def _alike(held: list[HeldTensor]) -> list[tuple[int, HeldTensor]]:
     counts: dict[tuple, list] = {}
     for tensor in held:
         key = (tensor.numel, tensor.rows, tensor.storage_numel, tensor.dtype, tensor.trainable, tensor.group)
-        key += (tensor.quant_state_bytes,)
+        key += (tensor.quant_state_bytes, tensor.shape, tensor.role, tensor.muon)
         entry = counts.setdefault(key, [0, tensor])
         entry[0] += 1
     return [(count, tensor) for count, tensor in counts.values()]
@@ -267,16 +291,19 @@ def rank_state(held: list[HeldTensor], s: Settings, rank: int) -> StateBytes:
             gradients += count * (local if s.zero_stage == 3 else tensor.numel) * DTYPE_BYTES[tensor.dtype]
             gradients += count * 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
             master += count * 4 * part if DTYPE_BYTES[tensor.dtype] != 4 else 0
-            optimizer += count * _optimizer_bytes(part, "float32", s)
+            optimizer += count * _optimizer_bytes(part, "float32", s, tensor)
             continue
         gradients += count * local * DTYPE_BYTES[tensor.dtype]
-        optimizer += count * _optimizer_bytes(local, tensor.dtype, s)
+        optimizer += count * _optimizer_bytes(local, tensor.dtype, s, tensor)
         if s.optimizer == "adamw8bit" and s.optimizer_backend == "bnb" and local >= EIGHT_BIT_MIN:
             shared_tables = 2 * QMAP  # one pair of code tables for the whole optimizer
     label = {
         "adamw": "AdamW: 2 moments in the parameter dtype + a step counter per tensor",
         "adamw8bit": f"8-bit AdamW ({s.optimizer_backend}): 2 moments of 1 byte + block scales",
         "sgd": "SGD momentum buffer" if s.momentum else "SGD without momentum: no state",
+        "muon": "Muon: 1 momentum buffer on the hidden matrices; AdamW (2 moments + step) on the rest",
+        "adafactor": "Adafactor: factored second moments (a row and a column per matrix) + a step counter",
+        "adamw_schedulefree": "schedule-free AdamW: z and the second moment in the parameter dtype",
     }[s.optimizer]
     return StateBytes(parameters, quant_states, gradients, optimizer + shared_tables, label, master)
 
@@ -287,11 +314,24 @@ def row_label(tensor: HeldTensor, s: Settings) -> str:
     return f"{tensor.group} ({tensor.dtype})"
 
 
-def _optimizer_bytes(n: int, dtype: str, s: Settings) -> int:
+def _optimizer_bytes(n: int, dtype: str, s: Settings, tensor: HeldTensor) -> int:
     """Optimizer state of one (local) tensor of `n` elements."""
+    size = DTYPE_BYTES[dtype]
+    if s.optimizer == "muon":
+        # torch.optim.Muon: a momentum buffer like the gradient; AdamW (fused): 2 moments and an fp32 step.
+        return n * size if tensor.muon else 2 * n * size + 4
+    if s.optimizer == "adamw_schedulefree":
+        return 2 * n * size  # z and exp_avg_sq, made for every parameter when the optimizer is built
+    if s.optimizer == "adafactor":
+        # torch.optim.Adafactor: an fp32 step; a matrix keeps its row means (shape[:-1] + [1]) and
+        # column means (shape with dim -2 = 1), a vector its full second moment.
+        shape = tensor.shape
+        if len(shape) < 2:
+            return n * size + 4
+        rows, cols = math.prod(shape[:-1]), math.prod(shape[:-2]) * shape[-1]
+        return (rows + cols) * size + 4
     if n == 0:
         return 4 if s.optimizer == "adamw" or (s.optimizer == "adamw8bit" and s.optimizer_backend == "torchao") else 0
-    size = DTYPE_BYTES[dtype]
     if s.optimizer == "sgd":
         return n * size if s.momentum else 0
     if s.optimizer == "adamw":

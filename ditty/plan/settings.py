@@ -131,7 +131,7 @@ class Settings:
         accumulation = max(1, train.global_batch_size // max(1, train.micro_batch_size * dp))
         backend = config.optimizer.backend
         if backend == "default":
-            backend = "torchao" if config.optimizer.kind == "adamw8bit" else "torch"
+            backend = {"adamw8bit": "torchao", "adamw_schedulefree": "schedulefree"}.get(config.optimizer.kind, "torch")
         local_dir = bool(config.model.path) and _is_local(config.model.path)
         return cls(
             device=target.device,

@@ -90,8 +90,53 @@ COMPAT_RULES: list[CompatRule] = [
         "optimizer.backend",
         lambda c: bool(check_optimizer(c.optimizer)),  # the optimizer package's own backend table
         "this backend has no implementation of the chosen optimizer kind",
-        'adamw and sgd: backend "torch"; adamw8bit: "torchao" or "bnb" (or "default")',
-        condition="a backend that does not implement the kind",
+        'adamw, sgd, muon and adafactor: backend "torch"; adamw8bit: "torchao" or "bnb"; adamw_schedulefree: '
+        '"schedulefree" (or "default" for each)',
+        condition="a backend that does not implement the kind (e.g. muon with torchao or bnb: there is no 8-bit Muon)",
+    ),
+    CompatRule(
+        "compat.muon-fsdp",
+        "optimizer.kind",
+        lambda c: c.optimizer.kind == "muon" and c.parallel.kind in SHARDED_KINDS,
+        "Muon orthogonalises each whole weight matrix (Newton-Schulz); FSDP2/HSDP give each rank a shard of it, "
+        "and Muon on shards computes a different, wrong update",
+        'use parallel.kind = "ddp" (or one process) with muon, or optimizer.kind = "adamw" with fsdp/hsdp',
+        condition='optimizer.kind = "muon", parallel.kind fsdp or hsdp',
+    ),
+    CompatRule(
+        "compat.adafactor-fsdp",
+        "optimizer.kind",
+        lambda c: c.optimizer.kind == "adafactor" and c.parallel.kind in SHARDED_KINDS,
+        "Adafactor's factored second moment averages over all rows of a matrix and scales by its whole norm; "
+        "FSDP2/HSDP give each rank a shard of the rows, so the update would be wrong",
+        'use parallel.kind = "ddp" (or one process) with adafactor, or optimizer.kind = "adamw" with fsdp/hsdp',
+        condition='optimizer.kind = "adafactor", parallel.kind fsdp or hsdp',
+    ),
+    CompatRule(
+        "compat.deepspeed-optimizer-kind",
+        "optimizer.kind",
+        lambda c: c.parallel.kind == "deepspeed" and c.optimizer.kind in ("muon", "adafactor", "adamw_schedulefree"),
+        "ZeRO hands the optimizer flat 1-D partitions of the parameters: Muon and Adafactor need the matrices, "
+        "and schedule-free's weight switch would not reach the model's weights",
+        'use parallel.kind = "ddp" with this optimizer, or optimizer.kind = "adamw" with deepspeed',
+        condition="muon, adafactor or adamw_schedulefree with deepspeed",
+    ),
+    CompatRule(
+        "compat.schedulefree-scheduler",
+        "scheduler.kind",
+        lambda c: c.optimizer.kind == "adamw_schedulefree" and c.scheduler.kind != "constant",
+        "schedule-free AdamW replaces the learning-rate schedule (it averages the iterates); a decaying schedule "
+        "on top of it fights the averaging",
+        'set scheduler.kind = "constant" (scheduler.warmup_steps still warms up)',
+        condition="adamw_schedulefree with a scheduler other than constant",
+    ),
+    CompatRule(
+        "compat.schedulefree-missing",
+        "optimizer.kind",
+        lambda c: c.optimizer.kind == "adamw_schedulefree" and _missing("schedulefree"),
+        "schedule-free AdamW comes from the schedulefree package, which is not installed",
+        "pip install 'ditty[schedulefree]' (or pip install schedulefree)",
+        condition="adamw_schedulefree without the schedulefree package",
     ),
     CompatRule(
         "compat.quantized-needs-adapter",

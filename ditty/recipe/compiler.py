@@ -10,6 +10,7 @@ from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
     data_rules,
     loss_rules,
+    optimizer_rules,
     pipeline_rules,
     task_rules,
 )
@@ -65,6 +66,12 @@ def _steps(config) -> int | None:
     return None
 
 
+def _optimizer_text(opt) -> str:
+    if opt.kind == "muon":
+        return f"muon: Muon lr {opt.muon_lr:g} on the hidden matrices, AdamW lr {opt.lr:g} on the rest"
+    return f"{opt.kind} ({opt.backend}), lr {opt.lr:g}"
+
+
 def _builds(config) -> list[tuple[str, str]]:
     model = config.model
     if model.factory:
@@ -102,7 +109,7 @@ def _builds(config) -> list[tuple[str, str]]:
             else f"{source}, {data.format}, max_seq_len {data.max_seq_len}, "
             + ("packed" if data.packing else "padded"),
         ),
-        ("optimizer", f"{config.optimizer.kind} ({config.optimizer.backend}), lr {config.optimizer.lr:g}"),
+        ("optimizer", _optimizer_text(config.optimizer)),
         ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),
     ]
     if config.peft.kind != "none":

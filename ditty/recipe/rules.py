@@ -79,6 +79,8 @@ _POSITIVE = [
     "data.max_row_bytes",
     "optimizer.lr",
     "optimizer.eps",
+    "optimizer.muon_lr",
+    "optimizer.ns_steps",
     "peft.r",
 ]
 _NON_NEGATIVE = [
@@ -87,6 +89,8 @@ _NON_NEGATIVE = [
     "train.max_grad_norm",
     "optimizer.weight_decay",
     "optimizer.momentum",
+    "optimizer.muon_momentum",
+    "optimizer.muon_weight_decay",
     "scheduler.warmup_steps",
     "scheduler.min_lr_ratio",
     "checkpoint.every",
@@ -310,8 +314,12 @@ def tokenizer_source(ctx: Context) -> Iterator[Problem]:
 # option path -> (the field that chooses, the choices that use the option)
 _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "optimizer.momentum": ("optimizer.kind", {"sgd"}),
-    "optimizer.betas": ("optimizer.kind", {"adamw", "adamw8bit"}),
-    "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit"}),
+    "optimizer.betas": ("optimizer.kind", {"adamw", "adamw8bit", "muon", "adamw_schedulefree"}),
+    "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit", "muon", "adamw_schedulefree"}),
+    **{
+        f"optimizer.{name}": ("optimizer.kind", {"muon"})
+        for name in ("muon_lr", "muon_weight_decay", "muon_momentum", "ns_steps", "adjust_lr_fn")
+    },
     "scheduler.decay_fraction": ("scheduler.kind", {"wsd"}),
     "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),
     "train.compile_scope": ("train.compile", {True}),

@@ -263,13 +263,16 @@ class Checkpointer:
         }
 
     def save(self, trainer: Any) -> Path:
+        from ditty.optim.schedule_free import evaluation_weights
+
         step = trainer.state.step
-        path = self.manager.save(
-            step,
-            self.app_state(trainer),
-            self.sidecar(trainer),
-            write_extra=self.engine.checkpoint_writer(trainer.model),
-        )
+        with evaluation_weights(trainer.optimizer):  # schedule-free: save the weights to evaluate (x)
+            path = self.manager.save(
+                step,
+                self.app_state(trainer),
+                self.sidecar(trainer),
+                write_extra=self.engine.checkpoint_writer(trainer.model),
+            )
         self.last_saved_step = step
         return path
 

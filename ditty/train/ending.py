@@ -42,7 +42,10 @@ class RunEnding:
         if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
             self.checkpointer.save(self)
         self.checkpointer.manager.wait()
-        path = write_final(self)
+        from ditty.optim.schedule_free import evaluation_weights
+
+        with evaluation_weights(self.optimizer):  # final/ holds schedule-free's averaged weights
+            path = write_final(self)
         if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
             self.log({"step": self.state.step, **score_final_model(self, path)})
         if push in ("end", "checkpoints"):

@@ -30,6 +30,7 @@ from ditty.metrics import Progress
 from ditty.metrics.harness import harness_due, harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
+from ditty.optim.schedule_free import evaluation_weights, train_mode
 from ditty.train import checkpointing
 from ditty.train.builders import Builders
 from ditty.train.components import RuntimeComponents
@@ -97,6 +98,7 @@ class Trainer(Builders, RunEnding):
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
         self.meter = IntervalMeter()
         self.model.train()
+        train_mode(self.optimizer)  # schedule-free AdamW trains at its interpolated weights
         try:
             while not self.should_stop():
                 out = self.train_step(self.stream.next_step())
@@ -112,7 +114,8 @@ class Trainer(Builders, RunEnding):
                 if last or (cfg.eval_every and self.state.step % cfg.eval_every == 0):
                     record = {**(record or self.step_record(out)), **self.evaluate()}
                 if harness_due(self.config.eval, self.state.step, last):  # lm-eval on the live model
-                    scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
+                    with evaluation_weights(self.optimizer):
+                        scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
                     self.state.eval_metrics.update(scores)
                     record = {**(record or self.step_record(out)), **scores}
                 if record:
@@ -238,7 +241,8 @@ class Trainer(Builders, RunEnding):
             step=self.state.step,
             run_dir=self.run_dir if is_main_process() else "",
         )
-        metrics = self.data.evaluate(request)
+        with evaluation_weights(self.optimizer):  # schedule-free: evaluate its averaged weights
+            metrics = self.data.evaluate(request)
         self.model.train()
         self.state.last_eval_step = self.state.step
         self.state.eval_metrics = metrics

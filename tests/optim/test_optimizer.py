@@ -76,14 +76,14 @@ def test_torchao_adamw8bit_is_the_default_8bit_backend_and_steps():
     assert not torch.equal(before["head.weight"], model.head.weight)
 
 
-def test_param_groups_decay_matrices_only():
+def test_param_groups_decay_matrices_but_not_embeddings():
     model = Tiny()
     optimizer = build_optimizer(OptimizerConfig(weight_decay=0.1), model)
-    decayed, undecayed = optimizer.param_groups
+    undecayed, decayed = optimizer.param_groups  # in order of first appearance: embed comes first
     names = {id(p): n for n, p in model.named_parameters()}
     assert decayed["weight_decay"] == 0.1 and undecayed["weight_decay"] == 0.0
-    assert {names[id(p)] for p in decayed["params"]} == {"embed.weight", "proj.weight", "head.weight"}
-    assert {names[id(p)] for p in undecayed["params"]} == {"proj.bias", "norm.weight", "norm.bias"}
+    assert {names[id(p)] for p in decayed["params"]} == {"proj.weight", "head.weight"}
+    assert {names[id(p)] for p in undecayed["params"]} == {"embed.weight", "proj.bias", "norm.weight", "norm.bias"}
 
 
 def test_frozen_parameters_are_left_out_and_empty_groups_dropped():
@@ -91,7 +91,7 @@ def test_frozen_parameters_are_left_out_and_empty_groups_dropped():
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     model.head.weight.requires_grad_(True)
-    groups = param_groups(model, 0.1)
+    groups = param_groups(model, OptimizerConfig(weight_decay=0.1))
     assert len(groups) == 1 and groups[0]["params"] == [model.head.weight]
 
 

@@ -37,6 +37,13 @@ CASES = {
     "full, 8-bit AdamW (torchao)": dict(optimizer=OptimizerConfig(kind="adamw8bit")),
     "full, 8-bit AdamW (bitsandbytes)": dict(optimizer=OptimizerConfig(kind="adamw8bit", backend="bnb")),
     "full, SGD with momentum": dict(optimizer=OptimizerConfig(kind="sgd", momentum=0.9)),
+    "full, Muon + AdamW": dict(optimizer=OptimizerConfig(kind="muon", weight_decay=0.1)),
+    "full, Adafactor": dict(optimizer=OptimizerConfig(kind="adafactor")),
+    "full, schedule-free AdamW": dict(optimizer=OptimizerConfig(kind="adamw_schedulefree")),
+    "LoRA + Muon (the adapter matrices)": dict(
+        peft=PeftConfig(kind="lora", r=4, modules_to_save=["lm_head"]), optimizer=OptimizerConfig(kind="muon")
+    ),
+    "DoRA + Adafactor": dict(peft=PeftConfig(kind="dora", r=4), optimizer=OptimizerConfig(kind="adafactor")),
     "LoRA all-linear": dict(peft=PeftConfig(kind="lora", r=8)),
     "LoRA q,v + trained head": dict(
         peft=PeftConfig(kind="lora", r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
@@ -61,6 +68,8 @@ def test_state_bytes_are_exact(model_dir, case):
     if config.peft.kind != "none":
         model = LoraConverter(config.peft).convert(model)
     optimizer = build_optimizer(config.optimizer, model)
+    if hasattr(optimizer, "train"):  # schedule-free steps in train mode
+        optimizer.train()
     ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids, labels=ids).loss.backward()
     measured_gradients = gradient_bytes(model.parameters())

@@ -30,6 +30,11 @@ FAILING = {
         2,
     ),
     "compat.optimizer-backend": ('[optimizer]\nkind = "sgd"\nbackend = "bnb"\n', 1),
+    "compat.muon-fsdp": ('[optimizer]\nkind = "muon"\n[parallel]\nkind = "fsdp"\n', 2),
+    "compat.adafactor-fsdp": ('[optimizer]\nkind = "adafactor"\n[parallel]\nkind = "hsdp"\nreplicate_size = 2\n', 4),
+    "compat.deepspeed-optimizer-kind": ('[parallel]\nkind = "deepspeed"\n[optimizer]\nkind = "muon"\n', 2),
+    "compat.schedulefree-scheduler": ('[optimizer]\nkind = "adamw_schedulefree"\n[scheduler]\nkind = "cosine"\n', 1),
+    "compat.schedulefree-missing": ('[optimizer]\nkind = "adamw_schedulefree"\n[scheduler]\nkind = "constant"\n', 1),
     "compat.quantized-needs-adapter": ('[quant]\nkind = "bnb-4bit"\n', 1),
     "compat.qlora-fsdp-storage-dtype": (
         '[quant]\nkind = "bnb-4bit"\nstorage_dtype = "uint8"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n',
@@ -88,6 +93,7 @@ def test_rule_trips_on_its_recipe_and_not_on_the_base(rule, monkeypatch):
         "compat.wandb-missing": "wandb",
         "compat.liger-missing": "liger_kernel",
         "compat.cce-missing": "cut_cross_entropy",
+        "compat.schedulefree-missing": "schedulefree",
     }.get(rule.id)
     if optional and _has(optional):  # installed here (the dev set-up has deepspeed): pretend it is not
         from ditty.recipe import compat
