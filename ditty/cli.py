@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
-from ditty._utils.errors import RunFailure
+from ditty._utils.errors import RunFailure, collective_timeout, interrupted
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
@@ -90,6 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as error:
         record_failure(error)
+        if interrupted(error):  # a second Ctrl-C inside a save, wrapped by torch.distributed.checkpoint
+            print(
+                "interrupted during a checkpoint save; that save is incomplete and will be removed, the previous "
+                "checkpoint is kept (run the same command again to resume from it)",
+                file=sys.stderr,
+            )
+            return 130
+        if collective_timeout(error):
+            print(
+                f"error: {str(error).splitlines()[0][:300]}: a peer stopped answering; DITTY_DIST_TIMEOUT_S sets how "
+                "long a collective waits",
+                file=sys.stderr,
+            )
+            return 1
         raise
 
 

@@ -52,6 +52,12 @@ def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> tor
     return torch.device(kind)
 
 
+def configured_timeout() -> datetime.timedelta:
+    """How long a collective waits for a peer: $DITTY_DIST_TIMEOUT_S, else DEFAULT_TIMEOUT_S. Every
+    process group ditty makes takes it (torch's own default for a new gloo group is 30 minutes)."""
+    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+
+
 def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> DistInfo:
     """Join torchrun's process group (nccl on CUDA, with gloo for CPU tensors; gloo on CPU).
 
@@ -69,12 +75,12 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if not dist.is_initialized():
-        seconds = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        wait = datetime.timedelta(seconds=timeout) if timeout is not None else configured_timeout()
         # On CUDA, CPU tensors (object collectives, DCP metadata) still need a backend: gloo.
         backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=seconds),
+            timeout=wait,
             device_id=resolved if resolved.type == "cuda" else None,
         )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, resolved)

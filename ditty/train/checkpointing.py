@@ -327,22 +327,33 @@ class Checkpointer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self.stop_signal = signum
         if is_main_process():
-            print(
-                f"\nreceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True
-            )
+            print(f"\nreceived {signal_name(signum)}: finishing this step, then saving a checkpoint", flush=True)
 
     def stop_requested(self) -> bool:
-        """Whether any rank was signalled (one small all-reduce per step when there are several)."""
+        """Whether any rank was signalled (one small all-reduce per step when there are several).
+        Every rank then takes the signal a peer got, so a SIGTERM sent to one worker stops all of them
+        with the same message and exit code."""
         from ditty.checkpoint import comm
 
         if comm.world_size(self.manager._group) > 1:
-            return not comm.all_ok(self.stop_signal is None, self.manager._group)
+            signalled = comm.all_max(int(self.stop_signal or 0), self.manager._group)
+            if signalled and self.stop_signal is None:
+                self.stop_signal = signalled
+            return bool(signalled)
         return self.stop_signal is not None
 
 
-def preempted_message(trainer: Any, signum: int) -> str:
+def signal_name(signum: Optional[int]) -> str:
+    """SIGTERM for 15; a number outside the `signal.Signals` table (or None) is said as such, never raised."""
+    try:
+        return signal.Signals(int(signum)).name  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"signal {signum}"
+
+
+def preempted_message(trainer: Any, signum: Optional[int]) -> str:
     return (
-        f"stopped by {signal.Signals(signum).name} after step {trainer.state.step}; checkpoint saved in "
+        f"stopped by {signal_name(signum)} after step {trainer.state.step}; checkpoint saved in "
         f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
         f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint)."
     )
