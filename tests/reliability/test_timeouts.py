@@ -8,12 +8,15 @@ endpoint that never answers hung with no output and rewrote final/README.md.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.reliability.helpers import ditty_process, write_recipe
+from tests.reliability.helpers import ditty, ditty_process, write_recipe
 
 TIMEOUT_S = 20
 
@@ -63,3 +66,79 @@ def test_a_rank_stopped_during_a_save_ends_the_run_within_the_timeout(tmp_path, 
     assert last.startswith("error: rank"), last
     assert "out-of-memory" not in err and "Traceback" not in err, err[-3000:]
     assert "timed out" in last or "did not answer" in last, last
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection, reads what arrives and never answers;
+    it stops itself after `lifetime` seconds so a test that goes wrong cannot leave it behind."""
+
+    def __init__(self, lifetime: float = 180.0) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.5)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        self.deadline = time.monotonic() + lifetime
+        self.connections: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while time.monotonic() < self.deadline:
+            try:
+                connection, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.accepted += 1
+            self.connections.append(connection)  # held open, never answered
+        self.close()
+
+    def close(self) -> None:
+        self.deadline = 0
+        for connection in self.connections:
+            connection.close()
+        self.sock.close()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finished")
+    result = ditty("run", str(write_recipe(tmp, steps=3)))
+    assert result.code == 0, result.err[-3000:]
+    return tmp / "run"
+
+
+def test_a_hub_that_never_answers_is_a_timeout_and_the_run_is_unchanged(finished_run, trial):
+    trial.update(
+        fault="ditty push to a Hub that accepts and never answers",
+        injected="HF_ENDPOINT at a 127.0.0.1 socket that never answers; DITTY_HUB_TIMEOUT_S = 3",
+    )
+    server = SilentServer()
+    before = _snapshot(finished_run)
+    started = time.monotonic()
+    try:
+        env = {
+            "HF_ENDPOINT": server.url,
+            "HF_TOKEN": "hf_" + "x" * 34,
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_OFFLINE": "0",
+            "DITTY_HUB_TIMEOUT_S": "3",
+        }
+        done = ditty_process("push", str(finished_run), "--repo-id", "me/never", env=env, timeout=120)
+    finally:
+        server.close()
+    seconds = time.monotonic() - started
+    trial.update(exit_code=done.returncode, lost_steps=0, seconds=round(seconds, 1))
+    assert server.accepted >= 1  # the push reached the server
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"waiting for the Hub at {server.url} to create or find the repository me/never" in done.stderr
+    assert "no answer within 3 s" in done.stderr and "every local file is kept" in done.stderr, done.stderr
+    assert seconds < 3 * 6 + 30, f"took {seconds:.0f} s"
+    assert _snapshot(finished_run) == before  # final/README.md included: nothing written
