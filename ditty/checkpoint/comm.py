@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ditty._utils.dist import configured_timeout
+
 
 def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -26,8 +28,6 @@ def new_checkpoint_group() -> dist.ProcessGroup | None:
         return None
     # The training group's timeout, not torch's 30-minute default for new groups: a peer that stops
     # answering during a save ends the run as soon as it would during a step.
-    from ditty.parallel.env import configured_timeout
-
     return dist.new_group(backend="gloo", timeout=configured_timeout())
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
+from ditty.data.fingerprint import files_fingerprint
 from ditty.data.rows import DEFAULT_MAX_ROW_BYTES
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,11 @@ def load_checked_files(
 
     try:
         builder = builders.pop()
-        options = (reader_options or {}).get(builder, {})
+        options = dict((reader_options or {}).get(builder, {}))
+        if not streaming:
+            # `datasets` keys its cache on each file's path and modification time only; the content's
+            # fingerprint in the config name makes a file rewritten with other rows a cache miss.
+            options.setdefault("name", f"ditty-{files_fingerprint(files)}")
         dataset = load_dataset(
             builder, data_files=files, split="train", cache_dir=cache_dir, streaming=streaming, **options
         )

@@ -14,11 +14,7 @@ from typing import Union
 import torch
 import torch.distributed as dist
 
-TIMEOUT_ENV = "DITTY_DIST_TIMEOUT_S"
-# A collective waits this long for a peer before it raises. torch's own default for gloo is 30
-# minutes; ten is long enough for a slow checkpoint write on rank 0 while the others wait, and short
-# enough that a peer lost without torchrun noticing (another node) ends the run the same hour.
-DEFAULT_TIMEOUT_S = 600.0
+from ditty._utils.dist import configured_timeout
 
 
 @dataclass(frozen=True)
@@ -52,16 +48,10 @@ def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> tor
     return torch.device(kind)
 
 
-def configured_timeout() -> datetime.timedelta:
-    """How long a collective waits for a peer: $DITTY_DIST_TIMEOUT_S, else DEFAULT_TIMEOUT_S. Every
-    process group ditty makes takes it (torch's own default for a new gloo group is 30 minutes)."""
-    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
-
-
 def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> DistInfo:
     """Join torchrun's process group (nccl on CUDA, with gloo for CPU tensors; gloo on CPU).
 
-    `timeout` is in seconds (default: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
+    `timeout` is in seconds (default: `configured_timeout()`: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
     (no WORLD_SIZE, or 1) it creates no group and returns rank 0 of 1.
     """
     from ditty.parallel.launch import die_with_launcher

@@ -58,6 +58,7 @@ IGNORED = (
     "eval.",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
+SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
 
 
 # ---------------------------------------------------------------------------- recipe comparison
@@ -188,13 +189,43 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
     if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
         return ResumePlan(found, finished=True, step=step)
+    _check_data_unchanged(doc, config, found)
     return ResumePlan(found, step=step)
+
+
+def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
+    """A resume trains on the rows the checkpoint's data cursor counts through: refuse when a data
+    file's content fingerprint (ditty.data.fingerprint) differs from the one the checkpoint
+    recorded, unless checkpoint.force_resume."""
+    from ditty.data.fingerprint import changed_files, data_fingerprints
+
+    saved = doc.get(SIDECAR_DATA_FILES)
+    if not isinstance(saved, dict) or not saved:
+        return  # a checkpoint from before fingerprints, or data that is not local files
+    changed = changed_files(saved, data_fingerprints(config.data))
+    if not changed:
+        return
+    if not config.checkpoint.force_resume:
+        raise RecipeError.single(
+            f"the data changed since checkpoint {found} was saved: " + "; ".join(changed),
+            key="data.path",
+            fix="put back the data the run was trained on, choose a new run.output_dir to start afresh, or add "
+            "--checkpoint.force_resume true to continue on the new data from the saved position",
+        )
+    log.warning("resuming on changed data (checkpoint.force_resume): %s", "; ".join(changed))
 
 
 def doc_labels(doc: dict) -> Optional[dict]:
     """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
     labels = doc.get("labels")
     return labels if isinstance(labels, dict) else None
+
+
+def _data_fingerprints(config: Any) -> dict[str, str]:
+    from ditty.data.fingerprint import data_fingerprints
+
+    data = getattr(config, "data", None)
+    return data_fingerprints(data) if data is not None and hasattr(data, "sources") else {}
 
 
 def truncate_metrics(run_dir: str, step: int) -> None:
@@ -235,6 +266,8 @@ class Checkpointer:
             config.run.output_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and engine.async_save
         )
         self.last_saved_step: Optional[int] = None
+        # The data as it is when the run starts (the rows it tokenised), recorded in every checkpoint.
+        self.data_files = _data_fingerprints(config) if is_main_process() else {}
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
 
@@ -257,6 +290,7 @@ class Checkpointer:
             "total_steps": t.total_steps,
             "trainer": t.trainer_ref(),
             SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
+            SIDECAR_DATA_FILES: self.data_files,
             "recipe_toml": recipe_text,
             # A classifier's label set, which sizes its head: `ditty export` rebuilds the model from it.
             "labels": t.data.labels.to_json() if t.data.labels is not None else None,

@@ -115,6 +115,7 @@ def finished_run(tmp_path_factory):
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_a_hub_that_never_answers_is_a_timeout_and_the_run_is_unchanged(finished_run, trial):
     trial.update(
         fault="ditty push to a Hub that accepts and never answers",
