@@ -51,7 +51,7 @@ def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> tor
 def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> DistInfo:
     """Join torchrun's process group (nccl on CUDA, with gloo for CPU tensors; gloo on CPU).
 
-    `timeout` is in seconds (default: `configured_timeout()`: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
+    `timeout` is in seconds (default: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
     (no WORLD_SIZE, or 1) it creates no group and returns rank 0 of 1.
     """
     from ditty.parallel.launch import die_with_launcher
