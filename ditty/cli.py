@@ -240,6 +240,13 @@ def cmd_run(args: list[str]) -> int:
     # Preempted (SIGTERM/SIGINT) after saving a checkpoint: the shell's convention, 128 + signal.
     if result.stopped_by:
         record_stop(f"stopped by signal {result.stopped_by} after step {result.steps}")
+        from ditty.parallel.launch import LAUNCHER_PID_ENV
+
+        if os.environ.get(LAUNCHER_PID_ENV):
+            # A worker of ditty's launcher: exit 0 so that torchrun, which takes any other code for a
+            # crash and kills the peers still saving, waits for all of them; the launcher reads the
+            # stop records and exits 128 + signal itself.
+            return 0
         return 128 + result.stopped_by
     return 0
 
@@ -392,6 +399,11 @@ def cmd_generate(args: list[str]) -> int:
         max_new_tokens = int(max_new) if max_new else 32
     except ValueError:
         raise RecipeError.single("--max-new-tokens takes a whole number") from None
+    if max_new_tokens < 1:
+        raise RecipeError.single(
+            f"--max-new-tokens {max_new_tokens}: it takes a number of tokens of at least 1",
+            fix="e.g. --max-new-tokens 32",
+        )
     from ditty.train.generate import generate
 
     print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample)))

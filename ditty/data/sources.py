@@ -101,6 +101,17 @@ def load_checked_files(
             key=key,
             fix=f"use one of {', '.join(FILE_BUILDERS)}",
         )
+    for file in files:
+        try:
+            os.stat(file)  # a symlink loop (ELOOP), a dangling link, a file without read permission
+            with open(file, "rb"):
+                pass
+        except OSError as error:
+            raise RecipeError.single(
+                f"cannot read the data file {file!r}: {error.strerror}",
+                key=key,
+                fix="point it at a readable file (`ls -lL` shows where a link leads)",
+            ) from None
     empty = [file for file in files if os.path.getsize(file) == 0]
     if empty:
         # Caught here because the readers fail on an empty file with a bare StopIteration.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -157,7 +158,7 @@ def launch(
         os.environ.update(ours)  # the agent passes its environment on to the workers
         try:
             elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
-            return 0
+            return _stopped_workers(error_dir)
         except SignalException as stop:  # the agent forwarded the signal and waited for the workers
             return _report_stop(stop.sigval, error_dir)
         except ChildFailedError as failure:
@@ -175,6 +176,21 @@ def launch(
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def _stopped_workers(error_dir: str) -> int:
+    """After the workers all exited 0: 128 + the signal that stopped them (one of them was sent it:
+    they saved together and rank 0 said where), or 0 when they finished."""
+    signals = []
+    for path in glob.glob(os.path.join(error_dir, STOP_FILE.format(rank="*"))):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = re.search(r"signal (\d+)", handle.read())
+        except OSError:
+            continue
+        if found:
+            signals.append(int(found.group(1)))
+    return 128 + max(signals) if signals else 0
 
 
 def _report_stop(signum: int, error_dir: str) -> int:

@@ -240,8 +240,8 @@ def truncate_metrics(run_dir: str, step: int) -> None:
             try:
                 if int(json.loads(line)["step"]) <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by the kill
+            except (ValueError, KeyError, TypeError, OverflowError):
+                continue  # a line cut short by the kill, or not a record (a step of Infinity)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(kept)
