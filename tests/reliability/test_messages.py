@@ -124,3 +124,22 @@ def test_sigterm_to_one_worker_stops_the_run_like_sigterm_to_the_launcher(tmp_pa
     assert "Traceback" not in err and "None is not a valid Signals" not in err, err[-3000:]
     assert "stopped by SIGTERM after step" in out and "checkpoint saved in" in out
     assert complete_steps(run)[-1] == done
+
+
+@pytest.mark.slow
+def test_two_exports_into_one_directory(finished_run, tmp_path, trial):
+    trial.update(fault="two ditty export into one directory", injected="two `ditty export RUN -o DIR` started at once")
+    out = tmp_path / "exported"
+    exports = [ditty_process("export", str(finished_run), "-o", str(out), wait=False) for _ in range(2)]
+    results = []
+    for process in exports:
+        stdout, stderr = process.communicate(timeout=300)
+        results.append((process.returncode, stdout + stderr))
+    codes = sorted(code for code, _ in results)
+    trial.update(exit_code=", ".join(map(str, codes)), lost_steps=0)
+    assert codes == [0, 2], results
+    assert all("Traceback" not in text for _, text in results), results
+    refused = next(text for code, text in results if code == 2)
+    assert "another `ditty export` is writing" in refused or "already exists and is not empty" in refused, refused
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no .partial, no .lock left
