@@ -13,7 +13,7 @@ class RunFailure(RuntimeError):
     """The run stopped; `str(error)` is the whole story (exit code 1, no traceback)."""
 
 
-def _causes(error: BaseException):
+def causes(error: BaseException):
     """`error`, what it was raised from or during, and what torch.distributed.checkpoint wrapped in
     it (a CheckpointException holds each rank's exception in `failures`)."""
     seen: set[int] = set()
@@ -33,7 +33,7 @@ def _causes(error: BaseException):
 
 def interrupted(error: BaseException) -> bool:
     """A KeyboardInterrupt that a library caught and wrapped (a second Ctrl-C inside a checkpoint save)."""
-    return any(isinstance(cause, KeyboardInterrupt) for cause in _causes(error))
+    return any(isinstance(cause, KeyboardInterrupt) for cause in causes(error))
 
 
 def collective_timeout(error: BaseException) -> bool:
@@ -43,4 +43,4 @@ def collective_timeout(error: BaseException) -> bool:
 
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return False
-    return any(isinstance(c, RuntimeError) and "timed out waiting" in str(c).lower() for c in _causes(error))
+    return any(isinstance(c, RuntimeError) and "timed out waiting" in str(c).lower() for c in causes(error))

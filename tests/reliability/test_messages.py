@@ -143,3 +143,24 @@ def test_two_exports_into_one_directory(finished_run, tmp_path, trial):
     assert "another `ditty export` is writing" in refused or "already exists and is not empty" in refused, refused
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no .partial, no .lock left
+
+
+def test_a_force_resume_after_a_shape_change_says_shape_mismatch(finished_run, tmp_path, trial):
+    trial.update(
+        fault="force-resume after a shape change",
+        injected="model.config.hidden_size 32 -> 64, --checkpoint.force_resume true",
+    )
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = _snapshot(run)
+    recipe = write_recipe(tmp_path, steps=6)
+    recipe.write_text(recipe.read_text().replace("hidden_size = 32", "hidden_size = 64"))
+    result = ditty("run", str(recipe), "--checkpoint.force_resume", "true")
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    last = result.err[result.err.index("could not be loaded") :]
+    assert "shape mismatch: Size mismatch between saved torch.Size([259, 32]) and current: torch.Size([259, 64])" in (
+        last
+    )
+    assert "File " not in last and "CheckpointException" not in last, last
+    assert _snapshot(run) == before
