@@ -88,23 +88,33 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ditty check ... | head`: the reader left, nothing more to say
         sys.stderr.close()
         return 0
-    except Exception as error:
+    except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is not an Exception
+        if isinstance(error, (SystemExit, GeneratorExit)):
+            raise
         record_failure(error)
-        if interrupted(error):  # a second Ctrl-C inside a save, wrapped by torch.distributed.checkpoint
-            print(
-                "interrupted during a checkpoint save; that save is incomplete and will be removed, the previous "
-                "checkpoint is kept (run the same command again to resume from it)",
-                file=sys.stderr,
-            )
-            return 130
-        if collective_timeout(error):
-            print(
-                f"error: {str(error).splitlines()[0][:300]}: a peer stopped answering; DITTY_DIST_TIMEOUT_S sets how "
-                "long a collective waits",
-                file=sys.stderr,
-            )
-            return 1
-        raise
+        code = _said_without_traceback(error)
+        if code is None:
+            raise
+        return code
+
+
+def _said_without_traceback(error: BaseException) -> int | None:
+    """The exit code of a failure that a message explains (printed here), or None for a traceback."""
+    if interrupted(error):  # a second Ctrl-C inside a save, wrapped by torch.distributed.checkpoint
+        print(
+            "interrupted during a checkpoint save; that save is incomplete and will be removed, the previous "
+            "checkpoint is kept (run the same command again to resume from it)",
+            file=sys.stderr,
+        )
+        return 130
+    if collective_timeout(error):
+        print(
+            f"error: {str(error).splitlines()[0][:300]}: a peer stopped answering; DITTY_DIST_TIMEOUT_S sets how "
+            "long a collective waits",
+            file=sys.stderr,
+        )
+        return 1
+    return None
 
 
 # --- shared pieces -----------------------------------------------------------------------------

@@ -164,3 +164,18 @@ def test_a_force_resume_after_a_shape_change_says_shape_mismatch(finished_run, t
     )
     assert "File " not in last and "CheckpointException" not in last, last
     assert _snapshot(run) == before
+
+
+def test_a_second_ctrl_c_during_a_save_is_exit_130_and_the_rerun_resumes(tmp_path, trial):
+    trial.update(fault="a second Ctrl-C during a save", injected="SIGINT as the step-4 save begins, SIGINT inside it")
+    recipe = write_recipe(tmp_path, steps=6)
+    recipe.write_text('trainer = "tests.reliability.hooks:InterruptInSave"\n' + recipe.read_text())
+    run = tmp_path / "run"
+    done = ditty_process("run", str(recipe), env={"DITTY_TEST_INTERRUPT_AT_STEP": "4"}, timeout=300)
+    trial.update(exit_code=done.returncode, lost_steps=4 - 2)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "interrupted" in done.stderr, done.stderr[-3000:]
+    assert complete_steps(run) == [2]
+    rerun = ditty_process("run", str(recipe), timeout=300)
+    assert rerun.returncode == 0 and "resumed from step 2" in rerun.stdout, rerun.stderr[-3000:]
+    assert complete_steps(run)[-1] == 6 and (run / "final" / "model.safetensors").is_file()
