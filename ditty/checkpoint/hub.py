@@ -73,18 +73,22 @@ def _timeouts(seconds: float) -> Iterator[None]:
         set_client_factory(previous)
 
 
-def _folder_operations(folder: Path, extra_files: Mapping[str, bytes]) -> list:
+def _folder_operations(folder: Path, extra_files: Mapping[str, bytes], prefix: str | None) -> list:
     """One `CommitOperationAdd` per file of `folder` (what upload_folder would send), with
-    `extra_files` ({path in repo: content}) added or put in place of the folder's own."""
+    `extra_files` ({path: content}) added or put in place of the folder's own; all under `prefix`."""
     from huggingface_hub import CommitOperationAdd
+
+    def in_repo(relative: str) -> str:
+        return f"{prefix.strip('/')}/{relative}" if prefix else relative
 
     operations = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         relative = path.relative_to(folder).as_posix()
         if relative in extra_files or relative.startswith((".git/", ".cache/huggingface/")):
             continue
-        operations.append(CommitOperationAdd(path_in_repo=relative, path_or_fileobj=str(path)))
-    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in extra_files.items()]
+        operations.append(CommitOperationAdd(path_in_repo=in_repo(relative), path_or_fileobj=str(path)))
+    for name, data in extra_files.items():
+        operations.append(CommitOperationAdd(path_in_repo=in_repo(name), path_or_fileobj=data))
     return operations
 
 
@@ -133,10 +137,7 @@ def push_folder(
             waiting = f"the Hub at {constants.ENDPOINT} to create or find the repository {repo_id}"
             print(f"waiting for {waiting} (up to {seconds:g} s)", file=sys.stderr, flush=True)
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            operations = _folder_operations(folder, dict(extra_files or {}))
-            if path_in_repo:
-                for operation in operations:
-                    operation.path_in_repo = f"{path_in_repo.strip('/')}/{operation.path_in_repo}"
+            operations = _folder_operations(folder, dict(extra_files or {}), path_in_repo)
             waiting = f"the Hub at {constants.ENDPOINT} to take {len(operations)} files of {folder} into {repo_id}"
             print(f"waiting for {waiting} (up to {seconds:g} s without an answer)", file=sys.stderr, flush=True)
             info = api.create_commit(
