@@ -50,3 +50,17 @@ def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Pa
             target.rmdir()  # empty by the caller's check; a file added since makes this fail loudly
     os.replace(partial, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a small text file beside `path`, then rename it into place: a full disk or a kill
+    leaves the previous file (or none), never a truncated one. OSError as the write raised it."""
+    staged = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(staged, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staged, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(staged)
+        raise

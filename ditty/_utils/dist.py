@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any, Optional
+
+TIMEOUT_ENV = "DITTY_DIST_TIMEOUT_S"
+# A collective waits this long for a peer before it raises. torch's own default for gloo is 30
+# minutes; ten is long enough for a slow checkpoint write on rank 0 while the others wait, and short
+# enough that a peer lost without torchrun noticing (another node) ends the run the same hour.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def configured_timeout() -> datetime.timedelta:
+    """How long a collective waits for a peer: $DITTY_DIST_TIMEOUT_S, else DEFAULT_TIMEOUT_S. Every
+    process group ditty makes takes it (torch's own default for a new gloo group is 30 minutes)."""
+    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
 
 
 def world_size() -> int:

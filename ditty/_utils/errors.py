@@ -11,3 +11,36 @@ from __future__ import annotations
 
 class RunFailure(RuntimeError):
     """The run stopped; `str(error)` is the whole story (exit code 1, no traceback)."""
+
+
+def causes(error: BaseException):
+    """`error`, what it was raised from or during, and what torch.distributed.checkpoint wrapped in
+    it (a CheckpointException holds each rank's exception in `failures`)."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [current.__cause__, current.__context__]
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            wrapped = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+            todo += [f for f in wrapped if isinstance(f, BaseException)]
+
+
+def interrupted(error: BaseException) -> bool:
+    """A KeyboardInterrupt that a library caught and wrapped (a second Ctrl-C inside a checkpoint save)."""
+    return any(isinstance(cause, KeyboardInterrupt) for cause in causes(error))
+
+
+def collective_timeout(error: BaseException) -> bool:
+    """In a worker of several: a torch.distributed collective that gave up waiting for a peer
+    ($DITTY_DIST_TIMEOUT_S); gloo says "Timed out waiting Nms for ... operation to complete"."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return False
+    return any(isinstance(c, RuntimeError) and "timed out waiting" in str(c).lower() for c in causes(error))

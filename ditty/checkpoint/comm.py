@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ditty._utils.dist import configured_timeout
+
 
 def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -24,7 +26,9 @@ def new_checkpoint_group() -> dist.ProcessGroup | None:
     """Collective: every rank must call it at the same point. None when there is no process group."""
     if not initialized():
         return None
-    return dist.new_group(backend="gloo")
+    # The training group's timeout, not torch's 30-minute default for new groups: a peer that stops
+    # answering during a save ends the run as soon as it would during a step.
+    return dist.new_group(backend="gloo", timeout=configured_timeout())
 
 
 def rank(group: dist.ProcessGroup | None) -> int:
@@ -60,3 +64,12 @@ def all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
+
+
+def all_max(value: int, group: dist.ProcessGroup | None) -> int:
+    """The largest of every rank's `value` (a small integer), on every rank."""
+    if group is None:
+        return value
+    flag = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return int(flag.item())

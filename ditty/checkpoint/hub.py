@@ -5,18 +5,23 @@ passes it through in memory. It is never written to the run directory, a log lin
 error message (messages are scrubbed of it). huggingface_hub is imported inside the functions: it
 reads `HF_ENDPOINT` and friends when first imported, and most runs never push.
 
-A failed push changes nothing locally: the run directory is only read. The error says so and names
-`ditty push RUN_DIR` to retry, which re-uploads the whole folder in one new commit.
+A failed push changes nothing locally: the run directory is only read (the card travels in the
+commit, and `ditty push` writes it into final/ only once the push succeeded). Every Hub call says
+what it waits for and gives up after $DITTY_HUB_TIMEOUT_S (default 60) seconds without an answer.
+The error says so and names `ditty push RUN_DIR` to retry, which re-uploads the whole folder in one
+new commit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ditty.config.errors import RecipeError
 
@@ -38,6 +43,55 @@ def _current_token() -> str | None:
     return get_token()
 
 
+HUB_TIMEOUT_ENV = "DITTY_HUB_TIMEOUT_S"
+DEFAULT_HUB_TIMEOUT_S = 60.0
+"""How long a Hub call waits to connect, or for the next bytes of an answer, before it gives up
+(huggingface_hub's own client waits forever)."""
+
+
+def hub_timeout() -> float:
+    return float(os.environ.get(HUB_TIMEOUT_ENV) or DEFAULT_HUB_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def _timeouts(seconds: float) -> Iterator[None]:
+    """huggingface_hub's shared HTTP client, with `seconds` as its timeout for the block's length."""
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http
+
+    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory)
+
+    def with_timeout():
+        client = previous()
+        client.timeout = seconds
+        return client
+
+    set_client_factory(with_timeout)
+    try:
+        yield
+    finally:
+        set_client_factory(previous)
+
+
+def _folder_operations(folder: Path, extra_files: Mapping[str, bytes], prefix: str | None) -> list:
+    """One `CommitOperationAdd` per file of `folder` (what upload_folder would send), with
+    `extra_files` ({path: content}) added or put in place of the folder's own; all under `prefix`."""
+    from huggingface_hub import CommitOperationAdd
+
+    def in_repo(relative: str) -> str:
+        return f"{prefix.strip('/')}/{relative}" if prefix else relative
+
+    operations = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder).as_posix()
+        if relative in extra_files or relative.startswith((".git/", ".cache/huggingface/")):
+            continue
+        operations.append(CommitOperationAdd(path_in_repo=in_repo(relative), path_or_fileobj=str(path)))
+    for name, data in extra_files.items():
+        operations.append(CommitOperationAdd(path_in_repo=in_repo(name), path_or_fileobj=data))
+    return operations
+
+
 def push_folder(
     folder: str | os.PathLike,
     *,
@@ -47,12 +101,15 @@ def push_folder(
     commit_message: str,
     path_in_repo: str | None = None,
     run_dir: str | os.PathLike | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> str:
-    """Create `repo_id` if needed (`private` applies only then) and upload `folder` in one commit.
+    """Create `repo_id` if needed (`private` applies only then) and upload `folder` in one commit,
+    with `extra_files` ({path: content}, e.g. a model card that is not written locally) added.
 
-    Returns the commit URL. `run_dir` only shapes the retry hint of the error message.
+    Returns the commit URL. `run_dir` only shapes the retry hint of the error message. Each Hub call
+    says what it waits for and gives up after $DITTY_HUB_TIMEOUT_S seconds without an answer.
     Raises RecipeError (exit code 2) on any failure: missing folder, no token, HTTP error,
-    connection refused.
+    connection refused, no answer in time. Nothing local is written.
     """
     folder = Path(folder)
     retry = f"`ditty push {run_dir if run_dir is not None else 'RUN_DIR'}`"
@@ -70,29 +127,45 @@ def push_folder(
             fix=f"set HF_TOKEN or run `hf auth login`, then retry with {retry}",
         )
 
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
     api = HfApi(token=token)
+    seconds = hub_timeout()
+    waiting = ""
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        info = api.upload_folder(
-            folder_path=str(folder),
-            repo_id=repo_id,
-            repo_type="model",
-            path_in_repo=path_in_repo,
-            commit_message=commit_message,
-        )
+        with _timeouts(seconds):
+            waiting = f"the Hub at {constants.ENDPOINT} to create or find the repository {repo_id}"
+            print(f"waiting for {waiting} (up to {seconds:g} s)", file=sys.stderr, flush=True)
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            operations = _folder_operations(folder, dict(extra_files or {}), path_in_repo)
+            waiting = f"the Hub at {constants.ENDPOINT} to take {len(operations)} files of {folder} into {repo_id}"
+            print(f"waiting for {waiting} (up to {seconds:g} s without an answer)", file=sys.stderr, flush=True)
+            info = api.create_commit(
+                repo_id=repo_id, repo_type="model", operations=operations, commit_message=commit_message
+            )
     except Exception as e:  # noqa: BLE001 - HTTP errors, refused connections, bad ids: all user-facing
         reason = _scrub(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", token)
+        if _timed_out(e):
+            reason = f"no answer within {seconds:g} s while waiting for {waiting}"
         raise RecipeError.single(
             f"pushing {folder} to the Hub repository {repo_id} failed ({reason}); every local file is "
-            f"kept, nothing was deleted",
+            f"kept, nothing was deleted or changed",
             key="hub.repo_id",
-            fix=f"check the network, the token's write access and the repository id, then retry with {retry}",
+            fix=f"check the network, the token's write access and the repository id (a slow Hub: raise "
+            f"{HUB_TIMEOUT_ENV}), then retry with {retry}",
         ) from None  # the chained traceback would only repeat the reason, with request details
     url = getattr(info, "commit_url", None) or str(info)
     log.info("pushed %s to %s (%s)", folder, repo_id, url)
     return url
+
+
+def _timed_out(error: BaseException) -> bool:
+    seen = error
+    while seen is not None:
+        if "timeout" in type(seen).__name__.lower() or isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _fence(text: str) -> str:
@@ -104,7 +177,7 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not Path(name).exists()
 
 
-def write_model_card(
+def model_card_text(
     folder: str | os.PathLike,
     *,
     base_model: str | None,
@@ -118,14 +191,13 @@ def write_model_card(
     auto_class: str = "AutoModelForCausalLM",
     pipeline: str | None = "text-generation",
     peft_auto_class: str | None = "AutoPeftModelForCausalLM",
-) -> Path:
-    """Write `folder/README.md`: YAML front matter (base model, license, library, the task's pipeline
-    tag), the final metrics, how to load the model (with the task's Auto class, or peft's for an
-    adapter), and the recipe that trained it. Returns the card's path. `title` is the card's heading
+) -> str:
+    """The model card (README.md) for the model in `folder`: YAML front matter (base model, license,
+    library, the task's pipeline tag), the final metrics, how to load the model (with the task's Auto
+    class, or peft's for an adapter), and the recipe that trained it. `title` is the card's heading
     (the run name, say); `task`, `pipeline_tag`, `auto_class` and `pipeline` (the transformers.pipeline
     task, None when transformers has none) come from ditty.models.tasks."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     hub_base = base_model if base_model and _looks_like_hub_id(base_model) else None
     # JSON strings are valid YAML scalars, so names with colons or quotes need no YAML escaping.
     front = ["---"]
@@ -188,7 +260,13 @@ def write_model_card(
         fence,
         "",
     ]
-    text = _scrub("\n".join(front + [""] + body), _current_token())
+    return _scrub("\n".join(front + [""] + body), _current_token())
+
+
+def write_model_card(folder: str | os.PathLike, **card: Any) -> Path:
+    """Write `folder/README.md` (`model_card_text`'s card, same arguments); returns its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "README.md"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(model_card_text(folder, **card), encoding="utf-8")
     return path

@@ -125,10 +125,13 @@ def acquire(run_dir: str | os.PathLike) -> RunLock:
         _held[key].users += 1
         return _held[key]
     created_dir = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:  # a read-only filesystem or directory, no permission, a full disk
+            raise _unwritable(run_dir, error) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -155,11 +158,25 @@ def acquire(run_dir: str | os.PathLike) -> RunLock:
         "host": socket.gethostname(),
         "since": datetime.datetime.now().isoformat(sep=" ", timespec="seconds"),
     }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+    except OSError as error:
+        os.close(fd)
+        raise _unwritable(run_dir, error) from None
     lock = RunLock(run_dir, fd, created_dir)
     _held[key] = lock
     return lock
+
+
+def _unwritable(run_dir: Path, error: OSError) -> RecipeError:
+    return RecipeError.single(
+        f"cannot write to the run directory {run_dir}: {error.strerror or error} ({error.filename or run_dir}); "
+        "nothing in it was changed",
+        key="run.output_dir",
+        fix="choose a run.output_dir on a writable filesystem with free space (a finished run on a read-only "
+        "medium is read by `ditty generate`, `export` and `push`, which do not write into it)",
+    )
 
 
 def remove_leftovers(run_dir: str | os.PathLike) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
-from ditty._utils.errors import RunFailure
+from ditty._utils.errors import RunFailure, collective_timeout, interrupted
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
@@ -88,9 +88,33 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ditty check ... | head`: the reader left, nothing more to say
         sys.stderr.close()
         return 0
-    except Exception as error:
+    except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is not an Exception
+        if isinstance(error, (SystemExit, GeneratorExit)):
+            raise
         record_failure(error)
-        raise
+        code = _said_without_traceback(error)
+        if code is None:
+            raise
+        return code
+
+
+def _said_without_traceback(error: BaseException) -> int | None:
+    """The exit code of a failure that a message explains (printed here), or None for a traceback."""
+    if interrupted(error):  # a second Ctrl-C inside a save, wrapped by torch.distributed.checkpoint
+        print(
+            "interrupted during a checkpoint save; that save is incomplete and will be removed, the previous "
+            "checkpoint is kept (run the same command again to resume from it)",
+            file=sys.stderr,
+        )
+        return 130
+    if collective_timeout(error):
+        print(
+            f"error: {str(error).splitlines()[0][:300]}: a peer stopped answering; DITTY_DIST_TIMEOUT_S sets how "
+            "long a collective waits",
+            file=sys.stderr,
+        )
+        return 1
+    return None
 
 
 # --- shared pieces -----------------------------------------------------------------------------
@@ -226,6 +250,13 @@ def cmd_run(args: list[str]) -> int:
     # Preempted (SIGTERM/SIGINT) after saving a checkpoint: the shell's convention, 128 + signal.
     if result.stopped_by:
         record_stop(f"stopped by signal {result.stopped_by} after step {result.steps}")
+        from ditty.parallel.launch import LAUNCHER_PID_ENV
+
+        if os.environ.get(LAUNCHER_PID_ENV):
+            # A worker of ditty's launcher: exit 0 so that torchrun, which takes any other code for a
+            # crash and kills the peers still saving, waits for all of them; the launcher reads the
+            # stop records and exits 128 + signal itself.
+            return 0
         return 128 + result.stopped_by
     return 0
 
@@ -381,6 +412,11 @@ def cmd_generate(args: list[str]) -> int:
         max_new_tokens = int(max_new) if max_new else 32
     except ValueError:
         raise RecipeError.single("--max-new-tokens takes a whole number") from None
+    if max_new_tokens < 1:
+        raise RecipeError.single(
+            f"--max-new-tokens {max_new_tokens}: it takes a number of tokens of at least 1",
+            fix="e.g. --max-new-tokens 32",
+        )
     from ditty.train.generate import generate
 
     print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample)))

@@ -74,6 +74,12 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
     except tomllib.TOMLDecodeError as error:
         # A key set twice, or a key that breaks TOML's rules, is said in the user's words (toml_errors).
         raise RecipeError([explain_toml_error(error, text)], source=source) from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise RecipeError.single(
+            "arrays or inline tables are nested too deeply to read",
+            fix="a recipe nests a few levels at most; check for a run of [ or { that is not closed as intended",
+            source=source,
+        ) from None
     if not data:
         raise RecipeError.single("the recipe is empty", fix="start from `ditty init -o recipe.toml`", source=source)
     lines = index_lines(text)

@@ -430,8 +430,8 @@ class CheckpointConfig:
     resume: str = "auto"
     """"auto" (newest complete checkpoint in the run directory), "never", or a checkpoint path."""
     force_resume: bool = False
-    """Resume even when the recipe differs from the checkpoint's in keys that change training
-    (the differences are logged)."""
+    """Resume even when the recipe differs from the checkpoint's in keys that change training, or a
+    data file's content differs from the one the checkpoint recorded (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
     """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
     fallback: bool = True

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
+from ditty.data.fingerprint import files_fingerprint
 from ditty.data.rows import DEFAULT_MAX_ROW_BYTES
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,17 @@ def load_checked_files(
             key=key,
             fix=f"use one of {', '.join(FILE_BUILDERS)}",
         )
+    for file in files:
+        try:
+            os.stat(file)  # a symlink loop (ELOOP), a dangling link, a file without read permission
+            with open(file, "rb"):
+                pass
+        except OSError as error:
+            raise RecipeError.single(
+                f"cannot read the data file {file!r}: {error.strerror}",
+                key=key,
+                fix="point it at a readable file (`ls -lL` shows where a link leads)",
+            ) from None
     empty = [file for file in files if os.path.getsize(file) == 0]
     if empty:
         # Caught here because the readers fail on an empty file with a bare StopIteration.
@@ -122,7 +134,11 @@ def load_checked_files(
 
     try:
         builder = builders.pop()
-        options = (reader_options or {}).get(builder, {})
+        options = dict((reader_options or {}).get(builder, {}))
+        if not streaming:
+            # `datasets` keys its cache on each file's path and modification time only; the content's
+            # fingerprint in the config name makes a file rewritten with other rows a cache miss.
+            options.setdefault("name", f"ditty-{files_fingerprint(files)}")
         dataset = load_dataset(
             builder, data_files=files, split="train", cache_dir=cache_dir, streaming=streaming, **options
         )

@@ -170,7 +170,7 @@ def read_metrics(run_dir_or_file: str) -> list[dict[str, Any]]:
 
 def load_metrics(run_dir_or_file: str) -> tuple[list[dict[str, Any]], int]:
     """(records, unreadable lines skipped): a line cut short by a crash, or anything else that is not
-    one JSON object with a step, is skipped and counted, with a warning."""
+    one JSON object with a whole-number step, is skipped and counted, with a warning."""
     path = run_dir_or_file
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)
@@ -183,7 +183,8 @@ def load_metrics(run_dir_or_file: str) -> tuple[list[dict[str, Any]], int]:
                 continue
             try:
                 record = json.loads(line)
-                if not isinstance(record, dict) or "step" not in record:
+                step = record.get("step") if isinstance(record, dict) else None
+                if isinstance(step, bool) or not isinstance(step, int):  # a step of Infinity, "7" or 7.5 too
                     raise ValueError("not a metrics record")
             except ValueError:
                 skipped.append(number)

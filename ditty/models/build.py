@@ -332,6 +332,29 @@ def _check_override_keys(config: "PretrainedConfig", overrides: dict[str, Any]) 
         )
 
 
+def config_key_problems(model: ModelConfig) -> list:
+    """The compiler's view of `_check_override_keys`: unknown `model.config` keys of a random init,
+    found from the architecture's config class or a local model's config.json (nothing fetched)."""
+    if not model.config or model.factory or model.resolved_init != "random":
+        return []
+    from transformers import AutoConfig
+
+    local = local_model_dir(model.path) if model.path else None
+    try:
+        if local:
+            config = AutoConfig.from_pretrained(local, trust_remote_code=model.trust_remote_code)
+        elif model.architecture and not model.path:
+            config = AutoConfig.for_model(model.architecture)
+        else:
+            return []  # a hub id: `ditty run` checks the keys once it has the config
+        _check_override_keys(config, model.config)
+    except RecipeError as error:
+        return list(error.problems)
+    except Exception:  # noqa: BLE001 - an unknown architecture or unreadable config is model.source's to report
+        return []
+    return []
+
+
 def _tokenizer_config(tokenizer) -> dict[str, Any]:
     values = {"vocab_size": len(tokenizer)}
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):

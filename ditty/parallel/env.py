@@ -14,11 +14,7 @@ from typing import Union
 import torch
 import torch.distributed as dist
 
-TIMEOUT_ENV = "DITTY_DIST_TIMEOUT_S"
-# A collective waits this long for a peer before it raises. torch's own default for gloo is 30
-# minutes; ten is long enough for a slow checkpoint write on rank 0 while the others wait, and short
-# enough that a peer lost without torchrun noticing (another node) ends the run the same hour.
-DEFAULT_TIMEOUT_S = 600.0
+from ditty._utils.dist import configured_timeout
 
 
 @dataclass(frozen=True)
@@ -69,12 +65,12 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if not dist.is_initialized():
-        seconds = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        wait = datetime.timedelta(seconds=timeout) if timeout is not None else configured_timeout()
         # On CUDA, CPU tensors (object collectives, DCP metadata) still need a backend: gloo.
         backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=seconds),
+            timeout=wait,
             device_id=resolved if resolved.type == "cuda" else None,
         )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, resolved)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -157,7 +158,7 @@ def launch(
         os.environ.update(ours)  # the agent passes its environment on to the workers
         try:
             elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
-            return 0
+            return _stopped_workers(error_dir)
         except SignalException as stop:  # the agent forwarded the signal and waited for the workers
             return _report_stop(stop.sigval, error_dir)
         except ChildFailedError as failure:
@@ -175,6 +176,21 @@ def launch(
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def _stopped_workers(error_dir: str) -> int:
+    """After the workers all exited 0: 128 + the signal that stopped them (one of them was sent it:
+    they saved together and rank 0 said where), or 0 when they finished."""
+    signals = []
+    for path in glob.glob(os.path.join(error_dir, STOP_FILE.format(rank="*"))):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = re.search(r"signal (\d+)", handle.read())
+        except OSError:
+            continue
+        if found:
+            signals.append(int(found.group(1)))
+    return 128 + max(signals) if signals else 0
 
 
 def _report_stop(signum: int, error_dir: str) -> int:
@@ -198,6 +214,11 @@ def _report(failure, error_dir: str) -> int:
         print(text, file=sys.stderr)
         return USER_ERROR
     codes = {rank: f.exitcode for rank, f in failure.failures.items()}
+    stopped = {code for code in codes.values() if code in (128 + signal.SIGTERM, 128 + signal.SIGINT)}
+    if stopped and set(codes.values()) == stopped and glob.glob(os.path.join(error_dir, STOP_FILE.format(rank="*"))):
+        # A signal sent to a worker rather than to the launcher: the workers saved and stopped together
+        # (rank 0 printed where the checkpoint is); exit as the launcher would have for that signal.
+        return max(stopped)
     if USER_ERROR in codes.values():
         rank = min(r for r, code in codes.items() if code == USER_ERROR)
         print(
@@ -205,6 +226,20 @@ def _report(failure, error_dir: str) -> int:
             file=sys.stderr,
         )
         return USER_ERROR
+    first = _first_recorded_failure(error_dir)
+    if first is not None and "timed out" in first[1].lower():
+        # A rank gave up on a collective after $DITTY_DIST_TIMEOUT_S: a peer stopped answering (stopped,
+        # hung). Such a peer ignores the agent's SIGTERM and gets its SIGKILL: that kill is the
+        # launcher's, not the out-of-memory killer's, so the timeout is what is reported.
+        rank, summary = first
+        silent = ", ".join(str(r) for r in sorted(codes) if r != rank) or "a peer"
+        print(
+            f"error: rank {rank} failed first: a collective timed out waiting for rank {silent}, which stopped "
+            f"answering (stopped or hung; the launcher then ended it) ({summary}). DITTY_DIST_TIMEOUT_S sets "
+            "how long a collective waits",
+            file=sys.stderr,
+        )
+        return FAILURE
     killed = _killed_from_outside(codes)
     if killed is not None:
         rank, how = killed
@@ -215,7 +250,6 @@ def _report(failure, error_dir: str) -> int:
             file=sys.stderr,
         )
         return FAILURE
-    first = _first_recorded_failure(error_dir)
     if first is not None:
         rank, summary = first
         print(

@@ -294,6 +294,16 @@ def model_source(ctx: Context) -> Iterator[Problem]:
     yield from check_model_source(ctx.config.model)
 
 
+@rule("model.config")
+def model_config_keys(ctx: Context) -> Iterator[Problem]:
+    """Every `model.config` key is a field of the model's config class (a misspelling is not dropped)."""
+    try:
+        from ditty.models.build import config_key_problems
+    except ImportError:  # models package not present in this build: nothing to ask
+        return
+    yield from config_key_problems(ctx.config.model)
+
+
 @rule("model.tokenizer")
 def tokenizer_source(ctx: Context) -> Iterator[Problem]:
     """The tokenizer fits the model."""

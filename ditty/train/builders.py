@@ -186,27 +186,41 @@ class Builders:
         return Checkpointer(self.config, self.engine, self.resume)
 
     def build_run_dir(self, model: torch.nn.Module, total_steps: int) -> str:
-        """Create the run directory and write recipe.toml and env.json (rank 0)."""
-        from ditty.train import env as run_env
-        from ditty.train.final import write_recipe
+        """Create the run directory and write recipe.toml and env.json (rank 0); a directory that
+        cannot take them (a full disk, a read-only mount) is a RecipeError naming it."""
+        from ditty.config.errors import RecipeError
 
         run_dir = self.config.run.output_dir
         if is_main_process():
-            os.makedirs(run_dir, exist_ok=True)
-            info = run_env.environment(
-                model,
-                world_size=self.runtime.world_size,
-                seed=self.config.run.seed,
-                device=self.runtime.device,
-                extra={"grad_accum": self.plan.accumulation_steps, "total_steps": total_steps},
-            )
-            run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
-            write_recipe(run_dir, self.config, self.trainer_ref())
-            if self.components.given():
-                from ditty.train.components import annotate_recipe
-
-                annotate_recipe(run_dir, self.components)  # says the file alone cannot re-run this
+            try:
+                self._write_run_files(run_dir, model, total_steps)
+            except OSError as error:
+                raise RecipeError.single(
+                    f"cannot write into the run directory {run_dir}: {error.strerror or error} "
+                    f"({error.filename or run_dir}); no file there was left half-written",
+                    key="run.output_dir",
+                    fix="free space on that filesystem (`df -h`), or choose a run.output_dir that is writable",
+                ) from None
         return run_dir
+
+    def _write_run_files(self, run_dir: str, model: torch.nn.Module, total_steps: int) -> None:
+        from ditty.train import env as run_env
+        from ditty.train.final import write_recipe
+
+        os.makedirs(run_dir, exist_ok=True)
+        info = run_env.environment(
+            model,
+            world_size=self.runtime.world_size,
+            seed=self.config.run.seed,
+            device=self.runtime.device,
+            extra={"grad_accum": self.plan.accumulation_steps, "total_steps": total_steps},
+        )
+        run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
+        write_recipe(run_dir, self.config, self.trainer_ref())
+        if self.components.given():
+            from ditty.train.components import annotate_recipe
+
+            annotate_recipe(run_dir, self.components)  # says the file alone cannot re-run this
 
     def build_logger(self, resuming: bool):
         """metrics.jsonl and friends; a resumed run appends after the records up to its checkpoint."""

@@ -58,6 +58,7 @@ IGNORED = (
     "eval.",
 )
 SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
+SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
 
 
 # ---------------------------------------------------------------------------- recipe comparison
@@ -188,13 +189,43 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
     if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
         return ResumePlan(found, finished=True, step=step)
+    _check_data_unchanged(doc, config, found)
     return ResumePlan(found, step=step)
+
+
+def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
+    """A resume trains on the rows the checkpoint's data cursor counts through: refuse when a data
+    file's content fingerprint (ditty.data.fingerprint) differs from the one the checkpoint
+    recorded, unless checkpoint.force_resume."""
+    from ditty.data.fingerprint import changed_files, data_fingerprints
+
+    saved = doc.get(SIDECAR_DATA_FILES)
+    if not isinstance(saved, dict) or not saved:
+        return  # a checkpoint from before fingerprints, or data that is not local files
+    changed = changed_files(saved, data_fingerprints(config.data))
+    if not changed:
+        return
+    if not config.checkpoint.force_resume:
+        raise RecipeError.single(
+            f"the data changed since checkpoint {found} was saved: " + "; ".join(changed),
+            key="data.path",
+            fix="put back the data the run was trained on, choose a new run.output_dir to start afresh, or add "
+            "--checkpoint.force_resume true to continue on the new data from the saved position",
+        )
+    log.warning("resuming on changed data (checkpoint.force_resume): %s", "; ".join(changed))
 
 
 def doc_labels(doc: dict) -> Optional[dict]:
     """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
     labels = doc.get("labels")
     return labels if isinstance(labels, dict) else None
+
+
+def _data_fingerprints(config: Any) -> dict[str, str]:
+    from ditty.data.fingerprint import data_fingerprints
+
+    data = getattr(config, "data", None)
+    return data_fingerprints(data) if data is not None and hasattr(data, "sources") else {}
 
 
 def truncate_metrics(run_dir: str, step: int) -> None:
@@ -209,8 +240,8 @@ def truncate_metrics(run_dir: str, step: int) -> None:
             try:
                 if int(json.loads(line)["step"]) <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by the kill
+            except (ValueError, KeyError, TypeError, OverflowError):
+                continue  # a line cut short by the kill, or not a record (a step of Infinity)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(kept)
@@ -235,6 +266,8 @@ class Checkpointer:
             config.run.output_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and engine.async_save
         )
         self.last_saved_step: Optional[int] = None
+        # The data as it is when the run starts (the rows it tokenised), recorded in every checkpoint.
+        self.data_files = _data_fingerprints(config) if is_main_process() else {}
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
 
@@ -257,6 +290,7 @@ class Checkpointer:
             "total_steps": t.total_steps,
             "trainer": t.trainer_ref(),
             SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
+            SIDECAR_DATA_FILES: self.data_files,
             "recipe_toml": recipe_text,
             # A classifier's label set, which sizes its head: `ditty export` rebuilds the model from it.
             "labels": t.data.labels.to_json() if t.data.labels is not None else None,
@@ -330,22 +364,33 @@ class Checkpointer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self.stop_signal = signum
         if is_main_process():
-            print(
-                f"\nreceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True
-            )
+            print(f"\nreceived {signal_name(signum)}: finishing this step, then saving a checkpoint", flush=True)
 
     def stop_requested(self) -> bool:
-        """Whether any rank was signalled (one small all-reduce per step when there are several)."""
+        """Whether any rank was signalled (one small all-reduce per step when there are several).
+        Every rank then takes the signal a peer got, so a SIGTERM sent to one worker stops all of them
+        with the same message and exit code."""
         from ditty.checkpoint import comm
 
         if comm.world_size(self.manager._group) > 1:
-            return not comm.all_ok(self.stop_signal is None, self.manager._group)
+            signalled = comm.all_max(int(self.stop_signal or 0), self.manager._group)
+            if signalled and self.stop_signal is None:
+                self.stop_signal = signalled
+            return bool(signalled)
         return self.stop_signal is not None
 
 
-def preempted_message(trainer: Any, signum: int) -> str:
+def signal_name(signum: Optional[int]) -> str:
+    """SIGTERM for 15; a number outside the `signal.Signals` table (or None) is said as such, never raised."""
+    try:
+        return signal.Signals(int(signum)).name  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"signal {signum}"
+
+
+def preempted_message(trainer: Any, signum: Optional[int]) -> str:
     return (
-        f"stopped by {signal.Signals(signum).name} after step {trainer.state.step}; checkpoint saved in "
+        f"stopped by {signal_name(signum)} after step {trainer.state.step}; checkpoint saved in "
         f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
         f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint)."
     )

@@ -86,10 +86,10 @@ def environment(
 
 
 def write_env(run_dir: str, env: dict) -> str:
+    from ditty._utils.atomic import write_text_atomic
+
     path = os.path.join(run_dir, "env.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(env, f, indent=2)
-        f.write("\n")
+    write_text_atomic(path, json.dumps(env, indent=2) + "\n")
     return path
 
 

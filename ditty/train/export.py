@@ -11,8 +11,11 @@ run's checkpoint holds DeepSpeed's own files (torch.save pickles), which its zer
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -24,6 +27,35 @@ def _check_output(out: Path) -> None:
         raise RecipeError.single(
             f"{out} already exists and is not empty; ditty export never overwrites", fix="choose a new or empty -o DIR"
         )
+
+
+@contextlib.contextmanager
+def _sole_writer(out: Path) -> Iterator[None]:
+    """An exclusive flock on `OUT.lock` beside the output while it is written: a second export into
+    the same directory is refused at once instead of deleting the first one's partial files."""
+    lock_path = Path(f"{out}.lock")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise RecipeError.single(
+            f"cannot write beside {out}: {error.strerror or error}", fix="choose -o DIR on a writable filesystem"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RecipeError.single(
+                f"another `ditty export` is writing {out} right now; two would overwrite each other",
+                fix="wait for it to finish, or choose another -o DIR",
+            ) from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(lock_path)  # while still held: a later export makes a fresh one
+    finally:
+        os.close(fd)
 
 
 def _recipe(checkpoint: Path, doc: dict):
@@ -92,13 +124,15 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
     model = unwrap_model(model).eval()
-    with atomic_directory(out, replace=False) as partial:
-        if merge_lora:
-            from ditty.models.merge import save_merged
+    with _sole_writer(out):
+        _check_output(out)  # again: another export may have finished into it meanwhile
+        with atomic_directory(out, replace=False) as partial:
+            if merge_lora:
+                from ditty.models.merge import save_merged
 
-            save_merged(model, str(partial), tokenizer)
-        else:
-            save_model_files(model, tokenizer, str(partial))
+                save_merged(model, str(partial), tokenizer)
+            else:
+                save_model_files(model, tokenizer, str(partial))
     print(
         f"exported {checkpoint} (step {doc['step']}) to {out}"
         + (" (adapter merged into the base)" if merge_lora else " (adapter)" if adapter else "")

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from ditty._utils.atomic import write_text_atomic
 from ditty.config.errors import RecipeError
 
 log = logging.getLogger("ditty.train")
@@ -65,8 +66,7 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
         # training goes on, but there is no re-runnable recipe to write.
         log.warning("recipe.toml not written: the config is not expressible in TOML (%s)", exc)
         return None
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_text_atomic(path, text)  # a full disk leaves the previous recipe.toml (or none), never half of one
     return path
 
 

@@ -40,7 +40,7 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
 
 
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
-    from ditty.checkpoint.hub import push_folder, write_model_card
+    from ditty.checkpoint.hub import model_card_text, push_folder
     from ditty.config.loader import load_recipe
     from ditty.train.final import final_model_task
 
@@ -62,7 +62,7 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         )
     recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
     adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
-    write_model_card(
+    card = model_card_text(
         final,
         base_model=config.model.path if config is not None else None,
         recipe_text=recipe_text,
@@ -71,13 +71,20 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         title=config.run.name if config is not None else None,
         **card_task_fields(final_model_task(run_dir).name),
     )
-    return push_folder(
+    url = push_folder(
         final,
         repo_id=repo_id,
         private=config.hub.private if config is not None else True,
         commit_message="ditty: final model",
         run_dir=run_dir,
+        extra_files={"README.md": card.encode("utf-8")},
     )
+    # Only now, with the push done, does the local copy of the card change (a failed push changes nothing).
+    staged = os.path.join(final, ".README.md.tmp")
+    with open(staged, "w", encoding="utf-8") as handle:
+        handle.write(card)
+    os.replace(staged, os.path.join(final, "README.md"))
+    return url
 
 
 def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:

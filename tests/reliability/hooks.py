@@ -5,16 +5,21 @@ the same recipe runs clean when they are unset (a rerun then has an identical re
   caught in the middle by another process).
 - `NaNFrom`: from 0-based optimizer step DITTY_TEST_NAN_FROM on (to DITTY_TEST_NAN_UNTIL, exclusive,
   if set), the logits become NaN: a streak of non-finite steps.
+- `StopInSave` (a trainer, named at the top of a recipe): one rank stops itself as a save begins.
+- `InterruptInSave` (a trainer): a Ctrl-C as a save begins and a second one inside it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
 
+from ditty._utils.dist import rank
 from ditty.processors import PostProcessor, PreProcessor
+from ditty.train.trainer import Trainer
 
 
 class Pace(PreProcessor):
@@ -46,3 +51,39 @@ class NaNFrom(PostProcessor):
         ):
             model_output.logits = model_output.logits * torch.tensor(float("nan"))
         return model_output, ctx
+
+
+class StopInSave(Trainer):
+    """Rank DITTY_TEST_STOP_RANK stops itself (SIGSTOP) as the checkpoint of step DITTY_TEST_STOP_AT_STEP
+    begins, while its peers go on into the save's collectives."""
+
+    def save(self, final: bool = False):
+        at = os.environ.get("DITTY_TEST_STOP_AT_STEP")
+        if at and not final and self.state.step == int(at) and rank() == int(os.environ["DITTY_TEST_STOP_RANK"]):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return super().save(final)
+
+
+class InterruptInSave(Trainer):
+    """Two Ctrl-Cs at the save of step DITTY_TEST_INTERRUPT_AT_STEP: the first as it begins (the run
+    asks to stop after this save), the second from inside DCP's write of the shards."""
+
+    def save(self, final: bool = False):
+        at = os.environ.get("DITTY_TEST_INTERRUPT_AT_STEP")
+        if not (at and not final and self.state.step == int(at)):
+            return super().save(final)
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        original = FileSystemWriter.write_data
+
+        def write_data(writer, plan, planner):
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, inside the save
+            time.sleep(1)  # the handler runs here
+            return original(writer, plan, planner)
+
+        os.kill(os.getpid(), signal.SIGINT)
+        FileSystemWriter.write_data = write_data
+        try:
+            return super().save(final)
+        finally:
+            FileSystemWriter.write_data = original
