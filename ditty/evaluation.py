@@ -211,6 +211,10 @@ def evaluate_path(
         raise RecipeError.single("no task to run", fix="ditty eval RUN --tasks hellaswag,arc_easy")
     _import_lm_eval()
     model_dir, run_dir = resolve_target(path)
+    from ditty.checkpoint.integrity import check_model_dir
+
+    # Its manifest first (final/'s covers final/merged/): a damaged file is never scored or recorded.
+    check_model_dir(run_dir / "final" if run_dir is not None else model_dir)
     model, tokenizer = load_model(model_dir)
     scores = harness_scores(model.to(device), tokenizer, tasks, **options)
     if record and run_dir is not None:

@@ -9,6 +9,7 @@ something) and call it themselves. A dotted name after the colon reaches nested 
 from __future__ import annotations
 
 import importlib
+import traceback
 from typing import Any
 
 from ditty.config.errors import Problem, RecipeError
@@ -37,6 +38,31 @@ def resolve_reference(reference: Any, *, key: str) -> tuple[Any, list[Problem]]:
                 fix="check the module name and that it is importable (installed, or on PYTHONPATH)",
             )
         ]
+    except SyntaxError as error:  # IndentationError and TabError too: the file and line are the error's own
+        return None, [
+            Problem(
+                key,
+                f"cannot import module {module_name!r}: {error.msg} ({error.filename}, line {error.lineno})",
+                fix="fix the syntax error at that line",
+            )
+        ]
+    except SystemExit as error:  # the module's top level called sys.exit(): not an answer from ditty
+        return None, [
+            Problem(
+                key,
+                f"importing module {module_name!r} called sys.exit({error.code!r}){_where(error)}",
+                fix="a module a recipe names must not exit when imported; put that code under "
+                '`if __name__ == "__main__":`',
+            )
+        ]
+    except Exception as error:  # noqa: BLE001 - whatever the user's module raises is the user's to fix
+        return None, [
+            Problem(
+                key,
+                f"importing module {module_name!r} raised {type(error).__name__}: {error}{_where(error)}",
+                fix="fix the error at that line of the module (it runs when the recipe is loaded)",
+            )
+        ]
     for part in attr.split("."):
         obj = getattr(obj, part, _MISSING)
         if obj is _MISSING:
@@ -56,3 +82,10 @@ def import_reference(reference: Any, *, key: str) -> Any:
     if problems:
         raise RecipeError(problems)
     return obj
+
+
+def _where(error: BaseException) -> str:
+    """ " (FILE, line N)": where the error was raised, leaving out the import machinery's frames."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    frames = [f for f in frames if not f.filename.endswith(("importlib/__init__.py", "ditty/config/references.py"))]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
