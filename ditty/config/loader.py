@@ -6,6 +6,7 @@ dotted key, the TOML line and a fix, and every problem in a file is reported at 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,10 @@ def load_recipe(ref: str) -> LoadedRecipe:
     return parse_recipe(raw, source=str(path))
 
 
-def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
+def parse_recipe(raw: bytes | str, source: str | None = None, *, import_code: bool = True) -> LoadedRecipe:
+    """The recipe in `raw`. `import_code=False` reads a recipe someone else wrote (a run directory's):
+    its `trainer` module is not imported, and the sections that trainer's Config would add are left
+    out (readers of a run need only ditty's own)."""
     text = _decode(raw, source)
     try:
         data = tomllib.loads(text)
@@ -80,7 +84,10 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
     problems: list[Problem] = []
     trainer_ref = data.pop(TRAINER_KEY, None)
     schema = TrainerConfig
-    if trainer_ref is not None:
+    if trainer_ref is not None and not import_code:
+        known = {f.name for f in dataclasses.fields(TrainerConfig)}
+        data = {name: value for name, value in data.items() if name in known}
+    elif trainer_ref is not None:
         schema = _trainer_schema(trainer_ref, problems)
     config = coerce.build(schema, data, problems)
     problems = [_with_line(p, lines) for p in problems]

@@ -89,3 +89,32 @@ def _where(error: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
     frames = [f for f in frames if not f.filename.endswith(("importlib/__init__.py", "ditty/config/references.py"))]
     return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def code_references(config: Any, trainer: str | None = None) -> list[str]:
+    """Every piece of code a recipe makes ditty import or run, as `key = value` lines: its trainer,
+    each [pipeline] stage, `model.factory`, converter classes in `model.converters`, and
+    `model.trust_remote_code` (code shipped beside the model). Readers of someone else's run refuse
+    to go on while this is not empty, unless told to trust it."""
+    import dataclasses
+
+    found = [f"trainer = {trainer!r}"] if trainer else []
+
+    def walk(node: Any, prefix: str) -> None:
+        for item in dataclasses.fields(node):
+            value, key = getattr(node, item.name), f"{prefix}{item.name}"
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, key + ".")
+            elif isinstance(value, (list, tuple)):
+                for index, entry in enumerate(value):
+                    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+                        walk(entry, f"{key}[{index}].")
+                    elif item.name == "converters" and isinstance(entry, str) and ":" in entry:
+                        found.append(f"{key}[{index}] = {entry!r}")
+            elif item.name in ("use", "factory") and isinstance(value, str) and value:
+                found.append(f"{key} = {value!r}")
+            elif item.name == "trust_remote_code" and value is True:
+                found.append(f"{key} = true")
+
+    walk(config, "")
+    return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from typing import Any, Optional
 
 import torch
@@ -173,6 +174,9 @@ def save_final(
                 )
             else:
                 save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
+        recipe = os.path.join(run_dir, "recipe.toml")
+        if os.path.isfile(recipe):  # the recipe beside the model it made, verified with it (ditty.train.run_files)
+            shutil.copyfile(recipe, os.path.join(partial, "recipe.toml"))
         from ditty.checkpoint.manifest import describe_all
 
         describe_all(partial)  # final/manifest.json: generate, push and export verify it before use
@@ -214,12 +218,12 @@ def final_model_task(run_dir: str) -> Any:
     found = task_of_saved_model(directory)
     if found is not None:
         return found
-    recipe = os.path.join(run_dir, "recipe.toml")
-    if os.path.isfile(recipe):
-        from ditty.config.loader import load_recipe
+    from ditty.train.run_files import read_run_recipe
 
-        try:
-            return model_task(load_recipe(recipe).config.model.task)
-        except RecipeError:
-            pass
+    try:
+        loaded = read_run_recipe(run_dir)  # its code is never imported
+        if loaded is not None:
+            return model_task(loaded.config.model.task)
+    except RecipeError:
+        pass
     return model_task(DEFAULT_TASK)
