@@ -92,13 +92,13 @@ def test_a_run_directory_s_code_is_never_imported_by_its_readers(finished, tmp_p
     exported = _ditty_in(tmp_path, "export", run.name, "-o", "exported")
     assert exported.returncode == 0 and no_traceback(exported), exported.stderr[-3000:]
     assert same_weights(final_weights(finished), _load(tmp_path / "exported"))  # the trainer is not needed
-    checked = _ditty_in(tmp_path, "check", run.name)
-    assert checked.returncode == 2 and no_traceback(checked), checked.stderr[-3000:]
-    assert f"trainer = '{reference}'" in checked.stderr and "--trust-run-code" in checked.stderr
 
     # The other readers, in this process, with the current directory first on sys.path as `python -m` has it.
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    checked = ditty("check", run.name)
+    assert checked.code == 2 and no_traceback(checked), checked.err[-3000:]
+    assert f"trainer = '{reference}'" in checked.err and "--trust-run-code" in checked.err
     pushed = ditty("push", run.name)
     assert pushed.code == 2 and "no Hub repository" in pushed.err and no_traceback(pushed), pushed.err[-2000:]
     scored = ditty("eval", run.name)
@@ -110,8 +110,8 @@ def test_a_run_directory_s_code_is_never_imported_by_its_readers(finished, tmp_p
     assert not marker.exists()  # nothing it names ran
     assert _snapshot(run) == before  # and nothing in it changed
     # The flag is what stands in the way: with it, check imports the trainer as a recipe run would.
-    trusted = _ditty_in(tmp_path, "check", run.name, "--trust-run-code")
-    assert trusted.returncode == 0 and marker.read_text() == "imported", trusted.stderr[-3000:]
+    trusted = ditty("check", run.name, "--trust-run-code")
+    assert trusted.code == 0 and marker.read_text() == "imported", trusted.err[-3000:]
 
 
 def _load(model_dir: Path) -> dict:
