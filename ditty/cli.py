@@ -290,7 +290,7 @@ def cmd_check(args: list[str]) -> int:
     ref, flags = _recipe_and_flags(args, "check")
     run_recipe = _run_dir_recipe([ref])
     if run_recipe is not None:  # a run's recipe: parsed without importing what it names
-        from ditty.train.run_files import parse_run_recipe, refuse_run_code
+        from ditty.config.run_recipe import parse_run_recipe, refuse_run_code
 
         read = parse_run_recipe(run_recipe.read_bytes(), str(run_recipe), trust_code=bool(trust))
         refuse_run_code(read, needs="checking it", trust_code=bool(trust))

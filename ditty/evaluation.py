@@ -158,7 +158,7 @@ def saved_eval_settings(run_dir: Optional[Path], *, given_include_path: Optional
     if run_dir is None:
         return None
     from ditty.checkpoint.integrity import check_model_dir
-    from ditty.train.run_files import TRUST_FLAG, read_run_recipe
+    from ditty.config.run_recipe import TRUST_FLAG, read_run_recipe
 
     check_model_dir(run_dir / "final")
     loaded = read_run_recipe(run_dir, trust_code=trust_code)
@@ -205,7 +205,7 @@ def record_scores(run_dir: Path, scores: dict[str, float], *, step: Optional[int
 def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
     """final/README.md from the run's recipe and its latest validation and harness figures."""
     from ditty.checkpoint.hub import write_model_card
-    from ditty.train.run_files import read_run_recipe
+    from ditty.config.run_recipe import read_run_recipe
 
     final = run_dir / "final"
     if not final.is_dir():

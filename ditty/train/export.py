@@ -28,8 +28,8 @@ def _check_output(out: Path) -> None:
 
 def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
     """The recipe the checkpoint was trained with, parsed without importing the code it names unless
-    `trust_code` (ditty.train.run_files); code the export itself would run is refused without it."""
-    from ditty.train.run_files import parse_run_recipe, refuse_run_code
+    `trust_code` (ditty.config.run_recipe); code the export itself would run is refused without it."""
+    from ditty.config.run_recipe import parse_run_recipe, refuse_run_code
 
     text = doc.get("recipe_toml")
     source = f"{checkpoint} (sidecar)"

@@ -59,6 +59,11 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
     from ditty.config.writer import recipe_to_toml  # the lead's writer (layer 1)
 
     path = os.path.join(run_dir, "recipe.toml")
+    if getattr(getattr(config, "checkpoint", None), "overwrite_finished", False):
+        from dataclasses import replace
+
+        # Permission to replace a finished run is given per command, never saved with the recipe.
+        config = replace(config, checkpoint=replace(config.checkpoint, overwrite_finished=False))
     try:
         text = recipe_to_toml(config, trainer=trainer_ref)
     except (TypeError, ValueError) as exc:
@@ -175,7 +180,7 @@ def save_final(
             else:
                 save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
         recipe = os.path.join(run_dir, "recipe.toml")
-        if os.path.isfile(recipe):  # the recipe beside the model it made, verified with it (ditty.train.run_files)
+        if os.path.isfile(recipe):  # the recipe beside the model it made, verified with it (ditty.config.run_recipe)
             shutil.copyfile(recipe, os.path.join(partial, "recipe.toml"))
         from ditty.checkpoint.manifest import describe_all
 
@@ -218,7 +223,7 @@ def final_model_task(run_dir: str) -> Any:
     found = task_of_saved_model(directory)
     if found is not None:
         return found
-    from ditty.train.run_files import read_run_recipe
+    from ditty.config.run_recipe import read_run_recipe
 
     try:
         loaded = read_run_recipe(run_dir)  # its code is never imported
