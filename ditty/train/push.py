@@ -41,8 +41,8 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
 
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     from ditty.checkpoint.hub import push_folder, write_model_card
-    from ditty.train.final import final_model_task
     from ditty.config.run_recipe import read_run_recipe
+    from ditty.train.final import final_model_task
 
     final = os.path.join(run_dir, "final")
     if not os.path.isdir(final):
