@@ -485,19 +485,28 @@ def cmd_eval(args: list[str]) -> int:
             "`ditty eval` takes one run or model directory",
             fix="ditty eval runs/tiny_sft --tasks hellaswag [--include-path my_tasks/] [--limit 100]",
         )
+
+    def number(text: str | None, flag: str) -> int | None:
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise RecipeError.single(f"{flag} takes a whole number, got {text!r}") from None
+
+    given = {
+        "limit": number(limit, "--limit"),
+        "num_fewshot": number(fewshot, "--num-fewshot"),
+        "batch_size": number(batch_size, "--batch-size"),
+    }
     from ditty.evaluation import resolve_target, saved_eval_settings
 
     _, run_dir = resolve_target(args[0])
     # A run's [eval] fills in the gaps, read from final/ once final/ is verified; nothing it names is imported.
     saved = saved_eval_settings(run_dir, given_include_path=include_path, trust_code=bool(trust))
 
-    def number(text: str | None, flag: str, default):
-        if text is None:
-            return default
-        try:
-            return int(text)
-        except ValueError:
-            raise RecipeError.single(f"{flag} takes a whole number, got {text!r}") from None
+    def either(name: str, default):
+        return given[name] if given[name] is not None else (getattr(saved, f"harness_{name}") if saved else default)
 
     if tasks:
         task_list = [task.strip() for task in tasks.split(",") if task.strip()]
@@ -510,9 +519,9 @@ def cmd_eval(args: list[str]) -> int:
         task_list,
         device=device or ("cuda" if _cuda() else "cpu"),
         include_path=include_path or (saved.harness_include_path if saved else None),
-        limit=number(limit, "--limit", saved.harness_limit if saved else None),
-        num_fewshot=number(fewshot, "--num-fewshot", saved.harness_num_fewshot if saved else None),
-        batch_size=number(batch_size, "--batch-size", saved.harness_batch_size if saved else 8),
+        limit=either("limit", None),
+        num_fewshot=either("num_fewshot", None),
+        batch_size=either("batch_size", 8),
         verified=run_dir is not None,  # saved_eval_settings checked final/ a moment ago
     )
     width = max((len(name) for name in scores), default=0)
