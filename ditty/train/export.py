@@ -42,7 +42,14 @@ def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
             )
         text, source = path.read_text(encoding="utf-8"), str(path)
     loaded = parse_run_recipe(text, source, trust_code=trust_code)
-    # The trainer class is not needed to rebuild the model; stages, factories and remote code are.
+    if not trust_code:
+        # Neither the trainer class nor the [pipeline] stages take part in rebuilding the model, so
+        # they are left out (never imported); a factory, converter classes or remote code do.
+        from dataclasses import replace
+
+        config = loaded.config
+        stages = replace(config.pipeline, preprocessors=[], postprocessors=[], loss=[])
+        loaded = replace(loaded, config=replace(config, pipeline=stages))
     refuse_run_code(loaded, needs=f"exporting {checkpoint}", trust_code=trust_code, ignore_trainer=True)
     return loaded
 
