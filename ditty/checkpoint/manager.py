@@ -263,7 +263,9 @@ class CheckpointManager:
             entries = manifest.read(found)
         except manifest.ManifestError:
             entries = None
-        return sum(e["size"] for e in entries.values()) if entries else disk.directory_bytes(found)
+        if not entries or any(manifest.entry_problem(name, e) for name, e in entries.items()):
+            return disk.directory_bytes(found)  # no manifest, or a damaged one: measure the files
+        return sum(e["size"] for e in entries.values())
 
     # ---- waiting ---------------------------------------------------------------------------
 

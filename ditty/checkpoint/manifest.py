@@ -132,6 +132,21 @@ def read(directory: Path) -> Optional[dict[str, FileEntry]]:
     return entries
 
 
+def entry_problem(name: str, entry: object) -> Optional[str]:
+    """Why one manifest entry cannot be checked (None when it can): a file name that leaves the
+    directory, an entry that is not an object, or one without a whole-number size and a hash."""
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        return f"{MANIFEST} lists {name!r}, which is not a file of this directory"
+    if not isinstance(entry, dict):
+        return f"{name}: its {MANIFEST} entry is not an object ({type(entry).__name__})"
+    size, digest = entry.get("size"), entry.get(HASH)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"{name}: its {MANIFEST} entry has no size"
+    if not isinstance(digest, str) or not digest:
+        return f"{name}: its {MANIFEST} entry has no {HASH} hash"
+    return None
+
+
 def check_files(directory: Path, entries: Mapping[str, FileEntry], names: Iterable[str]) -> list[str]:
     """What is wrong with `names` (a subset of `entries`) under `directory`: one line per bad file.
 
@@ -140,6 +155,10 @@ def check_files(directory: Path, entries: Mapping[str, FileEntry], names: Iterab
     problems = []
     for name in names:
         expected = entries[name]
+        damage = entry_problem(name, expected)
+        if damage:  # a damaged manifest damages the checkpoint it describes: the caller falls back
+            problems.append(damage)
+            continue
         path = directory / name
         try:
             size = path.stat().st_size

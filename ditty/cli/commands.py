@@ -6,11 +6,12 @@ exit code 2, never a traceback. Exit code 1 is left for bugs and failed training
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
@@ -53,9 +54,6 @@ LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Recipes name user code as package.module:Name; like `python -m`, resolve it from here.
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
@@ -73,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown command {command!r}",
                 fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`",
             )
-        return handler(rest)
+        with _import_path(user_code=_imports_user_code(command, rest)):
+            return handler(rest)
     except RecipeError as error:
         record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2
         print(error.format(), file=sys.stderr)
@@ -118,6 +117,57 @@ def _said_without_traceback(error: BaseException) -> int | None:
 
 
 # --- shared pieces -----------------------------------------------------------------------------
+
+TRUST_FLAG = "--trust-run-code"
+READERS = ("generate", "export", "push", "eval")
+"""Commands that read a run directory: they never import code its files name, unless TRUST_FLAG."""
+
+
+@contextlib.contextmanager
+def _import_path(*, user_code: bool) -> Iterator[None]:
+    """sys.path for one command. A recipe the user names may name the user's own code as
+    package.module:Name, which is imported from the current directory, like `python -m`. Reading a
+    run directory imports nothing from there (nor from the directory read), even though
+    `python -m ditty` itself put it first on the path."""
+    saved = list(sys.path)
+    here = str(Path.cwd())
+    if user_code:
+        if "" not in sys.path and here not in sys.path:
+            sys.path.insert(0, here)
+    else:
+        sys.path[:] = [entry for entry in sys.path if entry not in ("", ".", here)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _imports_user_code(command: str, args: list[str]) -> bool:
+    if command in ("run", "init"):
+        return True
+    if command == "check":
+        return TRUST_FLAG in args or _run_dir_recipe(args) is None
+    return TRUST_FLAG in args  # the readers; ls and plot import nothing named anywhere
+
+
+def _run_dir_recipe(args: list[str]) -> Path | None:
+    """For `ditty check RUN_DIR` (or a recipe.toml inside a run directory): the recipe file to read
+    as a run's, whose code is not imported; None for a recipe the user names."""
+    if not args or args[0].startswith("-"):
+        return None
+    from ditty.train.final import is_ditty_run
+
+    given = Path(args[0])
+    if given.is_dir() and is_ditty_run(str(given)):
+        for candidate in (given / "recipe.toml", given / "final" / "recipe.toml"):
+            if candidate.is_file():
+                return candidate
+        raise RecipeError.single(f"{given} is a run directory without a recipe.toml", fix="check a recipe file")
+    if given.is_file() and given.suffix == ".toml" and is_ditty_run(str(given.parent)):
+        return given
+    if given.is_file() and given.name == "recipe.toml" and given.parent.name == "final":
+        return given if is_ditty_run(str(given.parent.parent)) else None
+    return None
 
 
 def _take_option(args: list[str], names: tuple[str, ...], has_value: bool = True) -> tuple[str | None, list[str]]:
@@ -265,10 +315,19 @@ def cmd_check(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         return _print_help(_help_schema(args), "ditty check RECIPE")
     explain, args = _take_option(args, ("--explain",), has_value=False)
+    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
     plan_options, args = _plan_options(args)
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
-    loaded = _load(ref, flags)
+    run_recipe = _run_dir_recipe([ref])
+    if run_recipe is not None:  # a run's recipe: parsed without importing what it names
+        from ditty.config.run_recipe import parse_run_recipe, refuse_run_code
+
+        read = parse_run_recipe(run_recipe.read_bytes(), str(run_recipe), trust_code=bool(trust))
+        refuse_run_code(read, needs="checking it", trust_code=bool(trust))
+        loaded = apply_overrides(read, flags)
+    else:
+        loaded = _load(ref, flags)
     cpu_allocator_choice()  # the environment a run would start with (ditty.parallel.allocator)
     from ditty.cli import plan as cli_plan
 
@@ -401,6 +460,7 @@ def cmd_plot(args: list[str]) -> int:
 def cmd_generate(args: list[str]) -> int:
     max_new, args = _take_option(args, ("--max-new-tokens",))
     sample, args = _take_option(args, ("--sample",), has_value=False)
+    _, args = _take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
     if len(args) != 2:
         raise RecipeError.single(
             "`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="'
@@ -426,6 +486,7 @@ def cmd_generate(args: list[str]) -> int:
 def cmd_export(args: list[str]) -> int:
     output, args = _take_option(args, ("-o", "--output"))
     merge, args = _take_option(args, ("--merge-lora", "--merge_lora"), has_value=False)
+    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
     if len(args) != 1 or output is None:
         raise RecipeError.single(
             "`ditty export` takes a run directory or checkpoint and -o DIR",
@@ -433,12 +494,13 @@ def cmd_export(args: list[str]) -> int:
         )
     from ditty.train.export import export
 
-    export(args[0], output, merge_lora=bool(merge))
+    export(args[0], output, merge_lora=bool(merge), trust_code=bool(trust))
     return 0
 
 
 def cmd_push(args: list[str]) -> int:
     repo_id, args = _take_option(args, ("--repo-id", "--repo_id"))
+    _, args = _take_option(args, (TRUST_FLAG,), has_value=False)  # push imports no code either way
     if len(args) != 1:
         raise RecipeError.single(
             "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
@@ -456,21 +518,34 @@ def cmd_eval(args: list[str]) -> int:
     fewshot, args = _take_option(args, ("--num-fewshot", "--num_fewshot"))
     batch_size, args = _take_option(args, ("--batch-size", "--batch_size"))
     device, args = _take_option(args, ("--device",))
+    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
     if len(args) != 1:
         raise RecipeError.single(
             "`ditty eval` takes one run or model directory",
             fix="ditty eval runs/tiny_sft --tasks hellaswag [--include-path my_tasks/] [--limit 100]",
         )
-    recipe = Path(args[0]) / "recipe.toml"
-    saved = load_any(str(recipe)).config.eval if recipe.is_file() else None  # a run's [eval] fills in the gaps
 
-    def number(text: str | None, flag: str, default):
+    def number(text: str | None, flag: str) -> int | None:
         if text is None:
-            return default
+            return None
         try:
             return int(text)
         except ValueError:
             raise RecipeError.single(f"{flag} takes a whole number, got {text!r}") from None
+
+    given = {
+        "limit": number(limit, "--limit"),
+        "num_fewshot": number(fewshot, "--num-fewshot"),
+        "batch_size": number(batch_size, "--batch-size"),
+    }
+    from ditty.evaluation import resolve_target, saved_eval_settings
+
+    _, run_dir = resolve_target(args[0])
+    # A run's [eval] fills in the gaps, read from final/ once final/ is verified; nothing it names is imported.
+    saved = saved_eval_settings(run_dir, given_include_path=include_path, trust_code=bool(trust))
+
+    def either(name: str, default):
+        return given[name] if given[name] is not None else (getattr(saved, f"harness_{name}") if saved else default)
 
     if tasks:
         task_list = [task.strip() for task in tasks.split(",") if task.strip()]
@@ -483,15 +558,16 @@ def cmd_eval(args: list[str]) -> int:
         task_list,
         device=device or ("cuda" if _cuda() else "cpu"),
         include_path=include_path or (saved.harness_include_path if saved else None),
-        limit=number(limit, "--limit", saved.harness_limit if saved else None),
-        num_fewshot=number(fewshot, "--num-fewshot", saved.harness_num_fewshot if saved else None),
-        batch_size=number(batch_size, "--batch-size", saved.harness_batch_size if saved else 8),
+        limit=either("limit", None),
+        num_fewshot=either("num_fewshot", None),
+        batch_size=either("batch_size", 8),
+        verified=run_dir is not None,  # saved_eval_settings checked final/ a moment ago
     )
     width = max((len(name) for name in scores), default=0)
     for name, value in scores.items():
         print(f"{name.ljust(width)}  {value:.4f}")
-    if recipe.is_file():
-        print(f"recorded in {Path(args[0]) / 'metrics.jsonl'} and {Path(args[0]) / 'final' / 'README.md'}")
+    if run_dir is not None:
+        print(f"recorded in {run_dir / 'metrics.jsonl'} and {run_dir / 'final' / 'README.md'}")
     return 0
 
 

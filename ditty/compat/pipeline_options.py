@@ -179,6 +179,8 @@ def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, mo
         checkpoint=S.CheckpointConfig(
             every=s["checkpoint_every"],
             resume="auto" if s["load_checkpoint"] else "never",
+            # The original API's load_checkpoint=True continues a run, a finished one too (more steps).
+            overwrite_finished=s["load_checkpoint"],
             final_format="merged" if s["merge_adapters"] else "auto",
         ),
         hub=S.HubConfig(

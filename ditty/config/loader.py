@@ -6,6 +6,7 @@ dotted key, the TOML line and a fix, and every problem in a file is reported at 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,10 @@ def load_recipe(ref: str) -> LoadedRecipe:
     return parse_recipe(raw, source=str(path))
 
 
-def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
+def parse_recipe(raw: bytes | str, source: str | None = None, *, import_code: bool = True) -> LoadedRecipe:
+    """The recipe in `raw`. `import_code=False` reads a recipe someone else wrote (a run directory's):
+    its `trainer` module is not imported, and the sections that trainer's Config would add are left
+    out (readers of a run need only ditty's own)."""
     text = _decode(raw, source)
     try:
         data = tomllib.loads(text)
@@ -86,7 +90,10 @@ def parse_recipe(raw: bytes | str, source: str | None = None) -> LoadedRecipe:
     problems: list[Problem] = []
     trainer_ref = data.pop(TRAINER_KEY, None)
     schema = TrainerConfig
-    if trainer_ref is not None:
+    if trainer_ref is not None and not import_code:
+        known = {f.name for f in dataclasses.fields(TrainerConfig)}
+        data = {name: value for name, value in data.items() if name in known}
+    elif trainer_ref is not None:
         schema = _trainer_schema(trainer_ref, problems)
     config = coerce.build(schema, data, problems)
     problems = [_with_line(p, lines) for p in problems]
@@ -175,22 +182,89 @@ def _provenance(schema: type, data: dict) -> dict[str, str]:
 
 
 def load_python_recipe(ref: str) -> LoadedRecipe:
-    """`package.module:function` returning a Trainer.Config (a config registry, torchtitan style)."""
-    function = import_reference(ref, key="")  # the recipe itself, not a key inside one
-    if not callable(function):
-        raise RecipeError.single(f"{ref} is not a function", fix="name a function returning a Trainer.Config")
-    config = function()
-    if not isinstance(config, TrainerConfig):
-        raise RecipeError.single(
-            f"{ref} returned {type(config).__name__}, not a Trainer.Config",
-            fix="return ditty.train.Trainer.Config(...) or a subclass's Config",
-        )
+    """`package.module:NAME`: a Trainer subclass (its Config's defaults), a Trainer.Config (a class or
+    an instance), or a function returning one (a config registry, torchtitan style).
+
+    What NAME is gets checked before anything is called: a function must be written in Python, take
+    no required argument, and, when annotated, return a Trainer.Config; anything else (`os:abort`)
+    is a RecipeError that never calls it."""
+    obj = import_reference(ref, key="")  # the recipe itself, not a key inside one
     trainer = None
+    if isinstance(obj, TrainerConfig):
+        config = obj
+    elif isinstance(obj, type) and issubclass(obj, TrainerConfig):
+        config = _call_user_code(ref, obj)
+    elif (
+        isinstance(obj, type)
+        and is_config_class(getattr(obj, "Config", None))
+        and issubclass(obj.Config, TrainerConfig)
+    ):
+        config, trainer = _call_user_code(ref, obj.Config), f"{obj.__module__}:{obj.__qualname__}"
+    else:
+        _check_recipe_function(ref, obj)
+        config = _call_user_code(ref, obj)
+        if not isinstance(config, TrainerConfig):
+            raise RecipeError.single(
+                f"{ref} returned {type(config).__name__}, not a Trainer.Config",
+                fix="return ditty.train.Trainer.Config(...) or a subclass's Config",
+            )
     qualname = type(config).__qualname__
-    if qualname.endswith(".Config") and type(config) is not TrainerConfig:
+    if trainer is None and qualname.endswith(".Config") and type(config) is not TrainerConfig:
         trainer = f"{type(config).__module__}:{qualname.rsplit('.', 1)[0]}"
     loaded = from_config(config, trainer=trainer)
     return replace_source(loaded, ref)
+
+
+_RECIPE_KINDS = "a Trainer subclass, a Trainer.Config, or a function returning one"
+
+
+def _check_recipe_function(ref: str, obj: Any) -> None:
+    """RecipeError unless `obj` can be a function returning a Trainer.Config; nothing is called."""
+    import inspect
+
+    if not inspect.isfunction(obj):  # builtins (os.abort), classes, modules, other objects
+        what = "a built-in function" if inspect.isbuiltin(obj) else f"a {type(obj).__name__}"
+        raise RecipeError.single(
+            f"{ref} is {what}, not {_RECIPE_KINDS}; it was not called",
+            fix="name a recipe function written in Python, e.g. my_recipes:tiny returning Trainer.Config(...)",
+        )
+    try:
+        signature = inspect.signature(obj, eval_str=True)
+    except (NameError, TypeError, ValueError, SyntaxError):  # an annotation that does not evaluate
+        signature = inspect.signature(obj)
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        raise RecipeError.single(
+            f"{ref} takes required arguments ({', '.join(required)}); a recipe function takes none. It was not called",
+            fix="name a function with no required arguments that returns a Trainer.Config",
+        )
+    returns = signature.return_annotation
+    if isinstance(returns, type) and not issubclass(returns, TrainerConfig):
+        raise RecipeError.single(
+            f"{ref} is annotated to return {returns.__name__}, not a Trainer.Config; it was not called",
+            fix="name a function that returns ditty.train.Trainer.Config(...) or a subclass's Config",
+        )
+
+
+def _call_user_code(ref: str, function: Any) -> Any:
+    """`function()`; what it raises (SystemExit included) is a RecipeError naming the file and line."""
+    import traceback
+
+    try:
+        return function()
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - the user's code, reported as theirs
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.endswith("config/loader.py")]
+        where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+        what = (
+            f"called sys.exit({error.code!r})"
+            if isinstance(error, SystemExit)
+            else (f"raised {type(error).__name__}: {error}")
+        )
+        raise RecipeError.single(f"{ref} {what}{where}", fix="fix the recipe function at that line") from None
 
 
 def replace_source(loaded: LoadedRecipe, source: str) -> LoadedRecipe:

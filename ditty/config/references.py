@@ -9,6 +9,7 @@ something) and call it themselves. A dotted name after the colon reaches nested 
 from __future__ import annotations
 
 import importlib
+import traceback
 from typing import Any
 
 from ditty.config.errors import Problem, RecipeError
@@ -37,6 +38,31 @@ def resolve_reference(reference: Any, *, key: str) -> tuple[Any, list[Problem]]:
                 fix="check the module name and that it is importable (installed, or on PYTHONPATH)",
             )
         ]
+    except SyntaxError as error:  # IndentationError and TabError too: the file and line are the error's own
+        return None, [
+            Problem(
+                key,
+                f"cannot import module {module_name!r}: {error.msg} ({error.filename}, line {error.lineno})",
+                fix="fix the syntax error at that line",
+            )
+        ]
+    except SystemExit as error:  # the module's top level called sys.exit(): not an answer from ditty
+        return None, [
+            Problem(
+                key,
+                f"importing module {module_name!r} called sys.exit({error.code!r}){_where(error)}",
+                fix="a module a recipe names must not exit when imported; put that code under "
+                '`if __name__ == "__main__":`',
+            )
+        ]
+    except Exception as error:  # noqa: BLE001 - whatever the user's module raises is the user's to fix
+        return None, [
+            Problem(
+                key,
+                f"importing module {module_name!r} raised {type(error).__name__}: {error}{_where(error)}",
+                fix="fix the error at that line of the module (it runs when the recipe is loaded)",
+            )
+        ]
     for part in attr.split("."):
         obj = getattr(obj, part, _MISSING)
         if obj is _MISSING:
@@ -56,3 +82,39 @@ def import_reference(reference: Any, *, key: str) -> Any:
     if problems:
         raise RecipeError(problems)
     return obj
+
+
+def _where(error: BaseException) -> str:
+    """ " (FILE, line N)": where the error was raised, leaving out the import machinery's frames."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    frames = [f for f in frames if not f.filename.endswith(("importlib/__init__.py", "ditty/config/references.py"))]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def code_references(config: Any, trainer: str | None = None) -> list[str]:
+    """Every piece of code a recipe makes ditty import or run, as `key = value` lines: its trainer,
+    each [pipeline] stage, `model.factory`, converter classes in `model.converters`, and
+    `model.trust_remote_code` (code shipped beside the model). Readers of someone else's run refuse
+    to go on while this is not empty, unless told to trust it."""
+    import dataclasses
+
+    found = [f"trainer = {trainer!r}"] if trainer else []
+
+    def walk(node: Any, prefix: str) -> None:
+        for item in dataclasses.fields(node):
+            value, key = getattr(node, item.name), f"{prefix}{item.name}"
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, key + ".")
+            elif isinstance(value, (list, tuple)):
+                for index, entry in enumerate(value):
+                    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+                        walk(entry, f"{key}[{index}].")
+                    elif item.name == "converters" and isinstance(entry, str) and ":" in entry:
+                        found.append(f"{key}[{index}] = {entry!r}")
+            elif item.name in ("use", "factory") and isinstance(value, str) and value:
+                found.append(f"{key} = {value!r}")
+            elif item.name == "trust_remote_code" and value is True:
+                found.append(f"{key} = true")
+
+    walk(config, "")
+    return found

@@ -437,6 +437,10 @@ class CheckpointConfig:
     fallback: bool = True
     """resume = "auto": when the newest checkpoint fails verification (a changed, truncated or missing
     file), resume from the newest intact one and say which were skipped (true), or stop with an error (false)."""
+    overwrite_finished: bool = False
+    """Let a run into a run.output_dir that holds a finished run (final/) replace its final/,
+    recipe.toml and metrics: start it again, or train it further. Off, such a run stops (exit 2)
+    naming what it would replace. Asked each time: the run's recipe.toml records it as false."""
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,30 @@ def resolve_target(path: str) -> tuple[Path, Optional[Path]]:
     )
 
 
+def saved_eval_settings(run_dir: Optional[Path], *, given_include_path: Optional[str], trust_code: bool) -> Any:
+    """The [eval] section of a run's recipe (None for a model directory), read once final/ is
+    verified. Its `harness_include_path` names task files that can run Python (lm-eval's
+    `!function`), so it is used only when the user passes `--trust-run-code` or names a path."""
+    if run_dir is None:
+        return None
+    from ditty.checkpoint.integrity import check_model_dir
+    from ditty.config.run_recipe import TRUST_FLAG, read_run_recipe
+
+    check_model_dir(run_dir / "final")
+    loaded = read_run_recipe(run_dir, trust_code=trust_code)
+    if loaded is None:
+        return None
+    saved = loaded.config.eval
+    if saved.harness_include_path and not given_include_path and not trust_code:
+        raise RecipeError.single(
+            f"{loaded.source} names eval.harness_include_path = {saved.harness_include_path!r}, whose task files "
+            "can run Python code; a run directory may come from anyone, so it is not read unless you say so",
+            key="eval.harness_include_path",
+            fix=f"name the task directory yourself (--include-path DIR), or add {TRUST_FLAG} if you trust that one",
+        )
+    return saved
+
+
 def load_model(model_dir: Path) -> tuple[Any, Any]:
     """A saved model and its tokenizer, in evaluation mode; an adapter is merged into its base."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -181,13 +205,13 @@ def record_scores(run_dir: Path, scores: dict[str, float], *, step: Optional[int
 def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
     """final/README.md from the run's recipe and its latest validation and harness figures."""
     from ditty.checkpoint.hub import write_model_card
-    from ditty.config.loader import load_recipe
+    from ditty.config.run_recipe import read_run_recipe
 
     final = run_dir / "final"
     if not final.is_dir():
         return None
-    recipe_path = run_dir / "recipe.toml"
-    config = load_recipe(str(recipe_path)).config if recipe_path.is_file() else None
+    loaded = read_run_recipe(run_dir)  # nothing it names is imported
+    config = loaded.config if loaded is not None else None
     latest: dict[str, Any] = {}
     for record in records:
         latest.update(
@@ -196,7 +220,7 @@ def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
     return write_model_card(
         final,
         base_model=config.model.path if config is not None else None,
-        recipe_text=recipe_path.read_text(encoding="utf-8") if recipe_path.is_file() else "",
+        recipe_text=Path(loaded.source).read_text(encoding="utf-8") if loaded is not None else "",
         metrics=latest,
         adapter=(final / "adapter_config.json").is_file(),
         title=config.run.name if config is not None else None,
@@ -204,13 +228,25 @@ def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
 
 
 def evaluate_path(
-    path: str, tasks: Sequence[str], *, record: bool = True, device: str = "cpu", **options: Any
+    path: str,
+    tasks: Sequence[str],
+    *,
+    record: bool = True,
+    device: str = "cpu",
+    verified: bool = False,
+    **options: Any,
 ) -> dict[str, float]:
-    """`ditty eval`: score a run's final model (recorded in the run) or a model directory."""
+    """`ditty eval`: score a run's final model (recorded in the run) or a model directory. Its manifest
+    is checked first, unless the caller just did (`verified`)."""
     if not tasks:
         raise RecipeError.single("no task to run", fix="ditty eval RUN --tasks hellaswag,arc_easy")
     _import_lm_eval()
     model_dir, run_dir = resolve_target(path)
+    from ditty.checkpoint.integrity import check_model_dir
+
+    # Its manifest first (final/'s covers final/merged/): a damaged file is never scored or recorded.
+    if not verified:
+        check_model_dir(run_dir / "final" if run_dir is not None else model_dir)
     model, tokenizer = load_model(model_dir)
     scores = harness_scores(model.to(device), tokenizer, tasks, **options)
     if record and run_dir is not None:

@@ -213,7 +213,11 @@ class Builders:
             world_size=self.runtime.world_size,
             seed=self.config.run.seed,
             device=self.runtime.device,
-            extra={"grad_accum": self.plan.accumulation_steps, "total_steps": total_steps},
+            extra={
+                "grad_accum": self.plan.accumulation_steps,
+                "total_steps": total_steps,
+                "run_id": self.resume.run_id,  # ditty.checkpoint.lineage
+            },
         )
         run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
         write_recipe(run_dir, self.config, self.trainer_ref())

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ditty._utils.dist import is_main_process
+from ditty.checkpoint import lineage
 from ditty.config.errors import RecipeError
 
 log = logging.getLogger("ditty.train")
@@ -50,6 +51,7 @@ IGNORED = (
     "checkpoint.resume",
     "checkpoint.force_resume",
     "checkpoint.fallback",
+    "checkpoint.overwrite_finished",
     # Held-out sets and benchmarks do not change training; workers only prepare the
     # same batches (a stream read by another number of workers is refused by the stream itself).
     "data.eval.",
@@ -127,6 +129,8 @@ class ResumePlan:
     finished: bool = False
     """`auto` found a finished run: train() reports it and touches nothing."""
     step: int = 0
+    run_id: str = ""
+    """The run's id (ditty.checkpoint.lineage), recorded in env.json and every checkpoint."""
 
 
 def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
@@ -145,7 +149,7 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
                 key="checkpoint.resume",
                 fix='choose a new run.output_dir, remove the old run, or set checkpoint.resume = "auto" to continue it',
             )
-        return ResumePlan()
+        return ResumePlan(run_id=lineage.new_run_id())
     if ckpt_cfg.resume == "auto":
         root = Path(out) / "checkpoints"
         # reliability: the newest checkpoint that passes verification; damaged newer ones are reported
@@ -153,13 +157,23 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
         required = ("train_state", "scheduler", "rng")
         found = find_intact(root, required_fields=required, fallback=ckpt_cfg.fallback).found if root.is_dir() else None
         if found is None:
+            refuse_finished(config, "start it again from step 0")
             if holds_run:
                 log.warning("%s holds a run without a complete checkpoint: starting again from step 0", out)
-            return ResumePlan()
+            return ResumePlan(run_id=lineage.run_id_for(out, None, None))
     else:
         found = find_checkpoint(ckpt_cfg.resume)
 
     doc = read_sidecar(found)
+    if ckpt_cfg.resume != "auto":
+        foreign = lineage.foreign_checkpoint(out, found, doc)
+        if foreign:
+            raise RecipeError.single(
+                foreign,
+                key="checkpoint.resume",
+                fix=f"resume {found} into a new or empty run.output_dir, or set checkpoint.resume = "
+                f'"auto" to continue the run {out} holds',
+            )
     step = int(doc["step"])
     saved = doc.get(SIDECAR_RECIPE)
     if isinstance(saved, dict):
@@ -190,7 +204,33 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
         return ResumePlan(found, finished=True, step=step)
     _check_data_unchanged(doc, config, found)
-    return ResumePlan(found, step=step)
+    refuse_finished(config, f"resume {found} (step {step}) into it and train to step {target}")
+    return ResumePlan(found, step=step, run_id=lineage.run_id_for(out, found, doc))
+
+
+def refuse_finished(config: Any, would: str) -> None:
+    """A run directory holding final/ is finished: a run that would write into it (`would` says how)
+    stops here, before anything is written, naming what it would replace, unless
+    `checkpoint.overwrite_finished`."""
+    from ditty.metrics.logger import read_metrics
+    from ditty.train.final import FINAL_DIR
+
+    out = config.run.output_dir
+    final = os.path.join(out, FINAL_DIR)
+    if config.checkpoint.overwrite_finished or not os.path.isdir(final):
+        return
+    metrics = os.path.join(out, "metrics.jsonl")
+    steps = (
+        [r["step"] for r in read_metrics(metrics) if isinstance(r.get("step"), int)] if os.path.isfile(metrics) else []
+    )
+    model = f"final/ (the model it finished with, after step {max(steps)})" if steps else "final/ (its model)"
+    replaced = [model] + [name for name in ("recipe.toml", "metrics.jsonl") if os.path.isfile(os.path.join(out, name))]
+    raise RecipeError.single(
+        f"{out} holds a finished run; this run would {would}, replacing its {', '.join(replaced)}. Nothing was touched",
+        key="run.output_dir",
+        fix="choose a new run.output_dir (or copy final/ elsewhere first), or add --checkpoint.overwrite_finished true "
+        "to replace them",
+    )
 
 
 def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
@@ -289,6 +329,7 @@ class Checkpointer:
             "precision": _jsonable(t.precision.state_dict()),
             "total_steps": t.total_steps,
             "trainer": t.trainer_ref(),
+            lineage.RUN_ID: self.resume.run_id,  # which run wrote it (ditty.checkpoint.lineage)
             SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
             SIDECAR_DATA_FILES: self.data_files,
             "recipe_toml": recipe_text,

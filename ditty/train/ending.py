@@ -73,7 +73,8 @@ class RunEnding:
         if is_main_process():
             print(
                 f"{out} is a finished run (step {self.resume.step}, {final}); nothing to do. "
-                f"To train further, raise train.steps; to start afresh, choose a new run.output_dir."
+                "To train further, raise train.steps and add --checkpoint.overwrite_finished true (final/ is "
+                "replaced); to start afresh, choose a new run.output_dir."
             )
         return TrainResult(
             run_dir=out, final_dir=final, steps=self.resume.step, tokens=0, skipped_steps=0, elapsed_s=0.0

@@ -58,8 +58,10 @@ def _sole_writer(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _recipe(checkpoint: Path, doc: dict):
-    from ditty.config.loader import parse_recipe
+def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
+    """The recipe the checkpoint was trained with, parsed without importing the code it names unless
+    `trust_code` (ditty.config.run_recipe); code the export itself would run is refused without it."""
+    from ditty.config.run_recipe import parse_run_recipe, refuse_run_code
 
     text = doc.get("recipe_toml")
     source = f"{checkpoint} (sidecar)"
@@ -71,7 +73,17 @@ def _recipe(checkpoint: Path, doc: dict):
                 fix="export a checkpoint written by `ditty run`",
             )
         text, source = path.read_text(encoding="utf-8"), str(path)
-    return parse_recipe(text, source=source)
+    loaded = parse_run_recipe(text, source, trust_code=trust_code)
+    if not trust_code:
+        # Neither the trainer class nor the [pipeline] stages take part in rebuilding the model, so
+        # they are left out (never imported); a factory, converter classes or remote code do.
+        from dataclasses import replace
+
+        config = loaded.config
+        stages = replace(config.pipeline, preprocessors=[], postprocessors=[], loss=[])
+        loaded = replace(loaded, config=replace(config, pipeline=stages))
+    refuse_run_code(loaded, needs=f"exporting {checkpoint}", trust_code=trust_code, ignore_trainer=True)
+    return loaded
 
 
 def _labels(checkpoint: Path, doc: dict, config):
@@ -91,8 +103,11 @@ def _labels(checkpoint: Path, doc: dict, config):
     return None
 
 
-def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False) -> str:
-    """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path."""
+def export(
+    source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False, trust_code: bool = False
+) -> str:
+    """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path.
+    `trust_code`: import the code the run's recipe names (`--trust-run-code`), else refuse to."""
     from ditty._utils.atomic import atomic_directory
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
@@ -106,7 +121,7 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
     _check_output(out)
     checkpoint = find_checkpoint(source, key="")  # a command-line argument, not a recipe key
     doc = read_sidecar(checkpoint)
-    loaded = _recipe(checkpoint, doc)
+    loaded = _recipe(checkpoint, doc, trust_code=trust_code)
     config = loaded.config
     # The compiler first, as for every entry: a recipe it refuses is not rebuilt (for the world size
     # that trained it, whose mesh rules the recipe was checked against).

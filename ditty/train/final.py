@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from typing import Any, Optional
 
 import torch
@@ -59,6 +60,11 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
     from ditty.config.writer import recipe_to_toml  # the lead's writer (layer 1)
 
     path = os.path.join(run_dir, "recipe.toml")
+    if getattr(getattr(config, "checkpoint", None), "overwrite_finished", False):
+        from dataclasses import replace
+
+        # Permission to replace a finished run is given per command, never saved with the recipe.
+        config = replace(config, checkpoint=replace(config.checkpoint, overwrite_finished=False))
     try:
         text = recipe_to_toml(config, trainer=trainer_ref)
     except (TypeError, ValueError) as exc:
@@ -173,6 +179,9 @@ def save_final(
                 )
             else:
                 save_merged(model, os.path.join(partial, "merged"), tokenizer, state_dict=state_dict)
+        recipe = os.path.join(run_dir, "recipe.toml")
+        if os.path.isfile(recipe):  # the recipe beside the model it made, verified with it (ditty.config.run_recipe)
+            shutil.copyfile(recipe, os.path.join(partial, "recipe.toml"))
         from ditty.checkpoint.manifest import describe_all
 
         describe_all(partial)  # final/manifest.json: generate, push and export verify it before use
@@ -214,12 +223,12 @@ def final_model_task(run_dir: str) -> Any:
     found = task_of_saved_model(directory)
     if found is not None:
         return found
-    recipe = os.path.join(run_dir, "recipe.toml")
-    if os.path.isfile(recipe):
-        from ditty.config.loader import load_recipe
+    from ditty.config.run_recipe import read_run_recipe
 
-        try:
-            return model_task(load_recipe(recipe).config.model.task)
-        except RecipeError:
-            pass
+    try:
+        loaded = read_run_recipe(run_dir)  # its code is never imported
+        if loaded is not None:
+            return model_task(loaded.config.model.task)
+    except RecipeError:
+        pass
     return model_task(DEFAULT_TASK)

@@ -41,11 +41,10 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
 
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     from ditty.checkpoint.hub import model_card_text, push_folder
-    from ditty.config.loader import load_recipe
+    from ditty.config.run_recipe import read_run_recipe
     from ditty.train.final import final_model_task
 
     final = os.path.join(run_dir, "final")
-    recipe_path = os.path.join(run_dir, "recipe.toml")
     if not os.path.isdir(final):
         raise RecipeError.single(
             f"{run_dir} has no final/ model to push",
@@ -54,13 +53,14 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     from ditty.checkpoint.integrity import check_model_dir
 
     check_model_dir(final)  # never push a damaged model
-    config = load_recipe(recipe_path).config if os.path.isfile(recipe_path) else None
+    loaded = read_run_recipe(run_dir)  # final/'s copy, verified above; nothing it names is imported
+    config = loaded.config if loaded is not None else None
     repo_id = repo_id or (config.hub.repo_id if config is not None else None)
     if not repo_id:
         raise RecipeError.single(
             f"no Hub repository for {run_dir}", key="hub.repo_id", fix=f"ditty push {run_dir} --repo-id you/model-name"
         )
-    recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+    recipe_text = open(loaded.source, encoding="utf-8").read() if loaded is not None else ""
     adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
     card = model_card_text(
         final,

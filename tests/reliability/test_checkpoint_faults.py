@@ -173,3 +173,32 @@ def test_final_model_is_verified_before_it_is_used(reference, tmp_path, trial):
     assert result.code == 2 and no_traceback(result)
     assert "final is damaged: model.safetensors: its content changed" in result.err
     assert "ditty export" in result.err  # how to write it again
+
+
+def _damage_manifest_entry(run: Path, kind: str) -> None:
+    path = run / "checkpoints/step-6/manifest.json"
+    doc = json.loads(path.read_text())
+    files = doc["ranks"]["0"]
+    if kind == "no-hash":
+        del files["__0_0.distcp"]["xxh3_64"]
+    else:
+        files["__0_0.distcp"] = "deadbeef"
+    path.write_text(json.dumps(doc))
+
+
+MANIFEST_DAMAGES = {
+    "no-hash": 'the "xxh3_64" of a shard\'s entry removed from manifest.json',
+    "not-an-object": "a shard's manifest.json entry replaced by a string",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MANIFEST_DAMAGES))
+def test_a_damaged_manifest_entry_is_a_damaged_checkpoint(kind, crashed, reference, tmp_path, trial):
+    """Not a KeyError: the checkpoint is passed over like one with a damaged shard."""
+    trial.update(fault=f"run dir: a checkpoint's manifest entry {kind}", injected=MANIFEST_DAMAGES[kind])
+    recipe, run = _copy(crashed, tmp_path)
+    _damage_manifest_entry(run, kind)
+    result = ditty("run", str(recipe))
+    trial.update(exit_code=result.code, lost_steps=STEPS_DONE - 4)
+    _resumes_from_step_4_exactly(result, run, reference, "__0_0.distcp")
+    assert "KeyError" not in result.err and "manifest.json entry" in result.err

@@ -69,7 +69,7 @@ def test_resume_after_a_crash_and_extend(kind, backend, adapter, tmp_path, monke
     assert "resumed from step 4" in resumed.out
     assert losses(tmp_path / "run") == ref  # bitwise, through the 8-bit state too
 
-    extended = ditty("run", str(recipe), "--train.steps", "8")
+    extended = ditty("run", str(recipe), "--train.steps", "8", "--checkpoint.overwrite_finished", "true")
     assert extended.code == 0 and no_traceback(extended), extended.err[-3000:]
     assert "resumed from step 6" in extended.out
     got = losses(tmp_path / "run")
@@ -100,6 +100,8 @@ def test_a_changed_learning_rate_and_schedule_take_effect_at_the_resumed_step(tm
         "6",
         "--checkpoint.force_resume",
         "true",
+        "--checkpoint.overwrite_finished",
+        "true",
     )
     trial.update(exit_code=forced.code, lost_steps=0)
     assert forced.code == 0, forced.err[-3000:]
@@ -119,7 +121,7 @@ def test_the_8bit_adamw_resume_of_the_issue(tmp_path, trial):
     trial.update(fault="8-bit AdamW (torchao) resume with more steps", injected="train.steps 4, then 6")
     recipe = _recipe(tmp_path, "adamw8bit", "torchao", False, steps=4)
     assert ditty("run", str(recipe)).code == 0
-    more = ditty("run", str(recipe), "--train.steps", "6")
+    more = ditty("run", str(recipe), "--train.steps", "6", "--checkpoint.overwrite_finished", "true")
     trial.update(exit_code=more.code, lost_steps=0)
     assert more.code == 0 and no_traceback(more), more.err[-3000:]
     assert "resumed from step 4" in more.out and complete_steps(tmp_path / "run")[-1] == 6

@@ -236,7 +236,9 @@ def test_policy_finished_never_mismatch_and_more_steps(tmp_path, reference):
     assert "force_resume" in differs.stderr
     assert {p: p.stat().st_mtime_ns for p in work.rglob("*")} == before  # nothing touched
 
-    longer = ditty("run", str(recipe), "--train.steps", "14")
+    refused = ditty("run", str(recipe), "--train.steps", "14")  # it would replace final/: asked for in so many words
+    assert refused.returncode == 2 and "holds a finished run" in refused.stderr
+    longer = ditty("run", str(recipe), "--train.steps", "14", "--checkpoint.overwrite_finished", "true")
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "resumed from step 12" in longer.stdout
     got = losses(work)
@@ -244,7 +246,16 @@ def test_policy_finished_never_mismatch_and_more_steps(tmp_path, reference):
     assert "step-14" in complete_steps(work)
 
     forced = ditty(
-        "run", str(recipe), "--train.steps", "15", "--optimizer.lr", "1e-3", "--checkpoint.force_resume", "true"
+        "run",
+        str(recipe),
+        "--train.steps",
+        "15",
+        "--optimizer.lr",
+        "1e-3",
+        "--checkpoint.force_resume",
+        "true",
+        "--checkpoint.overwrite_finished",
+        "true",
     )
     assert forced.returncode == 0 and "resumed from step 14" in forced.stdout, forced.stderr[-3000:]
 
