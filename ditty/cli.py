@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +20,7 @@ from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
 from ditty.config.overrides import apply_overrides
 from ditty.config.schema import walk_leaves
-from ditty.config.starter import starter_config
+from ditty.config.starter import fit_starter_positions, starter_config
 from ditty.parallel.allocator import cpu_allocator_choice
 from ditty.recipe import Plan, compile_recipe
 
@@ -315,7 +316,12 @@ def cmd_init(args: list[str]) -> int:
         return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
     loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
+    if not names_a_model:
+        loaded = replace(loaded, config=fit_starter_positions(loaded.config))
     plan = compile_recipe(loaded)
+    too_long = [p for p in plan.errors if p.key == "data.max_seq_len"]
+    if too_long:  # a recipe whose sequences outgrow the model's positions is never written
+        raise RecipeError(too_long)
     from ditty.config.writer import recipe_to_toml
 
     text = recipe_to_toml(
