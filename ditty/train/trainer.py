@@ -30,6 +30,7 @@ from ditty.evaluation import harness_due, harness_on_model
 from ditty.metrics import Progress
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
+from ditty.parallel.threads import slow_cpu_hint
 from ditty.train import checkpointing
 from ditty.train.builders import Builders
 from ditty.train.components import RuntimeComponents
@@ -268,6 +269,13 @@ class Trainer(Builders, RunEnding):
         """Send a record to metrics.jsonl/TensorBoard/wandb (rank 0) and the progress bar."""
         self.logger.log(record)
         self.progress.set_metrics(record)
+        # Once, from the second logged record on (the first carries the start-up): a CPU run far below its peak.
+        hint = (
+            slow_cpu_hint(record, self.runtime.device.type) if self.state.step > self.config.train.log_every else None
+        )
+        if hint and not getattr(self, "slow_hint_shown", False):
+            self.slow_hint_shown = True
+            self.progress.write(hint)
         if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
             self.progress.write(format_record(record))
         elif any(k.startswith("val_") for k in record):
