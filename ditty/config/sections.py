@@ -400,7 +400,10 @@ class Fp8Config:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 0
-    """Save a checkpoint every this many steps (0: only at the end)."""
+    """Save a checkpoint every this many steps (0: by the clock only, `every_minutes`)."""
+    every_minutes: float = 10.0
+    """Also save when this many minutes of training passed since the last checkpoint, so a crash or a
+    kill -9 (where no signal handler can save) loses at most this much (0: off). Read at log steps."""
     keep_last: int = 2
     """Keep this many newest checkpoints (0 keeps all)."""
     async_save: bool = False

@@ -45,6 +45,7 @@ IGNORED = (
     "train.eval_samples",
     "train.log_every",
     "checkpoint.every",
+    "checkpoint.every_minutes",
     "checkpoint.keep_last",
     "checkpoint.async_save",
     "checkpoint.resume",
