@@ -414,7 +414,9 @@ class CheckpointConfig:
     """Resume even when the recipe differs from the checkpoint's in keys that change training
     (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
-    """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
+    """"auto": full model, or the adapter for adapter runs, with a merged full model in final/merged/
+    for an adapter of a classifier (what transformers.pipeline loads with the label names); "merged":
+    also a merged full model for every adapter run."""
     fallback: bool = True
     """resume = "auto": when the newest checkpoint fails verification (a changed, truncated or missing
     file), resume from the newest intact one and say which were skipped (true), or stop with an error (false)."""

@@ -114,6 +114,47 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
         return None
 
 
+def final_model_card(trainer: Any):
+    """A writer of final/README.md, ditty's model card (task, base, method, data, metrics, how to load
+    it, the recipe), called with the folder being written; peft's template would say only
+    "[More Information Needed]"."""
+    from ditty.checkpoint.hub import write_model_card
+
+    cfg = trainer.config
+    recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
+    recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+    metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
+    if cfg.model.resolved_init == "random":
+        method = "trained from scratch (random init)"
+    elif cfg.peft.kind == "none":
+        method = "full finetune"
+    else:
+        method = f"{cfg.peft.kind} adapter (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})"
+        method += f" on a {cfg.quant.kind} base" if cfg.quant.kind != "none" else ""
+    data = cfg.data
+    where = {"builtin": f"built-in `{data.name}`", "file": f"`{data.path}`"}.get(data.source, f"`{data.source}`")
+    facts = {
+        "task": f"`{cfg.model.task}`",
+        "method": method,
+        "data": f"{where} ({data.format}, sequences up to {data.max_seq_len} tokens)",
+        "steps": str(trainer.state.step),
+    }
+
+    def write(folder: str) -> None:
+        write_model_card(
+            folder,
+            base_model=cfg.model.path,
+            recipe_text=recipe_text,
+            metrics=metrics,
+            adapter=cfg.peft.kind != "none",
+            title=cfg.run.name,
+            facts=facts,
+            **card_task_fields(cfg.model.task),
+        )
+
+    return write
+
+
 def card_task_fields(task_name: str) -> dict[str, str]:
     """What the model card says about the task (ditty.models.tasks): its pipeline tag and Auto class."""
     from ditty.models.tasks import model_task
