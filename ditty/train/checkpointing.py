@@ -194,6 +194,12 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     return ResumePlan(found, step=step)
 
 
+def _elapsed(trainer: Any) -> dict:
+    """The run's training wall time so far, so a resumed run's elapsed_s continues from it."""
+    meter = getattr(trainer, "meter", None)
+    return {"elapsed_s": round(meter.elapsed_s, 3)} if meter is not None else {}
+
+
 def doc_labels(doc: dict) -> Optional[dict]:
     """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
     labels = doc.get("labels")
@@ -253,7 +259,7 @@ class Checkpointer:
             with open(recipe_path, encoding="utf-8") as f:
                 recipe_text = f.read()
         return {
-            "train_state": t.state.state_dict(),
+            "train_state": {**t.state.state_dict(), **_elapsed(t)},
             "scheduler": _jsonable(t.scheduler.state_dict()),
             "data": t.stream.state_dict() if hasattr(t.stream, "state_dict") else None,
             "precision": _jsonable(t.precision.state_dict()),

@@ -96,7 +96,7 @@ class Trainer(Builders, RunEnding):
         cfg = self.config.train
         self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
-        self.meter = IntervalMeter()
+        self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # elapsed_s counts across resumes
         self.model.train()
         try:
             while not self.should_stop():
