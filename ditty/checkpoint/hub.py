@@ -175,6 +175,10 @@ def write_model_card(
         )
     elif adapter:
         loader = f"from {peft_module} import {peft_class}\nmodel = {peft_class}.from_pretrained(REPO_ID)"
+    else:
+        loader = f"from transformers import {auto_class}\nmodel = {auto_class}.from_pretrained(REPO_ID)"
+        if pipeline:
+            loader += f'\n# or: transformers.pipeline("{pipeline}", model=REPO_ID)'
     if adapter and pipeline and (folder / "merged" / "config.json").is_file():
         # The merged model beside the adapter (written by default for a classifier) loads in one line.
         adapter_way = "\n".join("# " + line for line in loader.splitlines())
@@ -183,10 +187,6 @@ def write_model_card(
             f'model = pipeline("{pipeline}", model="final/merged")  # a local copy of this folder\n'
             f"# or the adapter on its base:\n{adapter_way}"
         )
-    else:
-        loader = f"from transformers import {auto_class}\nmodel = {auto_class}.from_pretrained(REPO_ID)"
-        if pipeline:
-            loader += f'\n# or: transformers.pipeline("{pipeline}", model=REPO_ID)'
     body += ["## Usage", "", "```python", loader, "```", ""]
     fence = _fence(recipe_text)
     body += [
