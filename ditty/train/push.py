@@ -62,7 +62,8 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         )
     recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
     adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
-    write_model_card(
+    write_card = write_model_card if not has_ditty_card(final) else _keep_card  # final/'s card is in its manifest
+    write_card(
         final,
         base_model=config.model.path if config is not None else None,
         recipe_text=recipe_text,
@@ -92,7 +93,8 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
         recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
         recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
         metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
-        write_model_card(
+        write_card = write_model_card if not has_ditty_card(folder) else _keep_card  # final/'s card is in its manifest
+        write_card(
             folder,
             base_model=cfg.model.path,
             recipe_text=recipe_text,
@@ -112,6 +114,20 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)
         return None
+
+
+def has_ditty_card(folder: str) -> bool:
+    """Whether `folder` already holds ditty's model card (final/ of a run writes one, listed in its
+    manifest; rewriting it would make final/ read as damaged)."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        return "\n- ditty\n" in handle.read(4096)
+
+
+def _keep_card(folder: str, **_: Any) -> None:
+    """The model card already there stays (see has_ditty_card)."""
 
 
 def final_model_card(trainer: Any):
