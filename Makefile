@@ -11,11 +11,16 @@ STAMP  := $(VENV)/.ditty-installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "setup 1/4: a virtual environment in $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@echo "setup 2/4: upgrading pip"
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	@echo "setup 3/4: $(TORCH_SPEC) (the largest download: a few minutes on a slow line)"
+	$(PY) -m pip install --progress-bar on "$(TORCH_SPEC)"
+	@echo "setup 4/4: ditty and its dependencies, editable, with the dev tools"
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
 	touch $(STAMP)
+	@echo "setup done: $(VENV) is ready"
 
 demo: $(STAMP)
 	$(VENV)/bin/ditty run tiny_sft

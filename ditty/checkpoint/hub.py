@@ -191,6 +191,7 @@ def model_card_text(
     auto_class: str = "AutoModelForCausalLM",
     pipeline: str | None = "text-generation",
     peft_auto_class: str | None = "AutoPeftModelForCausalLM",
+    facts: Mapping[str, str] | None = None,
 ) -> str:
     """The model card (README.md) for the model in `folder`: YAML front matter (base model, license,
     library, the task's pipeline tag), the final metrics, how to load the model (with the task's Auto
@@ -226,6 +227,8 @@ def model_card_text(
         f"{kind} {base_text}, trained with ditty for the task `{task}`.",
         "",
     ]
+    if facts:  # task, method, data, steps: what a reader asks first
+        body += [f"- **{name}**: {value}" for name, value in facts.items()] + [""]
     if metrics:
         body += ["## Results", "", "| metric | value |", "|---|---|"]
         for name, value in metrics.items():
@@ -248,6 +251,14 @@ def model_card_text(
         loader = f"from transformers import {auto_class}\nmodel = {auto_class}.from_pretrained(REPO_ID)"
         if pipeline:
             loader += f'\n# or: transformers.pipeline("{pipeline}", model=REPO_ID)'
+    if adapter and pipeline and (folder / "merged" / "config.json").is_file():
+        # The merged model beside the adapter (written by default for a classifier) loads in one line.
+        adapter_way = "\n".join("# " + line for line in loader.splitlines())
+        loader = (
+            "from transformers import pipeline\n# merged/: the adapter merged into its base, labels included\n"
+            f'model = pipeline("{pipeline}", model="final/merged")  # a local copy of this folder\n'
+            f"# or the adapter on its base:\n{adapter_way}"
+        )
     body += ["## Usage", "", "```python", loader, "```", ""]
     fence = _fence(recipe_text)
     body += [

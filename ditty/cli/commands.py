@@ -10,17 +10,19 @@ import contextlib
 import difflib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
+from ditty._utils.quiet import VERBOSE_ENV, quiet_libraries
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
 from ditty.config.overrides import apply_overrides
 from ditty.config.schema import walk_leaves
-from ditty.config.starter import starter_config
+from ditty.config.starter import fit_starter_positions, starter_config
 from ditty.parallel.allocator import cpu_allocator_choice
 from ditty.recipe import Plan, compile_recipe
 
@@ -29,6 +31,8 @@ usage: ditty COMMAND [ARGS]
 
 commands:
   run RECIPE [--section.field VALUE ...]      compile the recipe, then train
+        [--nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]]
+                                              ... on N processes per node (torchrun)
   check RECIPE [flags] [--explain]            compile only and print the plan
         [--plan [--gpus N] [--gpu-memory 80GB] [--nodes M] [--probe N]]
                                               ... with the per-rank memory and time plan
@@ -47,6 +51,15 @@ commands:
 
 RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
 package.module:function returning a Trainer.Config. `ditty run --help` lists every field.
+--verbose (any command) shows the libraries' own start-up messages and warnings.
+"""
+
+LAUNCH_HELP = """launching (run and check):
+  --nproc-per-node N      processes on this node (torchrun); the recipe compiles first
+  --nnodes M              nodes in all (default 1)
+  --node-rank R           this node's rank, 0..M-1
+  --rdzv-endpoint H:P     host:port of node 0, reachable from every node (several nodes)
+  --verbose               the libraries' own start-up messages and warnings
 """
 
 LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
@@ -54,6 +67,10 @@ LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--verbose" in argv:  # the libraries' own start-up messages; workers inherit the variable
+        argv.remove("--verbose")
+        os.environ[VERBOSE_ENV] = "1"
+    quiet_libraries()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
@@ -64,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     handler = COMMANDS.get(command)
+    if handler is not None and command not in ("run", "check", "init") and {"-h", "--help"} & set(rest):
+        print(_command_usage(command), end="")  # the commands without tyro's field list
+        return 0
     try:
         if handler is None:
             close = difflib.get_close_matches(command, list(COMMANDS), n=1)
@@ -227,9 +247,21 @@ def _print_warnings(plan: Plan) -> None:
         print(f"warning: {problem.format(plan.source)}", file=sys.stderr)
 
 
+def _command_usage(command: str) -> str:
+    """The lines of USAGE that describe `command`, under a usage heading."""
+    lines = USAGE.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {command} "))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("        "):
+        end += 1
+    return "usage: ditty " + "\n".join(lines[start:end]).strip() + "\n"
+
+
 def _print_help(schema: type, prog: str) -> int:
     import tyro
 
+    if prog.startswith(("ditty run", "ditty check")):
+        print(LAUNCH_HELP)
     try:
         tyro.cli(
             schema,
@@ -408,7 +440,12 @@ def cmd_init(args: list[str]) -> int:
         return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
     loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
+    if not names_a_model:
+        loaded = replace(loaded, config=fit_starter_positions(loaded.config))
     plan = compile_recipe(loaded)
+    too_long = [p for p in plan.errors if p.key == "data.max_seq_len"]
+    if too_long:  # a recipe whose sequences outgrow the model's positions is never written
+        raise RecipeError(too_long)
     from ditty.config.writer import recipe_to_toml
 
     text = recipe_to_toml(

@@ -37,10 +37,19 @@ def plan_target(options: dict[str, str], launch: dict[str, str], config) -> Targ
     if "gpu-memory" in options:
         device, memory = device_and_memory(options["gpu-memory"])
         device_name = device.name if device else None
-    on_gpu = "gpus" in options or memory is not None or config.run.device != "cpu"
+    on_gpu = "gpus" in options or memory is not None or _trains_on_gpu(config.run.device)
     gpus = whole_number(options, "gpus", int(launch.get("nproc-per-node", "1")))
     nodes = whole_number(options, "nodes", int(launch.get("nnodes", "1")))
     return Target(device="cuda" if on_gpu else "cpu", gpus_per_node=gpus, nodes=nodes, memory=memory, gpu=device_name)
+
+
+def _trains_on_gpu(device: str) -> bool:
+    """Where `ditty run` would train: "auto" is the GPU only on a machine that has one."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _compile_errors(world_size: int, flags: list[str] = ()):

@@ -13,6 +13,7 @@ import types
 import typing
 from typing import Any
 
+from ditty.config.aliases import foreign_key_fix
 from ditty.config.errors import Problem
 from ditty.config.schema import field_types, fields_of, is_config_class, type_name, walk_leaves
 
@@ -158,7 +159,10 @@ def _unknown_key(key: str, key_path: str, cls: type, root: type) -> Problem:
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     section = key_path.rsplit(".", 1)[0] if "." in key_path else ""
-    if close:
+    foreign = foreign_key_fix(key, section)
+    if foreign:
+        fix = foreign
+    elif close:
         fix = f"did you mean `{close[0]}`?"
     else:
         elsewhere = [leaf.path for leaf in walk_leaves(root) if leaf.name == key]

@@ -19,6 +19,7 @@ from typing import Any
 
 import tomllib
 
+from ditty.config.aliases import foreign_key_fix
 from ditty.config.coerce import MISSING, convert_or_report
 from ditty.config.errors import Problem, RecipeError
 from ditty.config.loader import LoadedRecipe
@@ -159,4 +160,5 @@ def _unknown_flag(path: str, leaves: dict[str, FieldInfo]) -> Problem:
         tail = path.rsplit(".", 1)[-1]
         close = [p for p in leaves if p.rsplit(".", 1)[-1] == tail][:1]
     fix = f"did you mean --{close[0]}?" if close else "see `ditty run --help` for every flag"
+    fix = foreign_key_fix(path.rsplit(".", 1)[-1], flag=True) or fix
     return Problem(path, f"unknown flag --{path}", fix=fix)

@@ -422,7 +422,10 @@ class Fp8Config:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 0
-    """Save a checkpoint every this many steps (0: only at the end)."""
+    """Save a checkpoint every this many steps (0: by the clock only, `every_minutes`)."""
+    every_minutes: float = 10.0
+    """Also save when this many minutes of training passed since the last checkpoint, so a crash or a
+    kill -9 (where no signal handler can save) loses at most this much (0: off). Read at log steps."""
     keep_last: int = 2
     """Keep this many newest checkpoints (0 keeps all)."""
     async_save: bool = False
@@ -433,7 +436,9 @@ class CheckpointConfig:
     """Resume even when the recipe differs from the checkpoint's in keys that change training, or a
     data file's content differs from the one the checkpoint recorded (the differences are logged)."""
     final_format: Literal["auto", "merged"] = "auto"
-    """"auto": full model, or the adapter for adapter runs; "merged": also a merged full model."""
+    """"auto": full model, or the adapter for adapter runs, with a merged full model in final/merged/
+    for an adapter of a classifier (what transformers.pipeline loads with the label names); "merged":
+    also a merged full model for every adapter run."""
     fallback: bool = True
     """resume = "auto": when the newest checkpoint fails verification (a changed, truncated or missing
     file), resume from the newest intact one and say which were skipped (true), or stop with an error (false)."""

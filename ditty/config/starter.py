@@ -28,3 +28,13 @@ def starter_config(keep_model_defaults: bool = False) -> TrainerConfig:
     if keep_model_defaults:
         return config
     return replace(config, model=ModelConfig(architecture="llama", config=dict(TINY_LLAMA)))
+
+
+def fit_starter_positions(config: TrainerConfig) -> TrainerConfig:
+    """The starter's tiny Llama with room for `data.max_seq_len` positions: `ditty init
+    --data.max_seq_len 2048` writes a model with 2048 positions, never fewer than its sequences."""
+    positions = config.model.config.get("max_position_embeddings")
+    if config.model.path or not isinstance(positions, int) or config.data.max_seq_len <= positions:
+        return config
+    grown = {**config.model.config, "max_position_embeddings": config.data.max_seq_len}
+    return replace(config, model=replace(config.model, config=grown))

@@ -36,7 +36,11 @@ def plot_run(run_dir: str, out_path: Optional[str] = None, *, records: Optional[
     records = read_metrics(run_dir) if records is None else records
     out_path = out_path or os.path.join(run_dir, PLOT_FILE)
     eval_keys = sorted({k for r in records for k in r if k.startswith("val_") and k != "val_loss"})
-    panels = 2 + (1 if eval_keys else 0)
+    # Fractions (exact match, accuracy, F1) and unbounded metrics (perplexity) on separate axes: on one
+    # axis a perplexity of 60 flattens an exact match of 0.95 into the floor.
+    fractions = [k for k in eval_keys if all(0.0 <= y <= 1.0 for y in _series(records, k)[1])]
+    others = [k for k in eval_keys if k not in fractions]
+    panels = 2 + (1 if fractions else 0) + (1 if others else 0)
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6), squeeze=False)
     axes = axes[0]
 
@@ -58,23 +62,19 @@ def plot_run(run_dir: str, out_path: Optional[str] = None, *, records: Optional[
     ax.grid(alpha=0.3)
 
     ax = axes[1]
-    ax.plot(*_series(records, "lr"), color="tab:green", lw=1.2)
+    ax.plot(*_series(records, "lr"), ".-", color="tab:green", lw=1.2, ms=3)  # the rate at each logged step
     ax.set_xlabel("step")
     ax.set_title("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
 
-    if eval_keys:
-        ax = axes[2]
-        values = []
-        for key in eval_keys:
-            xs, ys = _series(records, key)
-            values += ys
-            ax.plot(xs, ys, "o-", label=key, lw=1.2, ms=4)
-        if values and all(0.0 <= v <= 1.0 for v in values):
-            ax.set_ylim(-0.02, 1.02)  # fractions (exact match, accuracy) on their full scale
+    for ax, keys, title in zip(axes[2:], [k for k in (fractions, others) if k], ["evaluation", "evaluation"]):
+        for key in keys:
+            ax.plot(*_series(records, key), "o-", label=key, lw=1.2, ms=4)
+        if keys is fractions:
+            ax.set_ylim(-0.02, 1.02)  # fractions on their full scale
         ax.set_xlabel("step")
-        ax.set_title("evaluation")
+        ax.set_title(title)
         ax.legend()
         ax.grid(alpha=0.3)
 

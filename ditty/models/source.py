@@ -51,18 +51,27 @@ def read_model_type(model: ModelConfig) -> Optional[str]:
     if model.factory:
         return None
     if model.path:
-        local = local_model_dir(model.path)
-        config_file = os.path.join(local, "config.json") if local else None
-        if config_file is None and looks_like_hub_id(model.path):
-            config_file = cached_hub_file(model.path)
-        if config_file and os.path.isfile(config_file):
-            try:
-                with open(config_file, encoding="utf-8") as handle:
-                    return json.load(handle).get("model_type")
-            except (OSError, ValueError):
-                return None
-        return None
+        return (read_model_config(model) or {}).get("model_type")
     return model.architecture
+
+
+def read_model_config(model: ModelConfig) -> Optional[dict]:
+    """The `config.json` of `model.path` (a local directory or a cached hub model) as a dict, or None
+    when there is no path or it cannot be read offline. `model.config` overrides are not applied."""
+    if model.factory or not model.path:
+        return None
+    local = local_model_dir(model.path)
+    config_file = os.path.join(local, "config.json") if local else None
+    if config_file is None and looks_like_hub_id(model.path):
+        config_file = cached_hub_file(model.path)
+    if not config_file or not os.path.isfile(config_file):
+        return None
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 @functools.lru_cache(maxsize=1)

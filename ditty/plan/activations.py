@@ -205,6 +205,11 @@ class LossMemory:
     a chunk): a host allocator maps tensors above its threshold rather than keep them in its heap."""
 
 
+CLASSIFIER_TASKS = ("seq-classification", "token-classification")
+CLASSIFIER_LABELS = 128
+"""Labels assumed for a classifier's logits in the plan: more than most label sets, still negligible."""
+
+
 def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_trains: bool = False) -> LossMemory:
     """Peak bytes of the output projection and the cross-entropy for one micro-batch.
 
@@ -218,6 +223,12 @@ def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_tr
     chunks = s.loss_chunks if chunks is None else chunks
     a = s.activation_bytes
     tokens, vocab = s.tokens, shape.vocab_size
+    if s.task in CLASSIFIER_TASKS:
+        # No vocabulary head: a score per label, per sample (or per token when tagging). The label count
+        # is the data's, unknown offline; CLASSIFIER_LABELS bounds it for the plan.
+        rows = s.micro_batch if s.task == "seq-classification" else tokens
+        size = rows * CLASSIFIER_LABELS * 4 * FP32
+        return LossMemory(size, f"{rows:,} rows of label scores (no vocabulary head)", size)
     if chunks <= 0:
         shifted = a if s.micro_batch > 1 else 0
         forward = a + shifted + (FP32 if a != FP32 else 0) + FP32

@@ -96,6 +96,8 @@ class Settings:
     gradient_as_bucket_view: bool
     low_memory_load: bool
     """fsdp/hsdp from a local directory: rank 0 streams (or quantizes) and the others build on meta."""
+    task: str = "causal-lm"
+    """`model.task`: a classifier's logits are label scores, not a vocabulary per token."""
 
     @property
     def tokens(self) -> int:
@@ -177,6 +179,7 @@ class Settings:
                     or (quant.kind == "bnb-4bit" and peft.kind == "lora" and not config.fp8.enabled)
                 )
             ),
+            task=getattr(config.model, "task", "causal-lm"),
         )
 
 

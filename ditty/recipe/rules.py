@@ -94,6 +94,7 @@ _NON_NEGATIVE = [
     "scheduler.warmup_steps",
     "scheduler.min_lr_ratio",
     "checkpoint.every",
+    "checkpoint.every_minutes",
     "checkpoint.keep_last",
     "peft.dropout",
     "run.seed",

@@ -91,11 +91,15 @@ class Builders:
         from ditty.train.loss_parameters import attach_loss_parameters
 
         model = attach_loss_parameters(model, self.components.loss, parallel_kind=self.config.parallel.kind)
-        if is_main_process():
-            from ditty.train.env import count_parameters
+        from ditty.train.env import count_parameters
 
-            trainable, total = count_parameters(model)
+        trainable, total = count_parameters(model)
+        if is_main_process():
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
+        if self.runtime.device.type == "cpu":  # one thread for a small model or busy cores (ditty.parallel.threads)
+            from ditty.parallel.threads import apply_cpu_threads
+
+            apply_cpu_threads(self.config, total, announce=is_main_process())
         return BuiltModel(model, converters, pending)
 
     def build_converters(self) -> list:

@@ -46,6 +46,7 @@ IGNORED = (
     "train.eval_samples",
     "train.log_every",
     "checkpoint.every",
+    "checkpoint.every_minutes",
     "checkpoint.keep_last",
     "checkpoint.async_save",
     "checkpoint.resume",
@@ -114,6 +115,8 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
             and (old is None or new >= old)
         ):
             continue  # more steps: allowed, the schedule is rebuilt for the new total
+        if key == "parallel.kind" and "deepspeed" not in (old, new):
+            continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
         # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
         lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
     return lines
@@ -255,6 +258,12 @@ def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
     log.warning("resuming on changed data (checkpoint.force_resume): %s", "; ".join(changed))
 
 
+def _elapsed(trainer: Any) -> dict:
+    """The run's training wall time so far, so a resumed run's elapsed_s continues from it."""
+    meter = getattr(trainer, "meter", None)
+    return {"elapsed_s": round(meter.elapsed_s, 3)} if meter is not None else {}
+
+
 def doc_labels(doc: dict) -> Optional[dict]:
     """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
     labels = doc.get("labels")
@@ -323,7 +332,7 @@ class Checkpointer:
             with open(recipe_path, encoding="utf-8") as f:
                 recipe_text = f.read()
         return {
-            "train_state": t.state.state_dict(),
+            "train_state": {**t.state.state_dict(), **_elapsed(t)},
             "scheduler": _jsonable(t.scheduler.state_dict()),
             "data": t.stream.state_dict() if hasattr(t.stream, "state_dict") else None,
             "precision": _jsonable(t.precision.state_dict()),

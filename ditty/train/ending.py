@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Optional
 
+import torch
+
 from ditty._utils.dist import is_main_process
 from ditty.metrics import plot_run
 from ditty.metrics.harness import score_final_model
@@ -31,8 +33,10 @@ class RunEnding:
         finite = self.checkpointer.manager.finite  # saves wait for a finite step
         if not final:
             due = bool(every) and self.state.step % every == 0
+            due = self.save_clock_due() or due  # every rank reads the clock on the same steps
             if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)
+                self.save_clock.saved()
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
                     push_checkpoint_snapshot(self)
             return None
@@ -51,6 +55,20 @@ class RunEnding:
         if push in ("end", "checkpoints"):
             push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
         return path
+
+    def save_clock_due(self) -> bool:
+        """`checkpoint.every_minutes` passed since the last save (ditty.checkpoint.clock), read at log
+        steps, where the ranks agree on it with one small all-reduce."""
+        from ditty.checkpoint.clock import SaveClock
+        from ditty.train.step import all_reduce_sum
+
+        if getattr(self, "save_clock", None) is None:
+            self.save_clock = SaveClock(self.config.checkpoint.every_minutes)
+        log_every = self.config.train.log_every or 1
+        if self.state.step % log_every:
+            return False
+        device = self.runtime.device
+        return self.save_clock.due(lambda late: bool(all_reduce_sum(torch.tensor(float(late), device=device)) > 0))
 
     def preempt(self) -> TrainResult:
         """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""

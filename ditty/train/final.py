@@ -149,6 +149,7 @@ def save_final(
     *,
     merged: bool = False,
     state_dict: Optional[dict[str, torch.Tensor]] = None,
+    card: Optional[Any] = None,
 ) -> str:
     """Write `final/` in Hugging Face format (safetensors, config, tokenizer); return its path.
 
@@ -157,7 +158,8 @@ def save_final(
     Adapter (PEFT) models save their adapter, which PeftModel and the task's AutoPeftModelFor... load
     (with labels.json for a classifier's base), and with `merged` also `final/merged/`: the adapter
     merged into the base (for a 4-bit base, into its dequantized weights), a full model of the task's
-    class that `from_pretrained` and `transformers.pipeline` load.
+    class that `from_pretrained` and `transformers.pipeline` load. `card(directory)` writes the
+    model card (README.md) over whatever the savers put there (peft writes a template).
     """
     from ditty._utils.atomic import atomic_directory
 
@@ -182,6 +184,8 @@ def save_final(
         recipe = os.path.join(run_dir, "recipe.toml")
         if os.path.isfile(recipe):  # the recipe beside the model it made, verified with it (ditty.config.run_recipe)
             shutil.copyfile(recipe, os.path.join(partial, "recipe.toml"))
+        if card is not None:
+            card(str(partial))
         from ditty.checkpoint.manifest import describe_all
 
         describe_all(partial)  # final/manifest.json: generate, push and export verify it before use
@@ -200,15 +204,31 @@ def write_final(trainer: Any) -> str:
     full = trainer.engine.full_state_dict(trainer.model)
     run_dir = trainer.config.run.output_dir
     if trainer.runtime.is_main:
-        merged = trainer.config.checkpoint.final_format == "merged"
+        merged = writes_merged(trainer.config)
         kept = trainer.checkpointer.manager.describe_kept()
         final = os.path.join(run_dir, FINAL_DIR)
+        from ditty.train.push import final_model_card
+
+        card = final_model_card(trainer)
         with write_errors_reported(run_dir, 0, what="final/", kept=kept, cleanup=partial_path(final)):
-            save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full)
+            save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full, card=card)
     del full
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # nobody reads final/ before it is complete
     return os.path.join(run_dir, FINAL_DIR)
+
+
+CLASSIFIER_TASKS = ("seq-classification", "token-classification")
+
+
+def writes_merged(config: Any) -> bool:
+    """Whether final/merged/ is written: `checkpoint.final_format = "merged"`, or by default for an
+    adapter of a classifier, whose adapter folder transformers.pipeline cannot load with its labels
+    (the base it names has no head of the right size; a config.json beside the adapter makes
+    transformers take the folder for a full model). Never from an 8-bit base (the compiler refuses it)."""
+    if config.peft.kind == "none" or config.quant.kind == "bnb-8bit":
+        return False
+    return config.checkpoint.final_format == "merged" or config.model.task in CLASSIFIER_TASKS
 
 
 def final_model_task(run_dir: str) -> Any:

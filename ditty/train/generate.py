@@ -38,9 +38,11 @@ def load_final(run_dir: str, device: str = "cpu"):
     check_model_dir(path)  # its manifest: no damaged file is loaded
     task = final_model_task(run_dir)
     if not task.generates:
+        merged = os.path.join(path, "merged")  # an adapter's merged model: what the pipeline loads
+        loadable = merged if os.path.isfile(os.path.join(merged, "config.json")) else path
         raise RecipeError.single(
             f"{run_dir!r} holds a {task.name} model, which does not generate text",
-            fix=f'use it with transformers: pipeline("{task.pipeline}", model="{path}")',
+            fix=f'use it with transformers: pipeline("{task.pipeline}", model="{loadable}")',
         )
     if os.path.isfile(os.path.join(path, "adapter_config.json")) and task.peft_auto_class:
         model = getattr(peft, task.peft_auto_class).from_pretrained(path)

@@ -62,35 +62,32 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         )
     recipe_text = open(loaded.source, encoding="utf-8").read() if loaded is not None else ""
     adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
-    card = model_card_text(
-        final,
-        base_model=config.model.path if config is not None else None,
-        recipe_text=recipe_text,
-        metrics=_last_eval(run_dir),
-        adapter=adapter,
-        title=config.run.name if config is not None else None,
-        **card_task_fields(final_model_task(run_dir).name),
-    )
-    url = push_folder(
+    card = {}
+    if not has_ditty_card(final):  # final/'s own card is in its manifest and travels as it is
+        text = model_card_text(
+            final,
+            base_model=config.model.path if config is not None else None,
+            recipe_text=recipe_text,
+            metrics=_last_eval(run_dir),
+            adapter=adapter,
+            title=config.run.name if config is not None else None,
+            **card_task_fields(final_model_task(run_dir).name),
+        )
+        card = {"README.md": text.encode("utf-8")}  # in the commit only: a push never changes the run
+    return push_folder(
         final,
         repo_id=repo_id,
         private=config.hub.private if config is not None else True,
         commit_message="ditty: final model",
         run_dir=run_dir,
-        extra_files={"README.md": card.encode("utf-8")},
+        extra_files=card,
     )
-    # Only now, with the push done, does the local copy of the card change (a failed push changes nothing).
-    staged = os.path.join(final, ".README.md.tmp")
-    with open(staged, "w", encoding="utf-8") as handle:
-        handle.write(card)
-    os.replace(staged, os.path.join(final, "README.md"))
-    return url
 
 
 def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
     """Push `folder` to `hub.repo_id` with a model card (rank 0). A failure is reported, not raised:
     training succeeded and every local file is kept; the message says how to retry."""
-    from ditty.checkpoint.hub import push_folder, write_model_card
+    from ditty.checkpoint.hub import model_card_text, push_folder
 
     cfg = trainer.config
     if not is_main_process() or not cfg.hub.repo_id:
@@ -99,6 +96,69 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
         recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
         recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
         metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
+        card = {}
+        if not has_ditty_card(folder):  # final/'s own card is in its manifest and travels as it is
+            text = model_card_text(
+                folder,
+                base_model=cfg.model.path,
+                recipe_text=recipe_text,
+                metrics=metrics,
+                adapter=cfg.peft.kind != "none",
+                title=cfg.run.name,
+                **card_task_fields(cfg.model.task),
+            )
+            card = {"README.md": text.encode("utf-8")}  # in the commit only: the folder stays as written
+        return push_folder(
+            folder,
+            repo_id=cfg.hub.repo_id,
+            private=cfg.hub.private,
+            commit_message=message,
+            run_dir=trainer.run_dir,
+            extra_files=card,
+            token=getattr(getattr(trainer, "components", None), "hub_token", None),  # Pipeline(hf_hub_token=)
+        )
+    except RecipeError as e:
+        print(f"warning: {e.format()}", flush=True)
+        return None
+
+
+def has_ditty_card(folder: str) -> bool:
+    """Whether `folder` already holds ditty's model card (final/ of a run writes one, listed in its
+    manifest; rewriting it would make final/ read as damaged)."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        return "\n- ditty\n" in handle.read(4096)
+
+
+def final_model_card(trainer: Any):
+    """A writer of final/README.md, ditty's model card (task, base, method, data, metrics, how to load
+    it, the recipe), called with the folder being written; peft's template would say only
+    "[More Information Needed]"."""
+    from ditty.checkpoint.hub import write_model_card
+
+    cfg = trainer.config
+    recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
+    recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
+    metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
+    if cfg.model.resolved_init == "random":
+        method = "trained from scratch (random init)"
+    elif cfg.peft.kind == "none":
+        method = "full finetune"
+    else:
+        method = f"{cfg.peft.kind} adapter (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})"
+        method += f" on a {cfg.quant.kind} base" if cfg.quant.kind != "none" else ""
+    data = cfg.data
+    where = {"builtin": f"built-in `{data.name}`", "file": f"`{data.path}`"}.get(data.source, f"`{data.source}`")
+    facts = {
+        "task": f"`{cfg.model.task}`",
+        "method": method,
+        "data": f"{where} ({data.format}, sequences up to {data.max_seq_len} tokens)",
+        "steps": str(trainer.state.step),
+    }
+
+    def write(folder: str) -> None:
         write_model_card(
             folder,
             base_model=cfg.model.path,
@@ -106,19 +166,11 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
             metrics=metrics,
             adapter=cfg.peft.kind != "none",
             title=cfg.run.name,
+            facts=facts,
             **card_task_fields(cfg.model.task),
         )
-        return push_folder(
-            folder,
-            repo_id=cfg.hub.repo_id,
-            private=cfg.hub.private,
-            commit_message=message,
-            run_dir=trainer.run_dir,
-            token=getattr(getattr(trainer, "components", None), "hub_token", None),  # Pipeline(hf_hub_token=)
-        )
-    except RecipeError as e:
-        print(f"warning: {e.format()}", flush=True)
-        return None
+
+    return write
 
 
 def card_task_fields(task_name: str) -> dict[str, str]:

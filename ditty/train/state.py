@@ -29,9 +29,12 @@ class TrainState:
     last_eval_step: Optional[int] = None
     eval_metrics: dict[str, Any] = field(default_factory=dict)
     """The latest evaluation's metrics (val_loss, val_exact_match, ...)."""
+    elapsed_s: float = 0.0
+    """Training wall time of the run so far, resumed runs included (as of the last checkpoint)."""
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step")}
+        keys = ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step", "elapsed_s")
+        return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
@@ -44,9 +47,13 @@ class IntervalMeter:
     Means are over finite, non-skipped steps; a skipped step is reported on its own record.
     """
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self._reset(self.start)
+    def __init__(self, offset_s: float = 0.0) -> None:
+        self.start = time.perf_counter() - offset_s  # a resumed run's clock continues from its checkpoint
+        self._reset(time.perf_counter())
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
 
     def _reset(self, now: float) -> None:
         self.since = now
@@ -64,7 +71,8 @@ class IntervalMeter:
         self.loss += out.loss
         self.grad_norm += out.grad_norm
         for key, value in out.metrics.items():
-            self.extra[key] = self.extra.get(key, 0.0) + value
+            if key != "lr":  # the schedule's value at the logged step, not a mean over the window
+                self.extra[key] = self.extra.get(key, 0.0) + value
 
     def flush(self) -> dict[str, float]:
         """Means and tokens/s for the interval, then start a new one."""

@@ -31,6 +31,7 @@ from ditty.metrics.harness import harness_due, harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.optim.schedule_free import evaluation_weights, train_mode
+from ditty.parallel.threads import slow_cpu_hint
 from ditty.train import checkpointing
 from ditty.train.builders import Builders
 from ditty.train.components import RuntimeComponents
@@ -96,7 +97,7 @@ class Trainer(Builders, RunEnding):
         cfg = self.config.train
         self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
-        self.meter = IntervalMeter()
+        self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # elapsed_s counts across resumes
         self.model.train()
         train_mode(self.optimizer)  # schedule-free AdamW trains at its interpolated weights
         try:
@@ -272,6 +273,13 @@ class Trainer(Builders, RunEnding):
         """Send a record to metrics.jsonl/TensorBoard/wandb (rank 0) and the progress bar."""
         self.logger.log(record)
         self.progress.set_metrics(record)
+        # Once, from the second logged record on (the first carries the start-up): a CPU run far below its peak.
+        hint = (
+            slow_cpu_hint(record, self.runtime.device.type) if self.state.step > self.config.train.log_every else None
+        )
+        if hint and not getattr(self, "slow_hint_shown", False):
+            self.slow_hint_shown = True
+            self.progress.write(hint)
         if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
             self.progress.write(format_record(record))
         elif any(k.startswith("val_") for k in record):

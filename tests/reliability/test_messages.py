@@ -86,7 +86,8 @@ def test_a_step_of_infinity_in_metrics_is_skipped_on_resume(finished_run, tmp_pa
     shutil.copytree(finished_run, run)
     with open(run / "metrics.jsonl", "a") as handle:
         handle.write('{"step": Infinity}\n')
-    result = ditty("run", str(write_recipe(tmp_path, steps=6)))
+    # Extending a finished run is asked for in so many words (tests/reliability/test_finished_runs.py).
+    result = ditty("run", str(write_recipe(tmp_path, steps=6)), "--checkpoint.overwrite_finished", "true")
     trial.update(exit_code=result.code, lost_steps=0)
     assert result.code == 0 and no_traceback(result), result.err[-3000:]
     assert "resumed from step 4" in result.out

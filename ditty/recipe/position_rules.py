@@ -1,0 +1,68 @@
+"""The rule that compares `data.max_seq_len` with the positions the model has.
+
+A model with learned position embeddings (BERT, GPT-2, OPT, ...) fails in its first forward on a
+longer sequence ("The size of tensor a (722) must match the size of tensor b (512)"), after the
+weights have loaded; read from config.json offline, the limit is known before anything is built.
+Rotary models (a `rope_theta` or `rope_scaling` in the config) compute positions on the fly and
+run past the limit, only with quality they were not trained for: a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from ditty.config.errors import Problem
+from ditty.recipe.rules import Context, error, rule, warning
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+"""Where Hugging Face configs keep the position count (GPT-2 and its kin use n_positions)."""
+
+
+def model_positions(model: Any) -> tuple[Optional[int], bool, str]:
+    """(positions, rotary, where it was read) for a recipe's model; positions None when unknown offline.
+
+    `model.config` overrides win over the checkpoint's config.json, as the model builder applies them.
+    """
+    from ditty.models.source import read_model_config
+
+    overrides = dict(model.config)
+    found = read_model_config(model) or {}
+    values = {**found, **overrides}
+    for key in POSITION_KEYS:
+        if isinstance(values.get(key), int):
+            where = f"model.config.{key}" if key in overrides else f"{key} in config.json of {model.path}"
+            rotary = "rope_theta" in values or "rope_scaling" in values or "rope_parameters" in values
+            return values[key], rotary, where
+    return None, False, ""
+
+
+@rule("data.max_seq_len.positions")
+def max_seq_len_within_positions(ctx: Context) -> Iterator[Problem]:
+    """`data.max_seq_len` is at most the model's position count (max_position_embeddings)."""
+    cfg = ctx.config
+    if cfg.model.factory:
+        return
+    positions, rotary, where = model_positions(cfg.model)
+    length = cfg.data.max_seq_len
+    if positions is None or not isinstance(length, int) or length <= positions:
+        return
+    grow = (
+        f", or raise model.config.max_position_embeddings to {length} (random init only)"
+        if cfg.model.resolved_init == "random"
+        else ""
+    )
+    fix = f"set data.max_seq_len = {positions}{grow}"
+    if rotary:
+        yield warning(
+            "data.max_seq_len",
+            f"{length} tokens is longer than the model's {positions} positions ({where}); rotary positions "
+            "run past it, with quality the model was not trained for",
+            fix,
+        )
+    else:
+        yield error(
+            "data.max_seq_len",
+            f"{length} tokens is longer than the model's {positions} positions ({where}); its position "
+            "embeddings would fail in the first forward",
+            fix,
+        )
