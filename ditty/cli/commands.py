@@ -575,7 +575,7 @@ def cmd_eval(args: list[str]) -> int:
         "num_fewshot": number(fewshot, "--num-fewshot"),
         "batch_size": number(batch_size, "--batch-size"),
     }
-    from ditty.evaluation import resolve_target, saved_eval_settings
+    from ditty.metrics.harness import resolve_target, saved_eval_settings
 
     _, run_dir = resolve_target(args[0])
     # A run's [eval] fills in the gaps, read from final/ once final/ is verified; nothing it names is imported.
