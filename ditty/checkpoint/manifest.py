@@ -97,6 +97,15 @@ def describe_all(directory: Path) -> None:
     write(directory, {0: describe(directory, _all_files(directory))})
 
 
+def refresh(directory: Path, names: Iterable[str]) -> None:
+    """Re-record `names` in a one-process manifest after ditty itself rewrote them (the model card
+    that `ditty eval` updates in final/): the other entries stay as they were verified."""
+    entries = read(directory)
+    if entries is None:
+        return
+    write(directory, {0: {**entries, **describe(directory, names)}})
+
+
 def _all_files(directory: Path) -> list[str]:
     return [
         p.relative_to(directory).as_posix()

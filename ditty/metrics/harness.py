@@ -217,7 +217,7 @@ def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
         latest.update(
             {k: v for k, v in record.items() if k.startswith(("val_", PREFIX)) and isinstance(v, (int, float))}
         )
-    return write_model_card(
+    card = write_model_card(
         final,
         base_model=config.model.path if config is not None else None,
         recipe_text=Path(loaded.source).read_text(encoding="utf-8") if loaded is not None else "",
@@ -225,6 +225,10 @@ def write_card(run_dir: Path, records: list[dict[str, Any]]) -> Optional[Path]:
         adapter=(final / "adapter_config.json").is_file(),
         title=config.run.name if config is not None else None,
     )
+    from ditty.checkpoint.manifest import refresh
+
+    refresh(final, [card.name])  # the card is listed in final/'s manifest: readers verify it
+    return card
 
 
 def evaluate_path(
