@@ -54,6 +54,9 @@ class GenericData:
     task: Optional[GenericTask] = None
     seed: int = 0
     collate_fn: Optional[Callable[[list], Any]] = None
+    skipped_rows = 0
+    labels = None
+    val_sets: tuple = ()
 
     generic = True
     """Tells the trainer to use the generic stream, forward and metrics (LM bundles lack it)."""

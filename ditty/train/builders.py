@@ -60,7 +60,7 @@ class Builders:
     def build_tokenizer(self):
         """[tokenizer]; or the Python API's tokenizer, else the one saved beside a given transformers
         model's checkpoint (either is saved into final/ with the model)."""
-        from ditty.train.task_data_mode import takes_task_rows
+        from ditty.train.data_modes import takes_rows
 
         components = self.components
         if components.tokenizer is not None:
@@ -71,7 +71,7 @@ class Builders:
             found = tokenizer_beside(components.model)
             if found is not None:
                 return found
-        non_text = components.has_data and not takes_task_rows(self.config, components)
+        non_text = components.has_data and not takes_rows(self.config, components)
         return tokenizer_for(self.config, non_text_data=non_text)
 
     def build_model(self, tokenizer: Any, labels: Any = None) -> BuiltModel:
@@ -276,7 +276,7 @@ def base_model_for(
 ) -> tuple[torch.nn.Module, Any]:
     """(model before converters, weights still pending after sharding or None): the Python API's
     instance (quantized as `[quant]` asks), a low-memory meta build (`low_memory`, sharded runs), or
-    the ordinary build. `labels`: a LabelSpace (ditty.data.task_rows) for the classifying tasks."""
+    the ordinary build. `labels`: a LabelSpace (ditty.data.labels) for the classifying tasks."""
     from ditty.models import build_model
 
     names = list(labels.names) if labels is not None else None

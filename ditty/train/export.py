@@ -44,7 +44,7 @@ def _recipe(checkpoint: Path, doc: dict):
 
 def _labels(checkpoint: Path, doc: dict, config):
     """A classifier's label set as the checkpoint recorded it (it sizes and names the head)."""
-    from ditty.data.task_rows import LabelSpace
+    from ditty.data.labels import LabelSpace
     from ditty.models.tasks import model_task
     from ditty.train.checkpointing import doc_labels
 

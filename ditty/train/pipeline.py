@@ -119,6 +119,10 @@ def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: 
     return model(batch, **forward_kwargs)
 
 
+MODEL_OUTPUT = "model_output"
+"""Context key of the model's output after the postprocessors (evaluation reads predictions there)."""
+
+
 def run_pipeline(
     pipeline: Pipeline,
     model: torch.nn.Module,
@@ -166,6 +170,8 @@ def run_pipeline(
             checker.stage(
                 f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx
             )
+    if not ctx.get("training"):  # kept only for evaluation: in training it would outlive the step's logits
+        ctx[MODEL_OUTPUT] = output
     if checker:
         checker.loss(pipeline.loss, output, ctx)
         checker.raise_errors()

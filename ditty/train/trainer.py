@@ -37,7 +37,7 @@ from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
 from ditty.train.env import MemoryReport
 from ditty.train.final import check_output_dir
-from ditty.train.pipeline import run_pipeline
+from ditty.train.pipeline import MODEL_OUTPUT, run_pipeline
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
 
@@ -223,12 +223,17 @@ class Trainer(Builders, RunEnding):
                 f'"fp32". Files already in {self.config.run.output_dir} are kept; no final model was written.'
             )
 
+    def eval_forward(self, batch: Any) -> tuple[Any, Any]:
+        """One validation batch through `forward`: (its LossOutput, the model's output after the postprocessors)."""
+        ctx = self.make_context(index=0, count=1, training=False)
+        return self.forward(batch, ctx), ctx.get(MODEL_OUTPUT)
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """val_loss over the whole validation set, plus the task's metrics as val_<name>."""
         self.model.eval()
         request = EvalRequest(
-            forward=lambda batch: self.forward(batch, self.make_context(index=0, count=1, training=False)),
+            forward=self.eval_forward,
             model=self.engine.unwrap(self.model),
             autocast=self.precision.autocast,
             pipeline=self.pipeline,
