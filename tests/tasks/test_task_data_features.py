@@ -34,6 +34,7 @@ def _mixture(tmp_path, **data) -> DataConfig:
     return DataConfig(
         format="classification",
         max_seq_len=32,
+        val_fraction=0.0,  # held out: [data.eval] only
         sources=[
             DataSourceConfig(path=first, weight=0.7, name="news"),
             DataSourceConfig(path=second, weight=0.3, name="chat"),
