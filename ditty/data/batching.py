@@ -16,7 +16,7 @@ lengths (cheap) and fetches only the tokens of its own.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 import torch
@@ -63,6 +63,26 @@ def micro_batches_of_rank(step: list, stream: Any) -> list[list]:
     mine = step[stream.rank * per_rank : (stream.rank + 1) * per_rank]
     size = stream.micro_batch_size
     return [mine[start : start + size] for start in range(0, per_rank, size)]
+
+
+class Stream(Protocol):
+    """What the trainer asks of every stream: this rank's micro-batches of the next step, the
+    position (saved with each checkpoint), per-source token counts, and an end to its workers."""
+
+    accumulation_steps: int
+    cursor: int
+
+    def next_step(self) -> list[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def source_tokens(self) -> dict[str, int]:
+        """Tokens each source put into training so far (empty for one source)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class GlobalOrder:
@@ -116,6 +136,12 @@ class GlobalOrder:
                 fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
             )
         self.cursor = int(state["cursor"])
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop: batches are made in this process."""
 
     def _peek(self) -> int:
         epoch, position = divmod(self.cursor, self.num_samples)

@@ -228,6 +228,12 @@ class LoaderStream:
         while self.cursor < int(state["cursor"]):
             self.next_step()
 
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """The user's DataLoader stops its own workers."""
+
 
 def loader_samples(loader: Any) -> int:
     """Samples per epoch of a DataLoader (its dataset's length, else batches x batch size)."""

@@ -215,7 +215,4 @@ def source_token_record(stream: Any) -> dict[str, int]:
     """`tokens/source/NAME` for metrics.jsonl: tokens each source put into training so far (summed
     over ranks). Empty for a single-source stream. Collective for a streaming run: call it on every
     rank at the same step."""
-    counts = getattr(stream, "source_tokens", None)
-    if counts is None:
-        return {}
-    return {f"tokens/source/{label}": count for label, count in counts().items()}
+    return {f"tokens/source/{label}": count for label, count in stream.source_tokens().items()}

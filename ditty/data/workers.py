@@ -286,7 +286,10 @@ class PrefetchedStream:
         self._state = self.stream.state_dict()
 
     def source_tokens(self) -> dict[str, int]:
-        labels = getattr(getattr(self.stream, "mixture", None), "labels", None)
-        if labels is None:
+        """From the state after the last step handed out (the planner itself runs steps ahead)."""
+        if "mixer" not in self._state:
             return {}
-        return dict(zip(labels, self._state["mixer"]["tokens"]))
+        return dict(zip(self.stream.mixture.labels, self._state["mixer"]["tokens"]))
+
+    def close(self) -> None:
+        self._steps = None  # dropping the DataLoader iterator shuts its workers down

@@ -125,7 +125,7 @@ class Builders:
     def build_optimizer(self, model: torch.nn.Module, converters: list):
         """`[optimizer]` over the trainable parameters; the converters' post-step hooks (float8's scale
         precompute under FSDP) are registered on it, so they run after every real optimizer step."""
-        from ditty.models.converters import run_post_optimizer_hooks
+        from ditty.models.converters import post_optimizer_hooks, run_post_optimizer_hooks
         from ditty.optim import build_optimizer
 
         if self.components.optimizer is not None:  # the Python API's optimizer=, checked against the trained parameters
@@ -134,7 +134,7 @@ class Builders:
             optimizer = check_given_optimizer(self.components.optimizer, model)
         else:
             optimizer = build_optimizer(self.config.optimizer, model)
-        if any(getattr(c, "post_optimizer_hook", None) for c in converters):
+        if post_optimizer_hooks(converters):
             optimizer.register_step_post_hook(lambda *_: run_post_optimizer_hooks(model, converters))
         return optimizer
 

@@ -16,7 +16,7 @@ mode and never which mode it is. A new data format is not a new mode: it is a `D
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -86,6 +86,11 @@ class DataMode:
 
     def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
         """The loss's denominator for this batch, by the loss calculator's own rule when it has one."""
+        counter = getattr(loss, "count_tokens", None)
+        return counter(batch) if counter is not None else self.scored(batch)
+
+    def scored(self, batch: Any) -> torch.Tensor:
+        """The denominator of a loss without its own rule."""
         raise NotImplementedError
 
     def input_count(self, batch: Any) -> torch.Tensor:
@@ -117,9 +122,8 @@ class TokenDataMode(DataMode):
             pad_token_id=self.tokenizer.pad_token_id,
         )
 
-    def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
-        counter = getattr(loss, "count_tokens", None)  # a loss may count by its own rule
-        return counter(batch) if counter is not None else self.bundle.collator.supervised_count(batch)
+    def scored(self, batch: Any) -> torch.Tensor:
+        return self.bundle.collator.supervised_count(batch)
 
     def input_count(self, batch: Any) -> torch.Tensor:
         return self.bundle.collator.input_count(batch)
@@ -128,7 +132,9 @@ class TokenDataMode(DataMode):
         from ditty.models.tasks import model_task
         from ditty.train.evaluate import evaluate_tokens
 
-        return evaluate_tokens(request, self.bundle, model_task(self.config.model.task), self.tokenizer)
+        task = model_task(self.config.model.task)
+        count = lambda batch: self.supervised_count(batch, request.pipeline.loss)  # noqa: E731
+        return evaluate_tokens(request, self.bundle, task, self.tokenizer, count)
 
 
 class SampleDataMode(DataMode):
@@ -178,9 +184,8 @@ class SampleDataMode(DataMode):
                 ) from None
             raise
 
-    def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
-        counter = getattr(loss, "count_tokens", None)
-        return counter(batch) if counter is not None else torch.tensor(batch_samples(batch))
+    def scored(self, batch: Any) -> torch.Tensor:
+        return torch.tensor(batch_samples(batch))
 
     def input_count(self, batch: Any) -> torch.Tensor:
         return torch.tensor(batch_samples(batch))
@@ -233,6 +238,7 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
         return SampleDataMode(bundle, config, runtime, tokenizer)
     from ditty.data.build import IMAGE_BUILTINS, build_data
     from ditty.data.generic import is_generic
+    from ditty.models.task_facts import fit_instance_labels, model_facts
 
     if tokenizer is None and not (config.data.source == "builtin" and config.data.name in IMAGE_BUILTINS):
         raise RecipeError.single(
@@ -240,7 +246,7 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
             key="tokenizer.path",
             fix="set tokenizer.path (or model.path), or pass tokenizer= to the Pipeline",
         )
-    label_hint, start = model_facts(config, components.model, tokenizer)
+    label_hint, start = model_facts(config.model, components.model, tokenizer)
     given = components.has_data
     bundle = build_data(
         config.data,
@@ -271,45 +277,3 @@ def takes_rows(config: Any, components: Any) -> bool:
         and components.dataloader is None
         and components.collate_fn is None
     )
-
-
-def model_facts(config: Any, given: Any, tokenizer: Any) -> tuple[Optional[list[str]], Optional[int]]:
-    """What the model already says, so the data fits it: (the label names of its config in id order,
-    its decoder start token id). Read from the given instance, else from the recipe's model config."""
-    from ditty.models.tasks import model_task
-
-    if model_task(config.model.task).token_rows:
-        return None, None
-    model_config = getattr(given, "config", None) if given is not None else None
-    if given is None and not config.model.factory:
-        from ditty.models.build import hf_config
-
-        _, model_config = hf_config(config.model, {})
-    if model_config is None:
-        return None, None
-    id2label = getattr(model_config, "id2label", None) or {}
-    names = [str(id2label[key]) for key in sorted(id2label, key=int)] or None
-    start = getattr(model_config, "decoder_start_token_id", None)
-    if start is None and getattr(model_config, "is_encoder_decoder", False):
-        start = tokenizer.pad_token_id  # what ditty.models.build gives a config without one (T5's rule)
-    return names, start
-
-
-def fit_instance_labels(model: Any, labels: Any) -> None:
-    """A given classifier must have a head of the data's label count; its label names become the data's."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "num_labels"):
-        return
-    if config.num_labels != len(labels):
-        raise RecipeError.single(
-            f"the given model classifies into {config.num_labels} labels and the data has {len(labels)} "
-            f"({', '.join(labels.names[:8])})",
-            key="model_factory",
-            fix=f"build the model with num_labels={len(labels)} (and id2label/label2id), or fix the data's labels",
-        )
-    # The label ids already follow the model's own names when they cover the data (LabelSpace's hint);
-    # otherwise (transformers' LABEL_i defaults, say) the model takes the data's names.
-    current = [str(config.id2label[i]) for i in sorted(config.id2label)]
-    if current != list(labels.names):
-        config.id2label = dict(enumerate(labels.names))
-        config.label2id = {name: index for index, name in enumerate(labels.names)}

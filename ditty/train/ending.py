@@ -82,9 +82,9 @@ class RunEnding:
         try:
             self.checkpointer.close()
         finally:
-            stop_workers = getattr(getattr(self, "stream", None), "close", None)
-            if callable(stop_workers):  # dataloader workers end with the run, not when it is collected
-                stop_workers()
+            stream = self.__dict__.get("stream")  # None when the build failed before the stream
+            if stream is not None:  # dataloader workers end with the run, not when it is collected
+                stream.close()
             self.progress.close()
             self.logger.close()
             self.run_lock.release()  # the run directory is free for the next run

@@ -12,7 +12,8 @@ answers to a built-in dataset's prompts, or greedy decoding of seq2seq targets.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,14 +23,16 @@ from ditty.train.step import all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate_tokens(request: Any, bundle: Any, task: Any, tokenizer: Any) -> dict[str, Any]:
-    """The metrics of one evaluation (see the module doc). Collective: every rank runs every set."""
+def evaluate_tokens(
+    request: Any, bundle: Any, task: Any, tokenizer: Any, counter: Callable[[dict], torch.Tensor]
+) -> dict[str, Any]:
+    """The metrics of one evaluation (see the module doc); `counter`: a batch's scored tokens (or
+    samples), the weight of a loss that returns a mean. Collective: every rank runs every set."""
     from ditty.metrics.classification import ClassificationCounts
 
     named = bool(bundle.val_sets)
     sets = list(bundle.val_sets) if named else ([("", bundle.val)] if bundle.val is not None else [])
     collator = bundle.collator.for_validation()
-    counter = getattr(request.pipeline.loss, "count_tokens", None) or collator.supervised_count
     metrics: dict[str, Any] = {}
     overall = torch.zeros(2, dtype=torch.float64)
     counts = ClassificationCounts(len(bundle.labels)) if bundle.labels is not None else None
@@ -70,7 +73,8 @@ def evaluate_tokens(request: Any, bundle: Any, task: Any, tokenizer: Any) -> dic
 
 
 def logits_of(output: Any) -> torch.Tensor:
-    return output.logits if hasattr(output, "logits") else output[0]
+    # transformers' ModelOutput is a mapping; a custom model may return a tuple with the logits first
+    return output["logits"] if isinstance(output, Mapping) else output[0]
 
 
 @torch.no_grad()

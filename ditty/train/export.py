@@ -62,12 +62,13 @@ def _labels(checkpoint: Path, doc: dict, config):
 def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False) -> str:
     """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path."""
     from ditty._utils.atomic import atomic_directory
+    from ditty._utils.modules import unwrap
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
     from ditty.recipe import compile_recipe
     from ditty.train.builders import base_model_for, converters_for, tokenizer_for
     from ditty.train.engines import engine_class
-    from ditty.train.final import save_model_files, unwrap_model
+    from ditty.train.final import save_model_files
     from ditty.train.runtime import seed_everything
 
     out = Path(out_dir)
@@ -91,7 +92,7 @@ def export(source: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora:
     base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
-    model = unwrap_model(model).eval()
+    model = unwrap(model).eval()
     with atomic_directory(out, replace=False) as partial:
         if merge_lora:
             from ditty.models.merge import save_merged

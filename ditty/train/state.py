@@ -31,7 +31,7 @@ class TrainState:
     """The latest evaluation's metrics (val_loss, val_exact_match, ...)."""
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step")}
+        return {k: self.__dict__[k] for k in ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step")}
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
