@@ -184,6 +184,7 @@ class BatchStream(GlobalOrder):
         group_by_length: bool = False,
         cursor: int = 0,
         lengths: "np.ndarray | None" = None,
+        measure: bool = True,
     ) -> None:
         super().__init__(
             len(dataset),
@@ -194,9 +195,10 @@ class BatchStream(GlobalOrder):
             seed=seed,
             cursor=cursor,
         )
-        # `lengths`: token counts already known (a mixture reads them source by source).
-        lengths = sample_lengths(dataset) if lengths is None else lengths
-        if not lengths.all():
+        # `lengths`: token counts already known (a mixture reads them source by source); not
+        # `measure`: samples that are not token rows, which neither pack nor group by length.
+        lengths = sample_lengths(dataset) if lengths is None and measure else lengths
+        if lengths is not None and not lengths.all():
             raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")
         if collator is None:  # token rows of a causal LM: padded, or packed
             from ditty.data.formats.base import PaddingCollator
@@ -208,7 +210,7 @@ class BatchStream(GlobalOrder):
         self.max_seq_len = max_seq_len
         # group_by_length is a padding optimisation; packed rows have no padding to cut.
         self.group_by_length = group_by_length and not packing
-        self._lengths = np.minimum(lengths, max_seq_len) if max_seq_len else lengths
+        self._lengths = np.minimum(lengths, max_seq_len) if max_seq_len and lengths is not None else lengths
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """The `accumulation_steps` micro-batches this rank processes for the next optimizer step."""

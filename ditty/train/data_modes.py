@@ -164,9 +164,12 @@ class SampleDataMode(DataMode):
         )
         if is_iterable_only(self.bundle.train):
             return IterableStream(self.bundle.train, shuffle_buffer_size=data.shuffle_buffer_size, **geometry)
-        return GenericStream(
-            self.bundle.train, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor, **geometry
-        )
+        stream = GenericStream(self.bundle.train, **geometry)
+        if data.num_workers > 0:
+            from ditty.data.workers import PrefetchedStream
+
+            return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
+        return stream
 
     def train_samples(self) -> int:
         """A DataLoader counts its dataset's samples, not its batches; a stream cannot be counted."""

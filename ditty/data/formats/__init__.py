@@ -1,7 +1,8 @@
 """The data formats, in one table: `data.format` -> its `DataFormat` object (ditty.data.formats.base).
 
-Adding a format is one new module here with a `DataFormat` subclass, and one row of `FORMATS`; the
-compiler's list of formats reads the same table. `tokenize` is the one place rows become samples.
+Adding a format is one new module here with a `DataFormat` subclass and one row of `FORMATS` (its
+name also goes into `DataConfig.format`'s Literal, which a test holds equal to this table, and into
+the `data_formats` of the model task that reads it). `tokenize` is the one place rows become samples.
 """
 
 from __future__ import annotations
