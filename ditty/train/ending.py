@@ -23,14 +23,13 @@ log = logging.getLogger("ditty.train")
 
 
 class RunEnding:
-    def save(self, final: bool = False) -> Optional[str]:
+    def save(self, final: bool = False, due: bool = False) -> Optional[str]:
         """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
-        every, push = self.config.checkpoint.every, self.config.hub.push
+        push = self.config.hub.push
         finite = self.checkpointer.manager.finite  # saves wait for a finite step
-        if not final:
-            due = bool(every) and self.state.step % every == 0
+        if not final:  # `due`: a periodic checkpoint (ditty.train.cadence)
             if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
