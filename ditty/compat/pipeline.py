@@ -426,7 +426,7 @@ class Pipeline:
 
         import torch.distributed as dist
 
-        from ditty.train.final import unwrap_model
+        from ditty._utils.modules import unwrap as unwrap_model
         from ditty.train.runtime import process_group_for_run
 
         created_here = not (dist.is_available() and dist.is_initialized())

@@ -19,10 +19,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, BadRow, check_row, rows_of
+from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, BadRow, Checks, RowCheck, as_check, row_problem, rows_of
 
 MAX_LISTED = 10
 """Bad rows listed in an error message; the rest are counted."""
@@ -49,9 +49,7 @@ class RowReport:
         self.bad_count += other.bad_count
 
 
-def scan_file(
-    path: str | os.PathLike, fields: Mapping[str, str], *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-) -> RowReport:
+def scan_file(path: str | os.PathLike, fields: Checks, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> RowReport:
     """Count the good rows of one file and collect its bad ones (bounded memory)."""
     report = RowReport()
     missing_by_field: dict[str, int] = {}
@@ -59,7 +57,7 @@ def scan_file(
         if bad is None:
             report.rows += 1
             continue
-        for name in fields:
+        for name in as_check(fields).fields:
             if bad.reason == f"{name!r} is missing":
                 missing_by_field[name] = missing_by_field.get(name, 0) + 1
         report.add_bad(bad)
@@ -90,9 +88,7 @@ def raise_for_bad_rows(report: RowReport, *, key: str, what: str, fix: str = SKI
     )
 
 
-def write_clean_copy(
-    path: str | os.PathLike, fields: Mapping[str, str], *, max_row_bytes: int, cache_dir: Optional[str]
-) -> str:
+def write_clean_copy(path: str | os.PathLike, fields: Checks, *, max_row_bytes: int, cache_dir: Optional[str]) -> str:
     """A copy of `path` without its bad rows, under the datasets cache; returns its path.
 
     Named by the source's path, size and modification time and by the settings, so an unchanged
@@ -100,7 +96,7 @@ def write_clean_copy(
     """
     path = Path(path)
     stat = path.stat()
-    key = json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, dict(fields), max_row_bytes])
+    key = json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, _check_key(fields), max_row_bytes])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     base = Path(cache_dir) if cache_dir else Path(_datasets_cache())
     out_dir = base / "ditty-clean-rows" / digest
@@ -132,6 +128,12 @@ def write_clean_copy(
     return str(out)
 
 
+def _check_key(fields: Checks) -> list:
+    """What the clean copy depends on: the checked fields and the format's own rule."""
+    check = as_check(fields)
+    return [dict(check.fields), getattr(check.row, "__qualname__", None)]
+
+
 def _datasets_cache() -> str:
     import datasets
 
@@ -141,18 +143,20 @@ def _datasets_cache() -> str:
 # ---------------------------------------------------------------------------- loaded tables
 
 
-def check_table(dataset: Any, fields: Mapping[str, str], *, label: str) -> tuple[RowReport, list[int]]:
+def check_table(dataset: Any, fields: Checks, *, label: str) -> tuple[RowReport, list[int]]:
     """Bad rows of an already loaded dataset (parquet, a hub dataset): null, missing or wrongly
     typed required fields, by row index. Returns the report and the indices of the good rows.
     Columns the data lacks altogether are left to the loader's column check."""
-    present = [name for name in fields if name in dataset.column_names]
+    check = as_check(fields)
+    present = [name for name in check.fields if name in dataset.column_names]
     report = RowReport()
     good = []
     if not present:
         return RowReport(rows=len(dataset)), list(range(len(dataset)))
+    whole = check.row if len(present) == len(check.fields) else None  # the format's rule reads every field
     columns = dataset.select_columns(present)
     for index, row in enumerate(_rows(columns)):
-        problem = check_row(row, {name: fields[name] for name in present})
+        problem = row_problem(row, RowCheck({name: check.fields[name] for name in present}, whole))
         if problem:
             report.add_bad(BadRow(label, None, problem, row=index))
         else:

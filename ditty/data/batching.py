@@ -16,13 +16,13 @@ lengths (cheap) and fetches only the tokens of its own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Protocol
 
 import numpy as np
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.collate import Sample, pack_rows, pad_samples
+from ditty.data.collate import fetch_rows
 
 GROUP_WINDOW_BATCHES = 16
 """group_by_length sorts the order within windows of this many batches: wide enough to cut most
@@ -63,6 +63,26 @@ def micro_batches_of_rank(step: list, stream: Any) -> list[list]:
     mine = step[stream.rank * per_rank : (stream.rank + 1) * per_rank]
     size = stream.micro_batch_size
     return [mine[start : start + size] for start in range(0, per_rank, size)]
+
+
+class Stream(Protocol):
+    """What the trainer asks of every stream: this rank's micro-batches of the next step, the
+    position (saved with each checkpoint), per-source token counts, and an end to its workers."""
+
+    accumulation_steps: int
+    cursor: int
+
+    def next_step(self) -> list[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def source_tokens(self) -> dict[str, int]:
+        """Tokens each source put into training so far (empty for one source)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class GlobalOrder:
@@ -117,6 +137,12 @@ class GlobalOrder:
             )
         self.cursor = int(state["cursor"])
 
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop: batches are made in this process."""
+
     def _peek(self) -> int:
         epoch, position = divmod(self.cursor, self.num_samples)
         return int(self._order(epoch)[position])
@@ -151,12 +177,14 @@ class BatchStream(GlobalOrder):
         rank: int,
         world_size: int,
         seed: int,
-        packing: bool,
-        max_seq_len: int,
-        pad_token_id: int,
+        collator: Any = None,
+        packing: bool = False,
+        max_seq_len: Optional[int] = None,
+        pad_token_id: Optional[int] = None,
         group_by_length: bool = False,
         cursor: int = 0,
         lengths: "np.ndarray | None" = None,
+        measure: bool = True,
     ) -> None:
         super().__init__(
             len(dataset),
@@ -167,32 +195,38 @@ class BatchStream(GlobalOrder):
             seed=seed,
             cursor=cursor,
         )
-        # `lengths`: token counts already known (a mixture reads them source by source).
-        lengths = sample_lengths(dataset) if lengths is None else lengths
-        if not lengths.all():
+        # `lengths`: token counts already known (a mixture reads them source by source); not
+        # `measure`: samples that are not token rows, which neither pack nor group by length.
+        lengths = sample_lengths(dataset) if lengths is None and measure else lengths
+        if lengths is not None and not lengths.all():
             raise ValueError(f"sample {int(np.argmin(lengths))} has no tokens")
+        if collator is None:  # token rows of a causal LM: padded, or packed
+            from ditty.data.formats.base import PaddingCollator
+
+            collator = PaddingCollator(pad_token_id=pad_token_id, max_seq_len=max_seq_len)
         self.dataset = dataset
+        self.collator = collator
         self.packing = packing
         self.max_seq_len = max_seq_len
-        self.pad_token_id = pad_token_id
         # group_by_length is a padding optimisation; packed rows have no padding to cut.
         self.group_by_length = group_by_length and not packing
-        self._lengths = np.minimum(lengths, max_seq_len)
+        self._lengths = np.minimum(lengths, max_seq_len) if max_seq_len and lengths is not None else lengths
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """The `accumulation_steps` micro-batches this rank processes for the next optimizer step."""
         return [self._collate(rows) for rows in micro_batches_of_rank(self._plan_rows(), self)]
 
-    def _plan_rows(self) -> list[list[int]]:
-        """The dataset indices of each row of the next global step; advances the cursor."""
+    def _plan_rows(self) -> list[list[tuple[int, int]]]:
+        """(dataset index, place in the global order) of the samples of each row of the next global
+        step; advances the cursor."""
         rows = []
         for _ in range(self.global_batch_size):
-            row = [self._take()]
+            row = [(self._take(), self.cursor - 1)]
             if self.packing:
-                used = int(self._lengths[row[0]])
+                used = int(self._lengths[row[0][0]])
                 while used + self._lengths[self._peek()] <= self.max_seq_len:
-                    row.append(self._take())
-                    used += int(self._lengths[row[-1]])
+                    row.append((self._take(), self.cursor - 1))
+                    used += int(self._lengths[row[-1][0]])
             rows.append(row)
         return rows
 
@@ -202,26 +236,15 @@ class BatchStream(GlobalOrder):
             return order
         return group_by_length(order, self._lengths, self.global_batch_size)
 
-    def _collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        flat = [index for row in rows for index in row]
-        samples = iter(self._fetch(flat))
+    def _collate(self, rows: list[list[tuple[int, int]]]) -> dict[str, torch.Tensor]:
+        samples = iter(self._fetch([index for row in rows for index, _ in row]))
         grouped = [[next(samples) for _ in row] for row in rows]
         if self.packing:
-            return pack_rows(grouped, self.pad_token_id)
-        return pad_samples([row[0] for row in grouped], self.pad_token_id)
+            return self.collator.pack(grouped)
+        return self.collator([row[0] for row in grouped], [row[0][1] for row in rows])
 
-    def _fetch(self, indices: list[int]) -> list[Sample]:
-        return fetch_samples(self.dataset, indices, self.max_seq_len)
-
-
-def fetch_samples(dataset: Any, indices: list[int], limit: int) -> list[Sample]:
-    """Token ids and labels of the given samples, cut to `limit` tokens (reads only these rows)."""
-    if _is_hf_dataset(dataset):
-        columns = dataset[indices]
-        pairs = zip(columns["input_ids"], columns["labels"])
-    else:
-        pairs = ((dataset[i]["input_ids"], dataset[i]["labels"]) for i in indices)
-    return [(list(ids)[:limit], list(labels)[:limit]) for ids, labels in pairs]
+    def _fetch(self, indices: list[int]) -> list[dict]:
+        return fetch_rows(self.dataset, indices)
 
 
 def sample_lengths(dataset: Any) -> np.ndarray:

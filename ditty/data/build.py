@@ -1,14 +1,26 @@
-"""`build_data`: from the [data] section and a tokenizer to tokenized training and validation sets."""
+"""`build_data`: from the [data] section and a tokenizer to training and held-out samples, for every format.
+
+One path for all formats (ditty.data.formats): each source ([data] itself, or each of
+[[data.sources]]) is read and its rows checked by the format (ditty.data.sources: bad rows are an
+error naming file and line, or left out and counted); validation is the source's `val_path`, else a
+seeded `val_fraction` split (built-in datasets hold out whole problems instead, see `builtin`); a
+classifying format takes its label set from all training rows (validation labels must be among
+them); then every set is tokenized. Several sources mix by tokens (`MixtureData`); `data.streaming`
+only describes the sources (`StreamingData`), which the readers open themselves. Held-out sets of
+[[data.sources]], of a stream and of [data.eval] are each validated and reported on their own.
+Progress bars show on rank 0 only.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
-from ditty.data.formats import tokenize_dataset
-from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, required_fields
+from ditty.data.formats import data_format, tokenize
+from ditty.data.labels import LabelSpace
+from ditty.data.mixture import MixtureData, ResolvedSource, resolve_sources
 from ditty.data.sources import load_checked_files, load_checked_hub_dataset, progress_bars_on_main_rank
 from ditty.data.task import Task
 
@@ -25,91 +37,185 @@ IMAGE_BUILTINS = ("digits",)
 
 @dataclass(frozen=True)
 class DataBundle:
-    """What the trainer trains and evaluates on. Samples are {"input_ids", "labels"} (-100: no loss)."""
+    """What the trainer trains and evaluates on: samples of one format (ditty.data.formats)."""
 
-    train: "Dataset"
+    train: Any
+    """A `datasets.Dataset`, a `MixtureData` of several, or a `StreamingData`."""
     val: Optional["Dataset"]
     task: Optional[Task]
-    """A metric beyond validation loss (built-in datasets: greedy exact match), or None."""
+    """A metric beyond validation loss (built-in prompt/completion datasets: greedy exact match), or None."""
     seed: int
-    """The data-order seed (`data.shuffle_seed`, else the run seed): give it to `BatchStream`."""
+    """The data-order seed (`data.shuffle_seed`, else the run seed)."""
     skipped_rows: int = 0
-    """Bad rows left out under `data.on_bad_rows = "skip"` (training and validation files together)."""
+    """Bad rows left out under `data.on_bad_rows = "skip"` (every file read up front, counted once)."""
     val_sets: tuple[tuple[str, "Dataset"], ...] = ()
     """Named held-out sets (per source of [[data.sources]], and [data.eval]), each validated and
     reported on its own (`val_loss/NAME`); when there are any, `val` is None."""
+    collator: Any = None
+    """Samples -> micro-batch (the format's collator)."""
+    labels: Optional[LabelSpace] = None
+    """The label set of a classifying format."""
+    format: str = "prompt_completion"
 
 
-def build_data(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
-    """Load, tokenize and split the data the recipe names.
+@dataclass(frozen=True)
+class SourceRows:
+    """One source's checked rows, before tokenizing."""
 
-    Validation comes from `data.val_path` when set, else a `data.val_fraction` split that is
-    deterministic in the seed; built-in datasets hold out whole problems instead (see `builtin`).
-    Progress bars show on rank 0 only.
+    train: "Dataset"
+    val: Optional["Dataset"]
+    skipped: int
+    val_what: str = ""
+    """The validation rows' file, for messages ("" for a split)."""
+    val_key: str = ""
+    task: Optional[Task] = None
+
+
+def build_data(
+    data: "DataConfig",
+    tokenizer: "PreTrainedTokenizerBase",
+    seed: int,
+    *,
+    label_hint: Optional[Sequence[str]] = None,
+    decoder_start_token_id: Optional[int] = None,
+    rows: Any = None,
+    val_rows: Any = None,
+) -> DataBundle:
+    """Load, check, label, split and tokenize the data the recipe names (or the Python API's `rows`,
+    a list of dicts or a `datasets.Dataset`, and `val_rows`).
+
+    `label_hint`: a pretrained classifier's label names (kept when they cover the data);
+    `decoder_start_token_id`: the seq2seq model's (the collator shifts labels behind it).
     """
-    with progress_bars_on_main_rank():
-        return _build(data, tokenizer, seed)
-
-
-def _build(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
-    if data.sources or data.streaming or data.eval.source != "none":
-        from ditty.data.multisource import build_sources
-
-        return build_sources(data, tokenizer, seed)
-    return build_single_source(data, tokenizer, seed)
-
-
-def build_single_source(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
-    """One source read up front: [data] as it names it (`seed` is already the data seed)."""
-    if data.source == "builtin" and data.name in IMAGE_BUILTINS:
+    if rows is None and data.source == "builtin" and data.name in IMAGE_BUILTINS and not data.sources:
         from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved
 
         return build_digits(data.val_fraction, seed)
-    if data.source == "builtin":
-        return _build_builtin(data, tokenizer, seed)
-
-    checks = dict(
-        fields=required_fields(data),
-        on_bad_rows=getattr(data, "on_bad_rows", "error"),
-        max_row_bytes=getattr(data, "max_row_bytes", DEFAULT_MAX_ROW_BYTES),
-    )
-    if data.source == "file":
-        raw, skipped = load_checked_files(data.path, key="data.path", cache_dir=data.cache_dir, **checks)
-        source_key = "data.path"
-    else:
-        checks.pop("max_row_bytes")
-        raw, skipped = load_checked_hub_dataset(data.name, split=data.split, cache_dir=data.cache_dir, **checks)
-        source_key = "data.name"
-    train = tokenize_dataset(raw, tokenizer, data, source_key=source_key)
-
-    val = None
-    if data.val_path:
-        checks["max_row_bytes"] = getattr(data, "max_row_bytes", DEFAULT_MAX_ROW_BYTES)
-        raw_val, skipped_val = load_checked_files(
-            data.val_path, key="data.val_path", cache_dir=data.cache_dir, **checks
+    fmt = data_format(data.format)
+    collator = fmt.collator(tokenizer, data, seed=seed, decoder_start_token_id=decoder_start_token_id)
+    with progress_bars_on_main_rank():
+        if data.streaming:
+            return _streamed(data, tokenizer, seed, label_hint, collator)
+        sources = resolve_sources(data)
+        if rows is not None:
+            read = [_given_rows(data, seed, rows, val_rows)]
+        else:
+            read = [read_source(source, seed) for source in sources]
+        if read[0].task is not None:  # greedy decoding generates the longest answer and its eos
+            answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
+            read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))
+        labels = _label_space(fmt, data, [r.train for r in read], label_hint)
+        for source, r in zip(sources, read):
+            if labels is not None and r.val is not None:
+                fmt.check_labels_known(r.val, source.data, labels, r.val_what or source.key, r.val_key or source.key)
+        trains = [
+            tokenize(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
+            for s, r in zip(sources, read)
+        ]
+        vals = [
+            tokenize(r.val, tokenizer, s.data, source_key=r.val_key or _key(s, "val_fraction"), labels=labels)
+            if r.val is not None
+            else None
+            for s, r in zip(sources, read)
+        ]
+        skipped = sum(r.skipped for r in read)
+        common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=data.format)
+        if not (data.sources or data.eval.source != "none"):
+            return DataBundle(train=trains[0], val=vals[0], task=read[0].task, **common)
+        held_out = [(s.label, v) for s, v in zip(sources, vals) if v is not None]
+        held_out += _eval_sets(data, tokenizer, labels)
+        train = (
+            trains[0]
+            if not data.sources
+            else MixtureData(trains, [s.label for s in sources], [s.weight for s in sources])
         )
-        skipped += skipped_val
-        val = tokenize_dataset(raw_val, tokenizer, data, source_key="data.val_path")
-    elif data.val_fraction > 0:
-        train, val = _split_off_validation(train, data.val_fraction, seed)
-    return DataBundle(train=train, val=val, task=None, seed=seed, skipped_rows=skipped)
+        return DataBundle(
+            train=train, val=None, task=None if data.sources else read[0].task, val_sets=tuple(held_out), **common
+        )
 
 
-def _split_off_validation(dataset: "Dataset", fraction: float, seed: int) -> tuple["Dataset", "Dataset"]:
-    # At least one validation sample, so a small fraction of a small file still validates.
+def _key(source: ResolvedSource, name: str) -> str:
+    data = source.data
+    if data.source == "builtin":
+        return f"{source.key}.num_samples" if name == "path" else f"{source.key}.val_fraction"
+    if name == "path" and data.source == "hub":
+        return f"{source.key}.name" if source.key == "data" else f"{source.key}.dataset"
+    return f"{source.key}.{name}"
+
+
+def read_source(source: ResolvedSource, seed: int) -> SourceRows:
+    """One source's rows, checked by its format, and its validation rows."""
+    data = source.data
+    if data.source == "builtin":
+        return _builtin_rows(data)
+    check = data_format(data.format).row_check(data)
+    reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
+    if data.source == "file":
+        train, skipped = load_checked_files(
+            data.path, key=_key(source, "path"), max_row_bytes=data.max_row_bytes, **reading
+        )
+    else:
+        train, skipped = load_checked_hub_dataset(data.name, split=data.split, **reading)
+    if data.val_path:
+        key = f"{source.key}.val_path"
+        val, skipped_val = load_checked_files(data.val_path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+        return SourceRows(train, val, skipped + skipped_val, val_what=data.val_path, val_key=key)
+    train, val = split_validation(train, data.val_fraction, seed, key=f"{source.key}.val_fraction")
+    return SourceRows(train, val, skipped)
+
+
+def _given_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> SourceRows:
+    """The Python API's rows (a list of dicts or a `datasets.Dataset`), checked as a file's are."""
+    from ditty.data.sources import checked_table
+
+    check = data_format(data.format).row_check(data)
+    train, skipped = checked_table(_as_dataset(rows), check, "the training dataset", "dataset", data.on_bad_rows)
+    if val_rows is None:
+        train, val = split_validation(train, data.val_fraction, seed, key="data.val_fraction")
+        return SourceRows(train, val, skipped)
+    val, skipped_val = checked_table(
+        _as_dataset(val_rows), check, "the validation dataset", "val_dataset", data.on_bad_rows
+    )
+    return SourceRows(train, val, skipped + skipped_val, "the validation dataset", "val_dataset")
+
+
+def _as_dataset(rows: Any) -> "Dataset":
+    from datasets import Dataset
+
+    if isinstance(rows, Dataset):
+        return rows
+    try:
+        return Dataset.from_list(list(rows))
+    except (TypeError, ValueError) as error:
+        raise RecipeError.single(
+            f"the rows cannot be read as a table: {error}",
+            key="dataset",
+            fix="give a list of dicts (one per row) or a datasets.Dataset",
+        ) from error
+
+
+def split_validation(
+    dataset: "Dataset", fraction: float, seed: int, *, key: str = "data.val_fraction"
+) -> tuple["Dataset", Optional["Dataset"]]:
+    """A seeded `fraction` of the rows held out (at least one, so a small fraction of a small file
+    still validates); the rest trains. No split for a fraction of 0."""
+    if fraction <= 0:
+        return dataset, None
     val_size = max(1, round(len(dataset) * fraction))
     if val_size >= len(dataset):
         raise RecipeError.single(
             f"holding out {fraction} of {len(dataset)} samples leaves nothing to train on",
-            key="data.val_fraction",
+            key=key,
             fix="lower data.val_fraction (0 disables validation), or give a data.val_path",
         )
     split = dataset.train_test_split(test_size=val_size, shuffle=True, seed=seed)
     return split["train"], split["test"]
 
 
-def _build_builtin(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", seed: int) -> DataBundle:
+def _builtin_rows(data: "DataConfig") -> SourceRows:
+    """A generated dataset, read as one of the formats its pairs fit; held out by whole problems.
+    Read as prompt/completion, its held-out problems are also scored by greedy exact match (`Task`)."""
     from datasets import Dataset
 
     if data.name not in builtin.GENERATORS:
@@ -118,36 +224,115 @@ def _build_builtin(data: "DataConfig", tokenizer: "PreTrainedTokenizerBase", see
             key="data.name",
             fix=f"use one of {', '.join((*builtin.GENERATORS, *IMAGE_BUILTINS))}",
         )
-    if data.format != "prompt_completion":
+    if data.format not in builtin.FORMATS[data.name]:
         raise RecipeError.single(
-            f'built-in datasets are prompt/completion pairs, not data.format = "{data.format}"',
+            f'the built-in {data.name!r} dataset cannot be read as data.format = "{data.format}"',
             key="data.format",
-            fix='set data.format = "prompt_completion"',
+            fix=f"use data.format = one of {', '.join(builtin.FORMATS[data.name])}, or another data.name",
         )
+    columns = list(data_format(data.format).columns(data).values())[:2]
     train_problems, held_out = builtin.split_problems(
         builtin.generate_problems(data.name, data.num_samples), data.val_fraction
     )
-    # The generated columns have fixed names, whatever the recipe's column settings say.
-    columns = replace(data, prompt_column="prompt", completion_column="completion")
 
-    def as_dataset(problems: list[builtin.Problem]) -> "Dataset":
-        prompts, completions = zip(*problems) if problems else ((), ())
-        return Dataset.from_dict({"prompt": list(prompts), "completion": list(completions)})
+    def as_rows(problems: list) -> "Dataset":
+        first, second = zip(*problems) if problems else ((), ())
+        return Dataset.from_dict({columns[0]: list(first), columns[1]: list(second)})
 
-    train = tokenize_dataset(as_dataset(train_problems), tokenizer, columns, source_key="data.num_samples")
-    if not held_out:
-        return DataBundle(train=train, val=None, task=None, seed=seed)
+    val = as_rows(held_out) if held_out else None
+    task = None
+    if val is not None and data.format == "prompt_completion":
+        task = Task(
+            name=data.name,
+            prompts=tuple(prompt for prompt, _ in held_out),
+            answers=tuple(completion for _, completion in held_out),
+            max_new_tokens=0,  # set by build_data, which has the tokenizer
+        )
+    return SourceRows(as_rows(train_problems), val, 0, task=task)
 
-    val = tokenize_dataset(as_dataset(held_out), tokenizer, columns, source_key="data.val_fraction")
-    answers = tuple(completion for _, completion in held_out)
-    longest_answer = max(len(ids) for ids in tokenizer(list(answers), add_special_tokens=False)["input_ids"])
-    task = Task(
-        name=data.name,
-        prompts=tuple(prompt for prompt, _ in held_out),
-        answers=answers,
-        max_new_tokens=longest_answer + 1,  # + the end-of-sequence token
+
+def _label_space(fmt: Any, data: "DataConfig", trains: list, hint: Optional[Sequence[str]]) -> Optional[LabelSpace]:
+    """The label set of all training rows (a classifying format), else None."""
+    if not fmt.labels:
+        return None
+    values: set = set()
+    for train in trains:
+        values |= fmt.label_values(train, data)
+    return LabelSpace.from_values(values, hint) if values else None
+
+
+def _eval_settings(data: "DataConfig") -> "DataConfig":
+    """[data] as [data.eval] reads it: its keys where set, [data]'s where not."""
+    spec = data.eval
+    columns = {
+        name: getattr(spec, name) if getattr(spec, name) is not None else getattr(data, name)
+        for name in ("format", "text_column", "prompt_column", "completion_column", "messages_column")
+    }
+    return replace(data, sources=[], **columns)
+
+
+def _eval_sets(data: "DataConfig", tokenizer: Any, labels: Optional[LabelSpace]) -> list[tuple[str, "Dataset"]]:
+    """[data.eval]'s rows, checked, tokenized in its format, labels checked against training's."""
+    spec = data.eval
+    if spec.source == "none":
+        return []
+    settings = _eval_settings(data)
+    fmt = data_format(settings.format)
+    reading = dict(cache_dir=data.cache_dir, fields=fmt.row_check(settings), on_bad_rows=data.on_bad_rows)
+    if spec.source == "file":
+        key = "data.eval.path"
+        raw, _ = load_checked_files(spec.path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+    else:
+        key = "data.eval.dataset"
+        raw, _ = load_checked_hub_dataset(spec.dataset, split=spec.split, **reading)
+    if labels is not None:
+        fmt.check_labels_known(raw, settings, labels, spec.path or spec.dataset, key)
+    return [(spec.name, tokenize(raw, tokenizer, settings, source_key=key, labels=labels))]
+
+
+def _streamed(
+    data: "DataConfig", tokenizer: Any, seed: int, hint: Optional[Sequence[str]], collator: Any
+) -> DataBundle:
+    """`data.streaming`: the sources described for the readers; held-out sets read up front (a
+    held-out set is small, and read whole at every evaluation). A classifying format reads the label
+    column of every source once first: the model's head is sized before training starts."""
+    from ditty.data.streaming import StreamingData, label_values_of
+
+    fmt = data_format(data.format)
+    sources = resolve_sources(data)
+    labels = None
+    if fmt.labels:
+        values: set = set()
+        for source in sources:
+            values |= label_values_of(source, fmt, data.cache_dir)
+        labels = LabelSpace.from_values(values, hint) if values else None
+    train = StreamingData(
+        tuple(sources),
+        tokenizer,
+        window=data.shuffle_buffer_size,
+        cache_dir=data.cache_dir,
+        report_sources=bool(data.sources),
+        labels=labels,
+        on_bad_rows=data.on_bad_rows,
     )
-    return DataBundle(train=train, val=val, task=task, seed=seed)
+    held_out = []
+    skipped = 0
+    for source in sources:
+        if source.data.val_path:
+            key = f"{source.key}.val_path"
+            check = fmt.row_check(source.data)
+            raw, count = load_checked_files(
+                source.data.val_path, key=key, cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows
+            )
+            if labels is not None:
+                fmt.check_labels_known(raw, source.data, labels, source.data.val_path, key)
+            held_out.append((source.label, tokenize(raw, tokenizer, source.data, source_key=key, labels=labels)))
+            skipped += count
+    held_out += _eval_sets(data, tokenizer, labels)
+    return DataBundle(
+        train=train, val=None, task=None, seed=seed, skipped_rows=skipped, val_sets=tuple(held_out),
+        collator=collator, labels=labels, format=data.format,
+    )  # fmt: skip
 
 
 def build_stream(
@@ -158,13 +343,13 @@ def build_stream(
     micro_batch_size: int,
     rank: int,
     world_size: int,
-    pad_token_id: int,
+    pad_token_id: Optional[int] = None,
 ) -> Any:
-    """The trainer's stream over a token `DataBundle`: `next_step()`, `cursor`, `state_dict()` and
+    """The trainer's stream over a `DataBundle`: `next_step()`, `cursor`, `state_dict()` and
     `load_state_dict()` (and `source_tokens()` for several sources); with `data.num_workers`, its
     batches are prepared by dataloader workers."""
     from ditty.data.batching import BatchStream
-    from ditty.data.mixture import MixtureData, MixtureStream
+    from ditty.data.mixture import MixtureStream
     from ditty.data.streaming import StreamingData
     from ditty.data.workers import PrefetchedStream, StreamingBatches
 
@@ -176,6 +361,7 @@ def build_stream(
         seed=bundle.seed,
         packing=data.packing,
         max_seq_len=data.max_seq_len,
+        collator=bundle.collator,
         pad_token_id=pad_token_id,
     )
     if isinstance(bundle.train, StreamingData):

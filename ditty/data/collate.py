@@ -17,7 +17,7 @@ each sample's first label, so the previous sample's last position is never asked
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -72,3 +72,77 @@ def pack_rows(rows: Sequence[Sequence[Sample]], pad_token_id: int) -> dict[str, 
         "max_length_q": longest,
         "max_length_k": longest,
     }
+
+
+# ---------------------------------------------------------------------------- tokenizer inputs
+
+PADDED_WITH_ZERO = ("attention_mask", "token_type_ids", "special_tokens_mask")
+
+
+def pad_inputs(samples: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """The tokenizer's columns of every sample (not `labels`), right-padded to the longest in the
+    batch: input_ids with the pad id, masks and token types with 0."""
+    batch = {}
+    for key in samples[0]:
+        if key == "labels":
+            continue
+        batch[key] = pad_lists([sample[key] for sample in samples], pad_token_id if key == "input_ids" else 0)
+    if "attention_mask" not in batch:
+        batch["attention_mask"] = pad_lists([[1] * len(sample["input_ids"]) for sample in samples], 0)
+    return batch
+
+
+def pad_lists(rows: Sequence[Sequence[int]], fill: int) -> torch.Tensor:
+    width = max(len(row) for row in rows)
+    out = torch.full((len(rows), width), fill, dtype=torch.long)
+    for index, row in enumerate(rows):
+        out[index, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+    return out
+
+
+def shift_right(labels: torch.Tensor, start_token_id: Optional[int], pad_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: the start token, then the labels without their last column
+    (ignored positions read as padding), as transformers' encoder-decoder models do."""
+    if start_token_id is None:
+        raise ValueError("a seq2seq model needs decoder_start_token_id in its config")
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = start_token_id
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
+
+
+# ---------------------------------------------------------------------------- reading samples
+
+
+def fetch_rows(dataset: Any, indices: Sequence[int]) -> list[dict]:
+    """Samples as dicts; one columnar read for a `datasets.Dataset` (not one Arrow read per row)."""
+    if not len(indices):
+        return []
+    if hasattr(dataset, "column_names"):
+        columns = dataset[list(indices)]
+        return [{key: values[i] for key, values in columns.items()} for i in range(len(indices))]
+    return [dataset[i] for i in indices]
+
+
+def eval_batches(dataset: Any, micro_batch_size: int, collator: Any) -> Iterator[dict]:
+    """This rank's share of a validation set (indices rank, rank + world, ...), in order, collated.
+
+    Every rank yields the same number of batches: under FSDP each forward is a collective, so a rank
+    with one batch fewer would leave the others waiting. A rank short of samples repeats the first
+    sample with every label ignored, which adds nothing to any metric. Samples are handed their index
+    as their position (masked LM: the same masks at every evaluation).
+    """
+    from ditty._utils.dist import rank as get_rank
+    from ditty._utils.dist import world_size as get_world_size
+
+    rank, world = get_rank(), get_world_size()
+    indices = list(range(rank, len(dataset), world))
+    per_rank = -(-len(dataset) // world)  # the largest share
+    for number in range(-(-per_rank // micro_batch_size)):
+        chunk = indices[number * micro_batch_size : (number + 1) * micro_batch_size]
+        if chunk:
+            yield collator(fetch_rows(dataset, chunk), chunk)
+        elif len(dataset):
+            batch = collator(fetch_rows(dataset, [0]), [0])
+            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+            yield batch

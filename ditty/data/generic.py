@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.batching import GlobalOrder, micro_batches_of_rank
+from ditty.data.batching import BatchStream
 
 
 class GenericTask(Protocol):
@@ -54,6 +54,9 @@ class GenericData:
     task: Optional[GenericTask] = None
     seed: int = 0
     collate_fn: Optional[Callable[[list], Any]] = None
+    skipped_rows = 0
+    labels = None
+    val_sets: tuple = ()
 
     generic = True
     """Tells the trainer to use the generic stream, forward and metrics (LM bundles lack it)."""
@@ -98,94 +101,25 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class GenericStream(GlobalOrder):
-    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples: the same
-    global order as BatchStream (ditty.data.batching.GlobalOrder), collated by `collate_fn`.
+class SampleCollator:
+    """A Python API `collate_fn` (default: torch's `default_collate`) as a collator of the one stream."""
 
-    With `num_workers`, torch's DataLoader workers index and collate the same micro-batches in the
-    same order (so a run is bitwise the same with or without them). The loader is handed the plan
-    of batches from a copy of the position: this stream's cursor moves only as steps are taken, so
-    a checkpoint records what was trained, not what the workers had prefetched.
-    """
+    def __init__(self, collate_fn: Optional[Callable[[list], Any]] = None) -> None:
+        self.collate_fn = collate_fn or torch.utils.data.default_collate
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        global_batch_size: int,
-        micro_batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        collate_fn: Optional[Callable[[list], Any]] = None,
-        cursor: int = 0,
-        num_workers: int = 0,
-        prefetch_factor: int = 2,
-    ) -> None:
+    def __call__(self, samples: list, positions: Any = None) -> Any:
+        return self.collate_fn(list(samples))
+
+
+class GenericStream(BatchStream):
+    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples: the one
+    global order (ditty.data.batching), collated by `collate_fn`. With data.num_workers the data mode
+    wraps it in a `PrefetchedStream` (ditty.data.workers): bitwise the same batches."""
+
+    def __init__(self, dataset: Any, *, collate_fn: Optional[Callable[[list], Any]] = None, **geometry: Any) -> None:
         if len(dataset) == 0:  # a Python API dataset: the user's, so a user error
             raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
-        super().__init__(
-            len(dataset),
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            rank=rank,
-            world_size=world_size,
-            seed=seed,
-            cursor=cursor,
-        )
-        self.dataset = dataset
-        self.collate_fn = collate_fn or torch.utils.data.default_collate
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self._prefetched: Optional[Any] = None  # the workers' batches, planned from the cursor of their start
-
-    def next_step(self) -> list[Any]:
-        """The `accumulation_steps` collated micro-batches this rank processes for the next step."""
-        if self.num_workers > 0:
-            if self._prefetched is None:
-                self._prefetched = iter(self._worker_loader())
-            batches = [next(self._prefetched) for _ in range(self.accumulation_steps)]
-            self.cursor += self.global_batch_size
-            return batches
-        indices = [self._take() for _ in range(self.global_batch_size)]
-        return [self.collate_fn([self.dataset[i] for i in micro]) for micro in micro_batches_of_rank(indices, self)]
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        super().load_state_dict(state)
-        self._prefetched = None  # planned from the old position: start the workers again from the new one
-
-    def close(self) -> None:
-        """Stop the workers (dropping the DataLoader iterator shuts them down)."""
-        self._prefetched = None
-
-    def _worker_loader(self) -> torch.utils.data.DataLoader:
-        return torch.utils.data.DataLoader(
-            self.dataset,
-            batch_sampler=_PlannedMicroBatches(self),
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch_factor,
-            collate_fn=self.collate_fn,
-        )
-
-
-class _PlannedMicroBatches:
-    """This rank's micro-batches of indices from the stream's position on, without end (the trainer
-    decides when to stop): a batch sampler for the worker DataLoader."""
-
-    def __init__(self, stream: GenericStream) -> None:
-        self.geometry = dict(
-            global_batch_size=stream.global_batch_size,
-            micro_batch_size=stream.micro_batch_size,
-            rank=stream.rank,
-            world_size=stream.world_size,
-            seed=stream.seed,
-        )
-        self.num_samples, self.cursor = stream.num_samples, stream.cursor
-
-    def __iter__(self) -> Any:
-        order = GlobalOrder(self.num_samples, cursor=self.cursor, **self.geometry)
-        while True:
-            yield from micro_batches_of_rank([order._take() for _ in range(order.global_batch_size)], order)
+        super().__init__(dataset, collator=SampleCollator(collate_fn), measure=False, **geometry)
 
 
 class LoaderStream:
@@ -224,6 +158,12 @@ class LoaderStream:
         """Skips batches up to the saved cursor (the loader's own order must be reproducible)."""
         while self.cursor < int(state["cursor"]):
             self.next_step()
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """The user's DataLoader stops its own workers."""
 
 
 def loader_samples(loader: Any) -> int:

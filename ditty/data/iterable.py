@@ -68,6 +68,12 @@ class IterableStream:
     def state_dict(self) -> dict[str, int]:
         return {"cursor": self.cursor, "seed": self.seed, "shuffle_buffer_size": self.shuffle_buffer_size}
 
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop: rows are read in this process."""
+
     def load_state_dict(self, state: dict[str, int]) -> None:
         saved = (int(state["seed"]), int(state["shuffle_buffer_size"]))
         if saved != (self.seed, self.shuffle_buffer_size):

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ditty.config.errors import RecipeError
-from ditty.data.batching import BatchStream, fetch_samples, sample_lengths
+from ditty.data.batching import BatchStream, sample_lengths
+from ditty.data.collate import fetch_rows
 
 if TYPE_CHECKING:
     from ditty.config.sections import DataConfig, DataSourceConfig
@@ -173,7 +174,7 @@ class MixtureStream(BatchStream):
             positions = [n for n, (s, _) in enumerate(located) if s == source]
             if not positions:
                 continue
-            samples = fetch_samples(dataset, [located[n][1] for n in positions], self.max_seq_len)
+            samples = fetch_rows(dataset, [located[n][1] for n in positions])
             for position, sample in zip(positions, samples):
                 out[position] = sample
         return out
@@ -214,7 +215,4 @@ def source_token_record(stream: Any) -> dict[str, int]:
     """`tokens/source/NAME` for metrics.jsonl: tokens each source put into training so far (summed
     over ranks). Empty for a single-source stream. Collective for a streaming run: call it on every
     rank at the same step."""
-    counts = getattr(stream, "source_tokens", None)
-    if counts is None:
-        return {}
-    return {f"tokens/source/{label}": count for label, count in counts().items()}
+    return {f"tokens/source/{label}": count for label, count in stream.source_tokens().items()}

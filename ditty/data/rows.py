@@ -9,7 +9,7 @@ as empty text), and reads one huge line whole before failing. `rows_of(path, fie
   rest of it is skipped without being held);
 - each line must be UTF-8; in JSON lines (and .json files that are not one array) each line must
   be one JSON object, and a blank line is a bad row (blank lines at the very end are fine);
-- the fields the format reads (`required_fields`) must be present, not null, and of the right type
+- the fields the format reads (its `RowCheck`, ditty.data.formats) must be present, not null, and of the right type
   (`check_row`: text is a string or a number; chat messages a non-empty list of objects with a
   text "role" and a "content");
 - a top-level field keeps one JSON type across rows (pyarrow refuses a column that is a number in
@@ -25,8 +25,9 @@ import io
 import json
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 DEFAULT_MAX_ROW_BYTES = 16_000_000
 READ_CHUNK = 1 << 20
@@ -34,6 +35,32 @@ BOM = b"\xef\xbb\xbf"
 
 TEXT = "text"
 MESSAGES = "messages"
+ANY = "any"
+"""Field kinds: text (a string or a number), chat messages, or any value (present and not null)."""
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """What the row loader checks in every row of a format: `fields` ({column: "text" | "messages" |
+    "any"}: present, not null, of that JSON type), then `row`, the format's own rule (or None)."""
+
+    fields: Mapping[str, str]
+    row: Optional[Callable[[dict], Optional[str]]] = None
+
+
+Checks = Union[RowCheck, Mapping[str, str]]
+"""A format's RowCheck, or just its fields."""
+
+
+def as_check(checks: Optional[Checks]) -> RowCheck:
+    return checks if isinstance(checks, RowCheck) else RowCheck(dict(checks or {}))
+
+
+def row_problem(row: Any, checks: Checks, between: Optional[Callable[[], Optional[str]]] = None) -> Optional[str]:
+    """Why `row` cannot be used by the format (`check_row`, then `between`, a reader's own check, then
+    the format's rule), or None."""
+    check = as_check(checks)
+    return check_row(row, check.fields) or (between() if between else None) or (check.row(row) if check.row else None)
 
 
 @dataclass(frozen=True)
@@ -69,17 +96,6 @@ def require_columns(dataset: Any, columns: Mapping[str, str], description: str, 
                 key=column_key,
                 fix=f"set {column_key} to one of the columns found, or pick the data.format that matches the data",
             )
-
-
-def required_fields(data: Any) -> dict[str, str]:
-    """{column: kind} that `data.format` reads (a DataConfig or anything with the same fields)."""
-    if data.format == "text":
-        return {data.text_column: TEXT}
-    if data.format == "prompt_completion":
-        return {data.prompt_column: TEXT, data.completion_column: TEXT}
-    if data.format == "chat":
-        return {data.messages_column: MESSAGES}
-    return {}
 
 
 def check_row(row: Any, fields: Mapping[str, str]) -> Optional[str]:
@@ -184,7 +200,7 @@ def _too_long(length: int, max_row_bytes: int) -> str:
 
 
 def _json_rows(
-    path: Path, label: str, fields: Mapping[str, str], max_row_bytes: int
+    path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
     """(row, problem, raw line) for every line of a JSON lines file (blank lines at the end excluded)."""
     types: dict[str, tuple[str, int]] = {}
@@ -208,7 +224,7 @@ def _json_rows(
             except ValueError as error:
                 yield None, BadRow(label, number, f"malformed JSON: {_json_error(error)}"), raw
                 continue
-            problem = check_row(row, fields) or _type_change(row, types, number)
+            problem = row_problem(row, fields, partial(_type_change, row, types, number))
             yield row, (BadRow(label, number, problem) if problem else None), raw
 
 
@@ -239,7 +255,7 @@ def _type_change(row: dict, types: dict[str, tuple[str, int]], number: int) -> O
 
 
 def _json_array_rows(
-    path: Path, label: str, fields: Mapping[str, str], max_row_bytes: int
+    path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
     """Rows of a .json file holding one array of objects; the line of each is where it starts.
 
@@ -269,9 +285,11 @@ def _json_array_rows(
             yield None, BadRow(label, error.lineno, f"malformed JSON: {error.msg} (column {error.colno})"), b""
             return  # nothing after a syntax error can be trusted
         element = text[position:end].encode("utf-8")
-        problem = _too_long(len(element), max_row_bytes) if len(element) > max_row_bytes else check_row(row, fields)
-        if problem is None:
-            problem = _type_change(row, types, line)
+        problem = (
+            _too_long(len(element), max_row_bytes)
+            if len(element) > max_row_bytes
+            else row_problem(row, fields, partial(_type_change, row, types, line))
+        )
         yield row, (BadRow(label, line, problem) if problem else None), element
         position = _skip_space(text, end)
         if position < len(text) and text[position] == ",":
@@ -300,7 +318,7 @@ def _skip_space(text: str, position: int) -> int:
 
 
 def _csv_rows(
-    path: Path, label: str, fields: Mapping[str, str], max_row_bytes: int
+    path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
     """Rows of a CSV file with a header. An empty required cell is a bad row: pandas reads it as
     NaN, which would train as the text "nan"."""
@@ -349,15 +367,15 @@ def _csv_rows(
                 yield None, BadRow(label, start, f"has {len(record)} fields, the header has {len(header)}"), b""
                 continue
             row = dict(zip(header, record))
-            problem = check_row(row, fields)
+            problem = row_problem(row, fields)
             if problem is None:
-                empty = [name for name in fields if row.get(name) == ""]
+                empty = [name for name in as_check(fields).fields if row.get(name) == ""]
                 problem = f"{empty[0]!r} is empty" if empty else None
             yield row, (BadRow(label, start, problem) if problem else None), b""
 
 
 def _text_rows(
-    path: Path, label: str, fields: Mapping[str, str], max_row_bytes: int
+    path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
     """Lines of a plain text file: each is a row; only the encoding and the length can be bad."""
     with open(path, "rb") as handle:
@@ -371,7 +389,7 @@ def _text_rows(
 
 def rows_of(
     path: str | os.PathLike,
-    fields: Mapping[str, str],
+    fields: Checks,
     *,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     label: Optional[str] = None,

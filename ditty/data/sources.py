@@ -12,12 +12,12 @@ import contextlib
 import glob
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
 from ditty.data.fingerprint import files_fingerprint
-from ditty.data.rows import DEFAULT_MAX_ROW_BYTES
+from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, Checks
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def load_checked_files(
     *,
     key: str,
     cache_dir: Optional[str],
-    fields: Optional[Mapping[str, str]] = None,
+    fields: Optional[Checks] = None,
     on_bad_rows: str = "error",
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     streaming: bool = False,
@@ -78,7 +78,7 @@ def load_checked_files(
     number of bad rows left out.
 
     `key` is the recipe key that named the files ("data.path" or "data.val_path"). `fields`
-    ({column: "text" | "messages"}, see `ditty.data.rows.required_fields`) are checked in every row;
+    (the format's `RowCheck`, ditty.data.formats) are checked in every row;
     bad rows are an error, or left out with `on_bad_rows = "skip"`. `streaming`: an
     `IterableDataset` that reads the files lazily (one shard per file) instead; its rows are not
     scanned ahead (that would read the whole corpus first). `reader_options`: {builder ("json",
@@ -125,7 +125,7 @@ def load_checked_files(
             key=key,
             fix="point it at files of one format",
         )
-    fields = dict(fields or {})
+    fields = fields or {}
     skipped = 0
     if not streaming:
         files, skipped = _checked_files(files, pattern, key, fields, on_bad_rows, max_row_bytes, cache_dir)
@@ -149,7 +149,7 @@ def load_checked_files(
             fix="check that the file is valid and not empty",
         ) from error
     if suffixes == {".parquet"} and not streaming:
-        dataset, skipped = _checked_table(dataset, fields, pattern, key, on_bad_rows)
+        dataset, skipped = checked_table(dataset, fields, pattern, key, on_bad_rows)
     return dataset, skipped
 
 
@@ -157,7 +157,7 @@ def _checked_files(
     files: list[str],
     pattern: str,
     key: str,
-    fields: dict[str, str],
+    fields: Checks,
     on_bad_rows: str,
     max_row_bytes: int,
     cache_dir: Optional[str],
@@ -196,15 +196,20 @@ def _checked_files(
     return cleaned, total.bad_count
 
 
-def _checked_table(
-    dataset: "Dataset", fields: dict[str, str], label: str, key: str, on_bad_rows: str
-) -> tuple["Dataset", int]:
+def checked_table(dataset: "Dataset", fields: Checks, label: str, key: str, on_bad_rows: str) -> tuple["Dataset", int]:
     """Rows of data that arrives parsed (parquet, hub), checked by row index."""
     report, good = check_table(dataset, fields, label=label)
     if not report.bad_count:
         return dataset, 0
     if on_bad_rows != "skip":
         raise_for_bad_rows(report, key=key, what=label)
+    if not good:
+        raise RecipeError.single(
+            f"every row of {label} is bad ({report.bad_count}; the first, {report.bad[0].where()}: "
+            f"{report.bad[0].reason})",
+            key=key,
+            fix="check that the data.format and its column settings match the data",
+        )
     log.warning('skipping %d bad rows of %s (data.on_bad_rows = "skip")', report.bad_count, label)
     return dataset.select(good), report.bad_count
 
@@ -222,12 +227,12 @@ def load_checked_hub_dataset(
     *,
     split: str,
     cache_dir: Optional[str],
-    fields: Optional[Mapping[str, str]] = None,
+    fields: Optional[Checks] = None,
     on_bad_rows: str = "error",
 ) -> tuple["Dataset", int]:
     """`load_hub_dataset` with its rows checked (`fields`), and the number of bad rows left out."""
     dataset = _load_hub(name, split=split, cache_dir=cache_dir)
-    return _checked_table(dataset, dict(fields or {}), name, "data.name", on_bad_rows)
+    return checked_table(dataset, fields or {}, name, "data.name", on_bad_rows)
 
 
 def _load_hub(name: str, *, split: str, cache_dir: Optional[str], streaming: bool = False) -> "Dataset":

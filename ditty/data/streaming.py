@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.collate import Sample, pack_rows, pad_samples
 from ditty.data.mixture import ResolvedSource, TokenMixer
 
 if TYPE_CHECKING:
@@ -56,6 +55,9 @@ class StreamingData:
     cache_dir: Optional[str] = None
     report_sources: bool = True
     """Report `tokens/source/NAME` ([[data.sources]] given), not for a single [data] source."""
+    labels: Any = None
+    """The label set of a classifying format (read from the sources before training)."""
+    on_bad_rows: str = "error"
 
     def __len__(self) -> int:
         raise RecipeError.single(
@@ -83,21 +85,47 @@ def open_rows(source: ResolvedSource, cache_dir: Optional[str]):
     )
 
 
+def label_values_of(source: ResolvedSource, fmt: Any, cache_dir: Optional[str]) -> set:
+    """The label values of a streamed source: one read of the whole source before training (a
+    classifier's head is sized by them). Rows the format cannot use are left to the readers."""
+    from ditty.data.rows import row_problem
+
+    check = fmt.row_check(source.data)
+    values: set = set()
+    try:
+        for rows in open_rows(source, cache_dir).iter(batch_size=1000):
+            names = list(rows)
+            good = [dict(zip(names, v)) for v in zip(*rows.values()) if row_problem(dict(zip(names, v)), check) is None]
+            if good:
+                values |= fmt.label_values(good, source.data)
+    except RecipeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the reader's parse error is the user's data
+        raise RecipeError.single(
+            f"cannot read source {source.label!r} for its labels: {type(error).__name__}: {str(error)[:300]}",
+            key=source.key if source.key != "data" else "data.path",
+            fix="fix or remove that row; with data.streaming = false every bad row is named by file and line",
+        ) from None
+    return values
+
+
 class SourceReader:
     """One source's samples for one reader: its share of the rows, window by window (module doc)."""
 
     def __init__(self, source: ResolvedSource, data: StreamingData, *, reader: int, readers: int, seed: int) -> None:
-        from ditty.data.formats import _encoder_for
+        from ditty.data.formats import data_format
 
+        fmt = data_format(source.data.format)
         self.source = source
         self.data = data
         self.reader, self.readers, self.seed = reader, readers, seed
-        self.encode, self.columns = _encoder_for(data.tokenizer, source.data)
+        self.encode, self.columns = fmt.encoder(data.tokenizer, source.data, data.labels), fmt.columns(source.data)
+        self.check = fmt.row_check(source.data)
         self.epoch = 0
         self.window = -1  # number of the window in `samples` within this pass; -1: none read yet
         self.window_start: Any = None  # `datasets` state at that window's start; None: the start of the pass
         self.offset = 0  # samples of the window already taken
-        self.samples: list[Sample] = []
+        self.samples: list[dict] = []
         self._rows = None
         self._windows = None
         self._next_start: Any = None
@@ -105,12 +133,12 @@ class SourceReader:
         self._pass_from_start = True
         self._pass_samples = 0
 
-    def peek(self) -> Sample:
+    def peek(self) -> dict:
         while self.offset >= len(self.samples):
             self._read_window()
         return self.samples[self.offset]
 
-    def take(self) -> Sample:
+    def take(self) -> dict:
         sample = self.peek()
         self.offset += 1
         return sample
@@ -192,7 +220,7 @@ class SourceReader:
             "with data.streaming = false (the files are then checked up front)",
         )
 
-    def _tokenize(self, rows: dict[str, list]) -> list[Sample]:
+    def _tokenize(self, rows: dict[str, list]) -> list[dict]:
         missing = [(key, column) for key, column in self.columns.items() if column not in rows]
         if missing:
             key, column = missing[0]
@@ -202,8 +230,31 @@ class SourceReader:
                 key=key.replace("data.", f"{self.source.key}.", 1) if self.source.key != "data" else key,
                 fix="name one of the columns found, or pick the format that matches the data",
             )
+        rows = self._checked(rows)
         encoded = self.encode(rows)
-        return list(zip(encoded["input_ids"], encoded["labels"]))
+        names = list(encoded)
+        return [dict(zip(names, values)) for values in zip(*(encoded[name] for name in names))]
+
+    def _checked(self, rows: dict[str, list]) -> dict[str, list]:
+        """The window's rows that the format can use. A stream is not scanned ahead, so a bad row
+        surfaces here: an error naming it, or (data.on_bad_rows = "skip") left out."""
+        from ditty.data.rows import row_problem
+
+        names = list(rows)
+        kept = []
+        for values in zip(*(rows[name] for name in names)):
+            row = dict(zip(names, values))
+            problem = row_problem(row, self.check)
+            if problem is None:
+                kept.append(values)
+            elif self.data.on_bad_rows != "skip":
+                raise RecipeError.single(
+                    f"a bad row in source {self.source.label!r} (window {self.window + 2} of reader {self.reader}): "
+                    f"{problem}",
+                    key=self.source.key if self.source.key != "data" else "data.path",
+                    fix='fix or remove that row, or set data.on_bad_rows = "skip" to train without such rows',
+                )
+        return {name: [values[i] for values in kept] for i, name in enumerate(names)}
 
 
 class ReaderStream:
@@ -219,43 +270,54 @@ class ReaderStream:
         micro_batch_size: int,
         packing: bool,
         max_seq_len: int,
-        pad_token_id: int,
+        collator: Any,
     ) -> None:
         self.sources = [SourceReader(s, data, reader=reader, readers=readers, seed=seed) for s in data.sources]
         self.mixer = TokenMixer([s.weight for s in data.sources])
         self.micro_batch_size = micro_batch_size
         self.packing = packing
         self.max_seq_len = max_seq_len
-        self.pad_token_id = pad_token_id
+        self.collator = collator
+        self.reader = reader
+        self.taken = 0
+        """Samples this reader has put into batches: with the reader's number, a sample's place in
+        its order (masked LM draws its masks from it)."""
 
     def next_micro_batch(self) -> dict[str, torch.Tensor]:
         rows = [self._row() for _ in range(self.micro_batch_size)]
         if self.packing:
-            return pack_rows(rows, self.pad_token_id)
-        return pad_samples([row[0] for row in rows], self.pad_token_id)
+            return self.collator.pack(rows)
+        positions = [(self.reader << 40) + self.taken - len(rows) + n for n in range(len(rows))]
+        return self.collator([row[0] for row in rows], positions)
 
-    def _row(self) -> list[Sample]:
+    def _row(self) -> list[dict]:
         row = [self._take()]
         if self.packing:
-            used = len(row[0][0])
-            while used + len(self._peek()[0]) <= self.max_seq_len:
+            used = len(row[0]["input_ids"])
+            while used + len(self._peek()["input_ids"]) <= self.max_seq_len:
                 row.append(self._take())
-                used += len(row[-1][0])
+                used += len(row[-1]["input_ids"])
         return row
 
-    def _peek(self) -> Sample:
+    def _peek(self) -> dict:
         return self.sources[self.mixer.pick()].peek()
 
-    def _take(self) -> Sample:
+    def _take(self) -> dict:
         source = self.mixer.pick()
         sample = self.sources[source].take()
-        self.mixer.add(source, len(sample[0]))
+        self.mixer.add(source, len(sample["input_ids"]))
+        self.taken += 1
         return sample
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sources": [s.state_dict() for s in self.sources], "mixer": self.mixer.state_dict()}
+        return {
+            "sources": [s.state_dict() for s in self.sources],
+            "mixer": self.mixer.state_dict(),
+            "taken": self.taken,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for source, saved in zip(self.sources, state["sources"]):
             source.load_state_dict(saved)
         self.mixer.load_state_dict(state["mixer"])
+        self.taken = int(state.get("taken", 0))

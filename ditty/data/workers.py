@@ -113,10 +113,15 @@ class StreamingBatches:
         seed: int,
         packing: bool,
         max_seq_len: int,
-        pad_token_id: int,
+        pad_token_id: Optional[int] = None,
+        collator: Any = None,
         num_workers: int = 0,
         prefetch_factor: int = 2,
     ) -> None:
+        if collator is None:  # token rows of a causal LM: padded, or packed
+            from ditty.data.formats.base import PaddingCollator
+
+            collator = PaddingCollator(pad_token_id=pad_token_id, max_seq_len=max_seq_len)
         self.accumulation_steps = accumulation_steps_for(global_batch_size, micro_batch_size, rank, world_size)
         self.data = data
         self.global_batch_size = global_batch_size
@@ -126,7 +131,7 @@ class StreamingBatches:
         self.local_readers = max(1, num_workers)
         self.batching = dict(
             seed=seed, micro_batch_size=micro_batch_size, packing=packing, max_seq_len=max_seq_len,
-            pad_token_id=pad_token_id,
+            collator=collator,
         )  # fmt: skip
         self.states: list[Optional[dict]] = [None] * self.local_readers
         self.next_reader = 0
@@ -281,7 +286,10 @@ class PrefetchedStream:
         self._state = self.stream.state_dict()
 
     def source_tokens(self) -> dict[str, int]:
-        labels = getattr(getattr(self.stream, "mixture", None), "labels", None)
-        if labels is None:
+        """From the state after the last step handed out (the planner itself runs steps ahead)."""
+        if "mixer" not in self._state:
             return {}
-        return dict(zip(labels, self._state["mixer"]["tokens"]))
+        return dict(zip(self.stream.mixture.labels, self._state["mixer"]["tokens"]))
+
+    def close(self) -> None:
+        self._steps = None  # dropping the DataLoader iterator shuts its workers down

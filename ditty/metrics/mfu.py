@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from ditty._utils.modules import unwrap
 from ditty.metrics.peak import device_peak_flops
 
 log = logging.getLogger("ditty.metrics")
@@ -74,7 +75,7 @@ class _Meter:
         per_token = self.per_token
         if per_token is None:  # a custom model: measured on its first training forward
             model = self.model()
-            measured = _MEASURED.get(_unwrap(model)) if model is not None else None
+            measured = _MEASURED.get(unwrap(model, peft=True)) if model is not None else None
             per_token = FlopsPerToken(measured) if measured else None
         if per_token is None or not self.peak or tokens_per_s is None:
             return {"mfu": None, "hfu": None}
@@ -92,7 +93,7 @@ def _significant(value: float) -> float:
 def transformer_flops_per_token(model: Any, seq_len: int, activation_checkpointing: str = "none"):
     """FlopsPerToken of a Hugging Face transformer (see the module docstring), or None when the
     model has no transformer config (layers, heads, hidden size)."""
-    base = _unwrap(model)
+    base = unwrap(model, peft=True)
     text = _transformer_config(base)
     if text is None:
         return None
@@ -156,24 +157,12 @@ def _numel(param: Any) -> int:
     return int(param.numel())
 
 
-def _unwrap(model: Any) -> Any:
-    import torch
-
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            break
-        model = inner
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 @contextmanager
 def measure_forward_flops(model: Any, samples: int) -> Iterator[None]:
     """Around a custom model's first training forward: count its FLOPs with torch's FlopCounterMode
     and keep 3x per sample (forward and a backward of twice its cost). Once per model; a no-op for
     models with a transformer config and afterwards. Cost: one forward through a Python dispatch mode."""
-    if model in _MEASURED or _transformer_config(_unwrap(model)) is not None or samples <= 0:
+    if model in _MEASURED or _transformer_config(unwrap(model, peft=True)) is not None or samples <= 0:
         yield
         return
     from torch.utils.flop_counter import FlopCounterMode

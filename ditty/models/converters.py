@@ -48,9 +48,12 @@ def apply_converters(model: "torch.nn.Module", converters: Sequence[ModelConvert
     return model
 
 
+def post_optimizer_hooks(converters: Sequence[ModelConverter]) -> list:
+    """The `post_optimizer_hook(model)` of every converter that has one, in order."""
+    return [hook for hook in (getattr(c, "post_optimizer_hook", None) for c in converters) if hook is not None]
+
+
 def run_post_optimizer_hooks(model: "torch.nn.Module", converters: Sequence[ModelConverter]) -> None:
     """Call `post_optimizer_hook(model)` of every converter that has one, in order."""
-    for converter in converters:
-        hook = getattr(converter, "post_optimizer_hook", None)
-        if hook is not None:
-            hook(model)
+    for hook in post_optimizer_hooks(converters):
+        hook(model)

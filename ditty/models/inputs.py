@@ -15,18 +15,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
+from ditty._utils.modules import unwrap
+
 
 def innermost_module(model: Any) -> Any:
     """The user's module under compile, DDP/DeepSpeed and peft wrappers."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if inner is None and type(model).__name__ in ("DistributedDataParallel", "DeepSpeedEngine"):
-            inner = getattr(model, "module", None)
-        if inner is None and callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config"):
-            inner = model.get_base_model()
-        if inner is None or inner is model:
-            return model
-        model = inner
+    return unwrap(model, peft=True)
 
 
 def is_transformers_model(model: Any) -> bool:

@@ -42,6 +42,18 @@ def format_fits_task(ctx: Context) -> Iterator[Problem]:
             f'set data.format = "{task.data_formats[0]}"'
             + (f', or model.task = "{readers[0]}" for this data' if readers else ""),
         )
+    # Sources and [data.eval] read the same format when the task is not a causal LM: one collator
+    # (a classifier's labels, a seq2seq model's decoder inputs) makes every batch.
+    others = [(f"data.sources.{i}.format", s.format) for i, s in enumerate(data.sources)]
+    others.append(("data.eval.format", data.eval.format))
+    for key, fmt in others:
+        if fmt is not None and fmt != data.format and (not task.token_rows or fmt not in task.data_formats):
+            yield error(
+                key,
+                f'"{fmt}" differs from data.format = "{data.format}", and model.task = "{task.name}" trains on one '
+                "format (one collator makes every batch)",
+                f'remove it (the format of [data] applies), or set it to "{data.format}"',
+            )
     if data.source == "builtin" and not data.sources:  # [[data.sources]] replace the single source
         from ditty.data import builtin
 

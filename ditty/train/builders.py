@@ -60,7 +60,7 @@ class Builders:
     def build_tokenizer(self):
         """[tokenizer]; or the Python API's tokenizer, else the one saved beside a given transformers
         model's checkpoint (either is saved into final/ with the model)."""
-        from ditty.train.task_data_mode import takes_task_rows
+        from ditty.train.data_modes import takes_rows
 
         components = self.components
         if components.tokenizer is not None:
@@ -71,7 +71,7 @@ class Builders:
             found = tokenizer_beside(components.model)
             if found is not None:
                 return found
-        non_text = components.has_data and not takes_task_rows(self.config, components)
+        non_text = components.has_data and not takes_rows(self.config, components)
         return tokenizer_for(self.config, non_text_data=non_text)
 
     def build_model(self, tokenizer: Any, labels: Any = None) -> BuiltModel:
@@ -129,7 +129,7 @@ class Builders:
     def build_optimizer(self, model: torch.nn.Module, converters: list):
         """`[optimizer]` over the trainable parameters; the converters' post-step hooks (float8's scale
         precompute under FSDP) are registered on it, so they run after every real optimizer step."""
-        from ditty.models.converters import run_post_optimizer_hooks
+        from ditty.models.converters import post_optimizer_hooks, run_post_optimizer_hooks
         from ditty.optim import build_optimizer
 
         if self.components.optimizer is not None:  # the Python API's optimizer=, checked against the trained parameters
@@ -138,7 +138,7 @@ class Builders:
             optimizer = check_given_optimizer(self.components.optimizer, model)
         else:
             optimizer = build_optimizer(self.config.optimizer, model)
-        if any(getattr(c, "post_optimizer_hook", None) for c in converters):
+        if post_optimizer_hooks(converters):
             optimizer.register_step_post_hook(lambda *_: run_post_optimizer_hooks(model, converters))
         return optimizer
 
@@ -298,7 +298,7 @@ def base_model_for(
 ) -> tuple[torch.nn.Module, Any]:
     """(model before converters, weights still pending after sharding or None): the Python API's
     instance (quantized as `[quant]` asks), a low-memory meta build (`low_memory`, sharded runs), or
-    the ordinary build. `labels`: a LabelSpace (ditty.data.task_rows) for the classifying tasks."""
+    the ordinary build. `labels`: a LabelSpace (ditty.data.labels) for the classifying tasks."""
     from ditty.models import build_model
 
     names = list(labels.names) if labels is not None else None

@@ -83,7 +83,7 @@ def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, 
 
     def walk(obj: Any, prefix: str) -> None:
         for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
+            value = obj.__dict__[f.name]
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 walk(value, f"{prefix}{f.name}.")
             else:
@@ -334,7 +334,7 @@ class Checkpointer:
         return {
             "train_state": {**t.state.state_dict(), **_elapsed(t)},
             "scheduler": _jsonable(t.scheduler.state_dict()),
-            "data": t.stream.state_dict() if hasattr(t.stream, "state_dict") else None,
+            "data": t.stream.state_dict(),
             "precision": _jsonable(t.precision.state_dict()),
             "total_steps": t.total_steps,
             "trainer": t.trainer_ref(),
@@ -378,7 +378,7 @@ class Checkpointer:
         doc = self.manager.load(self.resume.checkpoint, self.app_state(t))
         self.engine.load_checkpoint_files(t.model, self.resume.checkpoint)
         t.state.load_state_dict(doc["train_state"])
-        if doc.get("data") is not None and hasattr(t.stream, "load_state_dict"):
+        if doc.get("data") is not None:
             t.stream.load_state_dict(doc["data"])
         elif t.state.step:
             log.warning("the data stream has no saved position: the resumed run restarts its data from the beginning")

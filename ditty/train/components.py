@@ -56,11 +56,8 @@ class RuntimeComponents:
     def given(self) -> dict[str, Any]:
         """The fields that hold an object (an empty list of processors counts as given too); never
         the hub token."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if getattr(self, f.name) is not None and f.name not in SECRET_FIELDS
-        }
+        values = {f.name: self.__dict__[f.name] for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None and name not in SECRET_FIELDS}
 
     @property
     def has_data(self) -> bool:

@@ -2,20 +2,20 @@
 
 | mode             | data                                              | a batch                | `tokens` metric    |
 |------------------|---------------------------------------------------|------------------------|--------------------|
-| `TokenDataMode`  | tokenized rows from `[data]` (ditty.data)         | input_ids, labels      | non-padding tokens |
+| `TokenDataMode`  | samples of a data format (ditty.data.formats),    | the format's collator  | non-padding tokens |
+|                  | from `[data]` or the Python API's rows            |                        |                    |
 | `SampleDataMode` | samples + a collate function: a Python API        | what `collate_fn` made | samples            |
 |                  | dataset or DataLoader, the built-in digits images |                        |                    |
 
 Each knows how to cut the global order into this rank's micro-batches (its stream), how to count a
 batch (the loss's denominator and the `tokens` metric), and how to evaluate. The trainer asks the
-mode and never which mode it is. A new mode (streamed or mixed data, say) is one class here and a
-branch in `build_data_mode`.
+mode and never which mode it is. A new data format is not a new mode: it is a `DataFormat`
+(ditty.data.formats), which `TokenDataMode` reads through the bundle's collator.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -29,7 +29,8 @@ class EvalRequest:
     """What an evaluation needs from the trainer."""
 
     forward: Callable[[Any], Any]
-    """One batch through the pipeline in evaluation mode -> the loss calculator's LossOutput."""
+    """One batch through the pipeline in evaluation mode -> (the loss calculator's LossOutput, the
+    model's output after the postprocessors)."""
     model: torch.nn.Module
     """The user's model without wrappers (for generation)."""
     autocast: Callable
@@ -60,21 +61,21 @@ class DataMode:
 
     @property
     def val(self) -> Any:
-        return getattr(self.bundle, "val", None)
+        return self.bundle.val
 
     @property
     def task(self) -> Any:
-        return getattr(self.bundle, "task", None)
+        return self.bundle.task
 
     @property
     def skipped_rows(self) -> int:
         """Bad data rows left out (data.on_bad_rows = "skip"), counted in metrics and the summary."""
-        return getattr(self.bundle, "skipped_rows", 0)
+        return self.bundle.skipped_rows
 
     @property
     def labels(self) -> Any:
         """The data's label set (a LabelSpace) when the model task classifies, else None."""
-        return getattr(self.bundle, "labels", None)
+        return self.bundle.labels
 
     def stream(self, accumulation_steps: int) -> Any:
         raise NotImplementedError
@@ -85,6 +86,11 @@ class DataMode:
 
     def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
         """The loss's denominator for this batch, by the loss calculator's own rule when it has one."""
+        counter = getattr(loss, "count_tokens", None)
+        return counter(batch) if counter is not None else self.scored(batch)
+
+    def scored(self, batch: Any) -> torch.Tensor:
+        """The denominator of a loss without its own rule."""
         raise NotImplementedError
 
     def input_count(self, batch: Any) -> torch.Tensor:
@@ -96,12 +102,13 @@ class DataMode:
 
 
 class TokenDataMode(DataMode):
-    """Tokenized language-model rows, padded or packed by `BatchStream`; validation loss per token and
-    the data's task metric (exact match by greedy generation)."""
+    """Token samples of a data format (ditty.data.formats: causal-LM rows, a classifier's inputs and
+    labels, seq2seq pairs, masked text), from [data] or the Python API's rows. Batches come from
+    the one global order (`build_stream`: one source, a mixture, a stream, with data.num_workers);
+    the format's collator counts the loss's denominator and the `tokens` metric; evaluation is
+    ditty.train.evaluate.evaluate_tokens."""
 
     def stream(self, accumulation_steps: int) -> Any:
-        """One source, a [[data.sources]] mixture or a stream (data.streaming), with data.num_workers;
-        the seed is data.shuffle_seed, else run.seed (decided by build_data)."""
         from ditty.data.build import build_stream
 
         t = self.config.train
@@ -115,47 +122,19 @@ class TokenDataMode(DataMode):
             pad_token_id=self.tokenizer.pad_token_id,
         )
 
-    def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
-        from ditty.train.step import supervised_tokens
-
-        counter = getattr(loss, "count_tokens", None)
-        return counter(batch) if counter is not None else supervised_tokens(batch)
+    def scored(self, batch: Any) -> torch.Tensor:
+        return self.bundle.collator.supervised_count(batch)
 
     def input_count(self, batch: Any) -> torch.Tensor:
-        from ditty.train.step import input_tokens
-
-        return input_tokens(batch, self.tokenizer.pad_token_id)
+        return self.bundle.collator.input_count(batch)
 
     def evaluate(self, request: EvalRequest) -> dict[str, Any]:
-        from ditty.train.evaluate import eval_batches, validation_loss
+        from ditty.models.tasks import model_task
+        from ditty.train.evaluate import evaluate_tokens
 
-        metrics: dict[str, Any] = {}
-        val = self.val
-        if val is not None and len(val) > 0:
-            batches = eval_batches(val, request.micro_batch_size, self.tokenizer.pad_token_id)
-            metrics["val_loss"] = validation_loss(
-                request.forward, batches, lambda b: self.supervised_count(b, request.pipeline.loss)
-            )
-        val_sets = getattr(self.bundle, "val_sets", ())
-        if val_sets:  # val_loss/NAME per held-out set, and val_loss over all of them
-            from ditty.train.heldout import held_out_losses
-
-            metrics.update(
-                held_out_losses(
-                    request.forward,
-                    val_sets,
-                    request.micro_batch_size,
-                    self.tokenizer.pad_token_id,
-                    lambda b: self.supervised_count(b, request.pipeline.loss),
-                )
-            )
-        if metrics.get("val_loss") is not None:  # per-token loss of a language model: its perplexity too
-            metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
-        if self.task is not None and request.eval_samples > 0:
-            with request.autocast():
-                scores = self.task.evaluate(request.model, self.tokenizer, request.device, request.eval_samples)
-            metrics.update(_prefixed(scores))
-        return metrics
+        task = model_task(self.config.model.task)
+        count = lambda batch: self.supervised_count(batch, request.pipeline.loss)  # noqa: E731
+        return evaluate_tokens(request, self.bundle, task, self.tokenizer, count)
 
 
 class SampleDataMode(DataMode):
@@ -185,9 +164,12 @@ class SampleDataMode(DataMode):
         )
         if is_iterable_only(self.bundle.train):
             return IterableStream(self.bundle.train, shuffle_buffer_size=data.shuffle_buffer_size, **geometry)
-        return GenericStream(
-            self.bundle.train, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor, **geometry
-        )
+        stream = GenericStream(self.bundle.train, **geometry)
+        if data.num_workers > 0:
+            from ditty.data.workers import PrefetchedStream
+
+            return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
+        return stream
 
     def train_samples(self) -> int:
         """A DataLoader counts its dataset's samples, not its batches; a stream cannot be counted."""
@@ -205,9 +187,8 @@ class SampleDataMode(DataMode):
                 ) from None
             raise
 
-    def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
-        counter = getattr(loss, "count_tokens", None)
-        return counter(batch) if counter is not None else torch.tensor(batch_samples(batch))
+    def scored(self, batch: Any) -> torch.Tensor:
+        return torch.tensor(batch_samples(batch))
 
     def input_count(self, batch: Any) -> torch.Tensor:
         return torch.tensor(batch_samples(batch))
@@ -220,7 +201,7 @@ class SampleDataMode(DataMode):
         if val is not None and len(val) > 0:
             total, count = 0.0, 0
             for batch in eval_micro_batches(val, request.micro_batch_size, self.bundle.collate_fn):
-                out = request.forward(batch)
+                out, _ = request.forward(batch)
                 size = batch_samples(batch)
                 total += float(out.mean_loss()) * size
                 count += size
@@ -244,15 +225,9 @@ def _prefixed(scores: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) -> DataMode:
-    """The recipe's [data] (token rows, or the built-in digits images), or the Python API's samples;
-    rows of a model task's format (`model.task` other than causal-lm) go to TaskDataMode."""
-    from dataclasses import replace
-
-    from ditty.train.task_data_mode import build_task_data_mode, uses_task_mode
-
-    if uses_task_mode(config, components):
-        return build_task_data_mode(config, runtime, tokenizer, components)
-    if components.has_data:
+    """The recipe's [data] (token samples of a format, or the built-in digits images), the Python
+    API's rows of a format (a model task other than causal LM), or the Python API's samples."""
+    if components.has_data and not takes_rows(config, components):
         from ditty.data.generic import GenericData
 
         seed = config.data.shuffle_seed if config.data.shuffle_seed is not None else config.run.seed
@@ -264,12 +239,44 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
             collate_fn=components.collate_fn,
         )
         return SampleDataMode(bundle, config, runtime, tokenizer)
-    from ditty.data import build_data
+    from ditty.data.build import IMAGE_BUILTINS, build_data
     from ditty.data.generic import is_generic
+    from ditty.models.task_facts import fit_instance_labels, model_facts
 
-    bundle = build_data(config.data, tokenizer, config.run.seed)
+    if tokenizer is None and not (config.data.source == "builtin" and config.data.name in IMAGE_BUILTINS):
+        raise RecipeError.single(
+            f'model.task = "{config.model.task}" reads text, and there is no tokenizer',
+            key="tokenizer.path",
+            fix="set tokenizer.path (or model.path), or pass tokenizer= to the Pipeline",
+        )
+    label_hint, start = model_facts(config.model, components.model, tokenizer)
+    given = components.has_data
+    bundle = build_data(
+        config.data,
+        tokenizer,
+        config.run.seed,
+        label_hint=label_hint,
+        decoder_start_token_id=start,
+        rows=components.dataset if given else None,
+        val_rows=components.val_dataset if given else None,
+    )
     if is_generic(bundle):
         if components.task is not None:
             bundle = replace(bundle, task=components.task)
         return SampleDataMode(bundle, config, runtime, tokenizer)
+    if components.model is not None and bundle.labels is not None:
+        fit_instance_labels(components.model, bundle.labels)
     return TokenDataMode(bundle, config, runtime, tokenizer)
+
+
+def takes_rows(config: Any, components: Any) -> bool:
+    """The Python API's dataset holds rows of the task's format (ditty checks and tokenizes them), not
+    samples for a collate function: a non-causal task, a dataset, and neither a loader nor a collate_fn."""
+    from ditty.models.tasks import model_task
+
+    return (
+        not model_task(config.model.task).token_rows
+        and components.dataset is not None
+        and components.dataloader is None
+        and components.collate_fn is None
+    )

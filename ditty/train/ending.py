@@ -25,14 +25,13 @@ log = logging.getLogger("ditty.train")
 
 
 class RunEnding:
-    def save(self, final: bool = False) -> Optional[str]:
+    def save(self, final: bool = False, due: bool = False) -> Optional[str]:
         """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
-        every, push = self.config.checkpoint.every, self.config.hub.push
+        push = self.config.hub.push
         finite = self.checkpointer.manager.finite  # saves wait for a finite step
-        if not final:
-            due = bool(every) and self.state.step % every == 0
+        if not final:  # `due`: a periodic checkpoint (ditty.train.cadence)
             due = self.save_clock_due() or due  # every rank reads the clock on the same steps
             if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)
@@ -104,9 +103,9 @@ class RunEnding:
         try:
             self.checkpointer.close()
         finally:
-            stop_workers = getattr(getattr(self, "stream", None), "close", None)
-            if callable(stop_workers):  # dataloader workers end with the run, not when it is collected
-                stop_workers()
+            stream = self.__dict__.get("stream")  # None when the build failed before the stream
+            if stream is not None:  # dataloader workers end with the run, not when it is collected
+                stream.close()
             self.progress.close()
             self.logger.close()
             self.run_lock.release()  # the run directory is free for the next run

@@ -68,7 +68,7 @@ def environment(
     ditty_dir = os.path.dirname(os.path.abspath(ditty.__file__))
     env = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ditty_version": getattr(ditty, "__version__", None) or _version("ditty"),
+        "ditty_version": ditty.__version__ or _version("ditty"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": {name: _version(name) for name in _PACKAGES},

@@ -1,76 +1,112 @@
-"""Validation: token-weighted loss over the whole validation set, plus the task's own metrics.
+"""Validation of token data: the loss over every held-out set, and the model task's metrics.
 
-The validation set is read in its stored order, padded per micro-batch (no packing, no shuffling),
-and split among ranks by index, so every sample counts exactly once whatever the world size.
+Each set is read in its stored order and split among ranks by index (ditty.data.collate.eval_batches),
+so every sample counts exactly once whatever the world size. Every batch goes through the trainer's
+own forward (the pipeline, its contract check and the fused loss head). The loss is summed over
+tokens (or samples) and ranks, then divided: `val_loss`, and `val_loss/NAME` for each named set
+([[data.sources]], [data.eval]). Classifiers add `val_accuracy` and `val_f1` (ditty.metrics.classification);
+a language model's per-token loss gives `val_perplexity`; generation scores exact match: greedy
+answers to a built-in dataset's prompts, or greedy decoding of seq2seq targets.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+import math
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
 
 import torch
 
-from ditty._utils.dist import rank as get_rank
-from ditty._utils.dist import world_size as get_world_size
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.data.collate import pad_samples
+from ditty.data.collate import eval_batches
 from ditty.train.step import all_reduce_sum
 
 
-def eval_batches(dataset: Any, micro_batch_size: int, pad_token_id: int) -> Iterator[dict]:
-    """This rank's share of the validation set, in order, as padded micro-batches.
+@torch.no_grad()
+def evaluate_tokens(
+    request: Any, bundle: Any, task: Any, tokenizer: Any, counter: Callable[[dict], torch.Tensor]
+) -> dict[str, Any]:
+    """The metrics of one evaluation (see the module doc); `counter`: a batch's scored tokens (or
+    samples), the weight of a loss that returns a mean. Collective: every rank runs every set."""
+    from ditty.metrics.classification import ClassificationCounts
 
-    Every rank yields the same number of batches: under FSDP each forward is a collective, so a
-    rank with one batch fewer would leave the others waiting. A rank short of samples runs its last
-    batch again with every label ignored (it adds no tokens and no loss).
-    """
-    rank, world = get_rank(), get_world_size()
-    indices = list(range(rank, len(dataset), world))
-    per_rank = -(-len(dataset) // world)  # the largest share
-    batches = -(-per_rank // micro_batch_size)
-    for number in range(batches):
-        chunk = indices[number * micro_batch_size : (number + 1) * micro_batch_size]
-        if chunk:
-            yield pad_samples(_fetch(dataset, chunk), pad_token_id)
-        elif len(dataset):
-            batch = pad_samples(_fetch(dataset, [0]), pad_token_id)
-            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
-            yield batch
+    named = bool(bundle.val_sets)
+    sets = list(bundle.val_sets) if named else ([("", bundle.val)] if bundle.val is not None else [])
+    collator = bundle.collator.for_validation()
+    metrics: dict[str, Any] = {}
+    overall = torch.zeros(2, dtype=torch.float64)
+    counts = ClassificationCounts(len(bundle.labels)) if bundle.labels is not None else None
+    for name, dataset in sets:
+        if dataset is None or len(dataset) == 0:
+            continue
+        totals = torch.zeros(2, dtype=torch.float64)  # loss sum, scored tokens (or samples)
+        for batch in eval_batches(dataset, request.micro_batch_size, collator):
+            out, output = request.forward(batch)
+            if out.num_tokens is not None:
+                totals += torch.stack(
+                    [out.loss.detach().double().cpu(), torch.as_tensor(out.num_tokens).double().cpu()]
+                )
+            else:
+                scored = torch.as_tensor(counter(batch)).double().cpu()
+                if scored > 0:  # a filler batch (see eval_batches): a mean over nothing is NaN
+                    totals += torch.stack([out.loss.detach().double().cpu() * scored, scored])
+            if counts is not None:
+                counts.add(logits_of(output).argmax(-1), batch["labels"])
+        totals = all_reduce_sum(totals)
+        overall += totals
+        if named and totals[1] > 0:
+            metrics[f"val_loss/{name}"] = float(totals[0] / totals[1])
+    if overall[1] > 0:
+        metrics["val_loss"] = float(overall[0] / overall[1])
+        if "perplexity" in task.metrics:
+            metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
+    if counts is not None and sets:
+        metrics.update({f"val_{name}": value for name, value in counts.result().items()})
+    if "exact_match" in task.metrics and request.eval_samples > 0:
+        if bundle.task is not None:  # a built-in dataset's prompts, answered greedily
+            with request.autocast():
+                scores = bundle.task.evaluate(request.model, tokenizer, request.device, request.eval_samples)
+            metrics.update({f"val_{name}": value for name, value in scores.items()})
+        elif task.name == "seq2seq" and sets:
+            metrics["val_exact_match"] = seq2seq_exact_match(request, sets[0][1], bundle.collator, tokenizer)
+    return metrics
 
 
-def _fetch(dataset: Any, indices: list[int]) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) of the rows; one columnar read for a datasets.Dataset (not one per row)."""
-    if hasattr(dataset, "column_names"):
-        columns = dataset[indices]
-        return list(zip(columns["input_ids"], columns["labels"]))
-    return [(dataset[i]["input_ids"], dataset[i]["labels"]) for i in indices]
+def logits_of(output: Any) -> torch.Tensor:
+    # transformers' ModelOutput is a mapping; a custom model may return a tuple with the logits first
+    return output["logits"] if isinstance(output, Mapping) else output[0]
 
 
 @torch.no_grad()
-def validation_loss(
-    forward: Callable[[dict], Any],
-    batches: Iterator[dict],
-    count_fn: Callable[[dict], torch.Tensor],
-) -> Optional[float]:
-    """Sum of token losses over all batches (and ranks) / number of supervised tokens.
+def seq2seq_exact_match(request: Any, dataset: Any, collator: Any, tokenizer: Any) -> float:
+    """Greedy decoding of the first `eval_samples` validation targets; the fraction decoded exactly.
+    Every rank decodes as many steps (the longest target), since a sharded forward is a collective."""
+    from ditty.data.generic import to_device
+    from ditty.train.pipeline import model_inputs
 
-    `forward(batch)` returns the loss calculator's LossOutput. Losses that return a mean are
-    weighted by their batch's supervised-token count. Cost: one all-reduce and one host sync at the end.
-    """
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    tokens = torch.zeros((), dtype=torch.float64)
-    for batch in batches:
-        out = forward(batch)
-        if out.num_tokens is not None:
-            loss_sum += out.loss.detach().double().cpu()
-            tokens += torch.as_tensor(out.num_tokens).double().cpu()
-        else:
-            n = torch.as_tensor(count_fn(batch)).double().cpu()
-            if n == 0:  # a filler batch (see eval_batches): a mean over no tokens is NaN
+    subset = dataset.select(range(min(request.eval_samples, len(dataset))))
+    steps = max(len(ids) for ids in subset["labels"])
+    totals = torch.zeros(2, dtype=torch.float64)  # exact, counted
+    for batch in eval_batches(subset, request.micro_batch_size, collator):
+        batch = to_device(batch, request.device)
+        decoded = torch.full_like(batch["decoder_input_ids"][:, :1], collator.decoder_start_token_id)
+        for _ in range(steps):
+            with request.autocast():
+                inputs = model_inputs(request.model, {**batch, "decoder_input_ids": decoded})
+                logits = logits_of(request.model(**inputs))
+            decoded = torch.cat([decoded, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        for generated, labels in zip(decoded[:, 1:].tolist(), batch["labels"].tolist()):
+            reference = [token for token in labels if token != IGNORE_INDEX]
+            if not reference:  # a filler row (eval_batches)
                 continue
-            loss_sum += out.loss.detach().double().cpu() * n
-            tokens += n
-    totals = all_reduce_sum(torch.stack([loss_sum, tokens]))
-    if totals[1] == 0:
-        return None
-    return float(totals[0] / totals[1])
+            totals[1] += 1
+            totals[0] += _text(tokenizer, generated) == _text(tokenizer, reference)
+    totals = all_reduce_sum(totals)
+    return float(totals[0] / totals[1]) if totals[1] > 0 else 0.0
+
+
+def _text(tokenizer: Any, ids: list[int]) -> str:
+    eos: Optional[int] = tokenizer.eos_token_id
+    if eos is not None and eos in ids:
+        ids = ids[: ids.index(eos)]
+    return tokenizer.decode(ids, skip_special_tokens=True).strip()

@@ -88,7 +88,7 @@ def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
 
 def _labels(checkpoint: Path, doc: dict, config):
     """A classifier's label set as the checkpoint recorded it (it sizes and names the head)."""
-    from ditty.data.task_rows import LabelSpace
+    from ditty.data.labels import LabelSpace
     from ditty.models.tasks import model_task
     from ditty.train.checkpointing import doc_labels
 
@@ -109,12 +109,13 @@ def export(
     """Write the model of `source` (a run directory or a checkpoint) to `out_dir`; return its path.
     `trust_code`: import the code the run's recipe names (`--trust-run-code`), else refuse to."""
     from ditty._utils.atomic import atomic_directory
+    from ditty._utils.modules import unwrap
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
     from ditty.recipe import compile_recipe
     from ditty.train.builders import base_model_for, converters_for, tokenizer_for
     from ditty.train.engines import engine_class
-    from ditty.train.final import save_model_files, unwrap_model
+    from ditty.train.final import save_model_files
     from ditty.train.runtime import seed_everything
 
     out = Path(out_dir)
@@ -138,7 +139,7 @@ def export(
     base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
-    model = unwrap_model(model).eval()
+    model = unwrap(model).eval()
     with _sole_writer(out):
         _check_output(out)  # again: another export may have finished into it meanwhile
         with atomic_directory(out, replace=False) as partial:

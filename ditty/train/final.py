@@ -16,7 +16,9 @@ from typing import Any, Optional
 import torch
 
 from ditty._utils.atomic import write_text_atomic
+from ditty._utils.modules import is_peft_model, unwrap
 from ditty.config.errors import RecipeError
+from ditty.models.inputs import is_transformers_model
 
 log = logging.getLogger("ditty.train")
 
@@ -76,21 +78,15 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
     return path
 
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's model under DDP or DeepSpeed (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    from ditty.train.engines.base import unwrap_model as unwrap
-
-    return unwrap(model)
-
-
 def save_model_files(
     model: torch.nn.Module, tokenizer: Any, directory: str, *, state_dict: Optional[dict[str, torch.Tensor]] = None
 ) -> None:
     """The model in Hugging Face format (`save_pretrained`: config and safetensors), or for a custom
     nn.Module its weights as model.safetensors; then the tokenizer's files. `state_dict`: the full
     weights gathered from a sharded model, saved instead of the module's own (which hold one shard)."""
-    model = unwrap_model(model)
-    if hasattr(model, "save_pretrained"):
+    model = unwrap(model)
+    pretrained = hasattr(model, "save_pretrained")  # a transformers or peft model
+    if pretrained:
         extra = {"state_dict": state_dict} if state_dict is not None else {}
         model.save_pretrained(directory, **extra)  # transformers 5 always writes safetensors
     else:
@@ -101,7 +97,7 @@ def save_model_files(
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, os.path.join(directory, "model.safetensors"))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(directory)
-    elif hasattr(model, "save_pretrained") and getattr(model, "config", None) is not None:
+    elif pretrained and is_transformers_model(unwrap(model, peft=True)):
         # AutoTokenizer.from_pretrained on such a directory would not fail: it would quietly build some
         # other tokenizer. So say so now.
         log.warning(
@@ -109,7 +105,7 @@ def save_model_files(
             "set [tokenizer] path",
             directory,
         )
-    if hasattr(model, "peft_config"):
+    if is_peft_model(model):
         save_label_maps(model, directory)
 
 
@@ -166,8 +162,8 @@ def save_final(
     final = os.path.join(run_dir, FINAL_DIR)
     with atomic_directory(final, replace=True) as partial:
         save_model_files(model, tokenizer, str(partial), state_dict=state_dict)
-        model = unwrap_model(model)
-        if merged and hasattr(model, "peft_config"):
+        model = unwrap(model)
+        if merged and is_peft_model(model):
             from transformers import PreTrainedModel
 
             from ditty.models.merge import save_merged

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ditty._utils.modules import unwrap
 from ditty.config.references import import_reference
 from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
 from ditty.data.generic import batch_samples
@@ -92,11 +93,14 @@ def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
     # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
     # Hugging Face model would build a KV cache in training, which activation checkpointing's
     # recompute then extends a second time (selective checkpointing fails on the extra ops).
-    if getattr(getattr(_unwrap(model), "config", None), "use_cache", None) is not None and (
-        accepted is None or "use_cache" in accepted
-    ):
+    if _caches(unwrap(model, peft=True)) and (accepted is None or "use_cache" in accepted):
         kwargs["use_cache"] = False
     return kwargs
+
+
+def _caches(model: torch.nn.Module) -> bool:
+    """A Hugging Face model whose config has `use_cache` (it would build a KV cache unless told not to)."""
+    return getattr(getattr(model, "config", None), "use_cache", None) is not None
 
 
 def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: bool) -> Any:
@@ -116,10 +120,14 @@ def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: 
 
         kwargs = dict(batch)
         inner = innermost_module(model)
-        if is_transformers_model(inner) and getattr(inner.config, "use_cache", None) is not None:
+        if is_transformers_model(inner) and _caches(inner):
             kwargs.setdefault("use_cache", False)
         return model(**select_inputs(model, kwargs), **forward_kwargs)
     return model(batch, **forward_kwargs)
+
+
+MODEL_OUTPUT = "model_output"
+"""Context key of the model's output after the postprocessors (evaluation reads predictions there)."""
 
 
 def run_pipeline(
@@ -155,13 +163,13 @@ def run_pipeline(
     # and the head skips the [tokens, vocab] logits.
     head_input = wants_head_input(pipeline.loss)
     # A custom model's FLOPs for the mfu metric: counted once, on its first training forward.
-    flops = measure_forward_flops(_unwrap(model), batch_samples(batch)) if not lm and ctx.get("training") else None
+    flops = measure_forward_flops(unwrap(model), batch_samples(batch)) if not lm and ctx.get("training") else None
     with autocast(), emit_head_input(model) if head_input else nullcontext() as head, flops or nullcontext():
         output = call_model(model, batch, ctx.get("forward_kwargs", {}), lm=lm)
     if head_input:
         ctx[HEAD_INPUT] = head.hidden
     if checker:
-        checker.stage(f"model ({type(_unwrap(model)).__name__})", _unwrap(model), batch, output, ctx)
+        checker.stage(f"model ({type(unwrap(model)).__name__})", unwrap(model), batch, output, ctx)
     for index, processor in enumerate(pipeline.postprocessors):
         before = output
         output, ctx = processor.process(output, ctx)
@@ -169,6 +177,8 @@ def run_pipeline(
             checker.stage(
                 f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx
             )
+    if not ctx.get("training"):  # kept only for evaluation: in training it would outlive the step's logits
+        ctx[MODEL_OUTPUT] = output
     if checker:
         checker.loss(pipeline.loss, output, ctx)
         checker.raise_errors()
@@ -176,14 +186,6 @@ def run_pipeline(
         with autocast():
             return pipeline.loss(output, ctx)
     return pipeline.loss(output, ctx)  # labels reach the loss through ctx["batch"]
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
 
 
 class ContractCheck:

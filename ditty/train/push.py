@@ -115,7 +115,7 @@ def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
             commit_message=message,
             run_dir=trainer.run_dir,
             extra_files=card,
-            token=getattr(getattr(trainer, "components", None), "hub_token", None),  # Pipeline(hf_hub_token=)
+            token=trainer.components.hub_token,  # Pipeline(hf_hub_token=)
         )
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)

@@ -54,11 +54,11 @@ _SAVED_OPS = {
 def apply_speedups(model: nn.Module, config: Any) -> nn.Module:
     """`train.activation_checkpointing`, then `train.compile`; returns the (same) model."""
     t = config.train
-    names = list(getattr(config.parallel, "block_classes", []) or []) or None
+    names = list(config.parallel.block_classes) or None
     if t.activation_checkpointing != "none":
         model = apply_activation_checkpointing(model, t.activation_checkpointing, block_names=names)
     if t.compile:
-        mode = getattr(t, "compile_mode", "default")
+        mode = t.compile_mode
         model = apply_compile(
             model, t.compile_scope, block_names=names, **({} if mode == "default" else {"mode": mode})
         )

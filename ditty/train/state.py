@@ -34,7 +34,7 @@ class TrainState:
 
     def state_dict(self) -> dict:
         keys = ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step", "elapsed_s")
-        return {k: getattr(self, k) for k in keys}
+        return {k: self.__dict__[k] for k in keys}
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():

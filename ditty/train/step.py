@@ -16,32 +16,7 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 
-from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.generic import batch_samples
-
-
-def supervised_tokens(batch: dict) -> torch.Tensor:
-    """Tokens that carry a loss in a causal-LM batch: labels are unshifted, so position 0 never does.
-
-    This must agree with the loss calculator's own count (CausalLMLoss shifts the same way); a loss
-    with another convention can define `count_tokens(batch)` and the trainer uses that instead.
-    """
-    labels = batch["labels"]
-    return (labels[..., 1:] != IGNORE_INDEX).sum()
-
-
-def input_tokens(batch: dict, pad_token_id: Optional[int]) -> torch.Tensor:
-    """Non-padding tokens that entered the model (the `tokens` metric of metrics.jsonl)."""
-    mask = batch.get("attention_mask")
-    if mask is not None and mask.dim() == 2:
-        return mask.sum()
-    if "num_tokens" in batch:  # a packed batch may say how many real tokens it holds
-        return torch.as_tensor(batch["num_tokens"]).sum()
-    ids = batch["input_ids"]
-    if pad_token_id is None:
-        return torch.tensor(ids.numel())
-    # Packed rows carry a 4-D mask; their padding sits at the row ends as pad ids.
-    return (ids != pad_token_id).sum()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

@@ -27,19 +27,20 @@ from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
 from ditty.data.mixture import source_token_record
 from ditty.metrics import Progress
-from ditty.metrics.harness import harness_due, harness_on_model
+from ditty.metrics.harness import harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.optim.schedule_free import evaluation_weights, train_mode
 from ditty.parallel.threads import slow_cpu_hint
 from ditty.train import checkpointing
 from ditty.train.builders import Builders
+from ditty.train.cadence import Cadence, Due
 from ditty.train.components import RuntimeComponents
 from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
 from ditty.train.env import MemoryReport
 from ditty.train.final import check_output_dir
-from ditty.train.pipeline import run_pipeline
+from ditty.train.pipeline import MODEL_OUTPUT, run_pipeline
 from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
 
@@ -87,6 +88,7 @@ class Trainer(Builders, RunEnding):
         self.run_dir = self.build_run_dir(self.model, self.total_steps)
         self.logger = self.build_logger(resuming=self.resume.checkpoint is not None)
         self.memory = MemoryReport(self.engine, self.run_dir)
+        self.cadence = Cadence.of(config)
 
     # ------------------------------------------------------------------ the loop
 
@@ -94,7 +96,6 @@ class Trainer(Builders, RunEnding):
         """The run: steps until `should_stop`, evaluating and logging on schedule, then the final save."""
         if self.resume.finished:
             return self.finished()
-        cfg = self.config.train
         self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
         self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # elapsed_s counts across resumes
@@ -102,27 +103,11 @@ class Trainer(Builders, RunEnding):
         train_mode(self.optimizer)  # schedule-free AdamW trains at its interpolated weights
         try:
             while not self.should_stop():
-                out = self.train_step(self.stream.next_step())
-                self.state.step += 1
-                self.state.tokens += out.tokens
-                self.meter.add(out, out.tokens)
-                self.progress.update()
-
-                last = self.should_stop()
-                record: dict[str, Any] = {}
-                if out.skipped or last or (cfg.log_every and self.state.step % cfg.log_every == 0):
-                    record = self.step_record(out)
-                if last or (cfg.eval_every and self.state.step % cfg.eval_every == 0):
-                    record = {**(record or self.step_record(out)), **self.evaluate()}
-                if harness_due(self.config.eval, self.state.step, last):  # lm-eval on the live model
-                    with evaluation_weights(self.optimizer):
-                        scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
-                    self.state.eval_metrics.update(scores)
-                    record = {**(record or self.step_record(out)), **scores}
-                if record:
-                    self.log(record)
+                out = self.advance(self.train_step(self.stream.next_step()))
+                due = self.cadence.at(self.state.step, last=self.should_stop(), skipped=out.skipped)
+                self.log_step(out, due)
                 self.check_skips(out)
-                self.save(final=False)
+                self.save(due=due.save)
                 if self.checkpointer.stop_requested():
                     return self.preempt()
 
@@ -134,6 +119,27 @@ class Trainer(Builders, RunEnding):
         result = self.result(final_dir)
         self.report(result)
         return result
+
+    def advance(self, out: StepOutput) -> StepOutput:
+        """Count the step just taken (step, tokens, the interval's means, the progress bar)."""
+        self.state.step += 1
+        self.state.tokens += out.tokens
+        self.meter.add(out, out.tokens)
+        self.progress.update()
+        return out
+
+    def log_step(self, out: StepOutput, due: Due) -> None:
+        """The step's record when one is due: metrics, then evaluation and lm-eval scores of the live model."""
+        record: dict[str, Any] = self.step_record(out) if (due.log or due.evaluate or due.harness) else {}
+        if due.evaluate:
+            record.update(self.evaluate())
+        if due.harness:
+            with evaluation_weights(self.optimizer):
+                scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
+            self.state.eval_metrics.update(scores)
+            record.update(scores)
+        if record:
+            self.log(record)
 
     def should_stop(self) -> bool:
         """`train.steps` reached; or, training by epochs, the data cursor passed `train.epochs` passes
@@ -227,12 +233,17 @@ class Trainer(Builders, RunEnding):
                 f'"fp32". Files already in {self.config.run.output_dir} are kept; no final model was written.'
             )
 
+    def eval_forward(self, batch: Any) -> tuple[Any, Any]:
+        """One validation batch through `forward`: (its LossOutput, the model's output after the postprocessors)."""
+        ctx = self.make_context(index=0, count=1, training=False)
+        return self.forward(batch, ctx), ctx.get(MODEL_OUTPUT)
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """val_loss over the whole validation set, plus the task's metrics as val_<name>."""
         self.model.eval()
         request = EvalRequest(
-            forward=lambda batch: self.forward(batch, self.make_context(index=0, count=1, training=False)),
+            forward=self.eval_forward,
             model=self.engine.unwrap(self.model),
             autocast=self.precision.autocast,
             pipeline=self.pipeline,

@@ -50,7 +50,7 @@ def _reader(data: DataConfig, source: int, reader: int, readers: int) -> SourceR
 
 
 def _text(sample) -> str:
-    return TOKENIZER.decode(sample[0], skip_special_tokens=True)
+    return TOKENIZER.decode(sample["input_ids"], skip_special_tokens=True)
 
 
 def _one_pass(reader: SourceReader) -> list[str]:

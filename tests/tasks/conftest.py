@@ -31,7 +31,7 @@ def task_files(tmp_path_factory) -> dict[str, str]:
 def trained(tmp_path_factory, task_models, task_files):
     """Each case of tests.tasks.helpers.CASES trained once on one process (2 steps), with a batch of
     validation samples and the logits of the trained model on it."""
-    from ditty.data.task_collate import fetch_rows
+    from ditty.data.collate import fetch_rows
     from ditty.train import Trainer
     from ditty.train.pipeline import call_model
 

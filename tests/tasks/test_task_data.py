@@ -11,9 +11,11 @@ import torch
 
 from ditty.config.errors import RecipeError
 from ditty.config.sections import DataConfig
-from ditty.data.task_collate import TaskCollator, TaskStream, shift_right
-from ditty.data.task_data import build_task_data
-from ditty.data.task_rows import LabelSpace
+from ditty.data.batching import BatchStream
+from ditty.data.build import build_data as build_task_data
+from ditty.data.collate import shift_right
+from ditty.data.formats.classification import ClassCollator
+from ditty.data.labels import LabelSpace
 from ditty.data.tokenizer import byte_tokenizer
 from tests.tasks.models import wordpiece_tokenizer
 
@@ -83,7 +85,7 @@ def test_bad_rows_are_named_by_file_and_row(tmp_path, wordpiece):
     text = str(error.value)
     assert error.value.problems[0].key == "data.path"
     for row, what in ((2, "'text' is empty"), (3, "'text' is missing"), (4, "'label' is missing")):
-        assert f"bad.jsonl, row {row}: {what}" in text, text
+        assert f"bad.jsonl:{row}: {what}" in text, text  # one row loader for every format: file:line
 
 
 def test_a_column_the_format_reads_is_missing_is_an_error_naming_its_key(tmp_path, wordpiece):
@@ -161,7 +163,7 @@ def test_token_classification_scores_only_the_first_piece_of_each_word(tmp_path,
 
 def test_token_classification_rows_need_one_tag_per_word(tmp_path, wordpiece):
     path = write(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "tags": ["O"]}])
-    with pytest.raises(RecipeError, match=r"t.jsonl, row 1: 2 words but 1 tags"):
+    with pytest.raises(RecipeError, match=r"t.jsonl:1: 2 words but 1 tags"):
         build_task_data(file_data(path, "token_classification"), wordpiece, 0)
 
 
@@ -219,8 +221,8 @@ def test_the_task_stream_order_does_not_depend_on_the_world_size(tmp_path, wordp
 
     def labels_of(world, micro):
         streams = [
-            TaskStream(data.train, data.collator, global_batch_size=8, micro_batch_size=micro, rank=r,
-                       world_size=world, seed=3)
+            BatchStream(data.train, collator=data.collator, global_batch_size=8, micro_batch_size=micro, rank=r,
+                        world_size=world, seed=3)
             for r in range(world)
         ]  # fmt: skip
         return [torch.cat([b["labels"] for s in streams for b in s.next_step()]).tolist() for _ in range(4)]
@@ -235,6 +237,6 @@ def test_label_space_round_trips_through_json():
 
 
 def test_collator_pads_classification_labels_as_one_per_sample():
-    collate = TaskCollator(format="classification", pad_token_id=0)
+    collate = ClassCollator(pad_token_id=0)
     batch = collate([{"input_ids": [1, 2, 3], "labels": 1}, {"input_ids": [4], "labels": 0}])
     assert batch["labels"].tolist() == [1, 0] and batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from ditty._utils.modules import unwrap
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -24,17 +26,6 @@ class Projection:
     """Multiplies the logits (cohere's logit_scale, granite's 1 / logits_scaling)."""
     softcap: Optional[float] = None
     """cap * tanh(logits / cap) (gemma2/gemma3's final_logit_softcapping)."""
-
-
-def unwrap(model: "nn.Module") -> "nn.Module":
-    """Through DDP (`.module`), torch.compile (`._orig_mod`) and DeepSpeed engines to the model."""
-    import torch
-
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
 
 
 def output_head(model: "nn.Module") -> "nn.Module":

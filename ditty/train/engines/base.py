@@ -94,7 +94,9 @@ class Engine:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module without this engine's (and compile's) wrappers."""
-        return unwrap_model(model)
+        from ditty._utils.modules import unwrap
+
+        return unwrap(model)
 
     def full_state_dict(self, model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
         """The whole model's weights on rank 0 for `final/`, or None when rank 0's own module already
@@ -144,18 +146,3 @@ class Engine:
         from ditty.checkpoint import ModelOptimizerState, load_checkpoint
 
         load_checkpoint(checkpoint_dir, {"train": ModelOptimizerState(model, None, trainable_only=adapter)})
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module under compile (`_orig_mod`) and DDP/DeepSpeed (`.module`) wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel) or _is_deepspeed(model):
-            model = model.module
-        else:
-            return model
-
-
-def _is_deepspeed(model: Any) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine" and type(model).__module__.startswith("deepspeed")

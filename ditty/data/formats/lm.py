@@ -1,87 +1,77 @@
-"""Turning raw rows into training samples: {"input_ids": [...], "labels": [...]}, -100 where no loss.
+"""The causal-LM formats: "text", "prompt_completion" and "chat". Samples are
+{"input_ids": [...], "labels": [...]}, -100 where no loss.
 
 Truncation policy: a sample keeps its FIRST `data.max_seq_len` tokens; the end is cut. A prompt of
 `max_seq_len` tokens or more therefore leaves nothing to learn, and such a sample is dropped.
 
 The first token of a sample is never supervised: a causal LM predicts token t+1 from tokens <= t, so
 nothing predicts token 0. Samples whose only supervised token would be the first are dropped too,
-and a dataset where every sample is dropped is a user error.
-
-Tokenization runs through `Dataset.map`, which caches its result next to the source's Arrow files
-(keyed by the function and its arguments, tokenizer included), so a second run with the same data
-and settings skips it. Each format is a module-level function bound with `functools.partial`, which
-`datasets` can hash for that cache key.
+and a dataset where every sample is dropped is a user error (ditty.data.formats.tokenize).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
-from ditty.data.rows import require_columns
+from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
+from ditty.data.rows import MESSAGES, TEXT
 
 if TYPE_CHECKING:
-    from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
     from ditty.config.sections import DataConfig
 
-
-log = logging.getLogger(__name__)
-
 _GENERATION_MARKER = re.compile(r"{%-?\s*generation\s*-?%}")
 
-Batch = dict[str, list[Any]]
+
+class TextFormat(DataFormat):
+    name = "text"
+    packable = True
+
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        return {"data.text_column": data.text_column}
+
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        return RowCheck({data.text_column: TEXT})
+
+    def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
+        return bound(encode_text, tokenizer=tokenizer, column=data.text_column, max_len=data.max_seq_len)
 
 
-def tokenize_dataset(
-    dataset: "Dataset", tokenizer: "PreTrainedTokenizerBase", data: "DataConfig", *, source_key: str
-) -> "Dataset":
-    """The tokenized samples of `dataset` in `data.format`; RecipeError for an empty dataset, a
-    missing column, a chat format without a chat template, or no sample left after truncation.
+class PromptCompletionFormat(DataFormat):
+    name = "prompt_completion"
+    packable = True
 
-    `source_key` is the recipe key that named the data ("data.path", "data.val_path", "data.name"),
-    used in error messages.
-    """
-    encode, columns = _encoder_for(tokenizer, data)
-    require_columns(dataset, columns, "the data", source_key)
-    tokenized = dataset.map(
-        encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenizing ({data.format})"
-    )
-    dropped = len(dataset) - len(tokenized)
-    if len(tokenized) == 0:
-        raise RecipeError.single(
-            f"none of the {len(dataset)} samples has a token to learn once cut to max_seq_len = {data.max_seq_len} "
-            "(prompts that fill the whole length leave no completion)",
-            key="data.max_seq_len",
-            fix="raise data.max_seq_len, or check that the completion/assistant columns are not empty",
-        )
-    if dropped:
-        log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
-    return tokenized
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        return {"data.prompt_column": data.prompt_column, "data.completion_column": data.completion_column}
 
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        return RowCheck({data.prompt_column: TEXT, data.completion_column: TEXT})
 
-def _encoder_for(
-    tokenizer: "PreTrainedTokenizerBase", data: "DataConfig"
-) -> tuple[Callable[[Batch], Batch], dict[str, str]]:
-    """The batched map function for `data.format` and the {recipe key: column} it reads."""
-    if data.format == "text":
-        encode = functools.partial(encode_text, tokenizer=tokenizer, column=data.text_column, max_len=data.max_seq_len)
-        return encode, {"data.text_column": data.text_column}
-    if data.format == "prompt_completion":
-        encode = functools.partial(
+    def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
+        return bound(
             encode_prompt_completion,
             tokenizer=tokenizer,
             prompt_column=data.prompt_column,
             completion_column=data.completion_column,
             max_len=data.max_seq_len,
         )
-        return encode, {"data.prompt_column": data.prompt_column, "data.completion_column": data.completion_column}
-    if data.format == "chat":
+
+
+class ChatFormat(DataFormat):
+    name = "chat"
+    packable = True
+
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        return {"data.messages_column": data.messages_column}
+
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        return RowCheck({data.messages_column: MESSAGES})
+
+    def check_tokenizer(self, tokenizer: Any, data: "DataConfig") -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RecipeError.single(
                 'data.format = "chat" needs a tokenizer with a chat template, and this one has none',
@@ -89,18 +79,16 @@ def _encoder_for(
                 fix='use a chat model\'s tokenizer (tokenizer.path), tokenizer.kind = "byte", '
                 'or data.format = "prompt_completion"',
             )
-        encode = functools.partial(
-            encode_chat, tokenizer=tokenizer, column=data.messages_column, max_len=data.max_seq_len
-        )
-        return encode, {"data.messages_column": data.messages_column}
-    raise RecipeError.single(f"unknown data format {data.format!r}", key="data.format")
+
+    def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
+        return bound(encode_chat, tokenizer=tokenizer, column=data.messages_column, max_len=data.max_seq_len)
 
 
 def encode_text(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
     """Language modelling: loss on every token. An eos closes each document, so the model learns
     where documents end and packed documents are separated."""
     out: Batch = {"input_ids": [], "labels": []}
-    for ids in tokenizer(_as_text(batch[column]))["input_ids"]:
+    for ids in tokenizer(as_text(batch[column]))["input_ids"]:
         document = _with_eos(ids, tokenizer)
         _append_sample(out, document, [True] * len(document), max_len)
     return out
@@ -121,8 +109,8 @@ def encode_prompt_completion(
     for tokenizers that would merge characters across it.
     """
     out: Batch = {"input_ids": [], "labels": []}
-    prompts = tokenizer(_as_text(batch[prompt_column]))["input_ids"]
-    completions = tokenizer(_as_text(batch[completion_column]), add_special_tokens=False)["input_ids"]
+    prompts = tokenizer(as_text(batch[prompt_column]))["input_ids"]
+    completions = tokenizer(as_text(batch[completion_column]), add_special_tokens=False)["input_ids"]
     for prompt_ids, completion_ids in zip(prompts, completions):
         answer = _with_eos(completion_ids, tokenizer)
         _append_sample(out, prompt_ids + answer, [False] * len(prompt_ids) + [True] * len(answer), max_len)
@@ -190,11 +178,6 @@ def _assistant_tokens_from_prefixes(
             )
         supervised[start : len(through_turn)] = [True] * (len(through_turn) - start)
     return ids, supervised
-
-
-def _as_text(values: list[Any]) -> list[str]:
-    """Column values as strings: CSV and JSON readers type "59" as a number, and an empty cell is None."""
-    return ["" if value is None else str(value) for value in values]
 
 
 def _with_eos(ids: list[int], tokenizer: "PreTrainedTokenizerBase") -> list[int]:

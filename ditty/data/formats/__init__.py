@@ -1,0 +1,89 @@
+"""The data formats, in one table: `data.format` -> its `DataFormat` object (ditty.data.formats.base).
+
+Adding a format is one new module here with a `DataFormat` subclass and one row of `FORMATS` (its
+name also goes into `DataConfig.format`'s Literal, which a test holds equal to this table, and into
+the `data_formats` of the model task that reads it). `tokenize` is the one place rows become samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Optional
+
+from ditty.config.errors import RecipeError
+from ditty.data.formats.base import DataFormat
+from ditty.data.formats.classification import ClassificationFormat
+from ditty.data.formats.lm import ChatFormat, PromptCompletionFormat, TextFormat
+from ditty.data.formats.masked_lm import MaskedLMFormat
+from ditty.data.formats.seq2seq import Seq2SeqFormat
+from ditty.data.formats.token_classification import TokenClassificationFormat
+from ditty.data.rows import require_columns
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from ditty.config.sections import DataConfig
+    from ditty.data.labels import LabelSpace
+
+log = logging.getLogger("ditty.data")
+
+FORMATS: dict[str, DataFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        TextFormat(),
+        PromptCompletionFormat(),
+        ChatFormat(),
+        ClassificationFormat(),
+        TokenClassificationFormat(),
+        Seq2SeqFormat(),
+        MaskedLMFormat(),
+    )
+}
+
+
+def data_format(name: str) -> DataFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise RecipeError.single(
+            f"unknown data format {name!r}", key="data.format", fix=f"use one of {', '.join(FORMATS)}"
+        ) from None
+
+
+def tokenize(
+    dataset: "Dataset",
+    tokenizer: Any,
+    data: "DataConfig",
+    *,
+    source_key: str,
+    description: str = "the data",
+    labels: Optional["LabelSpace"] = None,
+) -> "Dataset":
+    """The samples of checked rows in `data.format` (the raw columns are dropped); a RecipeError for
+    no rows, a missing column, a tokenizer the format cannot use, or no sample left after truncation.
+    `source_key`: the recipe key that named the data, for messages."""
+    fmt = data_format(data.format)
+    require_columns(dataset, fmt.columns(data), description, source_key)
+    fmt.check_tokenizer(tokenizer, data)
+    tokenized = dataset.map(
+        fmt.encoder(tokenizer, data, labels),
+        batched=True,
+        remove_columns=dataset.column_names,
+        desc=f"tokenizing ({data.format})",
+    )
+    dropped = len(dataset) - len(tokenized)
+    if len(tokenized) == 0:
+        raise RecipeError.single(
+            f"none of the {len(dataset)} samples has a token to learn once cut to max_seq_len = {data.max_seq_len} "
+            "(prompts that fill the whole length leave no completion)",
+            key="data.max_seq_len",
+            fix="raise data.max_seq_len, or check that the completion/assistant columns are not empty",
+        )
+    if dropped:
+        log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
+    return tokenized
+
+
+def tokenize_dataset(dataset: "Dataset", tokenizer: Any, data: "DataConfig", *, source_key: str) -> "Dataset":
+    """`tokenize` for formats without labels."""
+    return tokenize(dataset, tokenizer, data, source_key=source_key)
