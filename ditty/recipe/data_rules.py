@@ -68,6 +68,25 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
         )
 
 
+def packed_attention_text(cfg: Any) -> str:
+    """For `ditty check`: how packed rows will keep samples apart (ditty.models.packing.planned_path,
+    the rule packed_inputs applies to full rows), e.g. "attention: a block-diagonal [T, T] mask"."""
+    try:
+        from ditty.models import read_model_type
+        from ditty.models.packing import PATH_DESCRIPTIONS, planned_path
+    except ImportError:
+        return ""
+    model_type = read_model_type(cfg.model)
+    if model_type is None:
+        return "attention path chosen when the model loads"
+    device = "cuda" if _runs_on_cuda(cfg) else "cpu"
+    path = planned_path(
+        model_type, cfg.model.attn_implementation, device, cfg.data.max_seq_len, cfg.model.packed_attention
+    )
+    how = "" if cfg.model.packed_attention == "auto" else f" (model.packed_attention = {cfg.model.packed_attention!r})"
+    return f"attention on {device}: {PATH_DESCRIPTIONS[path]}{how}"
+
+
 def _runs_on_cuda(cfg: Any) -> bool:
     if cfg.run.device == "cpu":
         return False
