@@ -134,8 +134,8 @@ def run_section(run_worker, interleave, throughput_rows, base: dict, quick: bool
         steps = base["warmup"] + timed
         common = dict(base, data=addition_data(width), steps=steps, batch=batch, non_pad=True)
         contenders = {
-            f"bare loop, plain causal rows ({label})": ("bare", dict(common, name="p-bare", plain_rows=True)),
-            f"ditty Trainer, packed rows ({label})": ("ditty", dict(common, name="p-ditty")),
+            f"bare loop, plain causal rows ({label})": ("bare", dict(common, name=f"p{width}-bare", plain_rows=True)),
+            f"ditty Trainer, packed rows ({label})": ("ditty", dict(common, name=f"p{width}-ditty")),
         }
         log(f"packed: ditty on packed rows vs a bare loop on plain rows, {label}")
         results = interleave(contenders, base["reps"], log)

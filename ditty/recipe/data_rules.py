@@ -58,6 +58,18 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             f"{kernel} takes no 4-D mask, and {model_type} isolates packed samples only with one",
             'use model.attn_implementation = "sdpa" (or "eager") with packing for this model',
         )
+    elif cfg.model.packed_attention == "per-sample" and model_type not in MASK_FREE_MODEL_TYPES:
+        yield warning(
+            "model.packed_attention",
+            f"{model_type} attention isolates packed samples only with the dense mask; it gets the mask",
+            'leave model.packed_attention = "auto"',
+        )
+    elif cfg.model.packed_attention != "auto" and kernel in ("flash_attention_2", "flex_attention"):
+        yield warning(
+            "model.packed_attention",
+            f"{kernel} keeps packed samples apart by itself; model.packed_attention applies to sdpa and eager",
+            'leave model.packed_attention = "auto"',
+        )
     elif kernel in ("sdpa", "eager") and model_type in MASK_FREE_MODEL_TYPES and _runs_on_cuda(cfg):
         yield warning(
             "model.attn_implementation",

@@ -275,3 +275,20 @@ def test_the_compiler_warns_of_the_per_sample_loop_on_cuda(monkeypatch, kernel, 
         parse_recipe(recipe.replace("[model]", '[run]\ndevice = "cpu"\n[model]') + "[train]\nsteps = 1\n")
     )
     assert not [p for p in on_cpu.warnings if p.key == "model.attn_implementation"]
+
+
+@pytest.mark.parametrize(
+    ("model_lines", "warned"),
+    [
+        ('architecture = "gemma2"\npacked_attention = "per-sample"', True),
+        ('architecture = "llama"\nattn_implementation = "flex_attention"\npacked_attention = "dense"', True),
+        ('architecture = "llama"\npacked_attention = "per-sample"', False),
+    ],
+)
+def test_the_compiler_warns_of_a_packed_attention_choice_that_cannot_apply(model_lines, warned):
+    from ditty.config.loader import parse_recipe
+    from ditty.recipe import compile_recipe
+
+    recipe = f'[run]\ndevice = "cpu"\n[model]\n{model_lines}\n[data]\npacking = true\n[train]\nsteps = 1\n'
+    plan = compile_recipe(parse_recipe(recipe))
+    assert bool([p for p in plan.warnings if p.key == "model.packed_attention"]) == warned
