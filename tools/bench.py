@@ -22,6 +22,8 @@ Comparisons:
   the same batches precomputed from ditty's stream, torch AdamW, the same loss arithmetic) vs the
   Hugging Face Trainer (same model init, batch, optimizer, clipping; no eval, no saving, no logging
   work). --quick asserts ditty's final weights equal the bare loop's bit for bit.
+- packed (tools/bench_packed.py; not in --quick unless named with --only): ditty on packed rows of short
+  samples vs a bare loop on the same rows as plain causal rows, at 8 x 128 and 2 x 2,048 tokens.
 - packing: useful tokens/s on instruction data with log-normal lengths in [16, 1024].
 - memory: peak RSS and optimizer-state bytes per parameter (full, LoRA, QLoRA, 8-bit AdamW), and
   8-bit AdamW under FSDP2 on 2 gloo ranks: each rank's optimizer-state bytes per local (sharded)
@@ -163,9 +165,10 @@ def packing_data(tmp: Path, packing: bool) -> dict:
 class Meter:
     """Forward pre-hook: wall and CPU stamps and useful tokens per forward."""
 
-    def __init__(self, model, pad_id: int):
+    def __init__(self, model, pad_id: int, non_pad: bool = False):
         self.events: list[tuple[float, float, int]] = []
         self.pad_id = pad_id
+        self.non_pad = non_pad  # count non-pad ids whatever the inputs (a bare loop on packed rows: no mask)
         model.register_forward_pre_hook(self.hook, with_kwargs=True)
 
     def hook(self, module, args, kwargs):
@@ -175,7 +178,7 @@ class Meter:
             return  # evaluation forwards do not count
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
-        if "cu_seq_lens_q" in kwargs:  # ditty's packed rows (an all-ones 2D mask): padding is pad ids
+        if "cu_seq_lens_q" in kwargs or self.non_pad:  # ditty's packed rows (an all-ones 2D mask): pad ids
             tokens = int((ids != self.pad_id).sum())
         elif mask is not None and mask.dim() == 2:
             tokens = int(mask.sum())
@@ -245,7 +248,7 @@ def worker_ditty(a: dict) -> dict:
         sections["model"] = {"init": "pretrained", "path": pretrained_dir(a), "architecture": None, "config": {}}
     config = ditty_config(Path(a["tmp"]), a["name"], a["data"], a["steps"], a["batch"], **sections)
     trainer = Trainer(config)
-    meter = Meter(trainer.model, trainer.tokenizer.pad_token_id)
+    meter = Meter(trainer.model, trainer.tokenizer.pad_token_id, a.get("non_pad", False))
     trainer.train()
     from ditty.train.env import count_parameters
 
@@ -400,10 +403,12 @@ def worker_bare(a: dict) -> dict:
         [{"params": no_decay, "weight_decay": 0.0}] if no_decay else []
     )
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, fused=True)  # as ditty (and a careful user) on CPU
-    meter = Meter(model, pad_id)
+    meter = Meter(model, pad_id, a.get("non_pad", False))
     model.train()
+    # plain_rows: ditty's packed rows as plain causal rows (input ids only: no isolation, nothing to build)
+    keys = ("input_ids",) if a.get("plain_rows") else ("input_ids", "attention_mask", "position_ids")
     for batch in batches:
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        inputs = {k: batch[k] for k in keys}
         logits = model(**inputs, use_cache=False).logits
         labels = batch["labels"][..., 1:]
         total = F.cross_entropy(
@@ -577,7 +582,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated sections: overhead,packing,memory,compile,scale (default: all; --quick leaves out scale),"
+        help="comma-separated sections: overhead,packed,packing,memory,compile,scale (default: all; --quick leaves"
+        " out packed and scale),"
         " streaming, allocator (only when named);"
         " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed,packed-sdpa",
     )
@@ -611,7 +617,7 @@ def main(argv=None) -> int:
         import bench_gpu
 
         return bench_gpu.main(run_worker, quick, opts.only)
-    default = "overhead,packing,memory,compile" + ("" if quick else ",scale")
+    default = "overhead,packing,memory,compile" + ("" if quick else ",packed,scale")
     sections = (opts.only or default).split(",")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tmp = Path(tempfile.mkdtemp(prefix="ditty-bench-"))
@@ -647,6 +653,11 @@ def main(argv=None) -> int:
             assert equal, f"ditty's weights differ from the bare loop's (max abs difference {diff})"
         if opts.profile_hf:
             run_worker("hf", dict(common, name="hf-profile", profile=opts.profile_hf))
+
+    if "packed" in sections:
+        import bench_packed
+
+        rows += bench_packed.run_section(run_worker, interleave, throughput_rows, dict(base, reps=reps), quick, log)
 
     if "packing" in sections:
         log("packing: useful tokens/s on log-normal instruction data")

@@ -58,6 +58,10 @@ class ModelConfig:
     """Attention kernel of Hugging Face models; "auto" lets transformers choose. With packing, sdpa
     and eager attend within each sample, flash_attention_2 (CUDA) gets the samples' cumulative
     lengths and flex_attention a block-sparse mask: no T x T tensor for most model types."""
+    packed_attention: Literal["auto", "dense", "per-sample"] = "auto"
+    """How packed rows of sdpa/eager models keep samples apart: "dense" (a block-diagonal [T, T] mask),
+    "per-sample" (causal SDPA sample by sample, no [T, T] tensor) or "auto": the dense mask for rows of
+    up to 256 tokens on the CPU, where it is faster, else per-sample. `ditty check` prints the choice."""
     converters: list[str] = field(default_factory=list)
     """Model rewrites in the order they apply (after loading, before parallelization): "peft" (the
     [peft] adapter), "fp8" (the float8 linears of [fp8]) or "package.module:Class" (a

@@ -10,11 +10,14 @@ into the forward's arguments for the model's attention kernel:
   where the positions restart (O((T/128)^2) blocks, not T^2 elements).
 - "auto" on CUDA, for the model types in MASK_FREE_MODEL_TYPES: the model is built with
   flex_attention (`packed_kernel`), as above.
-- sdpa or eager, for the model types in MASK_FREE_MODEL_TYPES: the model is switched once to
-  PACKED_SDPA, an attention function registered with transformers' AttentionInterface that runs
-  causal SDPA within each sample (samples of equal length batched into one call). Its memory grows
-  with the row length, not its square; without cumulative lengths (evaluation, generation) it is
-  transformers' own sdpa, with sdpa's masks.
+- sdpa or eager, for the model types in MASK_FREE_MODEL_TYPES, rows up to DENSE_MASK_MAX_WIDTH
+  (`model.packed_attention = "auto"`, or "dense"): the dense block mask below, which is faster than a
+  loop of SDPA calls where T x T is small (`isolation_path`).
+- sdpa or eager, for the model types in MASK_FREE_MODEL_TYPES, wider rows (or "per-sample"): the
+  model is switched once to PACKED_SDPA, an attention function registered with transformers'
+  AttentionInterface that runs causal SDPA within each sample (samples of equal length batched into
+  one call). Its memory grows with the row length, not its square; without cumulative lengths
+  (evaluation, generation) it is transformers' own sdpa, with sdpa's masks.
 - sdpa or eager for the other types in PACKED_MASK_MODEL_TYPES (their attention has something
   SDPA cannot do, e.g. gemma2's logit softcapping): the [B, 1, T, T] block-diagonal additive mask,
   built here from the cumulative lengths, as before.
@@ -116,71 +119,106 @@ def supports_packed_attention(model_or_config: Any, *, max_seq_len: Optional[int
 
 def packed_kernel(model_type: Optional[str], attn_implementation: str, device_type: str) -> Optional[str]:
     """The kernel a packed run builds its model with when the recipe leaves `model.attn_implementation`
-    at "auto"; None keeps transformers' default (sdpa, switched to PACKED_SDPA at the first packed batch).
+    at "auto"; None keeps transformers' default (sdpa: the dense mask or PACKED_SDPA, see isolation_path).
 
     On CUDA a MASK_FREE type gets flex_attention: its block-sparse mask costs one kernel per layer,
     where PACKED_SDPA's loop over sample lengths costs several small launches per distinct length
     (measured on an H100 with a ~1B Llama and instruction-length samples: 30,181 vs 3,286 tokens/s,
-    BENCHMARKS.md). On the CPU the loop is the fast path (no compile, no block-mask overhead).
+    BENCHMARKS.md). On the CPU sdpa is the fast path (no compile, no block-mask overhead).
     """
     if attn_implementation != "auto" or device_type != "cuda" or model_type not in MASK_FREE_MODEL_TYPES:
         return None
     return "flex_attention"
 
 
-def planned_path(model_type: Optional[str], attn_implementation: str, device_type: str) -> str:
-    """From the recipe alone (the memory planner's question), how `packed_inputs` will treat packed
-    rows: "dense" (the block mask), "kernel" (flash varlen or flex attention) or "per-sample"
-    (PACKED_SDPA)."""
+PACKED_ATTENTION = ("auto", "dense", "per-sample")
+"""`model.packed_attention`: how sdpa/eager models isolate packed samples ("auto": by row width)."""
+DENSE_MASK_MAX_WIDTH = {"cpu": 256}
+"""Widest packed row (tokens) for which "auto" builds the dense block mask instead of attending sample
+by sample, per device type. On the CPU (one thread, the 3.4M-parameter Llama of tools/bench.py,
+forward + backward) the dense mask took 0.83-0.99x the per-sample path's time at 128 and 256 tokens
+per row, 0.98-1.08x at 512 (a tie: the per-sample path keeps no [T, T] tensor) and more from 1,024,
+for rows of 1, 4 and 16 samples (`python tools/bench_packed.py crossover`, BENCHMARKS.md). Not
+measured on CUDA, where "auto" takes flex_attention; an explicit sdpa/eager there stays per-sample."""
+CHOICE_ATTRIBUTE = "_ditty_packed_attention"
+"""Set by the trainer on the built model (a Python attribute, so the saved config never records it)."""
+
+
+def isolation_path(
+    model_type: Optional[str], kernel: Optional[str], device_type: str, width: int, choice: str = "auto"
+) -> str:
+    """How packed rows of `width` tokens reach attention: "dense" (the [B, 1, T, T] block mask), "kernel"
+    (flash varlen or flex attention take the samples themselves) or "per-sample" (PACKED_SDPA).
+
+    The one rule for the runtime (packed_inputs, with the batch's width) and the planner (planned_path,
+    with data.max_seq_len): model types outside MASK_FREE_MODEL_TYPES need the mask; the flash and flex
+    kernels isolate by themselves; otherwise `choice`, where "auto" takes the dense mask for rows up to
+    DENSE_MASK_MAX_WIDTH (a T x T mask costs less than a loop of SDPA calls there) and the per-sample
+    path for wider rows (the mask grows with T^2: 1 GiB per row at 16,384)."""
     if model_type not in MASK_FREE_MODEL_TYPES:
         return "dense"
+    if kernel in ("flash_attention_2", "flash_attention_3", "flex_attention"):
+        return "kernel"
+    if choice != "auto":
+        return choice
+    return "dense" if width <= DENSE_MASK_MAX_WIDTH.get(device_type, 0) else "per-sample"
+
+
+def planned_path(
+    model_type: Optional[str], attn_implementation: str, device_type: str, seq_len: int, choice: str = "auto"
+) -> str:
+    """From the recipe alone (the memory planner's question, and `ditty check`'s), how `packed_inputs`
+    will treat packed rows of `seq_len` tokens (see isolation_path)."""
     kernel = packed_kernel(model_type, attn_implementation, device_type) or attn_implementation
-    return "kernel" if kernel in ("flash_attention_2", "flash_attention_3", "flex_attention") else "per-sample"
+    return isolation_path(model_type, kernel, device_type, seq_len, choice)
 
 
-def attention_path(config: Any) -> str:
-    """ "varlen", "flex" or "dense": how a packed batch reaches this model's attention."""
-    kernel = getattr(config, "_attn_implementation", None)
-    mask_free = getattr(config, "model_type", None) in MASK_FREE_MODEL_TYPES
-    if kernel in VARLEN_KERNELS:
-        return "varlen"
-    if kernel == "flex_attention":
-        return "flex"
-    return "varlen" if mask_free and kernel in MASK_TAKING_ATTENTION else "dense"
+PATH_DESCRIPTIONS = {
+    "dense": "a block-diagonal [T, T] mask",
+    "per-sample": "causal SDPA sample by sample (no [T, T] mask)",
+    "kernel": "the kernel's own varlen/block-sparse masking (no [T, T] mask)",
+}
 
 
-def packed_inputs(model: "torch.nn.Module", batch: dict) -> dict:
+def packed_inputs(model: "torch.nn.Module", batch: dict, choice: Optional[str] = None) -> dict:
     """The forward's keyword arguments for a packed batch (see the module docstring), for a model
-    that may be wrapped (DDP, compile, PEFT). A model on sdpa/eager of a MASK_FREE type is switched
-    to PACKED_SDPA here, once (the saved config does not record the switch)."""
+    that may be wrapped (DDP, compile, PEFT). `choice` (one of PACKED_ATTENTION) overrides the one the
+    trainer set on the model (CHOICE_ATTRIBUTE; "auto" when none). On the per-sample path, a model on
+    sdpa/eager is switched to PACKED_SDPA here, once (the saved config does not record the switch)."""
     import torch
 
     base = _hf_model(model)
     config = base.config
-    if getattr(config, "model_type", None) not in PACKED_MASK_MODEL_TYPES:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PACKED_MASK_MODEL_TYPES:
         from ditty.config.errors import RecipeError
 
         raise RecipeError.single(
-            f"{getattr(config, 'model_type', type(base).__name__)} models cannot isolate packed samples",
+            f"{model_type or type(base).__name__} models cannot isolate packed samples",
             key="data.packing",
             fix="set data.packing = false (data.group_by_length = true cuts padding instead)",
         )
-    path = attention_path(config)
-    if path == "varlen" and config._attn_implementation in MASK_TAKING_ATTENTION:
-        register_packed_attention()
-        base.set_attn_implementation(PACKED_SDPA)
-        if config._attn_implementation != PACKED_SDPA:  # the model refused the switch
-            path = "dense"
     ids = batch["input_ids"]
+    kernel = config._attn_implementation
+    choice = choice or getattr(base, CHOICE_ATTRIBUTE, "auto")
+    path = isolation_path(model_type, kernel, ids.device.type, ids.shape[1], choice)
+    if path == "per-sample" and kernel != PACKED_SDPA:
+        if kernel not in MASK_TAKING_ATTENTION:  # a kernel ditty cannot switch: only the mask is safe
+            path = "dense"
+        else:
+            register_packed_attention()
+            base.set_attn_implementation(PACKED_SDPA)
+            if config._attn_implementation != PACKED_SDPA:  # the model refused the switch
+                path = "dense"
     kwargs = {"input_ids": ids, "position_ids": batch["position_ids"]}
-    if path == "varlen":
+    if path == "dense":
+        kwargs["attention_mask"] = dense_block_mask(batch["cu_seq_lens_q"], *ids.shape).to(ids.device)
+    elif config._attn_implementation in VARLEN_KERNELS:
         kwargs.update({key: batch[key] for key in PACKED_KEYS})
         if config._attn_implementation == PACKED_SDPA:
             # An all-ones 2D mask stops transformers from building its own [B, 1, T, T] packed mask
             # from the position ids; sdpa's mask function then returns None (plain causal).
             kwargs["attention_mask"] = torch.ones_like(ids)
-    elif path == "dense":
-        kwargs["attention_mask"] = dense_block_mask(batch["cu_seq_lens_q"], *ids.shape).to(ids.device)
     return kwargs  # flex: no mask, transformers finds the samples from the position ids
 
 

@@ -86,8 +86,9 @@ class Settings:
     packing: bool
     packed_attention: str
     """How packed rows reach attention (ditty.models.packing): "dense" (the [B, 1, T, T] block mask:
-    model types outside MASK_FREE_MODEL_TYPES), "per-sample" (ditty's per-sample SDPA: the CPU, or
-    sdpa/eager on CUDA), "kernel" (flash varlen or flex attention on CUDA); "" without packing."""
+    model types outside MASK_FREE_MODEL_TYPES, and rows up to DENSE_MASK_MAX_WIDTH on the CPU),
+    "per-sample" (ditty's per-sample SDPA: wider rows on the CPU, or sdpa/eager on CUDA), "kernel"
+    (flash varlen or flex attention on CUDA); "" without packing. See packing.isolation_path."""
     reshard_after_forward: Any
     cpu_offload: bool
     zero_stage: int
@@ -211,4 +212,7 @@ def _packed_attention(config: Any, shape: ModelShape, target: Target) -> str:
     """Settings.packed_attention: the path ditty.models.packing.packed_inputs will take."""
     if not config.data.packing:
         return ""
-    return planned_path(shape.model_type, config.model.attn_implementation, target.device)
+    model = config.model
+    return planned_path(
+        shape.model_type, model.attn_implementation, target.device, config.data.max_seq_len, model.packed_attention
+    )

@@ -73,6 +73,13 @@ def _optimizer_text(opt) -> str:
     return f"{opt.kind} ({opt.backend}), lr {opt.lr:g}"
 
 
+def _packed(config) -> str:
+    if config.model.factory:
+        return "packed"
+    text = data_rules.packed_attention_text(config)
+    return f"packed ({text})" if text else "packed"
+
+
 def _builds(config) -> list[tuple[str, str]]:
     model = config.model
     if model.factory:
@@ -108,7 +115,7 @@ def _builds(config) -> list[tuple[str, str]]:
             f"{source} images, samples collated as tensors"
             if images
             else f"{source}, {data.format}, max_seq_len {data.max_seq_len}, "
-            + ("packed" if data.packing else "padded"),
+            + (_packed(config) if data.packing else "padded"),
         ),
         ("optimizer", _optimizer_text(config.optimizer)),
         ("scheduler", f"{config.scheduler.kind}, warmup {config.scheduler.warmup_steps}"),

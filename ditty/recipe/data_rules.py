@@ -58,6 +58,18 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             f"{kernel} takes no 4-D mask, and {model_type} isolates packed samples only with one",
             'use model.attn_implementation = "sdpa" (or "eager") with packing for this model',
         )
+    elif cfg.model.packed_attention == "per-sample" and model_type not in MASK_FREE_MODEL_TYPES:
+        yield warning(
+            "model.packed_attention",
+            f"{model_type} attention isolates packed samples only with the dense mask; it gets the mask",
+            'leave model.packed_attention = "auto"',
+        )
+    elif cfg.model.packed_attention != "auto" and kernel in ("flash_attention_2", "flex_attention"):
+        yield warning(
+            "model.packed_attention",
+            f"{kernel} keeps packed samples apart by itself; model.packed_attention applies to sdpa and eager",
+            'leave model.packed_attention = "auto"',
+        )
     elif kernel in ("sdpa", "eager") and model_type in MASK_FREE_MODEL_TYPES and _runs_on_cuda(cfg):
         yield warning(
             "model.attn_implementation",
@@ -66,6 +78,25 @@ def packing_isolation(ctx: Context) -> Iterator[Problem]:
             'leave model.attn_implementation = "auto" (flex_attention for packed rows on CUDA)'
             ' or set it to "flex_attention"',
         )
+
+
+def packed_attention_text(cfg: Any) -> str:
+    """For `ditty check`: how packed rows will keep samples apart (ditty.models.packing.planned_path,
+    the rule packed_inputs applies to full rows), e.g. "attention: a block-diagonal [T, T] mask"."""
+    try:
+        from ditty.models import read_model_type
+        from ditty.models.packing import PATH_DESCRIPTIONS, planned_path
+    except ImportError:
+        return ""
+    model_type = read_model_type(cfg.model)
+    if model_type is None:
+        return "attention path chosen when the model loads"
+    device = "cuda" if _runs_on_cuda(cfg) else "cpu"
+    path = planned_path(
+        model_type, cfg.model.attn_implementation, device, cfg.data.max_seq_len, cfg.model.packed_attention
+    )
+    how = "" if cfg.model.packed_attention == "auto" else f" (model.packed_attention = {cfg.model.packed_attention!r})"
+    return f"attention on {device}: {PATH_DESCRIPTIONS[path]}{how}"
 
 
 def _runs_on_cuda(cfg: Any) -> bool:

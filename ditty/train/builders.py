@@ -306,14 +306,25 @@ def base_model_for(
     if given is not None:
         from ditty.models.quant import quantize_instance
 
-        return quantize_instance(given, config.quant, device), None
+        return with_packed_attention(quantize_instance(given, config.quant, device), config), None
     if low_memory:
         from ditty.models.meta import build_low_memory
 
         built = build_low_memory(config, tokenizer, device, names)
         if built is not None:
-            return built
-    return build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant, labels=names), None
+            return with_packed_attention(built[0], config), built[1]
+    model = build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant, labels=names)
+    return with_packed_attention(model, config), None
+
+
+def with_packed_attention(model: torch.nn.Module, config: Any) -> torch.nn.Module:
+    """The model, told `model.packed_attention` (read by ditty.models.packing.packed_inputs) when the
+    recipe packs rows and names a path other than "auto"."""
+    if config.data.packing and config.model.packed_attention != "auto":
+        from ditty.models.packing import CHOICE_ATTRIBUTE
+
+        setattr(model, CHOICE_ATTRIBUTE, config.model.packed_attention)
+    return model
 
 
 def converters_for(config: Any) -> list:

@@ -47,6 +47,7 @@ def test_generation_after_packed_training_is_unchanged(model, tokenizer):
     """A packed step switches sdpa to PACKED_SDPA; without cumulative lengths it is sdpa again."""
     before = greedy_generate(model, tokenizer, PROMPTS, "cpu", max_new_tokens=12)
     with torch.no_grad():
-        model(**packed_inputs(model, pack_rows([[([5, 6, 7], [5, 6, 7]), ([8, 9], [8, 9])]], 0)), use_cache=False)
+        batch = pack_rows([[([5, 6, 7], [5, 6, 7]), ([8, 9], [8, 9])]], 0)
+        model(**packed_inputs(model, batch, choice="per-sample"), use_cache=False)
     assert model.config._attn_implementation == PACKED_SDPA
     assert greedy_generate(model, tokenizer, PROMPTS, "cpu", max_new_tokens=12) == before

@@ -43,10 +43,12 @@ def block_diagonal_mask(lengths) -> torch.Tensor:
     return mask[None, None]
 
 
-def mask_free_error(model_type: str, attn_implementation: str, device: str = "cpu") -> tuple[float, str]:
+def mask_free_error(
+    model_type: str, attn_implementation: str, device: str = "cpu", choice: str = "per-sample"
+) -> tuple[float, str]:
     """Largest logit difference between ditty's packed batch (two rows: samples of LENGTHS[:2], then
-    LENGTHS[2] and a padding tail) through `packed_inputs` and the samples run one by one; and the
-    attention implementation the model ended up with."""
+    LENGTHS[2] and a padding tail) through `packed_inputs` (with `choice`, model.packed_attention)
+    and the samples run one by one; and the attention implementation the model ended up with."""
     torch.manual_seed(0)
     config = AutoConfig.for_model(model_type, **TINY)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
@@ -59,7 +61,7 @@ def mask_free_error(model_type: str, attn_implementation: str, device: str = "cp
     batch = pack_rows([samples[:2], samples[2:] + [([5] * 6, [5] * 6)]], pad_token_id=0)
     batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
     with torch.no_grad():
-        packed = model(**packed_inputs(model, batch), use_cache=False).logits
+        packed = model(**packed_inputs(model, batch, choice=choice), use_cache=False).logits
         alone = [model(input_ids=torch.tensor([s], device=device), use_cache=False).logits[0] for s, _ in samples]
     first, second = LENGTHS[0] + LENGTHS[1], LENGTHS[2]
     error = max(
@@ -117,6 +119,66 @@ def test_common_models_isolate_packed_samples_without_a_mask(model_type, attn_im
 def test_every_mask_free_model_isolates_packed_samples_without_a_mask(model_type, attn_implementation):
     error, kernel = mask_free_error(model_type, attn_implementation)
     assert kernel == PACKED_SDPA and error < 1e-5
+
+
+@pytest.mark.parametrize("choice", ["auto", "dense"])
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_short_rows_take_the_dense_mask_and_stay_isolated(choice, attn_implementation):
+    """Rows of up to DENSE_MASK_MAX_WIDTH tokens on the CPU ("auto"), or any row with "dense": the
+    block mask, through the model's own kernel (no switch to PACKED_SDPA)."""
+    error, kernel = mask_free_error("llama", attn_implementation, choice=choice)
+    assert kernel == attn_implementation and error < 1e-5
+
+
+def test_auto_chooses_by_row_width_device_and_kernel():
+    from ditty.models.packing import DENSE_MASK_MAX_WIDTH, isolation_path
+
+    widest = DENSE_MASK_MAX_WIDTH["cpu"]
+    assert isolation_path("llama", "sdpa", "cpu", widest) == "dense"
+    assert isolation_path("llama", "sdpa", "cpu", widest + 1) == "per-sample"
+    assert isolation_path("llama", PACKED_SDPA, "cpu", 64) == "dense"  # a model switched earlier still follows the rule
+    assert isolation_path("llama", "sdpa", "cuda", 64) == "per-sample"  # not measured on CUDA: as before
+    assert isolation_path("llama", "sdpa", "cpu", 16384, "dense") == "dense"  # the recipe's choice stands
+    assert isolation_path("llama", "eager", "cpu", 64, "per-sample") == "per-sample"
+    assert isolation_path("llama", "flex_attention", "cpu", 64) == "kernel"
+    assert isolation_path("llama", "flash_attention_2", "cuda", 16384, "dense") == "kernel"  # no mask input
+    assert isolation_path("gemma2", "eager", "cpu", 16384, "per-sample") == "dense"  # softcapping needs the mask
+    assert isolation_path(None, "sdpa", "cpu", 16384) == "dense"
+
+
+@pytest.mark.parametrize("width", [64, 2048])
+@pytest.mark.parametrize("choice", ["auto", "dense", "per-sample"])
+def test_the_planner_and_ditty_check_name_the_path_training_takes(tmp_path, width, choice):
+    """Settings.packed_attention (the memory plan) and `ditty check`'s line agree with what
+    packed_inputs does with a full row of data.max_seq_len tokens of the model the trainer builds."""
+    from ditty.config.loader import parse_recipe
+    from ditty.models.packing import PATH_DESCRIPTIONS
+    from ditty.plan import Target, make_plan
+    from ditty.recipe.data_rules import packed_attention_text
+    from ditty.train.builders import base_model_for
+
+    sizes = ", ".join(f"{k} = {v}" for k, v in TINY.items() if k != "max_position_embeddings")
+    text = (
+        f'[run]\ndevice = "cpu"\noutput_dir = "{tmp_path}"\n[model]\narchitecture = "llama"\n'
+        f'packed_attention = "{choice}"\nconfig = {{ {sizes}, max_position_embeddings = {width} }}\n'
+        f'[tokenizer]\nkind = "byte"\n[data]\npacking = true\nmax_seq_len = {width}\n[train]\nsteps = 1\n'
+    )
+    config = parse_recipe(text).config
+    planned = make_plan(config, Target(device="cpu"), with_knobs=False).settings.packed_attention
+    model, _ = base_model_for(config, None, torch.device("cpu"), low_memory=False)
+    half = width // 2
+    samples = [([3] * half, [3] * half), ([4] * (width - half), [4] * (width - half))]
+    inputs = packed_inputs(model, pack_rows([samples], pad_token_id=0))
+    mask = inputs.get("attention_mask")
+    if model.config._attn_implementation == PACKED_SDPA:
+        taken = "per-sample"
+        assert mask.dim() == 2
+    else:
+        taken = "dense"
+        assert mask.shape == (1, 1, width, width)
+    expected = choice if choice != "auto" else ("dense" if width <= 256 else "per-sample")
+    assert planned == taken == expected
+    assert PATH_DESCRIPTIONS[taken] in packed_attention_text(config)
 
 
 @pytest.mark.parametrize("model_type", sorted(PACKED_MASK_MODEL_TYPES - MASK_FREE_MODEL_TYPES))
@@ -213,3 +275,20 @@ def test_the_compiler_warns_of_the_per_sample_loop_on_cuda(monkeypatch, kernel, 
         parse_recipe(recipe.replace("[model]", '[run]\ndevice = "cpu"\n[model]') + "[train]\nsteps = 1\n")
     )
     assert not [p for p in on_cpu.warnings if p.key == "model.attn_implementation"]
+
+
+@pytest.mark.parametrize(
+    ("model_lines", "warned"),
+    [
+        ('architecture = "gemma2"\npacked_attention = "per-sample"', True),
+        ('architecture = "llama"\nattn_implementation = "flex_attention"\npacked_attention = "dense"', True),
+        ('architecture = "llama"\npacked_attention = "per-sample"', False),
+    ],
+)
+def test_the_compiler_warns_of_a_packed_attention_choice_that_cannot_apply(model_lines, warned):
+    from ditty.config.loader import parse_recipe
+    from ditty.recipe import compile_recipe
+
+    recipe = f'[run]\ndevice = "cpu"\n[model]\n{model_lines}\n[data]\npacking = true\n[train]\nsteps = 1\n'
+    plan = compile_recipe(parse_recipe(recipe))
+    assert bool([p for p in plan.warnings if p.key == "model.packed_attention"]) == warned

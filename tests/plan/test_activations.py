@@ -51,11 +51,11 @@ def saved_bytes(model, ids, mask, autocast: bool, **inputs) -> int:
 
 
 def recipe(
-    path, *, dtype="float32", precision="fp32", peft="none", quant="none", micro=1, packing=False
+    path, *, dtype="float32", precision="fp32", peft="none", quant="none", micro=1, packing=False, packed="auto"
 ) -> TrainerConfig:
     return TrainerConfig(
         run=RunConfig(device="cpu"),
-        model=ModelConfig(path=path, dtype=dtype),
+        model=ModelConfig(path=path, dtype=dtype, packed_attention=packed),
         data=DataConfig(max_seq_len=SEQ, packing=packing),
         train=TrainConfig(precision=precision, micro_batch_size=micro, global_batch_size=micro),
         peft=PeftConfig(kind=peft, r=8),
@@ -66,8 +66,9 @@ def recipe(
 def build(config: TrainerConfig):
     from ditty.models.adapters import LoraConverter
     from ditty.models.build import build_model
+    from ditty.train.builders import with_packed_attention
 
-    model = build_model(config.model, device="cpu", quant=config.quant)
+    model = with_packed_attention(build_model(config.model, device="cpu", quant=config.quant), config)
     if config.peft.kind != "none":
         # As the trainer does on one process: a quantized base's other weights are upcast to fp32.
         model = LoraConverter(config.peft).convert(model)
@@ -112,7 +113,9 @@ def test_one_layer_saves_what_the_plan_says(llama_dirs, case, micro):
 def test_a_packed_row_keeps_what_the_plan_says(llama_dirs, case):
     """Packed samples of a mask-free type attend within each sample (ditty.models.packing's
     per-sample SDPA): no [T, T] mask, k and v at their own width, and, for samples of several
-    lengths, the output gathered back into row order with its index, as the plan counts them."""
+    lengths, the output gathered back into row order with its index, as the plan counts them. Rows this
+    short take the dense mask under "auto" (ditty.models.packing.isolation_path), so the recipe names
+    the per-sample path."""
     from ditty.models.packing import packed_inputs
 
     lengths = [8, 10, 6]  # three samples, three SDPA calls, in one row of SEQ tokens
@@ -127,7 +130,7 @@ def test_a_packed_row_keeps_what_the_plan_says(llama_dirs, case):
     }
     measured, planned = {}, {}
     for layers, path in llama_dirs.items():
-        config = recipe(path, packing=True, **CASES[case])
+        config = recipe(path, packing=True, packed="per-sample", **CASES[case])
         model = build(config)
         inputs = packed_inputs(model, batch)
         assert "ditty_packed_sdpa" == model.config._attn_implementation  # the mask-free path, not the dense mask
