@@ -260,8 +260,7 @@ def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
 
 def _elapsed(trainer: Any) -> dict:
     """The run's training wall time so far, so a resumed run's elapsed_s continues from it."""
-    meter = getattr(trainer, "meter", None)
-    return {"elapsed_s": round(meter.elapsed_s, 3)} if meter is not None else {}
+    return {"elapsed_s": round(trainer.meter.elapsed_s, 3)}
 
 
 def doc_labels(doc: dict) -> Optional[dict]:
@@ -273,8 +272,7 @@ def doc_labels(doc: dict) -> Optional[dict]:
 def _data_fingerprints(config: Any) -> dict[str, str]:
     from ditty.data.fingerprint import data_fingerprints
 
-    data = getattr(config, "data", None)
-    return data_fingerprints(data) if data is not None and hasattr(data, "sources") else {}
+    return data_fingerprints(config.data)
 
 
 def truncate_metrics(run_dir: str, step: int) -> None:

@@ -58,11 +58,8 @@ class RunEnding:
     def save_clock_due(self) -> bool:
         """`checkpoint.every_minutes` passed since the last save (ditty.checkpoint.clock), read at log
         steps, where the ranks agree on it with one small all-reduce."""
-        from ditty.checkpoint.clock import SaveClock
         from ditty.train.step import all_reduce_sum
 
-        if getattr(self, "save_clock", None) is None:
-            self.save_clock = SaveClock(self.config.checkpoint.every_minutes)
         log_every = self.config.train.log_every or 1
         if self.state.step % log_every:
             return False

@@ -62,7 +62,7 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
     from ditty.config.writer import recipe_to_toml  # the lead's writer (layer 1)
 
     path = os.path.join(run_dir, "recipe.toml")
-    if getattr(getattr(config, "checkpoint", None), "overwrite_finished", False):
+    if config.checkpoint.overwrite_finished:
         from dataclasses import replace
 
         # Permission to replace a finished run is given per command, never saved with the recipe.

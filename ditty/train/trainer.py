@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ditty._utils.dist import is_main_process
+from ditty.checkpoint.clock import SaveClock
 from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
@@ -89,6 +90,8 @@ class Trainer(Builders, RunEnding):
         self.logger = self.build_logger(resuming=self.resume.checkpoint is not None)
         self.memory = MemoryReport(self.engine, self.run_dir)
         self.cadence = Cadence.of(config)
+        self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # train() starts a fresh one; saves read it
+        self.slow_hint_shown = False
 
     # ------------------------------------------------------------------ the loop
 
@@ -99,6 +102,7 @@ class Trainer(Builders, RunEnding):
         self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
         self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # elapsed_s counts across resumes
+        self.save_clock = SaveClock(self.config.checkpoint.every_minutes)  # checkpoint.every_minutes
         self.model.train()
         train_mode(self.optimizer)  # schedule-free AdamW trains at its interpolated weights
         try:
@@ -288,7 +292,7 @@ class Trainer(Builders, RunEnding):
         hint = (
             slow_cpu_hint(record, self.runtime.device.type) if self.state.step > self.config.train.log_every else None
         )
-        if hint and not getattr(self, "slow_hint_shown", False):
+        if hint and not self.slow_hint_shown:
             self.slow_hint_shown = True
             self.progress.write(hint)
         if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
