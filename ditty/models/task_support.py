@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any, Iterable, Optional
 
-from ditty.models.source import cached_hub_file, known_architectures, local_model_dir, looks_like_hub_id
+from ditty.models.source import known_architectures, read_model_config
 from ditty.models.tasks import TASKS, ModelTask
 
 _PAIR = re.compile(r'\(\s*"([^"]+)"\s*,\s*"([^"]+)"\s*\)')
@@ -49,25 +49,15 @@ def auto_mapping(name: str) -> dict[str, str]:
     return dict(getattr(modeling_auto, name))
 
 
-def read_model_config(model: Any) -> Optional[dict]:
-    """config.json of `model.path` (a local directory or a cached hub model) as a dict; for random init
-    from `model.architecture`, {"model_type": architecture} plus the `model.config` overrides; None
-    when it cannot be known offline (an uncached hub id) or for a factory model."""
+def model_config_with_overrides(model: Any) -> Optional[dict]:
+    """config.json of `model.path` (ditty.models.source.read_model_config) with the `model.config`
+    overrides on top; for random init from `model.architecture`, {"model_type": architecture} plus the
+    overrides; None when it cannot be known offline (an uncached hub id) or for a factory model."""
     if model.factory:
         return None
     if model.path:
-        local = local_model_dir(model.path)
-        config_file = os.path.join(local, "config.json") if local else None
-        if config_file is None and looks_like_hub_id(model.path):
-            config_file = cached_hub_file(model.path)
-        if not config_file or not os.path.isfile(config_file):
-            return None
-        try:
-            with open(config_file, encoding="utf-8") as handle:
-                loaded = json.load(handle)
-        except (OSError, ValueError):
-            return None
-        return {**loaded, **model.config} if isinstance(loaded, dict) else None
+        loaded = read_model_config(model)
+        return {**loaded, **model.config} if loaded is not None else None
     if model.architecture:
         return {"model_type": model.architecture, **model.config}
     return None

@@ -16,10 +16,10 @@ from ditty.recipe.rules import Context, error, rule
 def task_fits_architecture(ctx: Context) -> Iterator[Problem]:
     """The architecture has a class for the task (an encoder-only model cannot be a causal LM): read
     from the model's config offline; unknown (an uncached hub id) is checked when it loads."""
-    from ditty.models.task_support import read_model_config, task_problem
+    from ditty.models.task_support import model_config_with_overrides, task_problem
 
     model = ctx.config.model
-    found = task_problem(read_model_config(model), model_task(model.task))
+    found = task_problem(model_config_with_overrides(model), model_task(model.task))
     if found:
         message, fix = found
         yield error("model.path" if model.path else "model.architecture", message, fix)

@@ -93,6 +93,7 @@ def test_a_task_recipe_checks_and_says_what_it_builds(capsys, tmp_path, task_mod
         capsys, "check", recipe(tmp_path, "[run]\nseed = 0\n"),
         "--model.path", task_models["bert"], "--model.task", "seq-classification",
         "--data.source", "file", "--data.path", task_files["classification"], "--data.format", "classification",
+        "--data.max_seq_len", "128",  # the tiny BERT's positions: a longer max_seq_len is refused
     )  # fmt: skip
     assert code == 0, err
     assert f"pretrained {task_models['bert']} for seq-classification" in out
