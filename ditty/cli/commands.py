@@ -175,7 +175,7 @@ def _run_dir_recipe(args: list[str]) -> Path | None:
     as a run's, whose code is not imported; None for a recipe the user names."""
     if not args or args[0].startswith("-"):
         return None
-    from ditty.train.final import is_ditty_run
+    from ditty._utils.run_dir import is_ditty_run
 
     given = Path(args[0])
     if given.is_dir() and is_ditty_run(str(given)):

@@ -138,8 +138,9 @@ class ResumePlan:
 
 def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
     """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
+    from ditty._utils.run_dir import is_ditty_run
     from ditty.checkpoint import find_checkpoint, find_intact, read_sidecar
-    from ditty.train.final import FINAL_DIR, check_output_dir, is_ditty_run
+    from ditty.train.final import FINAL_DIR, check_output_dir
 
     out = config.run.output_dir
     check_output_dir(out)

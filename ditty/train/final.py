@@ -17,24 +17,13 @@ import torch
 
 from ditty._utils.atomic import write_text_atomic
 from ditty._utils.modules import is_peft_model, unwrap
+from ditty._utils.run_dir import is_ditty_run
 from ditty.config.errors import RecipeError
 from ditty.models.inputs import is_transformers_model
 
 log = logging.getLogger("ditty.train")
 
 FINAL_DIR = "final"
-RUN_MARKER = "env.json"
-
-
-def is_ditty_run(path: str) -> bool:
-    marker = os.path.join(path, RUN_MARKER)
-    if not os.path.isfile(marker):
-        return False
-    try:
-        with open(marker, encoding="utf-8") as f:
-            return "ditty_version" in json.load(f)
-    except (OSError, ValueError):
-        return False
 
 
 def check_output_dir(path: str) -> None:
