@@ -181,7 +181,14 @@ class DataConfig:
     completion_column: str = "completion"
     """Column holding the completion (format = "prompt_completion")."""
     messages_column: str = "messages"
-    """Column holding the list of {role, content} messages (format = "chat")."""
+    """Column holding the conversation (format = "chat"). OpenAI rows ({role, content} messages in
+    "messages") and ShareGPT rows ({from, value} turns, human/gpt/system, in "conversations") are
+    recognised per row as they are; name another column here."""
+    chat_keys: dict[str, str] = field(default_factory=dict)
+    """Message keys and role names of another conversation layout (format = "chat"), e.g.
+    {role = "speaker", content = "text", user = "customer", assistant = "agent", system = "rules"}:
+    `role`/`content` name each message's two keys, `user`/`assistant`/`system` the speaker values that
+    mean those roles (others pass through). Unset: the OpenAI and ShareGPT layouts are detected."""
     text_pair_column: Optional[str] = None
     """Column holding the second text of a pair (format = "classification"; unset: single texts)."""
     label_column: str = "label"

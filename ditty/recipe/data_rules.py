@@ -283,6 +283,15 @@ def eval_source(ctx: Context) -> Iterator[Problem]:
         yield warning("data.eval.dataset", f"hub dataset {spec.dataset!r} cannot be verified offline")
 
 
+@rule("data.chat_keys")
+def chat_keys(ctx: Context) -> Iterator[Problem]:
+    """data.chat_keys names only message keys and roles, as text."""
+    from ditty.data.formats.chat_layouts import CHAT_KEY_NAMES, chat_keys_problems
+
+    for problem in chat_keys_problems(ctx.config.data.chat_keys or {}):
+        yield error("data.chat_keys", problem, f"use {{{', '.join(f'{name} = ...' for name in CHAT_KEY_NAMES)}}}")
+
+
 @rule("eval.harness")
 def harness(ctx: Context) -> Iterator[Problem]:
     """lm-evaluation-harness tasks need the extra, a Hugging Face model, and a whole model to run on."""

@@ -47,6 +47,11 @@ class DataFormat:
         """{recipe key: column} this format reads (required)."""
         raise NotImplementedError
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        """{recipe key: column} this format reads from data with the `found` columns (a format that
+        recognises several layouts picks the one the data has)."""
+        return self.columns(data)
+
     def row_check(self, data: "DataConfig") -> RowCheck:
         """What the row loader checks in each row (required)."""
         raise NotImplementedError

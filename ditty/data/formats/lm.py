@@ -12,12 +12,13 @@ and a dataset where every sample is dropped is a user error (ditty.data.formats.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
 from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
-from ditty.data.rows import MESSAGES, TEXT
+from ditty.data.formats.chat_layouts import ChatLayout
+from ditty.data.rows import TEXT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,8 +69,12 @@ class ChatFormat(DataFormat):
     def columns(self, data: "DataConfig") -> dict[str, str]:
         return {"data.messages_column": data.messages_column}
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        return {"data.messages_column": ChatLayout.of(data).column_of(found)}
+
     def row_check(self, data: "DataConfig") -> RowCheck:
-        return RowCheck({data.messages_column: MESSAGES})
+        # The layout (OpenAI or ShareGPT) is told per row from its keys, so no column is required by name.
+        return RowCheck({}, ChatLayout.of(data))
 
     def check_tokenizer(self, tokenizer: Any, data: "DataConfig") -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -81,7 +86,7 @@ class ChatFormat(DataFormat):
             )
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
-        return bound(encode_chat, tokenizer=tokenizer, column=data.messages_column, max_len=data.max_seq_len)
+        return bound(encode_chat, tokenizer=tokenizer, layout=ChatLayout.of(data), max_len=data.max_seq_len)
 
 
 def encode_text(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
@@ -117,8 +122,9 @@ def encode_prompt_completion(
     return out
 
 
-def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
-    """Messages rendered with the tokenizer's chat template; loss on assistant turns only.
+def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", layout: ChatLayout, max_len: int) -> Batch:
+    """Conversations (in any layout of ditty.data.formats.chat_layouts) rendered with the tokenizer's
+    chat template; loss on assistant turns only.
 
     Templates with `{% generation %}` markers say exactly which tokens are the assistant's (the
     tokenizer returns that mask). For templates without them, an assistant turn is the tokens
@@ -130,7 +136,16 @@ def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: s
     # get_chat_template resolves tokenizers that carry several named templates to the default one.
     has_markers = bool(_GENERATION_MARKER.search(tokenizer.get_chat_template()))
     out: Batch = {"input_ids": [], "labels": []}
-    for messages in batch[column]:
+    names = list(batch)
+    for values in zip(*(batch[name] for name in names)):
+        messages, problem = layout.conversation(dict(zip(names, values)))
+        if problem:
+            raise RecipeError.single(
+                f"a conversation cannot be read: it {problem}",
+                key="data.messages_column",
+                fix="each row needs a list of {role, content} (OpenAI) or {from, value} (ShareGPT) messages; "
+                "name other keys with data.chat_keys",
+            )
         try:
             if has_markers:
                 ids, supervised = _assistant_tokens_from_markers(tokenizer, messages)

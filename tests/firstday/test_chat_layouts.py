@@ -1,0 +1,110 @@
+"""Chat data as users have it: OpenAI `messages` and ShareGPT `conversations` rows read as they are,
+other layouts through `data.chat_keys`, and a row in neither layout a bad row named by file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ditty.cli import main
+from ditty.config.errors import RecipeError
+from ditty.config.loader import parse_recipe
+from ditty.config.sections import DataConfig
+from ditty.data.build import build_data
+from ditty.data.tokenizer import byte_tokenizer
+from ditty.recipe import compile_recipe
+
+OPENAI = [
+    [("system", "be brief"), ("user", "2+2?"), ("assistant", "4")],
+    [("user", "hi"), ("assistant", "hello"), ("user", "bye"), ("assistant", "ciao")],
+    [("user", "3+1?"), ("assistant", "4")],
+    [("user", "red?"), ("assistant", "a colour")],
+]
+SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+def openai_row(turns) -> dict:
+    return {"messages": [{"role": role, "content": text} for role, text in turns]}
+
+
+def sharegpt_row(turns) -> dict:
+    return {"conversations": [{"from": SHAREGPT_ROLE[role], "value": text} for role, text in turns]}
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def samples(path: str, **fields) -> list[tuple[list, list]]:
+    config = DataConfig(source="file", path=path, format="chat", val_fraction=0.0, max_seq_len=64, **fields)
+    train = build_data(config, byte_tokenizer(), seed=0).train
+    return sorted((list(s["input_ids"]), list(s["labels"])) for s in train)
+
+
+def test_sharegpt_rows_give_the_samples_of_the_same_openai_rows(tmp_path):
+    openai = samples(write_jsonl(tmp_path / "openai.jsonl", [openai_row(t) for t in OPENAI]))
+    sharegpt = samples(write_jsonl(tmp_path / "sharegpt.jsonl", [sharegpt_row(t) for t in OPENAI]))
+    assert len(openai) == len(OPENAI) and sharegpt == openai
+    supervised = [[t for t in labels if t != -100] for _, labels in openai]
+    assert all(supervised)  # the assistant turns take loss, and the same ones in both layouts
+
+
+def test_user_and_assistant_roles_in_a_sharegpt_file_and_a_json_array(tmp_path):
+    rows = [{"conversations": [{"from": role, "value": text} for role, text in turns]} for turns in OPENAI]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(rows, indent=1))
+    assert samples(str(path)) == samples(write_jsonl(tmp_path / "openai.jsonl", [openai_row(t) for t in OPENAI]))
+
+
+def test_another_layout_through_chat_keys(tmp_path):
+    names = {"system": "rules", "user": "customer", "assistant": "agent"}
+    rows = [{"dialog": [{"speaker": names[role], "text": text} for role, text in turns]} for turns in OPENAI]
+    keys = {"role": "speaker", "content": "text", **names}
+    custom = samples(write_jsonl(tmp_path / "custom.jsonl", rows), messages_column="dialog", chat_keys=keys)
+    assert custom == samples(write_jsonl(tmp_path / "openai.jsonl", [openai_row(t) for t in OPENAI]))
+
+
+def test_a_row_in_neither_layout_is_a_bad_row_named_by_file_and_line(tmp_path):
+    mixed = {"conversations": [{"from": "human", "value": "hi"}, {"role": "assistant", "content": "hello"}]}
+    neither = {"chat": [{"speaker": "a", "text": "b"}]}
+    rows = [openai_row(OPENAI[0]), mixed, sharegpt_row(OPENAI[1]), neither, sharegpt_row(OPENAI[2])]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    message = str(caught.value)
+    assert f"{path}:2" in message and "ShareGPT layout: from/value" in message
+    assert f"{path}:4" in message and "'conversations' (ShareGPT layout)" in message
+    assert "on_bad_rows" in message
+    assert len(samples(path, on_bad_rows="skip")) == 3  # the three good rows, both layouts in one file
+
+
+def _problems(tmp_path, data: str) -> dict:
+    head = f'[run]\noutput_dir = "{tmp_path}/run"\n[model]\narchitecture = "llama"\n[tokenizer]\nkind = "byte"\n'
+    plan = compile_recipe(
+        parse_recipe(head + "[train]\nsteps = 2\nglobal_batch_size = 2\nmicro_batch_size = 2\n" + data)
+    )
+    return {(p.key, p.severity): p for p in plan.problems}
+
+
+def test_chat_keys_are_checked_and_ignored_outside_chat(tmp_path):
+    ignored = _problems(tmp_path, '[data]\nformat = "prompt_completion"\nchat_keys = { role = "from" }\n')
+    assert "no effect" in ignored[("data.chat_keys", "warning")].message
+    wrong = _problems(tmp_path, '[data]\nformat = "chat"\nchat_keys = { speaker = "from" }\n')
+    assert "unknown key 'speaker'" in wrong[("data.chat_keys", "error")].message
+    assert ("data.chat_keys", "warning") not in _problems(
+        tmp_path, '[data]\nformat = "chat"\nchat_keys = { role = "from" }\n'
+    )
+
+
+def test_a_sharegpt_file_trains_two_steps(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "sharegpt.jsonl", [sharegpt_row(t) for t in OPENAI])
+    out = tmp_path / "run"
+    args = ["--data.source", "file", "--data.path", path, "--data.format", "chat", "--data.max_seq_len", "64"]
+    args += ["--data.val_fraction", "0", "--train.steps", "2", "--train.global_batch_size", "4"]
+    args += ["--train.micro_batch_size", "4", "--train.eval_every", "0", "--scheduler.warmup_steps", "1"]
+    args += ["--logging.progress", "false", "--run.output_dir", str(out)]
+    assert main(["run", "tiny_sft", *args]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r.get("step", 0) for r in records) == 2
