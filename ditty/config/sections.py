@@ -180,6 +180,10 @@ class DataConfig:
     """Column holding the prompt (format = "prompt_completion")."""
     completion_column: str = "completion"
     """Column holding the completion (format = "prompt_completion")."""
+    template: Optional[Literal["alpaca"]] = None
+    """A named prompt template that reads instruction rows as prompt_completion (format =
+    "prompt_completion"): "alpaca" reads `instruction`, an optional `input` and `output`, and renders the
+    prompt with Alpaca's text; the completion is `output`. Unset: the prompt and completion columns."""
     messages_column: str = "messages"
     """Column holding the conversation (format = "chat"). OpenAI rows ({role, content} messages in
     "messages") and ShareGPT rows ({from, value} turns, human/gpt/system, in "conversations") are

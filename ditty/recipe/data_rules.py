@@ -292,6 +292,23 @@ def chat_keys(ctx: Context) -> Iterator[Problem]:
         yield error("data.chat_keys", problem, f"use {{{', '.join(f'{name} = ...' for name in CHAT_KEY_NAMES)}}}")
 
 
+@rule("data.template")
+def template_columns(ctx: Context) -> Iterator[Problem]:
+    """A prompt template reads its own columns from files or hub data."""
+    data = ctx.config.data
+    if data.template is None or data.format != "prompt_completion":
+        return
+    if data.source == "builtin" and not data.sources:
+        yield error(
+            "data.template",
+            f"reads instruction rows from files or hub data, and the built-in {data.name!r} dataset has none",
+            'set data.source = "file" and data.path, or remove data.template',
+        )
+    for key in ("data.prompt_column", "data.completion_column"):
+        if ctx.is_set(key):
+            yield warning(key, f"has no effect with data.template = {data.template!r}", "remove it")
+
+
 @rule("eval.harness")
 def harness(ctx: Context) -> Iterator[Problem]:
     """lm-evaluation-harness tasks need the extra, a Hugging Face model, and a whole model to run on."""

@@ -108,3 +108,50 @@ def test_a_sharegpt_file_trains_two_steps(tmp_path, capsys):
     assert main(["run", "tiny_sft", *args]) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("step", 0) for r in records) == 2
+
+
+ALPACA = [
+    {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
+    {"instruction": "Name a colour.", "input": "", "output": "red"},
+    {"instruction": "Say hi.", "output": "hi"},
+]
+
+
+def test_alpaca_rows_train_as_prompt_completion_through_the_template(tmp_path):
+    path = write_jsonl(tmp_path / "alpaca.jsonl", ALPACA)
+    config = DataConfig(source="file", path=path, template="alpaca", val_fraction=0.0, max_seq_len=512)
+    tokenizer = byte_tokenizer()
+    texts = {}
+    for sample in build_data(config, tokenizer, seed=0).train:
+        ids, labels = list(sample["input_ids"]), list(sample["labels"])
+        start = next(i for i, label in enumerate(labels) if label != -100)
+        texts[tokenizer.decode(ids[:start], skip_special_tokens=True)] = tokenizer.decode(
+            [t for t in labels if t != -100], skip_special_tokens=True
+        )
+    with_input = texts[
+        "Below is an instruction that describes a task, paired with an input that provides further "
+        "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
+        "Add the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n"
+    ]
+    assert with_input == "5"
+    plain = "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+    assert texts[f"{plain}\n\n### Instruction:\nName a colour.\n\n### Response:\n"] == "red"  # an empty input
+    assert texts[f"{plain}\n\n### Instruction:\nSay hi.\n\n### Response:\n"] == "hi"  # no input at all
+
+
+def test_alpaca_rows_without_output_name_the_template_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "alpaca.jsonl", [ALPACA[0], {"instruction": "x", "input": "y"}])
+    with pytest.raises(RecipeError) as caught:
+        build_data(DataConfig(source="file", path=path, template="alpaca", val_fraction=0.0), byte_tokenizer(), seed=0)
+    assert f"{path}:2" in str(caught.value) and "'output' is missing" in str(caught.value)
+    none = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(RecipeError) as caught:
+        build_data(DataConfig(source="file", path=none, template="alpaca", val_fraction=0.0), byte_tokenizer(), seed=0)
+    assert "`data.template`" in str(caught.value) and "'instruction' is missing" in str(caught.value)
+
+
+def test_a_template_on_builtin_data_is_refused(tmp_path):
+    problems = _problems(tmp_path, '[data]\ntemplate = "alpaca"\nprompt_column = "q"\n')
+    assert "built-in 'addition' dataset" in problems[("data.template", "error")].message
+    assert ("data.prompt_column", "warning") in problems
+    assert ("data.template", "warning") in _problems(tmp_path, '[data]\nformat = "chat"\ntemplate = "alpaca"\n')

@@ -1,5 +1,6 @@
-"""The causal-LM formats: "text", "prompt_completion" and "chat". Samples are
-{"input_ids": [...], "labels": [...]}, -100 where no loss.
+"""The causal-LM formats: "text", "prompt_completion" (its rows may be read through a named template,
+ditty.data.formats.templates) and "chat" (its rows in the layouts of ditty.data.formats.chat_layouts).
+Samples are {"input_ids": [...], "labels": [...]}, -100 where no loss.
 
 Truncation policy: a sample keeps its FIRST `data.max_seq_len` tokens; the end is cut. A prompt of
 `max_seq_len` tokens or more therefore leaves nothing to learn, and such a sample is dropped.
@@ -12,12 +13,13 @@ and a dataset where every sample is dropped is a user error (ditty.data.formats.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
 from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
 from ditty.data.formats.chat_layouts import ChatLayout
+from ditty.data.formats.templates import PromptTemplate, prompt_template
 from ditty.data.rows import TEXT
 
 if TYPE_CHECKING:
@@ -47,9 +49,22 @@ class PromptCompletionFormat(DataFormat):
     packable = True
 
     def columns(self, data: "DataConfig") -> dict[str, str]:
+        template = prompt_template(data.template)
+        if template is not None:  # its columns are named by the template (the prompt's first, for messages)
+            return {"data.template": template.required[0]}
         return {"data.prompt_column": data.prompt_column, "data.completion_column": data.completion_column}
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        template = prompt_template(data.template)
+        if template is None:
+            return self.columns(data)
+        missing = [column for column in template.required if column not in found]
+        return {"data.template": (missing or list(template.required))[0]}
+
     def row_check(self, data: "DataConfig") -> RowCheck:
+        template = prompt_template(data.template)
+        if template is not None:
+            return RowCheck({column: TEXT for column in template.required})
         return RowCheck({data.prompt_column: TEXT, data.completion_column: TEXT})
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
@@ -59,6 +74,7 @@ class PromptCompletionFormat(DataFormat):
             prompt_column=data.prompt_column,
             completion_column=data.completion_column,
             max_len=data.max_seq_len,
+            template=prompt_template(data.template),
         )
 
 
@@ -106,15 +122,23 @@ def encode_prompt_completion(
     prompt_column: str,
     completion_column: str,
     max_len: int,
+    template: Optional[PromptTemplate] = None,
 ) -> Batch:
-    """Loss on the completion and its eos only.
+    """Loss on the completion and its eos only. With a `template`, the prompt is the template
+    rendered from each row's columns and the completion its completion column.
 
     Prompt and completion are tokenized separately (prompt with the tokenizer's special tokens, as
     generation will see it; completion without), so the prompt/completion boundary is exact even
     for tokenizers that would merge characters across it.
     """
     out: Batch = {"input_ids": [], "labels": []}
-    prompts = tokenizer(as_text(batch[prompt_column]))["input_ids"]
+    if template is not None:
+        names = list(batch)
+        prompt_texts = [template.prompt(dict(zip(names, values))) for values in zip(*(batch[n] for n in names))]
+        completion_column = template.completion
+    else:
+        prompt_texts = as_text(batch[prompt_column])
+    prompts = tokenizer(prompt_texts)["input_ids"]
     completions = tokenizer(as_text(batch[completion_column]), add_special_tokens=False)["input_ids"]
     for prompt_ids, completion_ids in zip(prompts, completions):
         answer = _with_eos(completion_ids, tokenizer)
