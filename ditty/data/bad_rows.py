@@ -158,16 +158,22 @@ def check_table(dataset: Any, fields: Checks, *, label: str) -> tuple[RowReport,
     present = [name for name in check.fields if name in dataset.column_names]
     report = RowReport()
     good = []
-    if not present:
-        return RowReport(rows=len(dataset)), list(range(len(dataset)))
+    everything = RowReport(rows=len(dataset)), list(range(len(dataset)))
+    if not present and (check.fields or check.row is None):
+        return everything
     whole = check.row if len(present) == len(check.fields) else None  # the format's rule reads every field
-    columns = dataset.select_columns(present)
+    # A rule without named fields (chat: its layout is told from the row's keys) reads the whole row.
+    columns = dataset.select_columns(present) if check.fields else dataset
+    missing, without_column = getattr(check.row, "missing_reason", None), 0
     for index, row in enumerate(_rows(columns)):
         problem = row_problem(row, RowCheck({name: check.fields[name] for name in present}, whole))
         if problem:
             report.add_bad(BadRow(label, None, problem, row=index))
+            without_column += problem == missing
         else:
             good.append(index)
+    if without_column == len(dataset):
+        return everything  # no row has the format's column: the loader's column check names it better
     report.rows = len(good)
     return report, good
 

@@ -98,10 +98,24 @@ def test_chat_keys_are_checked_and_ignored_outside_chat(tmp_path):
     )
 
 
-def test_a_sharegpt_file_trains_two_steps(tmp_path, capsys):
+def test_a_parquet_row_in_neither_layout_is_a_bad_row_named_by_index(tmp_path):
+    from datasets import Dataset
+
+    rows = [sharegpt_row(OPENAI[0]), {"conversations": [{"speaker": "a", "text": "b"}]}, sharegpt_row(OPENAI[1])]
+    path = str(tmp_path / "chat.parquet")
+    Dataset.from_list(rows).to_parquet(path)
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    assert f"{path} row 1" in str(caught.value) and "neither 'role'/'content'" in str(caught.value)
+    assert len(samples(path, on_bad_rows="skip")) == 2
+
+
+@pytest.mark.parametrize("streaming", ["false", "true"])
+def test_a_sharegpt_file_trains_two_steps(tmp_path, capsys, streaming):
     path = write_jsonl(tmp_path / "sharegpt.jsonl", [sharegpt_row(t) for t in OPENAI])
     out = tmp_path / "run"
     args = ["--data.source", "file", "--data.path", path, "--data.format", "chat", "--data.max_seq_len", "64"]
+    args += ["--data.streaming", streaming]
     args += ["--data.val_fraction", "0", "--train.steps", "2", "--train.global_batch_size", "4"]
     args += ["--train.micro_batch_size", "4", "--train.eval_every", "0", "--scheduler.warmup_steps", "1"]
     args += ["--logging.progress", "false", "--run.output_dir", str(out)]
