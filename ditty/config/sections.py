@@ -82,6 +82,10 @@ class TokenizerConfig:
     "byte" is a built-in byte-level tokenizer needing no files."""
     path: Optional[str] = None
     """Tokenizer hub id or directory; defaults to `model.path`."""
+    chat_template: Optional[str] = None
+    """The chat template to use (data.format = "chat", `ditty generate --chat`) instead of the
+    tokenizer's own, for tokenizers that have none: "chatml", "plain" ("role: content" lines), or the
+    path of a Jinja file. It is saved with the tokenizer in the run's checkpoints and final/."""
 
     def source(self, model: "ModelConfig") -> Optional[str]:
         """Where the tokenizer loads from, or None for the built-in byte tokenizer."""

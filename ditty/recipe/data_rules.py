@@ -309,6 +309,18 @@ def template_columns(ctx: Context) -> Iterator[Problem]:
             yield warning(key, f"has no effect with data.template = {data.template!r}", "remove it")
 
 
+@rule("tokenizer.chat_template")
+def chat_template(ctx: Context) -> Iterator[Problem]:
+    """tokenizer.chat_template names a known template or a file that exists."""
+    from ditty.data.chat_templates import CHAT_TEMPLATES, chat_template_problem
+
+    choice = ctx.config.tokenizer.chat_template
+    if choice and (problem := chat_template_problem(choice)) is not None:
+        yield error(
+            "tokenizer.chat_template", problem, f"use {' or '.join(map(repr, CHAT_TEMPLATES))}, or a .jinja file's path"
+        )
+
+
 @rule("eval.harness")
 def harness(ctx: Context) -> Iterator[Problem]:
     """lm-evaluation-harness tasks need the extra, a Hugging Face model, and a whole model to run on."""

@@ -80,8 +80,8 @@ def test_a_row_in_neither_layout_is_a_bad_row_named_by_file_and_line(tmp_path):
     assert len(samples(path, on_bad_rows="skip")) == 3  # the three good rows, both layouts in one file
 
 
-def _problems(tmp_path, data: str) -> dict:
-    head = f'[run]\noutput_dir = "{tmp_path}/run"\n[model]\narchitecture = "llama"\n[tokenizer]\nkind = "byte"\n'
+def _problems(tmp_path, data: str, tokenizer: str = 'kind = "byte"') -> dict:
+    head = f'[run]\noutput_dir = "{tmp_path}/run"\n[model]\narchitecture = "llama"\n[tokenizer]\n{tokenizer}\n'
     plan = compile_recipe(
         parse_recipe(head + "[train]\nsteps = 2\nglobal_batch_size = 2\nmicro_batch_size = 2\n" + data)
     )
@@ -169,3 +169,38 @@ def test_a_template_on_builtin_data_is_refused(tmp_path):
     assert "built-in 'addition' dataset" in problems[("data.template", "error")].message
     assert ("data.prompt_column", "warning") in problems
     assert ("data.template", "warning") in _problems(tmp_path, '[data]\nformat = "chat"\ntemplate = "alpaca"\n')
+
+
+def test_a_tokenizer_without_a_chat_template_gets_a_named_one_or_a_jinja_file(tmp_path):
+    from ditty.config.sections import ModelConfig, TokenizerConfig
+    from ditty.data.chat_templates import CHATML
+    from ditty.data.tokenizer import build_tokenizer
+
+    bare = byte_tokenizer()
+    bare.chat_template = None
+    bare.save_pretrained(tmp_path / "tok")
+    path = write_jsonl(tmp_path / "c.jsonl", [sharegpt_row(OPENAI[0])])
+    data = DataConfig(source="file", path=path, format="chat", val_fraction=0.0, max_seq_len=256)
+    without = build_tokenizer(TokenizerConfig(path=str(tmp_path / "tok")), ModelConfig())
+    with pytest.raises(RecipeError, match="tokenizer.chat_template"):
+        build_data(data, without, seed=0)
+    chatml = build_tokenizer(TokenizerConfig(path=str(tmp_path / "tok"), chat_template="chatml"), ModelConfig())
+    assert chatml.chat_template == CHATML
+    (sample,) = build_data(data, chatml, seed=0).train
+    learned = chatml.decode([t for t in sample["labels"] if t != -100])
+    assert learned == "4<|im_end|></s>"  # the assistant's answer, the end of its turn and eos, nothing else
+    jinja = tmp_path / "mine.jinja"
+    jinja.write_text("{% for m in messages %}{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}")
+    own = build_tokenizer(TokenizerConfig(path=str(tmp_path / "tok"), chat_template=str(jinja)), ModelConfig())
+    assert own.chat_template == jinja.read_text()
+    saved = tmp_path / "saved"
+    chatml.save_pretrained(saved)  # checkpoints and final/ carry the template to generation
+    assert build_tokenizer(TokenizerConfig(path=str(saved)), ModelConfig()).chat_template == CHATML
+
+
+def test_an_unknown_chat_template_is_a_recipe_error(tmp_path):
+    problems = _problems(tmp_path, "", tokenizer='kind = "byte"\nchat_template = "chatlm"')
+    assert (
+        "neither a named template (chatml, plain) nor a Jinja file"
+        in problems[("tokenizer.chat_template", "error")].message
+    )

@@ -97,8 +97,8 @@ class ChatFormat(DataFormat):
             raise RecipeError.single(
                 'data.format = "chat" needs a tokenizer with a chat template, and this one has none',
                 key="data.format",
-                fix='use a chat model\'s tokenizer (tokenizer.path), tokenizer.kind = "byte", '
-                'or data.format = "prompt_completion"',
+                fix='set tokenizer.chat_template = "chatml" (or "plain", or a Jinja file\'s path), use a chat '
+                'model\'s tokenizer (tokenizer.path), or data.format = "prompt_completion"',
             )
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
