@@ -122,6 +122,33 @@ def test_a_sharegpt_file_trains_two_steps(tmp_path, capsys, streaming):
     assert main(["run", "tiny_sft", *args]) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("step", 0) for r in records) == 2
+    if streaming == "false":
+        assert_generate_chat_uses_the_template(out, capsys)
+
+
+def assert_generate_chat_uses_the_template(run, capsys) -> None:
+    """`ditty generate --chat` feeds the model the user turn in the template, with its generation
+    prompt and no second bos: the ids training saw before an assistant's answer."""
+    import torch
+
+    from ditty.train.generate import load_final
+
+    capsys.readouterr()
+    assert main(["generate", str(run), "--chat", "2+2?", "--max-new-tokens", "6"]) == 0
+    answer = capsys.readouterr().out.rstrip("\n")
+    model, tokenizer = load_final(str(run))
+    turn = [{"role": "user", "content": "2+2?"}]
+    ids = list(tokenizer.apply_chat_template(turn, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert tokenizer.decode(ids, skip_special_tokens=True).endswith("user: 2+2?\nassistant: ")
+    assert ids.count(tokenizer.bos_token_id) == 1
+    with torch.no_grad():
+        output = model.generate(
+            torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    new = output[0, len(ids) :].tolist()
+    if tokenizer.eos_token_id in new:
+        new = new[: new.index(tokenizer.eos_token_id)]
+    assert answer == tokenizer.decode(new, skip_special_tokens=True)
 
 
 ALPACA = [
