@@ -225,6 +225,10 @@ class DataConfig:
     """Fraction of the data held out for validation when no `val_path` is given (0 disables)."""
     val_path: Optional[str] = None
     """A separate validation file, in the same format as the training data."""
+    val_exact_match: bool = False
+    """Score validation rows from files or hub data by exact match too (format = "prompt_completion"):
+    greedy answers to the first `train.eval_samples` prompts against their completions, as
+    `val_exact_match`. Built-in data is always scored so."""
     shuffle_seed: Optional[int] = None
     """Seed of the data order; defaults to `run.seed`."""
     cache_dir: Optional[str] = None

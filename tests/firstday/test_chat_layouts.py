@@ -231,3 +231,22 @@ def test_an_unknown_chat_template_is_a_recipe_error(tmp_path):
         "neither a named template (chatml, plain) nor a Jinja file"
         in problems[("tokenizer.chat_template", "error")].message
     )
+
+
+def test_exact_match_on_validation_rows_from_a_file(tmp_path, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+1=", "completion": str(a + 1)} for a in range(8)])
+    val = write_jsonl(
+        tmp_path / "val.jsonl", [{"prompt": "2+1=", "completion": "3"}, {"prompt": "9+1=", "completion": "10"}]
+    )
+    config = DataConfig(source="file", path=train, val_path=val, val_exact_match=True)
+    task = build_data(config, byte_tokenizer(), seed=0).task
+    assert task.prompts == ("2+1=", "9+1=") and task.answers == ("3", "10") and task.max_new_tokens == 3
+    assert build_data(DataConfig(source="file", path=train, val_path=val), byte_tokenizer(), seed=0).task is None
+    out = tmp_path / "run"
+    args = ["--data.source", "file", "--data.path", train, "--data.val_path", val, "--data.val_exact_match", "true"]
+    args += ["--train.steps", "2", "--train.global_batch_size", "4", "--train.micro_batch_size", "4"]
+    args += ["--train.eval_every", "2", "--scheduler.warmup_steps", "1", "--logging.progress", "false"]
+    assert main(["run", "tiny_sft", *args, "--run.output_dir", str(out)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scores = [r["val_exact_match"] for r in records if "val_exact_match" in r]
+    assert scores and all(0.0 <= score <= 1.0 for score in scores)

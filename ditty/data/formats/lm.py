@@ -67,6 +67,18 @@ class PromptCompletionFormat(DataFormat):
             return RowCheck({column: TEXT for column in template.required})
         return RowCheck({data.prompt_column: TEXT, data.completion_column: TEXT})
 
+    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+        from ditty.data.task import Task
+
+        template = prompt_template(data.template)
+        if template is not None:
+            prompts = [template.prompt(row) for row in dataset]
+            answers = as_text(dataset[template.completion])
+        else:
+            prompts, answers = as_text(dataset[data.prompt_column]), as_text(dataset[data.completion_column])
+        # max_new_tokens is set from the tokenized answers by the builder.
+        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1)
+
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
         return bound(
             encode_prompt_completion,
