@@ -286,7 +286,7 @@ def eval_source(ctx: Context) -> Iterator[Problem]:
 @rule("data.chat_keys")
 def chat_keys(ctx: Context) -> Iterator[Problem]:
     """data.chat_keys names only message keys and roles, as text."""
-    from ditty.data.formats.chat_layouts import CHAT_KEY_NAMES, chat_keys_problems
+    from ditty.data.chat_layouts import CHAT_KEY_NAMES, chat_keys_problems
 
     for problem in chat_keys_problems(ctx.config.data.chat_keys or {}):
         yield error("data.chat_keys", problem, f"use {{{', '.join(f'{name} = ...' for name in CHAT_KEY_NAMES)}}}")

@@ -1,5 +1,5 @@
 """The causal-LM formats: "text", "prompt_completion" (its rows may be read through a named template,
-ditty.data.formats.templates) and "chat" (its rows in the layouts of ditty.data.formats.chat_layouts).
+ditty.data.formats.templates) and "chat" (its rows in the layouts of ditty.data.chat_layouts).
 Samples are {"input_ids": [...], "labels": [...]}, -100 where no loss.
 
 Truncation policy: a sample keeps its FIRST `data.max_seq_len` tokens; the end is cut. A prompt of
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
+from ditty.data.chat_layouts import ChatLayout
 from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
-from ditty.data.formats.chat_layouts import ChatLayout
 from ditty.data.formats.templates import PromptTemplate, prompt_template
 from ditty.data.rows import TEXT
 
@@ -159,7 +159,7 @@ def encode_prompt_completion(
 
 
 def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", layout: ChatLayout, max_len: int) -> Batch:
-    """Conversations (in any layout of ditty.data.formats.chat_layouts) rendered with the tokenizer's
+    """Conversations (in any layout of ditty.data.chat_layouts) rendered with the tokenizer's
     chat template; loss on assistant turns only.
 
     Templates with `{% generation %}` markers say exactly which tokens are the assistant's (the
