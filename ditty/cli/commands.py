@@ -41,8 +41,9 @@ commands:
                                               a recipe chosen to fit, with its plan
   ls                                          list the bundled recipes
   plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
-  generate RUN_DIR PROMPT [--max-new-tokens N] [--sample]
-                                              text from a run's final model
+  generate RUN_DIR PROMPT [--max-new-tokens N] [--sample] [--chat]
+                                              text from a run's final model (--chat: the
+                                              prompt as a user turn in its chat template)
   export RUN_OR_CHECKPOINT -o DIR [--merge-lora]
                                               a checkpoint as a Hugging Face model
   push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub
@@ -497,6 +498,7 @@ def cmd_plot(args: list[str]) -> int:
 def cmd_generate(args: list[str]) -> int:
     max_new, args = _take_option(args, ("--max-new-tokens",))
     sample, args = _take_option(args, ("--sample",), has_value=False)
+    chat, args = _take_option(args, ("--chat",), has_value=False)
     _, args = _take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
     if len(args) != 2:
         raise RecipeError.single(
@@ -516,7 +518,7 @@ def cmd_generate(args: list[str]) -> int:
         )
     from ditty.train.generate import generate
 
-    print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample)))
+    print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample), chat=bool(chat)))
     return 0
 
 

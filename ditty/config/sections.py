@@ -82,6 +82,10 @@ class TokenizerConfig:
     "byte" is a built-in byte-level tokenizer needing no files."""
     path: Optional[str] = None
     """Tokenizer hub id or directory; defaults to `model.path`."""
+    chat_template: Optional[str] = None
+    """The chat template to use (data.format = "chat", `ditty generate --chat`) instead of the
+    tokenizer's own, for tokenizers that have none: "chatml", "plain" ("role: content" lines), or the
+    path of a Jinja file. It is saved with the tokenizer in the run's checkpoints and final/."""
 
     def source(self, model: "ModelConfig") -> Optional[str]:
         """Where the tokenizer loads from, or None for the built-in byte tokenizer."""
@@ -180,8 +184,19 @@ class DataConfig:
     """Column holding the prompt (format = "prompt_completion")."""
     completion_column: str = "completion"
     """Column holding the completion (format = "prompt_completion")."""
+    template: Optional[Literal["alpaca"]] = None
+    """A named prompt template that reads instruction rows as prompt_completion (format =
+    "prompt_completion"): "alpaca" reads `instruction`, an optional `input` and `output`, and renders the
+    prompt with Alpaca's text; the completion is `output`. Unset: the prompt and completion columns."""
     messages_column: str = "messages"
-    """Column holding the list of {role, content} messages (format = "chat")."""
+    """Column holding the conversation (format = "chat"). OpenAI rows ({role, content} messages in
+    "messages") and ShareGPT rows ({from, value} turns, human/gpt/system, in "conversations") are
+    recognised per row as they are; name another column here."""
+    chat_keys: dict[str, str] = field(default_factory=dict)
+    """Message keys and role names of another conversation layout (format = "chat"), e.g.
+    {role = "speaker", content = "text", user = "customer", assistant = "agent", system = "rules"}:
+    `role`/`content` name each message's two keys, `user`/`assistant`/`system` the speaker values that
+    mean those roles (others pass through). Unset: the OpenAI and ShareGPT layouts are detected."""
     text_pair_column: Optional[str] = None
     """Column holding the second text of a pair (format = "classification"; unset: single texts)."""
     label_column: str = "label"
@@ -210,6 +225,10 @@ class DataConfig:
     """Fraction of the data held out for validation when no `val_path` is given (0 disables)."""
     val_path: Optional[str] = None
     """A separate validation file, in the same format as the training data."""
+    val_exact_match: bool = False
+    """Score validation rows from files or hub data by exact match too (format = "prompt_completion"):
+    greedy answers to the first `train.eval_samples` prompts against their completions, as
+    `val_exact_match`. Built-in data is always scored so."""
     shuffle_seed: Optional[int] = None
     """Seed of the data order; defaults to `run.seed`."""
     cache_dir: Optional[str] = None

@@ -53,13 +53,18 @@ def scan_file(path: str | os.PathLike, fields: Checks, *, max_row_bytes: int = D
     """Count the good rows of one file and collect its bad ones (bounded memory)."""
     report = RowReport()
     missing_by_field: dict[str, int] = {}
+    check = as_check(fields)
+    # A format's own rule may say "no column" in its words (chat: neither layout's column).
+    missing = {f"{name!r} is missing": name for name in check.fields}
+    if getattr(check.row, "missing_reason", None):
+        missing[check.row.missing_reason] = "the format's column"
     for _, bad, _ in rows_of(path, fields, max_row_bytes=max_row_bytes):
         if bad is None:
             report.rows += 1
             continue
-        for name in as_check(fields).fields:
-            if bad.reason == f"{name!r} is missing":
-                missing_by_field[name] = missing_by_field.get(name, 0) + 1
+        if bad.reason in missing:
+            name = missing[bad.reason]
+            missing_by_field[name] = missing_by_field.get(name, 0) + 1
         report.add_bad(bad)
     # A field missing from every row is a wrong column name, not bad rows: the loader's column
     # check says that better (it lists the columns found).
@@ -131,7 +136,9 @@ def write_clean_copy(path: str | os.PathLike, fields: Checks, *, max_row_bytes: 
 def _check_key(fields: Checks) -> list:
     """What the clean copy depends on: the checked fields and the format's own rule."""
     check = as_check(fields)
-    return [dict(check.fields), getattr(check.row, "__qualname__", None)]
+    rule = check.row
+    # A rule object (the chat layouts) stands for itself by its repr; a function, by its name.
+    return [dict(check.fields), getattr(rule, "__qualname__", None) or (repr(rule) if rule is not None else None)]
 
 
 def _datasets_cache() -> str:
@@ -151,16 +158,22 @@ def check_table(dataset: Any, fields: Checks, *, label: str) -> tuple[RowReport,
     present = [name for name in check.fields if name in dataset.column_names]
     report = RowReport()
     good = []
-    if not present:
-        return RowReport(rows=len(dataset)), list(range(len(dataset)))
+    everything = RowReport(rows=len(dataset)), list(range(len(dataset)))
+    if not present and (check.fields or check.row is None):
+        return everything
     whole = check.row if len(present) == len(check.fields) else None  # the format's rule reads every field
-    columns = dataset.select_columns(present)
+    # A rule without named fields (chat: its layout is told from the row's keys) reads the whole row.
+    columns = dataset.select_columns(present) if check.fields else dataset
+    missing, without_column = getattr(check.row, "missing_reason", None), 0
     for index, row in enumerate(_rows(columns)):
         problem = row_problem(row, RowCheck({name: check.fields[name] for name in present}, whole))
         if problem:
             report.add_bad(BadRow(label, None, problem, row=index))
+            without_column += problem == missing
         else:
             good.append(index)
+    if without_column == len(dataset):
+        return everything  # no row has the format's column: the loader's column check names it better
     report.rows = len(good)
     return report, good
 

@@ -102,6 +102,8 @@ def build_data(
             read = [_given_rows(data, seed, rows, val_rows)]
         else:
             read = [read_source(source, seed) for source in sources]
+        if read[0].task is None and data.val_exact_match and read[0].val is not None and not data.sources:
+            read[0] = replace(read[0], task=fmt.exact_match_task(read[0].val, data))
         if read[0].task is not None:  # greedy decoding generates the longest answer and its eos
             answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
             read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))

@@ -119,7 +119,7 @@ class SourceReader:
         self.source = source
         self.data = data
         self.reader, self.readers, self.seed = reader, readers, seed
-        self.encode, self.columns = fmt.encoder(data.tokenizer, source.data, data.labels), fmt.columns(source.data)
+        self.format, self.encode = fmt, fmt.encoder(data.tokenizer, source.data, data.labels)
         self.check = fmt.row_check(source.data)
         self.epoch = 0
         self.window = -1  # number of the window in `samples` within this pass; -1: none read yet
@@ -221,7 +221,8 @@ class SourceReader:
         )
 
     def _tokenize(self, rows: dict[str, list]) -> list[dict]:
-        missing = [(key, column) for key, column in self.columns.items() if column not in rows]
+        columns = self.format.columns_found(self.source.data, list(rows))
+        missing = [(key, column) for key, column in columns.items() if column not in rows]
         if missing:
             key, column = missing[0]
             raise RecipeError.single(

@@ -71,17 +71,19 @@ def greedy_generate(
     max_new_tokens: int,
     *,
     use_cache: bool = True,
+    add_special_tokens: bool = True,
 ) -> list[str]:
     """Greedy continuations of `prompts`, each cut at its first end-of-sequence token.
 
-    Prompts are encoded exactly as in training (`tokenizer(prompt)`, special tokens included) and
+    Prompts are encoded exactly as in training (`tokenizer(prompt)`, special tokens included unless
+    `add_special_tokens` is false, as for text a chat template rendered with its own) and
     left-padded, so the next token of every row is read at the last column. Position ids count only
     real tokens, so a padded prompt sees the positions it would see alone. `use_cache=False` (or a
     model without `generate`) re-runs the prefix for every token: the same tokens, much slower.
     """
     import torch
 
-    encoded = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    encoded = [tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"] for prompt in prompts]
     width = max(len(ids) for ids in encoded)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)

@@ -83,6 +83,15 @@ def build_tokenizer(tok: "TokenizerConfig", model: "ModelConfig") -> "PreTrained
     A path that is neither a local directory nor a reachable hub id is a user error (RecipeError
     naming `tokenizer.path`, or `model.path` when the tokenizer defaults to the model's).
     """
+    tokenizer = _tokenizer_of(tok, model)
+    if tok.chat_template:
+        from ditty.data.chat_templates import chat_template_text
+
+        tokenizer.chat_template = chat_template_text(tok.chat_template)
+    return tokenizer
+
+
+def _tokenizer_of(tok: "TokenizerConfig", model: "ModelConfig") -> "PreTrainedTokenizerBase":
     if tok.kind == "byte":
         return byte_tokenizer()
 

@@ -100,7 +100,7 @@ def _base_config(
     name = re.sub(r"[^a-z0-9]+", "-", os.path.basename(model.rstrip("/")).lower()).strip("-") + f"-{method}"
     data_config = DataConfig(source="hub", name=PLACEHOLDER_DATA, format="prompt_completion", val_fraction=0.01)
     if data:
-        data_config = DataConfig(source="file", path=data, format=detect_format(data), val_fraction=0.01)
+        data_config = DataConfig(source="file", path=data, val_fraction=0.01, **detect_data(data))
     data_config = dataclasses.replace(data_config, max_seq_len=seq_len or 2048)
     adapter = method in ("lora", "qlora")
     return TrainerConfig(
@@ -117,7 +117,14 @@ def _base_config(
 
 
 def detect_format(path: str) -> str:
-    """The data format a local file's first row suggests: chat ("messages"), prompt_completion, or text."""
+    """The data format a local file's first row suggests: chat, prompt_completion, or text."""
+    return detect_data(path)["format"]
+
+
+def detect_data(path: str) -> dict:
+    """The [data] keys a local file's first row suggests: chat ("messages" or ShareGPT's
+    "conversations"), prompt_completion ("prompt"/"completion", or Alpaca's "instruction"/"output"
+    through its template), or text."""
     if not os.path.isfile(path):
         raise RecipeError.single(f"--data {path!r} is not a file", fix="name a .jsonl/.json/.csv/.parquet/.txt file")
     if path.endswith(".jsonl"):
@@ -127,11 +134,13 @@ def detect_format(path: str) -> str:
             row = json.loads(first)
         except ValueError:
             raise RecipeError.single(f"the first line of {path} is not JSON", fix="check the file") from None
-        if "messages" in row:
-            return "chat"
+        if "messages" in row or "conversations" in row:
+            return {"format": "chat"}
         if "prompt" in row and "completion" in row:
-            return "prompt_completion"
-    return "text"
+            return {"format": "prompt_completion"}
+        if "instruction" in row and "output" in row:
+            return {"format": "prompt_completion", "template": "alpaca"}
+    return {"format": "text"}
 
 
 def _candidates(base: TrainerConfig, method: str, target: Target):

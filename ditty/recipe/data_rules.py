@@ -283,6 +283,44 @@ def eval_source(ctx: Context) -> Iterator[Problem]:
         yield warning("data.eval.dataset", f"hub dataset {spec.dataset!r} cannot be verified offline")
 
 
+@rule("data.chat_keys")
+def chat_keys(ctx: Context) -> Iterator[Problem]:
+    """data.chat_keys names only message keys and roles, as text."""
+    from ditty.data.chat_layouts import CHAT_KEY_NAMES, chat_keys_problems
+
+    for problem in chat_keys_problems(ctx.config.data.chat_keys or {}):
+        yield error("data.chat_keys", problem, f"use {{{', '.join(f'{name} = ...' for name in CHAT_KEY_NAMES)}}}")
+
+
+@rule("data.template")
+def template_columns(ctx: Context) -> Iterator[Problem]:
+    """A prompt template reads its own columns from files or hub data."""
+    data = ctx.config.data
+    if data.template is None or data.format != "prompt_completion":
+        return
+    if data.source == "builtin" and not data.sources:
+        yield error(
+            "data.template",
+            f"reads instruction rows from files or hub data, and the built-in {data.name!r} dataset has none",
+            'set data.source = "file" and data.path, or remove data.template',
+        )
+    for key in ("data.prompt_column", "data.completion_column"):
+        if ctx.is_set(key):
+            yield warning(key, f"has no effect with data.template = {data.template!r}", "remove it")
+
+
+@rule("tokenizer.chat_template")
+def chat_template(ctx: Context) -> Iterator[Problem]:
+    """tokenizer.chat_template names a known template or a file that exists."""
+    from ditty.data.chat_templates import CHAT_TEMPLATES, chat_template_problem
+
+    choice = ctx.config.tokenizer.chat_template
+    if choice and (problem := chat_template_problem(choice)) is not None:
+        yield error(
+            "tokenizer.chat_template", problem, f"use {' or '.join(map(repr, CHAT_TEMPLATES))}, or a .jinja file's path"
+        )
+
+
 @rule("eval.harness")
 def harness(ctx: Context) -> Iterator[Problem]:
     """lm-evaluation-harness tasks need the extra, a Hugging Face model, and a whole model to run on."""

@@ -63,19 +63,32 @@ def generate(
     top_p: float = 1.0,
     seed: Optional[int] = 0,
     device: str = "cpu",
+    chat: bool = False,
 ) -> str:
     """The model's continuation of `prompt` (the new text only, special tokens removed).
+
+    `chat`: the prompt is one user message, rendered with the tokenizer's chat template and its
+    generation prompt, as a chat-trained model saw conversations in training (data.format = "chat").
 
     Greedy unless `sample` (the same KV-cached greedy search as validation's exact match,
     ditty.data.task.greedy_generate, stopping at the end-of-sequence token); sampling is seeded by
     `seed` so a command line call is repeatable.
     """
     model, tokenizer = load_final(run_dir, device)
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise RecipeError.single(
+                f"--chat needs a chat template, and the tokenizer of {run_dir!r} has none",
+                fix='train with tokenizer.chat_template = "chatml" (or a Jinja file), or leave out --chat',
+            )
+        conversation = [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     if not sample:
         from ditty.data.task import greedy_generate
 
-        return greedy_generate(model, tokenizer, [prompt], device, max_new_tokens)[0]
-    inputs = tokenizer(prompt, return_tensors="pt").to(device)
+        # A rendered template holds its own special tokens, as the chat format tokenized it in training.
+        return greedy_generate(model, tokenizer, [prompt], device, max_new_tokens, add_special_tokens=not chat)[0]
+    inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=not chat).to(device)
     if seed is not None:
         torch.manual_seed(seed)
     output = model.generate(

@@ -149,6 +149,27 @@ def test_init_from_intent_reads_the_data_format(capsys, tmp_path):
     assert f'path = "{data}"' in out and 'format = "chat"' in out and "max_seq_len = 4096" in out
 
 
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"conversations": [{"from": "human", "value": "hi"}]}, ['format = "chat"']),
+        (
+            {"instruction": "Say hi.", "input": "", "output": "hi"},
+            ['format = "prompt_completion"', 'template = "alpaca"'],
+        ),
+    ],
+)
+def test_init_reads_sharegpt_and_alpaca_files(capsys, tmp_path, row, expected):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    code, out, err = run_cli(
+        capsys, "init", "--model", "meta-llama/Llama-3.2-1B", "--method", "lora", "--gpu-memory", "24GB",
+        "--data", data,
+    )  # fmt: skip
+    assert code == 0, err
+    assert all(line in out for line in expected), out
+
+
 def test_init_never_writes_a_recipe_check_would_refuse(capsys, tmp_path):
     path = tmp_path / "recipe.toml"
     code, _, err = run_cli(

@@ -63,7 +63,7 @@ def tokenize(
     no rows, a missing column, a tokenizer the format cannot use, or no sample left after truncation.
     `source_key`: the recipe key that named the data, for messages."""
     fmt = data_format(data.format)
-    require_columns(dataset, fmt.columns(data), description, source_key)
+    require_columns(dataset, fmt.columns_found(data, dataset.column_names), description, source_key)
     fmt.check_tokenizer(tokenizer, data)
     tokenized = dataset.map(
         fmt.encoder(tokenizer, data, labels),

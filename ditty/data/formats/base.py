@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from ditty.config.sections import DataConfig
     from ditty.data.labels import LabelSpace
+    from ditty.data.task import Task
 
 Batch = dict[str, list[Any]]
 
@@ -47,6 +48,11 @@ class DataFormat:
         """{recipe key: column} this format reads (required)."""
         raise NotImplementedError
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        """{recipe key: column} this format reads from data with the `found` columns (a format that
+        recognises several layouts picks the one the data has)."""
+        return self.columns(data)
+
     def row_check(self, data: "DataConfig") -> RowCheck:
         """What the row loader checks in each row (required)."""
         raise NotImplementedError
@@ -60,6 +66,11 @@ class DataFormat:
         """The batched `Dataset.map` function from rows to samples: a module-level function bound
         with `functools.partial`, which `datasets` can hash as the tokenization cache key (required)."""
         raise NotImplementedError
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Optional["Task"]:
+        """Checked validation rows as prompts and reference answers (`data.val_exact_match`), or None
+        for formats without one answer per row."""
+        return None
 
     def label_values(self, dataset: Any, data: "DataConfig") -> set:
         """The label values of checked rows (formats with `labels`)."""

@@ -1,5 +1,6 @@
-"""The causal-LM formats: "text", "prompt_completion" and "chat". Samples are
-{"input_ids": [...], "labels": [...]}, -100 where no loss.
+"""The causal-LM formats: "text", "prompt_completion" (its rows may be read through a named template,
+ditty.data.formats.templates) and "chat" (its rows in the layouts of ditty.data.chat_layouts).
+Samples are {"input_ids": [...], "labels": [...]}, -100 where no loss.
 
 Truncation policy: a sample keeps its FIRST `data.max_seq_len` tokens; the end is cut. A prompt of
 `max_seq_len` tokens or more therefore leaves nothing to learn, and such a sample is dropped.
@@ -12,12 +13,14 @@ and a dataset where every sample is dropped is a user error (ditty.data.formats.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
+from ditty.data.chat_layouts import ChatLayout
 from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
-from ditty.data.rows import MESSAGES, TEXT
+from ditty.data.formats.templates import PromptTemplate, prompt_template
+from ditty.data.rows import TEXT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,10 +49,35 @@ class PromptCompletionFormat(DataFormat):
     packable = True
 
     def columns(self, data: "DataConfig") -> dict[str, str]:
+        template = prompt_template(data.template)
+        if template is not None:  # its columns are named by the template (the prompt's first, for messages)
+            return {"data.template": template.required[0]}
         return {"data.prompt_column": data.prompt_column, "data.completion_column": data.completion_column}
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        template = prompt_template(data.template)
+        if template is None:
+            return self.columns(data)
+        missing = [column for column in template.required if column not in found]
+        return {"data.template": (missing or list(template.required))[0]}
+
     def row_check(self, data: "DataConfig") -> RowCheck:
+        template = prompt_template(data.template)
+        if template is not None:
+            return RowCheck({column: TEXT for column in template.required})
         return RowCheck({data.prompt_column: TEXT, data.completion_column: TEXT})
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+        from ditty.data.task import Task
+
+        template = prompt_template(data.template)
+        if template is not None:
+            prompts = [template.prompt(row) for row in dataset]
+            answers = as_text(dataset[template.completion])
+        else:
+            prompts, answers = as_text(dataset[data.prompt_column]), as_text(dataset[data.completion_column])
+        # max_new_tokens is set from the tokenized answers by the builder.
+        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1)
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
         return bound(
@@ -58,6 +86,7 @@ class PromptCompletionFormat(DataFormat):
             prompt_column=data.prompt_column,
             completion_column=data.completion_column,
             max_len=data.max_seq_len,
+            template=prompt_template(data.template),
         )
 
 
@@ -68,20 +97,24 @@ class ChatFormat(DataFormat):
     def columns(self, data: "DataConfig") -> dict[str, str]:
         return {"data.messages_column": data.messages_column}
 
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        return {"data.messages_column": ChatLayout.of(data).column_of(found)}
+
     def row_check(self, data: "DataConfig") -> RowCheck:
-        return RowCheck({data.messages_column: MESSAGES})
+        # The layout (OpenAI or ShareGPT) is told per row from its keys, so no column is required by name.
+        return RowCheck({}, ChatLayout.of(data))
 
     def check_tokenizer(self, tokenizer: Any, data: "DataConfig") -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RecipeError.single(
                 'data.format = "chat" needs a tokenizer with a chat template, and this one has none',
                 key="data.format",
-                fix='use a chat model\'s tokenizer (tokenizer.path), tokenizer.kind = "byte", '
-                'or data.format = "prompt_completion"',
+                fix='set tokenizer.chat_template = "chatml" (or "plain", or a Jinja file\'s path), use a chat '
+                'model\'s tokenizer (tokenizer.path), or data.format = "prompt_completion"',
             )
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
-        return bound(encode_chat, tokenizer=tokenizer, column=data.messages_column, max_len=data.max_seq_len)
+        return bound(encode_chat, tokenizer=tokenizer, layout=ChatLayout.of(data), max_len=data.max_seq_len)
 
 
 def encode_text(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
@@ -101,15 +134,23 @@ def encode_prompt_completion(
     prompt_column: str,
     completion_column: str,
     max_len: int,
+    template: Optional[PromptTemplate] = None,
 ) -> Batch:
-    """Loss on the completion and its eos only.
+    """Loss on the completion and its eos only. With a `template`, the prompt is the template
+    rendered from each row's columns and the completion its completion column.
 
     Prompt and completion are tokenized separately (prompt with the tokenizer's special tokens, as
     generation will see it; completion without), so the prompt/completion boundary is exact even
     for tokenizers that would merge characters across it.
     """
     out: Batch = {"input_ids": [], "labels": []}
-    prompts = tokenizer(as_text(batch[prompt_column]))["input_ids"]
+    if template is not None:
+        names = list(batch)
+        prompt_texts = [template.prompt(dict(zip(names, values))) for values in zip(*(batch[n] for n in names))]
+        completion_column = template.completion
+    else:
+        prompt_texts = as_text(batch[prompt_column])
+    prompts = tokenizer(prompt_texts)["input_ids"]
     completions = tokenizer(as_text(batch[completion_column]), add_special_tokens=False)["input_ids"]
     for prompt_ids, completion_ids in zip(prompts, completions):
         answer = _with_eos(completion_ids, tokenizer)
@@ -117,8 +158,9 @@ def encode_prompt_completion(
     return out
 
 
-def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
-    """Messages rendered with the tokenizer's chat template; loss on assistant turns only.
+def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", layout: ChatLayout, max_len: int) -> Batch:
+    """Conversations (in any layout of ditty.data.chat_layouts) rendered with the tokenizer's
+    chat template; loss on assistant turns only.
 
     Templates with `{% generation %}` markers say exactly which tokens are the assistant's (the
     tokenizer returns that mask). For templates without them, an assistant turn is the tokens
@@ -130,7 +172,16 @@ def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: s
     # get_chat_template resolves tokenizers that carry several named templates to the default one.
     has_markers = bool(_GENERATION_MARKER.search(tokenizer.get_chat_template()))
     out: Batch = {"input_ids": [], "labels": []}
-    for messages in batch[column]:
+    names = list(batch)
+    for values in zip(*(batch[name] for name in names)):
+        messages, problem = layout.conversation(dict(zip(names, values)))
+        if problem:
+            raise RecipeError.single(
+                f"a conversation cannot be read: it {problem}",
+                key="data.messages_column",
+                fix="each row needs a list of {role, content} (OpenAI) or {from, value} (ShareGPT) messages; "
+                "name other keys with data.chat_keys",
+            )
         try:
             if has_markers:
                 ids, supervised = _assistant_tokens_from_markers(tokenizer, messages)
