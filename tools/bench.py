@@ -262,7 +262,7 @@ def worker_ditty(a: dict) -> dict:
     if a.get("measure", True):
         out.update(meter.result(a["warmup"]))
     if a.get("save"):
-        from ditty.train.final import unwrap_model
+        from ditty._utils.modules import unwrap as unwrap_model
 
         torch.save({k: v.detach().clone() for k, v in unwrap_model(trainer.model).state_dict().items()}, a["save"])
     return out

@@ -40,5 +40,9 @@ class Cadence:
             log=skipped or last or every(self.log_every),
             evaluate=last or every(self.eval_every),
             harness=not last and every(self.harness_every),
-            save=every(self.save_every),
+            save=self.saves_at(step),
         )
+
+    def saves_at(self, step: int) -> bool:
+        """A periodic checkpoint after `step` (`checkpoint.every`; 0 means never)."""
+        return self.save_every > 0 and step % self.save_every == 0

@@ -25,13 +25,14 @@ log = logging.getLogger("ditty.train")
 
 
 class RunEnding:
-    def save(self, final: bool = False, due: bool = False) -> Optional[str]:
+    def save(self, final: bool = False) -> Optional[str]:
         """Periodic: a checkpoint every `checkpoint.every` steps (and a Hub push with push =
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
         push = self.config.hub.push
         finite = self.checkpointer.manager.finite  # saves wait for a finite step
-        if not final:  # `due`: a periodic checkpoint (ditty.train.cadence)
+        if not final:  # a periodic checkpoint (ditty.train.cadence) or a timed one (checkpoint.every_minutes)
+            due = self.cadence.saves_at(self.state.step)
             due = self.save_clock_due() or due  # every rank reads the clock on the same steps
             if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
                 self.checkpointer.save(self)

@@ -111,7 +111,7 @@ class Trainer(Builders, RunEnding):
                 due = self.cadence.at(self.state.step, last=self.should_stop(), skipped=out.skipped)
                 self.log_step(out, due)
                 self.check_skips(out)
-                self.save(due=due.save)
+                self.save(final=False)
                 if self.checkpointer.stop_requested():
                     return self.preempt()
 

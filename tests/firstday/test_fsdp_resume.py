@@ -20,6 +20,7 @@ def test_fsdp_on_two_processes_resumes_on_one(tmp_path, capsys):
     capsys.readouterr()
 
     one = ["run", "tiny_sft", "--run.output_dir", out, "--train.steps", "4", *SHORT, "--parallel.kind", "none"]
+    one += ["--checkpoint.overwrite_finished", "true"]  # extending a finished run is asked for in so many words
     assert main(one) == 0, capsys.readouterr().err
     captured = capsys.readouterr()
     assert "resumed from step 2" in captured.out + captured.err

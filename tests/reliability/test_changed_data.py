@@ -89,6 +89,7 @@ def test_a_rewritten_data_file_misses_the_cache_and_a_resume_on_it_is_refused(tm
     assert "--checkpoint.force_resume true" in refused.err
     assert _snapshot(old_run) == before
 
-    forced = ditty("run", str(longer), "--checkpoint.force_resume", "true")
+    # The old run is finished: extending it is asked for in so many words (test_finished_runs.py).
+    forced = ditty("run", str(longer), "--checkpoint.force_resume", "true", "--checkpoint.overwrite_finished", "true")
     assert forced.code == 0 and "resumed from step 4" in forced.out, forced.err[-3000:]
     assert "resuming on changed data" in forced.err and complete_steps(old_run)[-1] == 6

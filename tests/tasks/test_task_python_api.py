@@ -77,7 +77,13 @@ def test_seq2seq_and_masked_lm_named_in_extra_config(tmp_path, task_models, task
             model_task=task,
             extra_config={
                 "model": {"path": task_models[family]},
-                "data": {"source": "file", "path": task_files[fmt], "val_path": task_files[f"{fmt}_val"]},
+                # 128: the tiny BERT's positions (a longer data.max_seq_len is refused)
+                "data": {
+                    "source": "file",
+                    "path": task_files[fmt],
+                    "val_path": task_files[f"{fmt}_val"],
+                    "max_seq_len": 128,
+                },
                 "train": {"eval_samples": 4},
             },
             output_dir=str(tmp_path / task),

@@ -76,7 +76,11 @@ def runs(tmp_path_factory):
             deepspeed_config(paths["zero3_ac"], 3, activation_checkpointing="full"),
             with_lora(deepspeed_config(paths["zero3_lora"], 3)),  # frozen base partitioned, adapter gathered for final/
             first_half,  # 4 steps, checkpoints at 2 and 4 ...
-            replace(first_half, train=replace(first_half.train, steps=8)),  # ... then resumed to 8
+            replace(  # ... then resumed to 8 (extending a finished run is asked for in so many words)
+                first_half,
+                train=replace(first_half.train, steps=8),
+                checkpoint=replace(first_half.checkpoint, overwrite_finished=True),
+            ),
         ],
         timeout=600,
     )

@@ -121,14 +121,16 @@ def single(tmp_path_factory):
 
 
 def test_eval_batches_are_equal_in_number_on_every_rank(monkeypatch):
-    from ditty.train import evaluate
+    from ditty._utils import dist
+    from ditty.data.collate import eval_batches
+    from ditty.data.formats.base import PaddingCollator
 
     data = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]} for _ in range(5)]
     counts, tokens = [], 0
     for rank in range(2):
-        monkeypatch.setattr(evaluate, "get_rank", lambda r=rank: r)
-        monkeypatch.setattr(evaluate, "get_world_size", lambda: 2)
-        batches = list(evaluate.eval_batches(data, 2, 0))
+        monkeypatch.setattr(dist, "rank", lambda r=rank: r)
+        monkeypatch.setattr(dist, "world_size", lambda: 2)
+        batches = list(eval_batches(data, 2, PaddingCollator(pad_token_id=0)))
         counts.append(len(batches))
         tokens += sum(int((b["labels"][..., 1:] != -100).sum()) for b in batches)
     assert counts == [2, 2]  # 3 samples on rank 0, 2 on rank 1 (plus one filler batch)
