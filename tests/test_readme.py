@@ -1,0 +1,322 @@
+"""The README's code blocks, run as a new user runs them (in the manner of litgpt's test_readme).
+
+Every fenced block of README.md is one test, named by its line. Blocks run in one working
+directory that looks like a fresh clone (`recipes/` and the `Makefile` beside it) plus the files the
+README's examples name (`my.toml`, `my.jsonl`, `data/reviews.jsonl`, `models/my-bert`, ...):
+
+- shell blocks (`bash`, `sh`, `console`): each `ditty ...` line (also `.venv/bin/ditty`, `python -m
+  ditty`) runs in-process through `ditty.cli.main` and must exit 0; `make TARGET` runs the ditty
+  command of that Makefile target. `ditty run` gets a few flags more (SHORT_RUN) so it trains for a
+  few steps: the user's recipe and flags otherwise, as written.
+- `toml` blocks are recipes or parts of one: `ditty check` of the block must exit 0.
+- `python` blocks are executed as written.
+- `text` and `yaml` blocks are not run.
+
+A marker comment on the lines just above a block changes that (it does not show on GitHub):
+`<!-- readme-test: skip REASON -->` (never run: a GPU, several machines, the Hub), `<!-- readme-test:
+flags --section.field VALUE ... -->` (flags added to its `ditty` commands, for a fragment of a
+recipe), `<!-- readme-test: slow -->` (the block is marked slow; blocks that train, or read a trained run,
+are marked slow without it). A block in any other language
+fails until it is given one of those.
+
+Two results are shared, each made once, when a block first needs it: the demo run (`make demo`,
+shortened) in `runs/tiny_sft`, and the README's classifier recipe trained into
+`runs/my-classifier`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+# `ditty run` of a README block trains this long (the flags come after the user's, so they win).
+SHORT_RUN = ("--train.steps", "3", "--train.eval_every", "3", "--train.eval_samples", "8")
+SHORT_RUN += ("--train.log_every", "1", "--scheduler.warmup_steps", "1", "--logging.progress", "false")
+SHORT_BUILTIN = ("--data.num_samples", "400")  # built-in data sets: fewer generated rows
+
+# Makefile targets a README block names that the test does not run, and why.
+MAKE_TARGETS_NOT_RUN = {
+    "test": "the whole test suite, which holds this test",
+    "test-quick": "the test suite without slow tests, which holds this test",
+    "lint": "ruff over the repository, which CI runs on its own",
+}
+SHELL = {"bash", "sh", "shell", "console"}
+NOT_CODE = {"text", "yaml"}  # listings, and files of other tools (an lm-eval task) that ditty reads
+MARKER = re.compile(r"<!--\s*readme-test:\s*(skip|flags|slow)\b\s*(.*?)\s*-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # line of the opening fence, from 1
+    lang: str
+    text: str
+    skip: str | None = None  # why it never runs
+    flags: tuple[str, ...] = ()
+    slow: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"L{self.line}-{self.lang or 'plain'}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The fenced blocks of a Markdown text, with the readme-test markers of the lines above each."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        opening = re.match(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)", lines[index])
+        if not opening:
+            index += 1
+            continue
+        fence = opening.group(2)
+        end = index + 1
+        while end < len(lines) and not lines[end].strip().startswith(fence):
+            end += 1
+        markers: dict[str, str] = {}
+        above = index - 1
+        while above >= 0 and (not lines[above].strip() or MARKER.search(lines[above])):
+            for found in MARKER.finditer(lines[above]):
+                markers[found.group(1)] = found.group(2)
+            above -= 1
+        body = "\n".join(line[len(opening.group(1)) :] for line in lines[index + 1 : end])
+        blocks.append(
+            Block(
+                line=index + 1,
+                lang=opening.group(3).lower(),
+                text=body,
+                skip=markers.get("skip") or None,
+                flags=tuple(shlex.split(markers.get("flags", ""))),
+                slow="slow" in markers,
+            )
+        )
+        index = end + 1
+    return blocks
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """The commands of a shell block: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def ditty_args(words: list[str]) -> list[str] | None:
+    """The arguments of a ditty command line, or None when the line runs something else."""
+    if words and Path(words[0]).name == "ditty":
+        return words[1:]
+    if words[:3] in (["python", "-m", "ditty"], ["python3", "-m", "ditty"]):
+        return words[3:]
+    return None
+
+
+def make_target_command(target: str) -> list[str]:
+    """The ditty arguments a Makefile target runs (`$(VENV)/bin/ditty run tiny_sft` -> run tiny_sft)."""
+    recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n?)+)", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert recipe, f"the Makefile has no target {target!r}"
+    for line in recipe.group(1).splitlines():
+        args = ditty_args(shlex.split(line.strip()))
+        if args is not None:
+            return args
+    raise AssertionError(f"make {target} runs no ditty command; teach tests/test_readme.py what it does")
+
+
+def shortened(args: list[str]) -> list[str]:
+    """A `ditty run` trains a few steps (built-in data: fewer generated rows); other commands as written."""
+    if not args or args[0] != "run":
+        return args
+    from ditty.config.loader import load_recipe
+
+    extra = list(SHORT_RUN)
+    if load_recipe(args[1]).config.data.source == "builtin":
+        extra += SHORT_BUILTIN
+    return [*args, *extra]
+
+
+def run_ditty(args: list[str], capsys, where: str) -> str:
+    """`ditty ARGS` in-process; it must exit 0. Returns what it printed."""
+    import torch
+
+    from ditty.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        code = main(list(args))
+    finally:
+        torch.set_num_threads(threads)  # a run picks its own thread count; the next test keeps ours
+    out, err = capsys.readouterr()
+    assert code == 0, f"{where}: `ditty {shlex.join(args)}` exited {code}\n{out[-3000:]}\n{err[-3000:]}"
+    return out
+
+
+# ---------------------------------------------------------------- the working directory
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+TOPICS = [
+    ("the team scored a goal", "sport"),
+    ("the coach and the player", "sport"),
+    ("bread and soup for dinner", "food"),
+    ("cheese salad recipe", "food"),
+    ("rain and wind tomorrow", "weather"),
+    ("a sunny forecast", "weather"),
+]
+
+
+def save_bert_base_shape(path: Path) -> None:
+    """A BERT with bert-base's 512 positions and vocabulary layout, 2 layers and 32 wide (a stand-in
+    for a user's local bert-base: the README's classifier recipe keeps data.max_seq_len's default)."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tests.tasks.models import ENCODER_SIZES, wordpiece_tokenizer
+
+    tokenizer = wordpiece_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=512, **ENCODER_SIZES)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A fresh clone's directory, with the files the README's examples name."""
+    root = tmp_path_factory.mktemp("readme")
+    (root / "recipes").symlink_to(ROOT / "recipes")
+    (root / "Makefile").symlink_to(ROOT / "Makefile")
+    save_bert_base_shape(root / "models" / "my-bert")
+    write_jsonl(root / "data" / "reviews.jsonl", [{"text": t, "label": y} for t, y in TOPICS * 4])
+    prose = [{"text": f"line {i} of some text to train on"} for i in range(16)]
+    write_jsonl(root / "web" / "part-0.jsonl", prose)
+    pairs = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(16)]
+    write_jsonl(root / "code-val.jsonl", pairs)
+    write_jsonl(root / "held-out.jsonl", prose)
+    turns = [[{"role": "user", "content": f"{i}+1?"}, {"role": "assistant", "content": str(i + 1)}] for i in range(8)]
+    write_jsonl(root / "my.jsonl", [{"messages": messages} for messages in turns])
+    # `my.toml` stands for the user's own recipe for a large model on many GPUs (planned, never run)
+    from ditty.cli import main
+
+    args = ["init", "--model", "meta-llama/Meta-Llama-3-8B", "--method", "full", "--gpus", "8"]
+    assert main([*args, "--gpu-memory", "80GB", "--global-batch", "256", "-o", str(root / "my.toml")]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def results(workdir) -> dict[str, Path]:
+    """Runs the blocks share, made once by the first block that needs them."""
+    return {}
+
+
+def demo_run(workdir: Path, results: dict, capsys) -> Path:
+    """`make demo` (shortened): what runs/tiny_sft holds for every block after it."""
+    if "demo" not in results:
+        run_ditty(shortened(make_target_command("demo")), capsys, "make demo")
+        results["demo"] = workdir / "runs" / "tiny_sft"
+    return results["demo"]
+
+
+def classifier_run(workdir: Path, results: dict, capsys) -> Path:
+    """The README's classifier recipe (the toml block with task "seq-classification"), trained."""
+    if "classifier" not in results:
+        recipe = next(b for b in readme_blocks(README.read_text()) if 'task = "seq-classification"' in b.text)
+        path = workdir / f"README-L{recipe.line}.toml"
+        path.write_text(recipe.text + "\n")
+        args = ["run", str(path), "--run.output_dir", "runs/my-classifier"]
+        run_ditty(shortened(args), capsys, f"README.md:{recipe.line}")
+        results["classifier"] = workdir / "runs" / "my-classifier"
+    return results["classifier"]
+
+
+# What a block may read that another block (or `make demo`) makes.
+SHARED_RUNS = {"runs/tiny_sft": demo_run, "runs/my-classifier": classifier_run}
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_the_readme_has_blocks_of_each_kind():
+    blocks = readme_blocks(README.read_text())
+    langs = {block.lang for block in blocks}
+    assert {"bash", "toml", "python"} <= langs, langs
+    unknown = [b.id for b in blocks if not b.skip and b.lang not in SHELL | NOT_CODE | {"toml", "python"}]
+    assert not unknown, f"blocks without a language the test runs; tag them or add a skip marker: {unknown}"
+
+
+def test_markers_are_read():
+    text = "a\n<!-- readme-test: skip needs two machines -->\n\n```bash\nditty ls\n```\n"
+    text += "<!-- readme-test: flags --train.steps 5 -->\n<!-- readme-test: slow -->\n```toml\n[run]\n```\n"
+    first, second = readme_blocks(text)
+    assert (first.line, first.lang, first.text, first.skip) == (4, "bash", "ditty ls", "needs two machines")
+    assert (second.skip, second.flags, second.slow) == (None, ("--train.steps", "5"), True)
+    assert shell_commands("ditty run r.toml --a 1 \\\n  --b 2   # comment\n\n# only a comment\nmake demo") == [
+        ["ditty", "run", "r.toml", "--a", "1", "--b", "2"],
+        ["make", "demo"],
+    ]
+
+
+def trains(block: Block) -> bool:
+    """Whether a block trains a model (or needs a trained one): those tests are marked slow."""
+    names_a_run = any(path in block.text for path in SHARED_RUNS)
+    return names_a_run or bool(re.search(r"make demo|ditty run |--probe", block.text))
+
+
+def _params():
+    params = []
+    for block in readme_blocks(README.read_text()):
+        marks = []
+        if block.skip:
+            marks.append(pytest.mark.skip(reason=f"README.md:{block.line}: {block.skip}"))
+        elif block.lang in NOT_CODE:
+            marks.append(pytest.mark.skip(reason=f"README.md:{block.line}: a {block.lang} block, not run"))
+        if block.slow or trains(block):
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
+
+
+@pytest.mark.xdist_group("readme")  # the blocks share one working directory and its runs
+@pytest.mark.parametrize("block", _params())
+def test_readme_block(block: Block, workdir, results, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    where = f"README.md:{block.line}"
+    for path, make in SHARED_RUNS.items():
+        if path in block.text and not (block.lang in SHELL and "make demo" in block.text):
+            assert (make(workdir, results, capsys) / "final").is_dir()
+
+    if block.lang == "toml":
+        path = workdir / f"README-L{block.line}.toml"
+        path.write_text(block.text + "\n")
+        out = run_ditty(["check", path.name, *block.flags], capsys, where)
+        assert "ok: the recipe is valid" in out
+    elif block.lang == "python":
+        exec(compile(block.text, where, "exec"), {"__name__": "__readme__"})
+    elif block.lang in SHELL:
+        ran = 0
+        for words in shell_commands(block.text):
+            if words[0] == "make":
+                target = words[1]
+                if target in MAKE_TARGETS_NOT_RUN:
+                    continue
+                assert target == "demo", f"{where}: `make {target}`: say in MAKE_TARGETS_NOT_RUN why it is not run"
+                demo = demo_run(workdir, results, capsys)
+                assert (demo / "final" / "config.json").is_file() and (demo / "metrics.jsonl").is_file()
+                ran += 1
+                continue
+            args = ditty_args(words)
+            assert args is not None, f"{where}: `{shlex.join(words)}` is not a ditty command: add a skip marker"
+            run_ditty(shortened([*args, *block.flags]), capsys, where)
+            ran += 1
+        assert ran, f"{where}: nothing in this block ran"
+    else:
+        pytest.fail(f"{where}: a {block.lang!r} block; add a skip marker or teach the test to run it")
