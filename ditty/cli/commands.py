@@ -6,17 +6,20 @@ exit code 2, never a traceback. Exit code 1 is left for bugs and failed training
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
 from ditty._utils.quiet import VERBOSE_ENV, quiet_libraries
+from ditty.cli.options import take_option
+from ditty.cli.readers import cmd_eval, cmd_export, cmd_generate, cmd_push
+from ditty.cli.trust import TRUST_FLAG, import_path, imports_user_code, run_dir_recipe
+from ditty.cli.usage import USAGE, command_usage, help_schema, print_help
 from ditty.config import RecipeError, TrainerConfig
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import LoadedRecipe, from_config, load_any
@@ -25,43 +28,6 @@ from ditty.config.schema import walk_leaves
 from ditty.config.starter import fit_starter_positions, starter_config
 from ditty.parallel.allocator import cpu_allocator_choice
 from ditty.recipe import Plan, compile_recipe
-
-USAGE = """\
-usage: ditty COMMAND [ARGS]
-
-commands:
-  run RECIPE [--section.field VALUE ...]      compile the recipe, then train
-        [--nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]]
-                                              ... on N processes per node (torchrun)
-  check RECIPE [flags] [--explain]            compile only and print the plan
-        [--plan [--gpus N] [--gpu-memory 80GB] [--nodes M] [--probe N]]
-                                              ... with the per-rank memory and time plan
-  init [--section.field VALUE ...] [-o FILE]  write a complete, commented recipe
-  init --model ID --method full|lora|qlora --gpus N --gpu-memory 24GB [--data PATH] [--seq-len L]
-                                              a recipe chosen to fit, with its plan
-  ls                                          list the bundled recipes
-  plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
-  generate RUN_DIR PROMPT [--max-new-tokens N] [--sample] [--chat]
-                                              text from a run's final model (--chat: the
-                                              prompt as a user turn in its chat template)
-  export RUN_OR_CHECKPOINT -o DIR [--merge-lora]
-                                              a checkpoint as a Hugging Face model
-  push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub
-  eval RUN_OR_MODEL --tasks T1,T2 [--include-path DIR] [--limit N] [--num-fewshot K]
-                                              lm-evaluation-harness scores (recorded in a run)
-
-RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
-package.module:function returning a Trainer.Config. `ditty run --help` lists every field.
---verbose (any command) shows the libraries' own start-up messages and warnings.
-"""
-
-LAUNCH_HELP = """launching (run and check):
-  --nproc-per-node N      processes on this node (torchrun); the recipe compiles first
-  --nnodes M              nodes in all (default 1)
-  --node-rank R           this node's rank, 0..M-1
-  --rdzv-endpoint H:P     host:port of node 0, reachable from every node (several nodes)
-  --verbose               the libraries' own start-up messages and warnings
-"""
 
 LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
 
@@ -83,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     handler = COMMANDS.get(command)
     if handler is not None and command not in ("run", "check", "init") and {"-h", "--help"} & set(rest):
-        print(_command_usage(command), end="")  # the commands without tyro's field list
+        print(command_usage(command), end="")  # the commands without tyro's field list
         return 0
     try:
         if handler is None:
@@ -92,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown command {command!r}",
                 fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`",
             )
-        with _import_path(user_code=_imports_user_code(command, rest)):
+        with import_path(user_code=imports_user_code(command, rest)):
             return handler(rest)
     except RecipeError as error:
         record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2
@@ -139,86 +105,11 @@ def _said_without_traceback(error: BaseException) -> int | None:
 
 # --- shared pieces -----------------------------------------------------------------------------
 
-TRUST_FLAG = "--trust-run-code"
-READERS = ("generate", "export", "push", "eval")
-"""Commands that read a run directory: they never import code its files name, unless TRUST_FLAG."""
-
-
-@contextlib.contextmanager
-def _import_path(*, user_code: bool) -> Iterator[None]:
-    """sys.path for one command. A recipe the user names may name the user's own code as
-    package.module:Name, which is imported from the current directory, like `python -m`. Reading a
-    run directory imports nothing from there (nor from the directory read), even though
-    `python -m ditty` itself put it first on the path."""
-    saved = list(sys.path)
-    here = str(Path.cwd())
-    if user_code:
-        if "" not in sys.path and here not in sys.path:
-            sys.path.insert(0, here)
-    else:
-        sys.path[:] = [entry for entry in sys.path if entry not in ("", ".", here)]
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
-
-
-def _imports_user_code(command: str, args: list[str]) -> bool:
-    if command in ("run", "init"):
-        return True
-    if command == "check":
-        return TRUST_FLAG in args or _run_dir_recipe(args) is None
-    return TRUST_FLAG in args  # the readers; ls and plot import nothing named anywhere
-
-
-def _run_dir_recipe(args: list[str]) -> Path | None:
-    """For `ditty check RUN_DIR` (or a recipe.toml inside a run directory): the recipe file to read
-    as a run's, whose code is not imported; None for a recipe the user names."""
-    if not args or args[0].startswith("-"):
-        return None
-    from ditty._utils.run_dir import is_ditty_run
-
-    given = Path(args[0])
-    if given.is_dir() and is_ditty_run(str(given)):
-        for candidate in (given / "recipe.toml", given / "final" / "recipe.toml"):
-            if candidate.is_file():
-                return candidate
-        raise RecipeError.single(f"{given} is a run directory without a recipe.toml", fix="check a recipe file")
-    if given.is_file() and given.suffix == ".toml" and is_ditty_run(str(given.parent)):
-        return given
-    if given.is_file() and given.name == "recipe.toml" and given.parent.name == "final":
-        return given if is_ditty_run(str(given.parent.parent)) else None
-    return None
-
-
-def _take_option(args: list[str], names: tuple[str, ...], has_value: bool = True) -> tuple[str | None, list[str]]:
-    """Remove `--name VALUE` (or `--name=VALUE`, or a bare switch) from args."""
-    rest: list[str] = []
-    found: str | None = None
-    position = 0
-    while position < len(args):
-        token = args[position]
-        name, equals, value = token.partition("=")
-        if name in names:
-            if not has_value:
-                found = "true"
-            elif equals:
-                found = value
-            elif position + 1 < len(args):
-                found = args[position + 1]
-                position += 1
-            else:
-                raise RecipeError.single(f"{name} needs a value")
-        else:
-            rest.append(token)
-        position += 1
-    return found, rest
-
 
 def _launch_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
     options = {}
     for flag in LAUNCH_FLAGS:
-        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        value, args = take_option(args, (flag, flag.replace("-", "_")))
         if value is not None:
             options[flag.lstrip("-")] = value
     return options, args
@@ -248,51 +139,7 @@ def _print_warnings(plan: Plan) -> None:
         print(f"warning: {problem.format(plan.source)}", file=sys.stderr)
 
 
-def _command_usage(command: str) -> str:
-    """The lines of USAGE that describe `command`, under a usage heading."""
-    lines = USAGE.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {command} "))
-    end = start + 1
-    while end < len(lines) and lines[end].startswith("        "):
-        end += 1
-    return "usage: ditty " + "\n".join(lines[start:end]).strip() + "\n"
-
-
-def _print_help(schema: type, prog: str) -> int:
-    import tyro
-
-    if prog.startswith(("ditty run", "ditty check")):
-        print(LAUNCH_HELP)
-    try:
-        tyro.cli(
-            schema,
-            args=["--help"],
-            prog=prog,
-            config=(tyro.conf.FlagConversionOff,),
-            description="Every field of the recipe, as --section.field VALUE (values are TOML: "
-            'true/false, numbers, "strings", [lists], {tables}).',
-        )
-    except SystemExit:
-        pass
-    from ditty.config.overrides import tyro_handles
-    from ditty.config.schema import type_name
-
-    others = [leaf for leaf in walk_leaves(schema) if not tyro_handles(leaf.type)]
-    if others:
-        print("\nfields that take a TOML table or list value:")
-        for leaf in others:
-            print(f"  --{leaf.path} {type_name(leaf.type).upper()}\n      {leaf.doc}")
-    return 0
-
-
 # --- commands ------------------------------------------------------------------------------------
-
-
-def _help_schema(args: list[str]) -> type:
-    """The schema `--help` describes: the named recipe's trainer Config, else Trainer.Config."""
-    if args and not args[0].startswith("-"):
-        return type(load_any(args[0]).config)
-    return TrainerConfig
 
 
 def cmd_run(args: list[str]) -> int:
@@ -301,7 +148,7 @@ def cmd_run(args: list[str]) -> int:
 
         die_with_launcher()
     if any(a in ("-h", "--help") for a in args):
-        return _print_help(_help_schema(args), "ditty run RECIPE")
+        return print_help(help_schema(args), "ditty run RECIPE")
     launch_options, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "run")
     loaded = _load(ref, flags)
@@ -346,13 +193,13 @@ def cmd_run(args: list[str]) -> int:
 
 def cmd_check(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        return _print_help(_help_schema(args), "ditty check RECIPE")
-    explain, args = _take_option(args, ("--explain",), has_value=False)
-    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
+        return print_help(help_schema(args), "ditty check RECIPE")
+    explain, args = take_option(args, ("--explain",), has_value=False)
+    trust, args = take_option(args, (TRUST_FLAG,), has_value=False)
     plan_options, args = _plan_options(args)
     launch, args = _launch_options(args)
     ref, flags = _recipe_and_flags(args, "check")
-    run_recipe = _run_dir_recipe([ref])
+    run_recipe = run_dir_recipe([ref])
     if run_recipe is not None:  # a run's recipe: parsed without importing what it names
         from ditty.config.run_recipe import parse_run_recipe, refuse_run_code
 
@@ -389,10 +236,10 @@ PLAN_FLAGS = ("--gpus", "--gpu-memory", "--nodes", "--probe")
 
 def _plan_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
     """`--plan` and its options; an option without `--plan` is a mistake worth saying."""
-    wanted, args = _take_option(args, ("--plan",), has_value=False)
+    wanted, args = take_option(args, ("--plan",), has_value=False)
     options: dict[str, str] = {}
     for flag in PLAN_FLAGS:
-        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        value, args = take_option(args, (flag, flag.replace("-", "_")))
         if value is not None:
             options[flag.lstrip("-")] = value
     if options and not wanted:
@@ -427,12 +274,12 @@ INTENT_FLAGS = ("--model", "--method", "--gpus", "--gpu-memory", "--nodes", "--d
 
 def cmd_init(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        return _print_help(TrainerConfig, "ditty init [-o FILE]")
-    output, args = _take_option(args, ("-o", "--output"))
-    force, args = _take_option(args, ("--force",), has_value=False)
+        return print_help(TrainerConfig, "ditty init [-o FILE]")
+    output, args = take_option(args, ("-o", "--output"))
+    force, args = take_option(args, ("--force",), has_value=False)
     intent: dict[str, str] = {}
     for flag in INTENT_FLAGS:
-        value, args = _take_option(args, (flag, flag.replace("-", "_")))
+        value, args = take_option(args, (flag, flag.replace("-", "_")))
         if value is not None:
             intent[flag.lstrip("-")] = value
     if intent:
@@ -493,127 +340,6 @@ def cmd_plot(args: list[str]) -> int:
     note = f" (skipped {skipped} unreadable line{'s' if skipped != 1 else ''} of metrics.jsonl)" if skipped else ""
     print(f"wrote {plot_run(str(run_dir), records=records)}{note}")
     return 0
-
-
-def cmd_generate(args: list[str]) -> int:
-    max_new, args = _take_option(args, ("--max-new-tokens",))
-    sample, args = _take_option(args, ("--sample",), has_value=False)
-    chat, args = _take_option(args, ("--chat",), has_value=False)
-    _, args = _take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
-    if len(args) != 2:
-        raise RecipeError.single(
-            "`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="'
-        )
-    run_dir, prompt = args
-    if not (Path(run_dir) / "final").is_dir():
-        raise RecipeError.single(f"{run_dir} has no final/ model", fix="name the output_dir of a finished run")
-    try:
-        max_new_tokens = int(max_new) if max_new else 32
-    except ValueError:
-        raise RecipeError.single("--max-new-tokens takes a whole number") from None
-    if max_new_tokens < 1:
-        raise RecipeError.single(
-            f"--max-new-tokens {max_new_tokens}: it takes a number of tokens of at least 1",
-            fix="e.g. --max-new-tokens 32",
-        )
-    from ditty.train.generate import generate
-
-    print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample), chat=bool(chat)))
-    return 0
-
-
-def cmd_export(args: list[str]) -> int:
-    output, args = _take_option(args, ("-o", "--output"))
-    merge, args = _take_option(args, ("--merge-lora", "--merge_lora"), has_value=False)
-    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
-    if len(args) != 1 or output is None:
-        raise RecipeError.single(
-            "`ditty export` takes a run directory or checkpoint and -o DIR",
-            fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]",
-        )
-    from ditty.train.export import export
-
-    export(args[0], output, merge_lora=bool(merge), trust_code=bool(trust))
-    return 0
-
-
-def cmd_push(args: list[str]) -> int:
-    repo_id, args = _take_option(args, ("--repo-id", "--repo_id"))
-    _, args = _take_option(args, (TRUST_FLAG,), has_value=False)  # push imports no code either way
-    if len(args) != 1:
-        raise RecipeError.single(
-            "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
-        )
-    from ditty.train.push import push_run
-
-    print(f"pushed: {push_run(args[0], repo_id=repo_id)}")
-    return 0
-
-
-def cmd_eval(args: list[str]) -> int:
-    tasks, args = _take_option(args, ("--tasks",))
-    include_path, args = _take_option(args, ("--include-path", "--include_path"))
-    limit, args = _take_option(args, ("--limit",))
-    fewshot, args = _take_option(args, ("--num-fewshot", "--num_fewshot"))
-    batch_size, args = _take_option(args, ("--batch-size", "--batch_size"))
-    device, args = _take_option(args, ("--device",))
-    trust, args = _take_option(args, (TRUST_FLAG,), has_value=False)
-    if len(args) != 1:
-        raise RecipeError.single(
-            "`ditty eval` takes one run or model directory",
-            fix="ditty eval runs/tiny_sft --tasks hellaswag [--include-path my_tasks/] [--limit 100]",
-        )
-
-    def number(text: str | None, flag: str) -> int | None:
-        if text is None:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise RecipeError.single(f"{flag} takes a whole number, got {text!r}") from None
-
-    given = {
-        "limit": number(limit, "--limit"),
-        "num_fewshot": number(fewshot, "--num-fewshot"),
-        "batch_size": number(batch_size, "--batch-size"),
-    }
-    from ditty.metrics.harness import resolve_target, saved_eval_settings
-
-    _, run_dir = resolve_target(args[0])
-    # A run's [eval] fills in the gaps, read from final/ once final/ is verified; nothing it names is imported.
-    saved = saved_eval_settings(run_dir, given_include_path=include_path, trust_code=bool(trust))
-
-    def either(name: str, default):
-        return given[name] if given[name] is not None else (getattr(saved, f"harness_{name}") if saved else default)
-
-    if tasks:
-        task_list = [task.strip() for task in tasks.split(",") if task.strip()]
-    else:
-        task_list = list(saved.harness_tasks) if saved else []
-    from ditty.metrics.harness import evaluate_path
-
-    scores = evaluate_path(
-        args[0],
-        task_list,
-        device=device or ("cuda" if _cuda() else "cpu"),
-        include_path=include_path or (saved.harness_include_path if saved else None),
-        limit=either("limit", None),
-        num_fewshot=either("num_fewshot", None),
-        batch_size=either("batch_size", 8),
-        verified=run_dir is not None,  # saved_eval_settings checked final/ a moment ago
-    )
-    width = max((len(name) for name in scores), default=0)
-    for name, value in scores.items():
-        print(f"{name.ljust(width)}  {value:.4f}")
-    if run_dir is not None:
-        print(f"recorded in {run_dir / 'metrics.jsonl'} and {run_dir / 'final' / 'README.md'}")
-    return 0
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
