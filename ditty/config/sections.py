@@ -9,7 +9,11 @@ section, and the compiler warns about an option the chosen kind ignores.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
+
+# Sections kept in modules of their own; imported here so every section still imports from this module.
+from ditty.config.outputs import CheckpointConfig, EvalConfig, HubConfig, LoggingConfig  # noqa: F401
+from ditty.config.scale import SHARDED_KINDS, Fp8Config, ParallelConfig, PeftConfig, QuantConfig  # noqa: F401
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 ModelTaskName = Literal["causal-lm", "seq-classification", "token-classification", "seq2seq", "masked-lm"]
@@ -359,145 +363,6 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
-class PeftConfig:
-    kind: Literal["none", "lora", "dora"] = "none"
-    """Parameter-efficient finetuning method."""
-    r: int = 16
-    """Adapter rank."""
-    alpha: float = 32.0
-    """Adapter scaling numerator (scale = alpha / r)."""
-    dropout: float = 0.0
-    """Dropout on the adapter input."""
-    target_modules: Union[str, list[str]] = "all-linear"
-    """Module names to adapt, or "all-linear"."""
-    modules_to_save: list[str] = field(default_factory=list)
-    """Modules trained fully next to the adapter, e.g. ["embed_tokens", "lm_head"]."""
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    kind: Literal["none", "bnb-4bit", "bnb-8bit"] = "none"
-    """Load the base weights quantized with bitsandbytes (needs an adapter: QLoRA)."""
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    """4-bit data type."""
-    double_quant: bool = True
-    """Quantize the 4-bit quantization constants too."""
-    compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the 4-bit layers compute in."""
-    storage_dtype: Literal["uint8", "float32", "bfloat16", "float16"] = "uint8"
-    """Dtype the packed 4-bit weights are stored as; under FSDP it must equal the parameter dtype."""
-
-
-SHARDED_KINDS = ("fsdp", "hsdp")
-"""The parallel kinds that shard parameters with FSDP2 (one per-block wrapping, DTensor parameters)."""
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    kind: Literal["none", "ddp", "fsdp", "hsdp", "deepspeed"] = "none"
-    """Data parallelism: none, DDP, FSDP2, HSDP (replicate x shard) or DeepSpeed ZeRO."""
-    replicate_size: int = 1
-    """hsdp: size of the replicate dimension of the mesh."""
-    shard_size: int = -1
-    """hsdp: size of the shard dimension (-1: world size / replicate_size)."""
-    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    """fsdp/hsdp mixed precision: dtype of gathered parameters (default: from train.precision)."""
-    reduce_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    """fsdp/hsdp mixed precision: dtype of gradient reduction (default: float32)."""
-    output_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    """fsdp/hsdp mixed precision: dtype of module outputs."""
-    cast_forward_inputs: bool = True
-    """fsdp/hsdp: cast floating forward inputs to the parameter dtype."""
-    reshard_after_forward: Union[bool, int] = True
-    """fsdp/hsdp: free gathered parameters after forward (or reshard to a group of this size)."""
-    cpu_offload: bool = False
-    """fsdp/hsdp: keep sharded parameters on the CPU."""
-    pin_memory: bool = True
-    """fsdp/hsdp with cpu_offload: pin the offloaded memory."""
-    sync_grad_accum: bool = False
-    """fsdp/hsdp: reduce gradients on every micro-batch instead of only the last one."""
-    block_classes: list[str] = field(default_factory=list)
-    """fsdp/hsdp: class names of blocks to shard (default: the model's _no_split_modules)."""
-    find_unused_parameters: bool = False
-    """ddp: search for parameters that got no gradient."""
-    gradient_as_bucket_view: bool = True
-    """ddp: gradients as views into the communication buckets (saves memory)."""
-    static_graph: bool = False
-    """ddp: the graph is the same every step."""
-    zero_stage: Literal[2, 3] = 2
-    """deepspeed: ZeRO stage."""
-    offload_optimizer: bool = False
-    """deepspeed: keep optimizer state on the CPU."""
-    offload_params: bool = False
-    """deepspeed (stage 3): keep parameters on the CPU."""
-
-
-@dataclass(frozen=True)
-class Fp8Config:
-    enabled: bool = False
-    """Train linear layers in FP8."""
-    backend: Literal["torchao", "te"] = "torchao"
-    """torchao float8 training, or NVIDIA Transformer Engine."""
-    emulate: bool = False
-    """torchao: emulate FP8 so it runs without FP8 hardware (for tests, on CPU)."""
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 0
-    """Save a checkpoint every this many steps (0: by the clock only, `every_minutes`)."""
-    every_minutes: float = 10.0
-    """Also save when this many minutes of training passed since the last checkpoint, so a crash or a
-    kill -9 (where no signal handler can save) loses at most this much (0: off). Read at log steps."""
-    keep_last: int = 2
-    """Keep this many newest checkpoints (0 keeps all)."""
-    async_save: bool = False
-    """Write checkpoints in the background."""
-    resume: str = "auto"
-    """"auto" (newest complete checkpoint in the run directory), "never", or a checkpoint path."""
-    force_resume: bool = False
-    """Resume even when the recipe differs from the checkpoint's in keys that change training, or a
-    data file's content differs from the one the checkpoint recorded (the differences are logged)."""
-    final_format: Literal["auto", "merged"] = "auto"
-    """"auto": full model, or the adapter for adapter runs, with a merged full model in final/merged/
-    for an adapter of a classifier (what transformers.pipeline loads with the label names); "merged":
-    also a merged full model for every adapter run."""
-    fallback: bool = True
-    """resume = "auto": when the newest checkpoint fails verification (a changed, truncated or missing
-    file), resume from the newest intact one and say which were skipped (true), or stop with an error (false)."""
-    overwrite_finished: bool = False
-    """Let a run into a run.output_dir that holds a finished run (final/) replace its final/,
-    recipe.toml and metrics: start it again, or train it further. Off, such a run stops (exit 2)
-    naming what it would replace. Asked each time: the run's recipe.toml records it as false."""
-
-
-@dataclass(frozen=True)
-class HubConfig:
-    repo_id: Optional[str] = None
-    """Hub repository to push to, e.g. "me/my-model"."""
-    private: bool = True
-    """Create the repository as private."""
-    push: Literal["never", "end", "checkpoints"] = "never"
-    """When to push: never, at the end, or at every checkpoint."""
-
-
-@dataclass(frozen=True)
-class LoggingConfig:
-    progress: bool = True
-    """Show a progress bar."""
-    tensorboard: bool = False
-    """Write TensorBoard event files into the run directory."""
-    wandb: bool = False
-    """Log to Weights & Biases (extra `wandb`)."""
-    wandb_project: Optional[str] = None
-    """Weights & Biases project name."""
-    peak_tflops: Optional[float] = None
-    """Peak dense TFLOP/s of one device, the denominator of the `mfu` metric. Unset: from ditty's
-    table of accelerators (H100, H200, A100, L4, ...) for train.precision; on a CPU, measured once
-    per machine by a short fp32 matrix-product probe and cached."""
-
-
-@dataclass(frozen=True)
 class ComponentSpec:
     use: str
     """"package.module:Class" of the component."""
@@ -518,20 +383,3 @@ class PipelineConfig:
     check_tensors: bool = True
     """Compare the first micro-batch's real tensors with every stage's declared contract (a
     mismatch stops the run, naming the stage)."""
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    harness_tasks: list[str] = field(default_factory=list)
-    """lm-evaluation-harness tasks run on the final model (the `eval` extra: pip install 'ditty[eval]'),
-    e.g. ["hellaswag"]; scores go to metrics.jsonl and the model card."""
-    harness_every: int = 0
-    """Also run the tasks on the model every this many steps (0: only on the final model)."""
-    harness_include_path: Optional[str] = None
-    """A directory of your own lm-eval task YAML files (tasks defined locally, no download)."""
-    harness_limit: Optional[int] = None
-    """Score at most this many documents per task (unset: all of them)."""
-    harness_num_fewshot: Optional[int] = None
-    """Few-shot examples per prompt (unset: each task's own default)."""
-    harness_batch_size: int = 8
-    """Requests per forward pass of the harness."""
