@@ -1,175 +1,23 @@
 """The compiler's rules. Each is small, has an id, and yields `Problem`s with a key and a fix.
 
-Add a rule by writing a function and decorating it with `@rule("area.name")`; it is run by
-`compile_recipe` in the order of this file. Rules read the config only: no weights, no data, no
+Add a rule by writing a function and decorating it with `@rule("area.name")` (ditty/recipe/rule_base.py);
+`compile_recipe` runs the rules in the order they were registered: the value checks of
+ditty/recipe/value_rules.py, then this file's, then the other *_rules modules. `Context`, `rule`,
+`error` and `warning` import from here too. Rules read the config only: no weights, no data, no
 network.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import glob
-import math
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterator
 
 from ditty.config.errors import Problem
 from ditty.config.schema import walk_leaves
 from ditty.config.sections import SHARDED_KINDS
-
-
-@dataclass(frozen=True)
-class Context:
-    config: Any
-    provenance: dict[str, str]
-    world_size: int
-
-    @property
-    def data_parallel_size(self) -> int:
-        # Every parallel kind ditty offers is data parallel; the whole world shares the batch.
-        return self.world_size
-
-    def is_set(self, path: str) -> bool:
-        """Whether the user gave this value (TOML or flag) and it differs from the default.
-
-        A complete recipe (as `ditty init` writes) spells out every default; those are not choices.
-        """
-        if self.provenance.get(path, "default") == "default":
-            return False
-        return _get(self.config, path) != _defaults(type(self.config)).get(path)
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    check: Callable[[Context], Iterable[Problem]]
-    doc: str
-
-
-ALL_RULES: list[Rule] = []
-
-
-def rule(rule_id: str) -> Callable:
-    def register(function: Callable[[Context], Iterator[Problem]]) -> Callable:
-        ALL_RULES.append(Rule(rule_id, function, (function.__doc__ or "").strip()))
-        return function
-
-    return register
-
-
-def error(key: str, message: str, fix: str = "") -> Problem:
-    return Problem(key, message, fix=fix)
-
-
-def warning(key: str, message: str, fix: str = "") -> Problem:
-    return Problem(key, message, fix=fix, severity="warning")
-
-
-# --- values that must be positive, non-negative, or in a range ----------------------------------
-
-_POSITIVE = [
-    "train.global_batch_size",
-    "train.micro_batch_size",
-    "train.log_every",
-    "train.max_skipped_steps",
-    "data.max_seq_len",
-    "data.num_samples",
-    "data.max_row_bytes",
-    "optimizer.lr",
-    "optimizer.eps",
-    "optimizer.muon_lr",
-    "optimizer.ns_steps",
-    "peft.r",
-]
-_NON_NEGATIVE = [
-    "train.eval_every",
-    "train.eval_samples",
-    "train.max_grad_norm",
-    "optimizer.weight_decay",
-    "optimizer.momentum",
-    "optimizer.muon_momentum",
-    "optimizer.muon_weight_decay",
-    "scheduler.warmup_steps",
-    "scheduler.min_lr_ratio",
-    "checkpoint.every",
-    "checkpoint.every_minutes",
-    "checkpoint.keep_last",
-    "peft.dropout",
-    "run.seed",
-    "run.num_threads",
-]
-
-
-@functools.cache
-def _defaults(schema: type) -> dict[str, Any]:
-    return {leaf.path: leaf.default for leaf in walk_leaves(schema)}
-
-
-def _get(config: Any, path: str) -> Any:
-    for part in path.split("."):
-        config = getattr(config, part)
-    return config
-
-
-@rule("value.finite")
-def finite_numbers(ctx: Context) -> Iterator[Problem]:
-    """No number anywhere in a recipe may be nan or infinite (TOML allows `nan` and `inf`): they
-    would pass every range check below (nan compares false) and fail, or silently poison the
-    weights, once training starts."""
-    stack: list[tuple[str, Any]] = [("", ctx.config)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                yield error(path, f"is {value}: a recipe number must be finite", f"set `{path}` to a finite number")
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            stack += [(_join(path, f.name), getattr(value, f.name)) for f in reversed(dataclasses.fields(value))]
-        elif isinstance(value, dict):
-            stack += [(_join(path, str(k)), v) for k, v in reversed(value.items())]
-        elif isinstance(value, (list, tuple)):
-            stack += [(f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-@rule("value.positive")
-def positive_values(ctx: Context) -> Iterator[Problem]:
-    """Counts, sizes and rates that must be above zero (or at least zero). A config built in Python
-    may leave a value None ("not set": train.max_grad_norm = None turns clipping off)."""
-    for path in _POSITIVE:
-        value = _get(ctx.config, path)
-        if value is not None and value <= 0:
-            yield error(path, f"must be greater than 0, got {value}", f"set `{path}` to a positive number")
-    for path in _NON_NEGATIVE:
-        value = _get(ctx.config, path)
-        if value is not None and value < 0:
-            yield error(path, f"must not be negative, got {value}", f"set `{path}` to 0 or more")
-
-
-@rule("value.ranges")
-def ranges(ctx: Context) -> Iterator[Problem]:
-    """Fractions and coefficients with a bounded range."""
-    cfg = ctx.config
-    if cfg.train.steps is not None and cfg.train.steps <= 0:
-        yield error("train.steps", f"must be at least 1, got {cfg.train.steps}", "set a positive step count")
-    if cfg.train.steps is None and cfg.train.epochs <= 0:
-        yield error("train.epochs", f"must be greater than 0, got {cfg.train.epochs}")
-    if not 0 <= cfg.data.val_fraction < 1:
-        yield error("data.val_fraction", f"must be in [0, 1), got {cfg.data.val_fraction}")
-    if not 0 <= cfg.scheduler.min_lr_ratio <= 1:
-        yield error("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
-    if not 0 < cfg.scheduler.decay_fraction <= 1:
-        yield error("scheduler.decay_fraction", f"must be in (0, 1], got {cfg.scheduler.decay_fraction}")
-    for index, beta in enumerate(cfg.optimizer.betas):
-        if not 0 <= beta < 1:
-            yield error("optimizer.betas", f"beta{index + 1} must be in [0, 1), got {beta}")
-    if not 0 <= cfg.peft.dropout < 1:
-        yield error("peft.dropout", f"must be in [0, 1), got {cfg.peft.dropout}")
-
+from ditty.recipe import value_rules  # noqa: F401  (its rules run first)
+from ditty.recipe.rule_base import ALL_RULES, Context, Rule, error, rule, value_at, warning  # noqa: F401
 
 # --- batch and schedule -------------------------------------------------------------------------
 
@@ -219,7 +67,7 @@ def intervals(ctx: Context) -> Iterator[Problem]:
     if steps is None:
         return
     for path in ("train.eval_every", "checkpoint.every"):
-        value = _get(cfg, path)
+        value = value_at(cfg, path)
         if steps > 0 and value > steps:
             yield warning(path, f"is {value}, longer than the run ({steps} steps): it only happens at the end")
 
@@ -393,10 +241,10 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
 def settings_without_effect(ctx: Context) -> Iterator[Problem]:
     """A value the user set that the chosen kind ignores is a warning, never silence."""
     for path, (chooser, users) in _OPTION_USED_BY.items():
-        if ctx.is_set(path) and _get(ctx.config, chooser) not in users:
+        if ctx.is_set(path) and value_at(ctx.config, chooser) not in users:
             yield warning(
                 path,
-                f"has no effect because {chooser} = {_show(_get(ctx.config, chooser))}",
+                f"has no effect because {chooser} = {_show(value_at(ctx.config, chooser))}",
                 f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)),
             )
     cfg = ctx.config
