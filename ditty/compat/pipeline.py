@@ -46,7 +46,7 @@ import torch
 
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
-from ditty.compat.pipeline_options import build_config, keyword_problems, unknown_keyword_problems
+from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
 from ditty.train import Trainer
 from ditty.train.components import RuntimeComponents
@@ -250,7 +250,7 @@ class Pipeline:
         from ditty.recipe.pipeline_rules import check_instances
 
         peek = data if data is not None else self._dataloader if self._dataloader is not None else self._dataset
-        problems = self._slot_problems() + keyword_problems(self.settings, peek, self.model_factory, self.val_dataset)
+        problems = slot_problems(self) + keyword_problems(self.settings, peek, self.model_factory, self.val_dataset)
         if not [p for p in problems if p.severity == "error"]:
             replaced = self.replaced_sections()
             self.plan = compile_config(self.config(data), world_size=self.world_size(), replaced=replaced)
@@ -327,48 +327,6 @@ class Pipeline:
         if self._dataset is not None or self._dataloader is not None or "data" not in given:
             replaced.append("data.")
         return tuple(replaced)
-
-    def _slot_problems(self) -> list[Problem]:
-        from ditty.stages.loss import LossCalculator
-        from ditty.stages.processors import PostProcessor, PreProcessor
-
-        problems = []
-        for slot, items, base in (
-            ("preprocessors", self.preprocessors, PreProcessor),
-            ("postprocessors", self.postprocessors, PostProcessor),
-        ):
-            for index, item in enumerate(items):
-                if not isinstance(item, base):
-                    problems.append(
-                        Problem(
-                            f"{slot}[{index}]",
-                            f"{type(item).__name__} is not a {base.__name__}",
-                            fix=f"subclass ditty.processors.{base.__name__} and implement process()",
-                        )
-                    )
-        if self.loss_calculator is not None and not isinstance(self.loss_calculator, LossCalculator):
-            problems.append(
-                Problem(
-                    "loss_calculator",
-                    f"{type(self.loss_calculator).__name__} is not a LossCalculator",
-                    fix="subclass ditty.loss.LossCalculator and implement compute()",
-                )
-            )
-        if self.model_factory is not None and not isinstance(self.model_factory, ModelFactory):
-            problems.append(
-                Problem(
-                    "model_factory",
-                    f"{type(self.model_factory).__name__} is not a ModelFactory or nn.Module",
-                    fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
-                )
-            )
-        for key, value, method in (
-            ("tokenizer_factory", self.tokenizer_factory, "build"),
-            ("metrics_logger", self.metrics_logger, "log_scalar"),
-        ):
-            if value is not None and not callable(getattr(value, method, None)):
-                problems.append(Problem(key, f"{type(value).__name__} has no {method}()", fix=f"see ditty.{key}"))
-        return problems
 
     # ---------------------------------------------------------------- running
 

@@ -2,9 +2,9 @@
 
 `build_config` maps every keyword onto a recipe section (the table in README "Coming from
 Ditty" lists the original Ditty's keywords and defaults); `keyword_problems` finds what cannot be
-honoured or has no effect, before anything is built. The original's keywords that ditty does not
-implement are refused with what to use instead (`REFUSED`), and an unknown keyword gets the
-closest known one: never a TypeError.
+honoured or has no effect, and `slot_problems` objects of the wrong kind, before anything is built.
+The original's keywords that ditty does not implement are refused with what to use instead
+(`REFUSED`), and an unknown keyword gets the closest known one: never a TypeError.
 """
 
 from __future__ import annotations
@@ -132,6 +132,52 @@ def keyword_problems(s: dict[str, Any], data: Any, factory: Any, val: Any = None
                 "leave optimizer= out (lr=, weight_decay=, use_8bit_optim= configure ditty's), or disable FSDP",
             )
     return out
+
+
+def slot_problems(pipeline: Any) -> list[Problem]:
+    """The Pipeline's object slots hold the kinds of objects the Trainer calls: processors,
+    a LossCalculator, a ModelFactory, a tokenizer factory and a metrics logger with their methods."""
+    from ditty.compat.model_factory import ModelFactory
+    from ditty.stages.loss import LossCalculator
+    from ditty.stages.processors import PostProcessor, PreProcessor
+
+    problems = []
+    for slot, items, base in (
+        ("preprocessors", pipeline.preprocessors, PreProcessor),
+        ("postprocessors", pipeline.postprocessors, PostProcessor),
+    ):
+        for index, item in enumerate(items):
+            if not isinstance(item, base):
+                problems.append(
+                    Problem(
+                        f"{slot}[{index}]",
+                        f"{type(item).__name__} is not a {base.__name__}",
+                        fix=f"subclass ditty.processors.{base.__name__} and implement process()",
+                    )
+                )
+    if pipeline.loss_calculator is not None and not isinstance(pipeline.loss_calculator, LossCalculator):
+        problems.append(
+            Problem(
+                "loss_calculator",
+                f"{type(pipeline.loss_calculator).__name__} is not a LossCalculator",
+                fix="subclass ditty.loss.LossCalculator and implement compute()",
+            )
+        )
+    if pipeline.model_factory is not None and not isinstance(pipeline.model_factory, ModelFactory):
+        problems.append(
+            Problem(
+                "model_factory",
+                f"{type(pipeline.model_factory).__name__} is not a ModelFactory or nn.Module",
+                fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
+            )
+        )
+    for key, value, method in (
+        ("tokenizer_factory", pipeline.tokenizer_factory, "build"),
+        ("metrics_logger", pipeline.metrics_logger, "log_scalar"),
+    ):
+        if value is not None and not callable(getattr(value, method, None)):
+            problems.append(Problem(key, f"{type(value).__name__} has no {method}()", fix=f"see ditty.{key}"))
+    return problems
 
 
 def build_config(s: dict[str, Any], factory: Any, data: Any, world_size: int, model_task: Optional[str] = None) -> Any:
