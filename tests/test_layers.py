@@ -38,6 +38,7 @@ SAME_LAYER_ALLOWED = {
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.metrics", "ditty.checkpoint"),  # lm-eval harness scores are written into the model card
     ("ditty.objectives", "ditty.stages"),  # log-probabilities reuse the fused loss's head, not a second copy
+    ("ditty.stages", "ditty.models"),  # the fused loss's verified model types are the models package's one table
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""

@@ -37,42 +37,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from ditty.models.verified import VERIFIED_MODEL_TYPES
+
 if TYPE_CHECKING:
     import torch
 
-PACKED_MASK_MODEL_TYPES = frozenset(
-    {
-        "cohere",
-        "exaone4",
-        "falcon",
-        "gemma",
-        "gemma2",
-        "gemma3_text",
-        "glm",
-        "gpt2",
-        "gpt_bigcode",
-        "gpt_neox",
-        "granite",
-        "granitemoe",
-        "llama",
-        "llama4_text",
-        "mistral",
-        "mixtral",
-        "olmo",
-        "olmo2",
-        "olmoe",
-        "opt",
-        "phi",
-        "phi3",
-        "qwen2",
-        "qwen2_moe",
-        "qwen3",
-        "qwen3_moe",
-        "smollm3",
-        "stablelm",
-        "starcoder2",
-    }
-)
+# The same model types as the chunked loss's (ditty/stages/fused_loss): one table, each use tested on its own.
+PACKED_MASK_MODEL_TYPES = VERIFIED_MODEL_TYPES
 """Model types whose packed samples stay isolated with the dense block-diagonal mask."""
 
 MASK_FREE_MODEL_TYPES = PACKED_MASK_MODEL_TYPES - {"falcon", "gemma2", "stablelm"}

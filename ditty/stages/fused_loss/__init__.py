@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+# The model types the chunked loss is verified for: the models package's one table (packing uses it too).
+from ditty.models.verified import VERIFIED_MODEL_TYPES
 from ditty.stages.fused_loss.head import (
     Projection,
     emit_head_input,
@@ -67,41 +69,6 @@ __all__ = [
     "wants_head_input",
 ]
 
-VERIFIED_MODEL_TYPES = frozenset(
-    {
-        "cohere",
-        "exaone4",
-        "falcon",
-        "gemma",
-        "gemma2",
-        "gemma3_text",
-        "glm",
-        "gpt2",
-        "gpt_bigcode",
-        "gpt_neox",
-        "granite",
-        "granitemoe",
-        "llama",
-        "llama4_text",
-        "mistral",
-        "mixtral",
-        "olmo",
-        "olmo2",
-        "olmoe",
-        "opt",
-        "phi",
-        "phi3",
-        "qwen2",
-        "qwen2_moe",
-        "qwen3",
-        "qwen3_moe",
-        "smollm3",
-        "stablelm",
-        "starcoder2",
-    }
-)
-"""Model types whose chunked loss and gradients match the full-logits loss (tests/test_fused_loss.py
-checks every one): their logits are the output head's projection, at most scaled or softcapped."""
 HEAD_INPUT = "head_input"
 """Context key of the hidden states that went into the output projection."""
 
