@@ -261,3 +261,29 @@ def test_the_readme_imports():
     from ditty.processors import Context, PostProcessor, PreProcessor  # noqa: F401
 
     assert P is Pipeline and M is ModelFactory and F is FSDPConfig and C is CompositeLoss
+
+
+def test_objects_of_the_wrong_kind_are_all_named(tmp_path):
+    class NotALoss:
+        pass
+
+    with pytest.raises(RecipeError) as raised:
+        Pipeline(
+            model_factory="a model",
+            dataset=make_rows(8),
+            loss_calculator=NotALoss(),
+            preprocessors=[SplitTarget(), "a function"],
+            postprocessors=[None],
+            metrics_logger=object(),
+            output_dir=str(tmp_path / "run"),
+        )
+    text = raised.value.format()
+    for line in (
+        "`preprocessors[1]` str is not a PreProcessor",
+        "`postprocessors[0]` NoneType is not a PostProcessor",
+        "`loss_calculator` NotALoss is not a LossCalculator",
+        "`model_factory` str is not a ModelFactory or nn.Module",
+        "`metrics_logger` object has no log_scalar()",
+    ):
+        assert line in text, text
+    assert "preprocessors[0]" not in text

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.firstday.test_classifier_final import ROWS as TOPIC_ROWS
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
@@ -164,16 +166,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-TOPICS = [
-    ("the team scored a goal", "sport"),
-    ("the coach and the player", "sport"),
-    ("bread and soup for dinner", "food"),
-    ("cheese salad recipe", "food"),
-    ("rain and wind tomorrow", "weather"),
-    ("a sunny forecast", "weather"),
-]
-
-
 def save_bert_base_shape(path: Path) -> None:
     """A BERT with bert-base's 512 positions and vocabulary layout, 2 layers and 32 wide (a stand-in
     for a user's local bert-base: the README's classifier recipe keeps data.max_seq_len's default)."""
@@ -196,7 +188,7 @@ def workdir(tmp_path_factory) -> Path:
     (root / "recipes").symlink_to(ROOT / "recipes")
     (root / "Makefile").symlink_to(ROOT / "Makefile")
     save_bert_base_shape(root / "models" / "my-bert")
-    write_jsonl(root / "data" / "reviews.jsonl", [{"text": t, "label": y} for t, y in TOPICS * 4])
+    write_jsonl(root / "data" / "reviews.jsonl", [{"text": t, "label": y} for t, y in TOPIC_ROWS * 4])
     prose = [{"text": f"line {i} of some text to train on"} for i in range(16)]
     write_jsonl(root / "web" / "part-0.jsonl", prose)
     pairs = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(16)]

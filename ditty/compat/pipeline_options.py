@@ -155,22 +155,24 @@ def slot_problems(pipeline: Any) -> list[Problem]:
                         fix=f"subclass ditty.processors.{base.__name__} and implement process()",
                     )
                 )
-    if pipeline.loss_calculator is not None and not isinstance(pipeline.loss_calculator, LossCalculator):
-        problems.append(
-            Problem(
-                "loss_calculator",
-                f"{type(pipeline.loss_calculator).__name__} is not a LossCalculator",
-                fix="subclass ditty.loss.LossCalculator and implement compute()",
-            )
-        )
-    if pipeline.model_factory is not None and not isinstance(pipeline.model_factory, ModelFactory):
-        problems.append(
-            Problem(
-                "model_factory",
-                f"{type(pipeline.model_factory).__name__} is not a ModelFactory or nn.Module",
-                fix="ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
-            )
-        )
+    for key, value, kind, called, fix in (
+        (
+            "loss_calculator",
+            pipeline.loss_calculator,
+            LossCalculator,
+            "LossCalculator",
+            "subclass ditty.loss.LossCalculator and implement compute()",
+        ),
+        (
+            "model_factory",
+            pipeline.model_factory,
+            ModelFactory,
+            "ModelFactory or nn.Module",
+            "ModelFactory.from_instance(model) or ModelFactory.from_checkpoint(path, cls)",
+        ),
+    ):
+        if value is not None and not isinstance(value, kind):
+            problems.append(Problem(key, f"{type(value).__name__} is not a {called}", fix=fix))
     for key, value, method in (
         ("tokenizer_factory", pipeline.tokenizer_factory, "build"),
         ("metrics_logger", pipeline.metrics_logger, "log_scalar"),
