@@ -213,7 +213,9 @@ def results(workdir) -> dict[str, Path]:
 def demo_run(workdir: Path, results: dict, capsys) -> Path:
     """`make demo` (shortened): what runs/tiny_sft holds for every block after it."""
     if "demo" not in results:
-        run_ditty(shortened(make_target_command("demo")), capsys, "make demo")
+        out = run_ditty(shortened(make_target_command("demo")), capsys, "make demo")
+        # What the README says the run prints: the final held-out exact match and where the model went.
+        assert re.search(r"val_exact_match \d", out) and "model saved to runs/tiny_sft/final" in out, out[-2000:]
         results["demo"] = workdir / "runs" / "tiny_sft"
     return results["demo"]
 
