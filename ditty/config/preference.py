@@ -31,6 +31,10 @@ class PreferenceConfig:
     """KTO: the weight of desirable (label = true) examples."""
     undesirable_weight: float = 1.0
     """KTO: the weight of undesirable (label = false) examples."""
+    sft_weight: float = 0.0
+    """DPO and IPO: weight of an added NLL of the chosen completion (mean over its tokens, per pair),
+    which keeps DPO from lowering the chosen answer's probability together with the rejected one
+    (TRL's rpo_alpha; Pang et al. 2024). 0 is plain DPO."""
     reference: str = "auto"
     """The reference model: "auto" (with an adapter, the model with the adapter disabled, no second
     copy; a full finetune, a frozen copy of the starting weights), "precompute" (its log-probabilities

@@ -49,6 +49,16 @@ def preference_fits(ctx: Context) -> Iterator[Problem]:
             f"is a flip probability in [0, 0.5), got {pref.label_smoothing}",
             "use 0 (plain DPO) or e.g. 0.1",
         )
+    if pref.sft_weight < 0:
+        yield error(
+            "preference.sft_weight", f"must not be negative, got {pref.sft_weight}", "use 0 (plain DPO) or e.g. 1.0"
+        )
+    elif pref.sft_weight and pref.kind not in ("dpo", "ipo"):
+        yield warning(
+            "preference.sft_weight",
+            f'has no effect with kind = "{pref.kind}" (ORPO has its own NLL term)',
+            "remove preference.sft_weight",
+        )
     if pref.chunks < 1:
         yield error("preference.chunks", f"must be at least 1, got {pref.chunks}", "use 8")
     if cfg.data.packing:

@@ -100,7 +100,12 @@ class PreferenceLoss(LossCalculator):
             raise ValueError(f"unknown preference kind {cfg.kind!r}")
         # Sums over the pairs (global_pairs = 1) are the metrics times `pairs`: report the means.
         metrics = {name: float(value) / pairs for name, value in out.metrics.items()}
-        return LossOutput(loss=out.loss, metrics=metrics, num_tokens=pairs)
+        loss = out.loss
+        if cfg.sft_weight and cfg.kind in ("dpo", "ipo"):
+            nll = -(pc / lc.clamp(min=1)).sum()
+            loss = loss + cfg.sft_weight * nll
+            metrics["nll_loss"] = float(nll) / pairs
+        return LossOutput(loss=loss, metrics=metrics, num_tokens=pairs)
 
     def _kto(self, policy: Tensor, reference: Tensor, lengths: Tensor, label: Tensor, hidden: Tensor) -> LossOutput:
         cfg = self.config

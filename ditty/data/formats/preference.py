@@ -165,11 +165,6 @@ def render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, completion: Any) -
     return prompt_ids, _with_eos(completion_ids, tokenizer)
 
 
-def _rows(batch: Batch) -> list[dict]:
-    names = list(batch)
-    return [dict(zip(names, values)) for values in zip(*(batch[name] for name in names))]
-
-
 def _sample(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Optional[tuple[list, list]]:
     one: Batch = {"input_ids": [], "labels": []}
     ids = prompt_ids + completion_ids
@@ -177,13 +172,32 @@ def _sample(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> O
     return (one["input_ids"][0], one["labels"][0]) if one["input_ids"] else None
 
 
+def render_all(tokenizer: "PreTrainedTokenizerBase", prompts: list, completions: list) -> list[tuple[list, list]]:
+    """`render` of many rows; rows of plain strings are tokenized in one batched call each side."""
+    plain = [
+        i for i, (p, c) in enumerate(zip(prompts, completions)) if not isinstance(p, list) and not isinstance(c, list)
+    ]
+    out: list = [None] * len(prompts)
+    if plain:
+        prompt_ids = tokenizer([str(prompts[i]) for i in plain])["input_ids"]
+        completion_ids = tokenizer([str(completions[i]) for i in plain], add_special_tokens=False)["input_ids"]
+        for i, p, c in zip(plain, prompt_ids, completion_ids):
+            out[i] = (p, _with_eos(c, tokenizer))
+    for i, value in enumerate(out):
+        if value is None:
+            out[i] = render(tokenizer, prompts[i], completions[i])
+    return out
+
+
 def encode_preference(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, max_len: int) -> Batch:
     """Pairs -> samples (see the module doc); a pair whose either side keeps no completion token once
     cut to `max_len` is dropped (ditty.data.formats.tokenize counts it)."""
     out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": []}
-    for row in _rows(batch):
-        chosen = _sample(*render(tokenizer, row[prompt_column], row[CHOSEN]), max_len)
-        rejected = _sample(*render(tokenizer, row[prompt_column], row[REJECTED]), max_len)
+    prompts = list(batch[prompt_column])
+    chosen_sides = render_all(tokenizer, prompts, list(batch[CHOSEN]))
+    rejected_sides = render_all(tokenizer, prompts, list(batch[REJECTED]))
+    for chosen_side, rejected_side in zip(chosen_sides, rejected_sides):
+        chosen, rejected = _sample(*chosen_side, max_len), _sample(*rejected_side, max_len)
         if chosen is None or rejected is None:
             continue
         out["input_ids"].append(chosen[0])
@@ -198,13 +212,14 @@ def encode_unpaired(
 ) -> Batch:
     """Unpaired examples -> samples with `label` 1 (desirable) or 0."""
     out: Batch = {"input_ids": [], "labels": [], "label": []}
-    for row in _rows(batch):
-        sample = _sample(*render(tokenizer, row[prompt_column], row[completion_column]), max_len)
+    sides = render_all(tokenizer, list(batch[prompt_column]), list(batch[completion_column]))
+    for side, label in zip(sides, batch[LABEL]):
+        sample = _sample(*side, max_len)
         if sample is None:
             continue
         out["input_ids"].append(sample[0])
         out["labels"].append(sample[1])
-        out["label"].append(int(bool(row[LABEL])))
+        out["label"].append(int(bool(label)))
     return out
 
 
