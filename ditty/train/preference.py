@@ -42,6 +42,18 @@ def preference_loss(trainer: Any, model: torch.nn.Module) -> Any:
     return PreferenceLoss(cfg, None if cfg.kind in REFERENCE_FREE else build_reference(trainer, model))
 
 
+def preference_method(config: Any) -> str:
+    """What the model card's "method" adds for preference training ("" otherwise)."""
+    from ditty.recipe.preference_rules import preference_training
+
+    if not preference_training(config):
+        return ""
+    pref = config.preference
+    reference = "" if pref.kind in REFERENCE_FREE else f", reference {pref.reference}"
+    extra = f", sft_weight {pref.sft_weight:g}" if pref.sft_weight and pref.kind in ("dpo", "ipo") else ""
+    return f"; preference optimisation: {pref.kind.upper()} (beta {pref.beta:g}{reference}{extra})"
+
+
 def build_reference(trainer: Any, model: torch.nn.Module) -> Any:
     cfg, chunks = trainer.config.preference, trainer.config.preference.chunks
     inner = unwrap(model)
