@@ -170,3 +170,18 @@ def test_adapter_reference_is_the_base_model_without_a_copy(tmp_path, tiny_llama
     assert torch.allclose(reference(batch).double(), base, atol=1e-4)
     policy, _ = _full_logits_logps(trainer.model, _sequences(samples, "dpo"))
     assert not torch.allclose(policy, base, atol=1e-3)
+
+
+def test_dpo_with_sft_weight_adds_the_chosen_completions_mean_token_nll(tmp_path, tiny_llama_dir, reference_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer = Trainer(_config(tmp_path, tiny_llama_dir, "dpo", reference_dir, sft_weight=0.7))
+    samples, batch = _fixed_batch(trainer)
+    sequences = _sequences(samples, "dpo")
+    policy, lengths = _full_logits_logps(trainer.model, sequences)
+    reference, _ = _full_logits_logps(AutoModelForCausalLM.from_pretrained(reference_dir).eval(), sequences)
+    n = len(samples)
+    expected = _formula("dpo", policy, reference, lengths) + 0.7 * (-policy[:n] / lengths[:n]).mean()
+    out = trainer.train_step([batch])
+    assert out.loss == pytest.approx(float(expected), abs=1e-6)
+    assert out.metrics["nll_loss"] == pytest.approx(float((-policy[:n] / lengths[:n]).mean()), abs=1e-6)
