@@ -104,7 +104,7 @@ class PreferenceLoss(LossCalculator):
         if cfg.sft_weight and cfg.kind in ("dpo", "ipo"):
             nll = -(pc / lc.clamp(min=1)).sum()
             loss = loss + cfg.sft_weight * nll
-            metrics["nll_loss"] = float(nll) / pairs
+            metrics["nll_loss"] = float(nll.detach()) / pairs
         return LossOutput(loss=loss, metrics=metrics, num_tokens=pairs)
 
     def _kto(self, policy: Tensor, reference: Tensor, lengths: Tensor, label: Tensor, hidden: Tensor) -> LossOutput:
