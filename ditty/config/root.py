@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ditty.config.preference import PreferenceConfig
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -64,3 +65,5 @@ class TrainerConfig:
     """User preprocessors, postprocessors and losses."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Standard benchmarks through lm-evaluation-harness."""
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    """Preference optimisation (DPO, IPO, SimPO, ORPO, KTO) on preference data."""

@@ -158,6 +158,7 @@ class Builders:
         from ditty.config.errors import RecipeError
         from ditty.config.references import import_reference
         from ditty.models.tasks import DEFAULT_TASK, TASKS, model_task
+        from ditty.recipe.preference_rules import preference_training
         from ditty.train.pipeline import StageChain, build_pipeline
 
         cfg, components = self.config.pipeline, self.components
@@ -173,6 +174,11 @@ class Builders:
             # [pipeline]'s default is the causal-LM loss; another model task brings its own (ditty.models.tasks).
             task_loss = import_reference(task.loss, key="model.task")()
             pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, task_loss), False
+        if no_loss and preference_training(self.config):  # the DPO family on preference data
+            from ditty.train.preference import preference_loss
+
+            loss = preference_loss(self, model)
+            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, loss), False
         spec = getattr(self.engine.unwrap(model), "ditty_spec", None)  # a registered ModelSpec brings its loss
         if no_loss and spec is not None and spec.make_loss() is not None:
             pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False

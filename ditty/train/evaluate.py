@@ -36,6 +36,7 @@ def evaluate_tokens(
     metrics: dict[str, Any] = {}
     overall = torch.zeros(2, dtype=torch.float64)
     counts = ClassificationCounts(len(bundle.labels)) if bundle.labels is not None else None
+    loss_metrics = WeightedMeans() if getattr(request.pipeline.loss, "reports_val_metrics", False) else None
     for name, dataset in sets:
         if dataset is None or len(dataset) == 0:
             continue
@@ -46,6 +47,8 @@ def evaluate_tokens(
                 totals += torch.stack(
                     [out.loss.detach().double().cpu(), torch.as_tensor(out.num_tokens).double().cpu()]
                 )
+                if loss_metrics is not None:  # the loss's own metrics (preference pairs), weighted by its count
+                    loss_metrics.add(out.metrics, float(out.num_tokens))
             else:
                 scored = torch.as_tensor(counter(batch)).double().cpu()
                 if scored > 0:  # a filler batch (see eval_batches): a mean over nothing is NaN
@@ -58,8 +61,10 @@ def evaluate_tokens(
             metrics[f"val_loss/{name}"] = float(totals[0] / totals[1])
     if overall[1] > 0:
         metrics["val_loss"] = float(overall[0] / overall[1])
-        if "perplexity" in task.metrics:
+        if "perplexity" in task.metrics and loss_metrics is None:  # a preference loss is not per token
             metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
+    if loss_metrics is not None:
+        metrics.update({f"val_{name}": value for name, value in loss_metrics.result().items()})
     if counts is not None and sets:
         metrics.update({f"val_{name}": value for name, value in counts.result().items()})
     if "exact_match" in task.metrics and request.eval_samples > 0:
@@ -70,6 +75,27 @@ def evaluate_tokens(
         elif task.name == "seq2seq" and sets:
             metrics["val_exact_match"] = seq2seq_exact_match(request, sets[0][1], bundle.collator, tokenizer)
     return metrics
+
+
+class WeightedMeans:
+    """Means of a loss's metrics over the evaluated items, summed across ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0.0
+
+    def add(self, metrics: dict, count: float) -> None:
+        if count <= 0:
+            return
+        self.count += count
+        for name, value in metrics.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * count
+
+    def result(self) -> dict[str, float]:
+        names = sorted(self.sums)
+        totals = all_reduce_sum(torch.tensor([self.sums[n] for n in names] + [self.count], dtype=torch.float64))
+        count = float(totals[-1])
+        return {name: float(totals[i]) / count for i, name in enumerate(names)} if count > 0 else {}
 
 
 def logits_of(output: Any) -> torch.Tensor:

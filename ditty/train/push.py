@@ -149,6 +149,9 @@ def final_model_card(trainer: Any):
     else:
         method = f"{cfg.peft.kind} adapter (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})"
         method += f" on a {cfg.quant.kind} base" if cfg.quant.kind != "none" else ""
+    from ditty.train.preference import preference_method
+
+    method += preference_method(cfg)
     data = cfg.data
     where = {"builtin": f"built-in `{data.name}`", "file": f"`{data.path}`"}.get(data.source, f"`{data.source}`")
     facts = {

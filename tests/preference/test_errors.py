@@ -1,0 +1,62 @@
+"""Bad preference input is exit code 2 naming the file and line or the recipe key, with nothing on disk lost."""
+
+from __future__ import annotations
+
+import os
+
+from ditty.cli import main
+from tests.preference.recipes import PAIRS, preference_recipe, write_pairs
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _tree(path):
+    return sorted((p, os.path.getsize(os.path.join(p, f))) for p, _, files in os.walk(path) for f in files)
+
+
+def test_a_pair_without_rejected_names_its_file_and_line(capsys, tmp_path, tiny_llama_dir):
+    data = write_pairs(tmp_path / "pairs.jsonl", PAIRS[:2] + [{"prompt": "1+1=", "chosen": "2"}] + PAIRS[2:])
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, data)
+    before = (_tree(tmp_path), _tree(tiny_llama_dir))
+    code, out = run_cli(capsys, "run", recipe)
+    assert code == 2, out
+    assert f"{data}:3" in out and "'rejected' is missing" in out
+    assert "Traceback" not in out
+    assert not (tmp_path / "run" / "final").exists()
+    assert _tree(tiny_llama_dir) == before[1]  # the model and the data are untouched
+    assert open(data).read().count("\n") == len(PAIRS) + 1
+
+
+def test_an_unknown_preference_kind_lists_the_kinds(capsys, tmp_path, tiny_llama_dir):
+    recipe = preference_recipe(
+        tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra='[preference]\nkind = "rlhf"'
+    )
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2, out
+    assert "preference.kind" in out and all(kind in out for kind in ("dpo", "ipo", "simpo", "orpo", "kto"))
+
+
+def test_a_reference_path_that_does_not_exist(capsys, tmp_path, tiny_llama_dir):
+    extra = f'[preference]\nreference = "{tmp_path / "no" / "such" / "model"}"'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2, out
+    assert "preference.reference" in out and "does not exist" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_kind_and_format_must_match_and_simpo_takes_no_reference(capsys, tmp_path, tiny_llama_dir):
+    data = write_pairs(tmp_path / "p.jsonl")
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra='[preference]\nkind = "kto"')
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2 and 'reads data.format = "unpaired_preference"' in out, out
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra='[preference]\nkind = "simpo"\nreference = "auto"')
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2 and "reference-free" in out, out
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra='[preference]\nkind = "ipo"\nbeta = 0.5')
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 0, out
