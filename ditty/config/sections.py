@@ -95,7 +95,15 @@ class TokenizerConfig:
 
 
 DataFormat = Literal[
-    "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm"
+    "text",
+    "prompt_completion",
+    "chat",
+    "classification",
+    "token_classification",
+    "seq2seq",
+    "masked_lm",
+    "preference",
+    "unpaired_preference",
 ]
 
 

@@ -239,11 +239,14 @@ def _builtin_rows(data: "DataConfig") -> SourceRows:
 
     def as_rows(problems: list) -> "Dataset":
         first, second = zip(*problems) if problems else ((), ())
-        return Dataset.from_dict({columns[0]: list(first), columns[1]: list(second)})
+        rows = {columns[0]: list(first), columns[1]: list(second)}
+        if data.format == "preference":  # the correct sum is chosen, a wrong one rejected
+            rows["rejected"] = [builtin.wrong_answer(p, a) for p, a in problems]
+        return Dataset.from_dict(rows)
 
     val = as_rows(held_out) if held_out else None
     task = None
-    if val is not None and data.format == "prompt_completion":
+    if val is not None and data.format in ("prompt_completion", "preference"):
         task = Task(
             name=data.name,
             prompts=tuple(prompt for prompt, _ in held_out),

@@ -381,9 +381,10 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     **{f"data.{name}": ("data.format", {"masked_lm"}) for name in ("mask_probability",)},
     "train.eval_samples": ("model.task", {"causal-lm", "seq2seq"}),  # the generation metric's sample count
     **{
-        f"data.{name}": ("data.format", {"prompt_completion"})
-        for name in ("prompt_column", "completion_column", "template")
+        f"data.{name}": ("data.format", {"prompt_completion", "preference", "unpaired_preference"})
+        for name in ("prompt_column", "completion_column")
     },
+    "data.template": ("data.format", {"prompt_completion"}),
     **{f"data.{name}": ("data.format", {"chat"}) for name in ("messages_column", "chat_keys")},
     **{f"data.{name}": ("data.source", {"builtin"}) for name in ("num_samples",)},
 }

@@ -1,0 +1,252 @@
+"""The preference formats: "preference" (a prompt with a chosen and a rejected completion, for the DPO
+family and reward models) and "unpaired_preference" (a prompt, one completion and a true/false label,
+for KTO).
+
+Columns hold plain strings or chat messages (TRL's conversational form: `prompt` a list of messages
+ending with the user's turn, `chosen`/`rejected` a list holding the assistant's turn). Messages are
+rendered with the tokenizer's chat template: the prompt with the generation prompt, the completion
+as what the whole conversation adds to it. A string prompt paired with message completions (or the
+reverse) is read as one user turn (one assistant turn).
+
+Only completion tokens are scored, and each completion ends with the end-of-sequence token, as
+"prompt_completion" does. A sample keeps its first `data.max_seq_len` tokens per side.
+
+A preference sample holds the chosen side under the causal-LM keys (`input_ids`, `labels`: length
+grouping, mixtures and streams read those) and the rejected side as `rejected_input_ids`,
+`rejected_labels`. The collator pads both halves into one batch of 2N rows, the N chosen rows first
+(ditty.objectives.logprobs.split_pairs cuts it back), so a pair's two completions go through one
+forward; the loss's denominator is the number of pairs. An unpaired sample adds `label` (1 or 0).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.config.errors import RecipeError
+from ditty.data.formats.base import Batch, Collator, DataFormat, as_text, bound, text_problem
+from ditty.data.formats.lm import _append_sample, _with_eos
+from ditty.data.rows import ANY, RowCheck, _messages_problem
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ditty.config.sections import DataConfig
+
+CHOSEN, REJECTED, LABEL = "chosen", "rejected", "label"
+"""Fixed column names of the preference formats (TRL's and axolotl's); the prompt's is `data.prompt_column`,
+the unpaired completion's `data.completion_column`."""
+PAIRED_KEYS = ("rejected_input_ids", "rejected_labels")
+
+
+class PreferenceFormat(DataFormat):
+    name = "preference"
+
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        # chosen and rejected have fixed names; columns_found names the missing one under data.format
+        return {"data.prompt_column": data.prompt_column, "data.format": CHOSEN, "data.format.rejected": REJECTED}
+
+    def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
+        missing = [column for column in (CHOSEN, REJECTED) if column not in found]
+        return {"data.prompt_column": data.prompt_column, "data.format": (missing or [CHOSEN])[0]}
+
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        prompt = data.prompt_column
+        return RowCheck({prompt: ANY, CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt))
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+        from ditty.data.task import Task
+
+        if any(isinstance(v, list) for v in dataset[data.prompt_column][:1] + dataset[CHOSEN][:1]):
+            return None  # conversations: no single answer string to match
+        prompts, answers = as_text(dataset[data.prompt_column]), as_text(dataset[CHOSEN])
+        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1)
+
+    def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
+        return bound(encode_preference, tokenizer=tokenizer, prompt_column=data.prompt_column, max_len=data.max_seq_len)
+
+    def collator(self, tokenizer: Any, data: "DataConfig", **facts: Any) -> "PairCollator":
+        return PairCollator(pad_token_id=tokenizer.pad_token_id)
+
+
+class UnpairedPreferenceFormat(DataFormat):
+    name = "unpaired_preference"
+
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        return {
+            "data.prompt_column": data.prompt_column,
+            "data.completion_column": data.completion_column,
+            "data.format": LABEL,
+        }
+
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        prompt, completion = data.prompt_column, data.completion_column
+        fields = {prompt: ANY, completion: ANY, LABEL: ANY}
+        return RowCheck(fields, bound(_unpaired_problem, prompt=prompt, completion=completion))
+
+    def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
+        return bound(
+            encode_unpaired,
+            tokenizer=tokenizer,
+            prompt_column=data.prompt_column,
+            completion_column=data.completion_column,
+            max_len=data.max_seq_len,
+        )
+
+    def collator(self, tokenizer: Any, data: "DataConfig", **facts: Any) -> "UnpairedCollator":
+        return UnpairedCollator(pad_token_id=tokenizer.pad_token_id)
+
+
+# ---------------------------------------------------------------------------- row checks
+
+
+def _value_problem(value: Any, column: str) -> Optional[str]:
+    """Why a prompt or completion is unusable: neither non-empty text nor non-empty messages."""
+    if isinstance(value, list):
+        problem = _messages_problem(value)
+        if problem:
+            return f"{column!r} {problem}"
+        if not any(str(message.get("content") or "").strip() for message in value):
+            return f"{column!r} has only empty messages"
+        return None
+    return text_problem(value, column)
+
+
+def _pair_problem(row: dict, *, prompt: str) -> Optional[str]:
+    for column in (prompt, CHOSEN, REJECTED):
+        problem = _value_problem(row[column], column)
+        if problem:
+            return problem
+    if row[CHOSEN] == row[REJECTED]:
+        return "'chosen' equals 'rejected': the pair prefers nothing"
+    return None
+
+
+def _unpaired_problem(row: dict, *, prompt: str, completion: str) -> Optional[str]:
+    for column in (prompt, completion):
+        problem = _value_problem(row[column], column)
+        if problem:
+            return problem
+    if not isinstance(row[LABEL], bool):
+        return f"'label' should be true or false, got {row[LABEL]!r}"
+    return None
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids ending with eos) of one prompt and completion, strings or messages."""
+    if not isinstance(prompt, list) and not isinstance(completion, list):
+        prompt_ids = tokenizer(str(prompt))["input_ids"]
+        completion_ids = tokenizer(str(completion), add_special_tokens=False)["input_ids"]
+        return prompt_ids, _with_eos(completion_ids, tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise RecipeError.single(
+            "preference rows hold chat messages, and the tokenizer has no chat template to render them",
+            key="data.format",
+            fix='set tokenizer.chat_template = "chatml" (or a Jinja file\'s path), or give plain strings',
+        )
+    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    answer = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+    prompt_text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    full_text = tokenizer.apply_chat_template(turns + answer, tokenize=False)
+    if not full_text.startswith(prompt_text):
+        raise RecipeError.single(
+            "the chat template renders the prompt differently once the completion follows, so the completion "
+            "cannot be located",
+            key="data.format",
+            fix="use a chat template whose rendering of a conversation extends that of its prompt",
+        )
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
+    return prompt_ids, _with_eos(completion_ids, tokenizer)
+
+
+def _rows(batch: Batch) -> list[dict]:
+    names = list(batch)
+    return [dict(zip(names, values)) for values in zip(*(batch[name] for name in names))]
+
+
+def _sample(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Optional[tuple[list, list]]:
+    one: Batch = {"input_ids": [], "labels": []}
+    ids = prompt_ids + completion_ids
+    _append_sample(one, ids, [False] * len(prompt_ids) + [True] * len(completion_ids), max_len)
+    return (one["input_ids"][0], one["labels"][0]) if one["input_ids"] else None
+
+
+def encode_preference(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, max_len: int) -> Batch:
+    """Pairs -> samples (see the module doc); a pair whose either side keeps no completion token once
+    cut to `max_len` is dropped (ditty.data.formats.tokenize counts it)."""
+    out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": []}
+    for row in _rows(batch):
+        chosen = _sample(*render(tokenizer, row[prompt_column], row[CHOSEN]), max_len)
+        rejected = _sample(*render(tokenizer, row[prompt_column], row[REJECTED]), max_len)
+        if chosen is None or rejected is None:
+            continue
+        out["input_ids"].append(chosen[0])
+        out["labels"].append(chosen[1])
+        out["rejected_input_ids"].append(rejected[0])
+        out["rejected_labels"].append(rejected[1])
+    return out
+
+
+def encode_unpaired(
+    batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, completion_column: str, max_len: int
+) -> Batch:
+    """Unpaired examples -> samples with `label` 1 (desirable) or 0."""
+    out: Batch = {"input_ids": [], "labels": [], "label": []}
+    for row in _rows(batch):
+        sample = _sample(*render(tokenizer, row[prompt_column], row[completion_column]), max_len)
+        if sample is None:
+            continue
+        out["input_ids"].append(sample[0])
+        out["labels"].append(sample[1])
+        out["label"].append(int(bool(row[LABEL])))
+    return out
+
+
+# ---------------------------------------------------------------------------- collation
+
+
+def _scored_rows(labels: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one scored token (an evaluation filler row has none)."""
+    return (labels[:, 1:] != IGNORE_INDEX).any(dim=1)
+
+
+class PairCollator(Collator):
+    """Preference samples -> one batch of 2N rows (chosen rows, then rejected), right-padded together."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: Sequence[dict], positions: Optional[Sequence[int]] = None) -> dict[str, Any]:
+        from ditty.data.collate import pad_samples
+
+        chosen = [(list(s["input_ids"]), list(s["labels"])) for s in samples]
+        rejected = [(list(s["rejected_input_ids"]), list(s["rejected_labels"])) for s in samples]
+        return pad_samples(chosen + rejected, self.pad_token_id)
+
+    def supervised_count(self, batch: dict) -> torch.Tensor:
+        """Pairs of the batch (a filler pair of evaluation, with nothing scored, counts none)."""
+        chosen, _ = batch["labels"].chunk(2, dim=0)
+        return _scored_rows(chosen).sum()
+
+
+class UnpairedCollator(Collator):
+    """Unpaired samples -> one padded batch with `label` [N]; the denominator is the examples."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: Sequence[dict], positions: Optional[Sequence[int]] = None) -> dict[str, Any]:
+        from ditty.data.collate import pad_samples
+
+        batch = pad_samples([(list(s["input_ids"]), list(s["labels"])) for s in samples], self.pad_token_id)
+        batch["label"] = torch.tensor([int(s["label"]) for s in samples], dtype=torch.long)
+        return batch
+
+    def supervised_count(self, batch: dict) -> torch.Tensor:
+        return _scored_rows(batch["labels"]).sum()

@@ -1,0 +1,137 @@
+"""The preference formats: only completion tokens are scored, each completion ends with eos, chat
+messages go through the chat template, bad rows are named by file and line, and mixtures, held-out
+sets and streams read pairs like any other format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ditty.config.errors import RecipeError
+from ditty.config.sections import DataConfig, DataSourceConfig
+from ditty.data.build import build_data, build_stream
+from ditty.data.tokenizer import byte_tokenizer
+
+PAIRS = [{"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": str(2 * a + 1)} for a in range(10, 30)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _scored(ids, labels, tokenizer):
+    return tokenizer.decode([label for label in labels if label != -100])
+
+
+def test_pairs_score_only_completions_ending_with_eos(tmp_path, tokenizer):
+    data = DataConfig(source="file", path=_jsonl(tmp_path / "p.jsonl", PAIRS), format="preference", val_fraction=0)
+    bundle = build_data(data, tokenizer, seed=0)
+    sample = bundle.train[0]
+    assert tokenizer.decode(sample["input_ids"]) == "<s>10+10=20</s>"
+    assert _scored(sample["input_ids"], sample["labels"], tokenizer) == "20</s>"
+    assert _scored(sample["rejected_input_ids"], sample["rejected_labels"], tokenizer) == "21</s>"
+    batch = bundle.collator([bundle.train[0], bundle.train[1]])
+    assert batch["input_ids"].shape[0] == 4  # chosen rows, then rejected rows: one forward
+    assert tokenizer.decode(batch["input_ids"][2][batch["attention_mask"][2].bool()]) == "<s>10+10=21</s>"
+    assert int(bundle.collator.supervised_count(batch)) == 2  # the denominator is pairs
+
+
+def test_chat_pairs_render_with_the_chat_template(tmp_path, tokenizer):
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "chosen": [{"role": "assistant", "content": "hello"}],
+            "rejected": [{"role": "assistant", "content": "go away"}],
+        }
+    ]
+    data = DataConfig(source="file", path=_jsonl(tmp_path / "c.jsonl", rows), format="preference", val_fraction=0)
+    sample = build_data(data, tokenizer, seed=0).train[0]
+    assert tokenizer.decode(sample["input_ids"]).startswith("<user>hi\n<assistant>hello")
+    assert _scored(sample["input_ids"], sample["labels"], tokenizer) == "hello\n</s>"
+    assert _scored(sample["rejected_input_ids"], sample["rejected_labels"], tokenizer) == "go away\n</s>"
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"prompt": "1+1=", "chosen": "2"}, "'rejected' is missing"),
+        ({"prompt": "1+1=", "chosen": "2", "rejected": "2"}, "'chosen' equals 'rejected'"),
+        ({"prompt": "1+1=", "chosen": "", "rejected": "3"}, "'chosen' is empty"),
+    ],
+)
+def test_bad_pairs_are_named_by_file_and_line(tmp_path, tokenizer, row, reason):
+    path = _jsonl(tmp_path / "bad.jsonl", PAIRS[:3] + [row] + PAIRS[3:])
+    data = DataConfig(source="file", path=path, format="preference", val_fraction=0)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    message = str(caught.value)
+    assert f"{path}:4" in message and reason in message
+    skipped = build_data(
+        DataConfig(source="file", path=path, format="preference", val_fraction=0, on_bad_rows="skip"), tokenizer, seed=0
+    )
+    assert len(skipped.train) == len(PAIRS) and skipped.skipped_rows == 1
+
+
+def test_unpaired_examples_carry_their_label(tmp_path, tokenizer):
+    rows = [{"prompt": "1+1=", "completion": "2", "label": True}, {"prompt": "1+1=", "completion": "3", "label": False}]
+    data = DataConfig(
+        source="file", path=_jsonl(tmp_path / "u.jsonl", rows), format="unpaired_preference", val_fraction=0
+    )
+    bundle = build_data(data, tokenizer, seed=0)
+    batch = bundle.collator([bundle.train[0], bundle.train[1]])
+    assert batch["label"].tolist() == [1, 0] and batch["input_ids"].shape[0] == 2
+    bad = _jsonl(tmp_path / "b.jsonl", rows + [{"prompt": "1+1=", "completion": "3", "label": "yes"}])
+    with pytest.raises(RecipeError, match=r"b\.jsonl:3"):
+        build_data(DataConfig(source="file", path=bad, format="unpaired_preference", val_fraction=0), tokenizer, seed=0)
+
+
+def test_held_out_pairs_and_a_mixture_of_pair_files(tmp_path, tokenizer):
+    first = _jsonl(tmp_path / "a.jsonl", PAIRS)
+    second = _jsonl(tmp_path / "b.jsonl", [dict(p, prompt="x" + p["prompt"]) for p in PAIRS])
+    held = _jsonl(tmp_path / "v.jsonl", PAIRS[:4])
+    data = DataConfig(
+        format="preference",
+        sources=[
+            DataSourceConfig(source="file", path=first, name="a", weight=1.0, val_path=held),
+            DataSourceConfig(source="file", path=second, name="b", weight=1.0),
+        ],
+    )
+    bundle = build_data(data, tokenizer, seed=0)
+    assert dict(bundle.val_sets)["a"].num_rows == 4
+    stream = build_stream(bundle, data, global_batch_size=4, micro_batch_size=2, rank=0, world_size=1, pad_token_id=0)
+    micro = stream.next_step()
+    assert len(micro) == 2 and micro[0]["input_ids"].shape[0] == 4  # 2 pairs -> 4 rows
+    assert int(bundle.collator.supervised_count(micro[0])) == 2
+
+
+def test_builtin_addition_pairs_reject_a_wrong_sum(tokenizer):
+    data = DataConfig(source="builtin", name="addition", num_samples=200, format="preference")
+    bundle = build_data(data, tokenizer, seed=0)
+    sample = bundle.train[0]
+    chosen = _scored(sample["input_ids"], sample["labels"], tokenizer).removesuffix("</s>")
+    rejected = _scored(sample["rejected_input_ids"], sample["rejected_labels"], tokenizer).removesuffix("</s>")
+    prompt = tokenizer.decode(sample["input_ids"]).removeprefix("<s>").split("=")[0]
+    a, b = map(int, prompt.split("+"))
+    assert int(chosen) == a + b and int(rejected) != a + b
+    assert bundle.task is not None and bundle.val is not None  # held-out problems: exact match and val pairs
+
+
+def test_streamed_pairs_with_workers(tmp_path, tokenizer):
+    path = _jsonl(tmp_path / "s.jsonl", PAIRS)
+    data = DataConfig(source="file", path=path, format="preference", streaming=True, num_workers=1, val_fraction=0)
+    bundle = build_data(data, tokenizer, seed=0)
+    stream = build_stream(bundle, data, global_batch_size=2, micro_batch_size=2, rank=0, world_size=1, pad_token_id=0)
+    (batch,) = stream.next_step()
+    assert batch["input_ids"].shape[0] == 4 and int(bundle.collator.supervised_count(batch)) == 2
