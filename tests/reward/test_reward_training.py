@@ -97,3 +97,32 @@ def test_a_pair_missing_rejected_exits_2_with_file_and_line(capsys, tmp_path):
     assert "Traceback" not in out
     assert not (tmp_path / "run" / "final").exists()
     assert open(data).read() == before  # nothing the user has is touched
+
+
+def test_the_python_api_trains_a_reward_model_instance_on_rows(tmp_path, sft_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ditty.pipeline import ModelFactory, Pipeline
+
+    model = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    result = Pipeline(
+        model_task="reward-model",
+        model_factory=ModelFactory.from_instance(model),
+        dataset=PAIRS[:16],
+        val_dataset=PAIRS[16:],
+        tokenizer=AutoTokenizer.from_pretrained(sft_dir),
+        output_dir=str(tmp_path / "run"),
+        steps=2,
+        batch_size=4,
+        grad_accum=2,
+        lr=1e-3,
+        device="cpu",
+        num_threads=1,
+        progress=False,
+        log_every=1,
+    ).run()
+    last = records(tmp_path / "run")[-1]
+    assert {"rewards/accuracies", "val_accuracy", "val_loss"} <= set(last), last
+    assert result.run_dir == str(tmp_path / "run")
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "run" / "final"))
+    assert loaded.config.num_labels == 1
