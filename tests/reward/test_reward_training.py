@@ -126,3 +126,21 @@ def test_the_python_api_trains_a_reward_model_instance_on_rows(tmp_path, sft_dir
     assert result.run_dir == str(tmp_path / "run")
     loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "run" / "final"))
     assert loaded.config.num_labels == 1
+
+
+@pytest.mark.slow  # two gloo ranks and one process, 3 steps each
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_give_the_losses_of_one_process(capsys, tmp_path, parallel):
+    from tests.parallel.harness import run_ranks
+    from tests.reward.workers import train_reward
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    code, out = run(capsys, "run", reward_recipe(one, steps=3, global_pairs=8, micro_pairs=4))
+    assert code == 0, out
+    single = records(one / "run")
+    recipe = reward_recipe(two, steps=3, global_pairs=8, micro_pairs=2)  # 2 ranks x 2 pairs x 2 accumulation
+    losses, last = run_ranks(train_reward, 2, recipe, parallel, timeout=600.0)[0]
+    assert losses == pytest.approx([r["loss"] for r in single if "loss" in r], abs=1e-6)
+    assert last["val_accuracy"] == pytest.approx(single[-1]["val_accuracy"], abs=1e-9)
+    assert last["val_loss"] == pytest.approx(single[-1]["val_loss"], abs=1e-6)
