@@ -87,6 +87,16 @@ def test_a_lora_reward_model_final_loads_with_transformers_alone(capsys, tmp_pat
     card = (final / "README.md").read_text()
     assert "task `reward-model`" in card and 'pipeline("text-classification", model="final/merged")' in card
 
+    from ditty.train.final import final_model_task
+
+    assert final_model_task(str(tmp_path / "run")).name == "reward-model"  # what export and push go by
+    exported = tmp_path / "exported"
+    code, out = run(capsys, "export", tmp_path / "run", "-o", exported, "--merge-lora")
+    assert code == 0, out
+    again = AutoModelForSequenceClassification.from_pretrained(str(exported)).eval()
+    with torch.no_grad():
+        assert torch.allclose(again(**inputs).logits, merged_scores, atol=1e-5)
+
 
 def test_a_pair_missing_rejected_exits_2_with_file_and_line(capsys, tmp_path):
     data = write_pairs(tmp_path / "pairs.jsonl", PAIRS[:2] + [{"prompt": "1+1=", "chosen": "2"}] + PAIRS[2:])
