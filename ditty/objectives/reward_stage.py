@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 
 class BradleyTerryLoss(LossCalculator):
+    reports_val_metrics = True
+    """Validation also averages this loss's metrics over the held-out pairs (val_rewards/...), where the
+    trainer's evaluation reads that flag."""
+
     def __init__(
         self,
         output_index: Union[int, str] = "logits",

@@ -32,6 +32,7 @@ def sft_dir(tmp_path_factory) -> str:
     return save_tiny_causal_lm(tmp_path_factory.mktemp("sft") / "model")
 
 
+@pytest.mark.slow  # two 3-step runs of a tiny Llama
 def test_micro_batches_of_2_and_8_pairs_give_the_same_losses(capsys, tmp_path):
     losses = {}
     for micro in (2, 8):
@@ -51,6 +52,7 @@ def test_micro_batches_of_2_and_8_pairs_give_the_same_losses(capsys, tmp_path):
     assert losses[8][0] == pytest.approx(0.6931, abs=0.05)  # a fresh score head: -log sigmoid(~0)
 
 
+@pytest.mark.slow  # a 2-step LoRA run, merged, exported and loaded three ways
 def test_a_lora_reward_model_final_loads_with_transformers_alone(capsys, tmp_path, sft_dir):
     from peft import AutoPeftModelForSequenceClassification
     from safetensors import safe_open
@@ -109,6 +111,7 @@ def test_a_pair_missing_rejected_exits_2_with_file_and_line(capsys, tmp_path):
     assert open(data).read() == before  # nothing the user has is touched
 
 
+@pytest.mark.slow  # a 2-step run from the Python API
 def test_the_python_api_trains_a_reward_model_instance_on_rows(tmp_path, sft_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -65,6 +65,7 @@ def readme_scores(run_dir: Path, capsys) -> list[float]:
     return [float(v) for v in re.findall(r"-?\d+\.\d+", capsys.readouterr().out)]
 
 
+@pytest.mark.slow  # a 2-step run, then 40 held-out pairs scored through transformers
 def test_final_scores_match_what_validation_reported(tmp_path, capsys):
     """A short run: transformers alone, on the held-out pairs, gives the val_accuracy training logged."""
     from tests.reward.helpers import reward_recipe
