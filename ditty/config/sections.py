@@ -16,7 +16,9 @@ from ditty.config.outputs import CheckpointConfig, EvalConfig, HubConfig, Loggin
 from ditty.config.scale import SHARDED_KINDS, Fp8Config, ParallelConfig, PeftConfig, QuantConfig  # noqa: F401
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-ModelTaskName = Literal["causal-lm", "seq-classification", "token-classification", "seq2seq", "masked-lm"]
+ModelTaskName = Literal[
+    "causal-lm", "seq-classification", "token-classification", "seq2seq", "masked-lm", "reward-model"
+]
 """What a model is trained to do; ditty/models/tasks.py maps each to its Auto class, data format, loss and metrics."""
 
 
@@ -41,8 +43,9 @@ class ModelConfig:
     """Hugging Face hub id or local directory of a pretrained model (or of the architecture for random init)."""
     task: ModelTaskName = "causal-lm"
     """What the model learns: "causal-lm" (next token), "seq-classification" (a label per text),
-    "token-classification" (a tag per word), "seq2seq" (encoder-decoder, source -> target) or
-    "masked-lm" (masked tokens). It picks the transformers Auto class, the data format, loss and metrics."""
+    "token-classification" (a tag per word), "seq2seq" (encoder-decoder, source -> target),
+    "masked-lm" (masked tokens) or "reward-model" (one score per text, trained on preference pairs). It picks
+    the transformers Auto class, the data format, loss and metrics."""
     init: Literal["auto", "pretrained", "random"] = "auto"
     """"pretrained" loads weights from `path`; "random" builds the architecture with fresh weights;
     "auto" is pretrained when `path` is set, else random."""

@@ -83,10 +83,12 @@ def build_model(
     return built.to(device)
 
 
-def label_config(labels: Optional[Sequence[str]]) -> dict[str, Any]:
-    """Config values for a label set: id2label and label2id (transformers derives num_labels)."""
+def label_config(labels: Optional[Sequence[str]], task: Optional[str] = None) -> dict[str, Any]:
+    """Config values for a label set: id2label and label2id (transformers derives num_labels); without
+    one, the task's fixed head size (a reward model's num_labels = 1)."""
     if not labels:
-        return {}
+        fixed = model_task(task).num_labels if task is not None else None
+        return {"num_labels": fixed} if fixed is not None else {}
     return {"id2label": dict(enumerate(labels)), "label2id": {name: index for index, name in enumerate(labels)}}
 
 
@@ -106,14 +108,14 @@ def _load_pretrained(
             fix='set model.path to a local directory or a hub id (org/name), or use model.init = "random"',
         )
     task = model_task(model.task)
-    source, config = hf_config(model, label_config(labels))
+    source, config = hf_config(model, label_config(labels, model.task))
     # "auto" on CPU means fp32: bf16/fp16 matmuls crawl on most CPUs (0.3 vs 120 GFLOP/s here).
     dtype = resolve_dtype(model.dtype, device, default_accelerator="auto")
     extra = attention_kwargs(model)
     if is_quantized(quant):
         extra["quantization_config"] = bnb_config(quant)
         extra["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else device.type}
-    if task.labels:
+    if task.labels or task.num_labels is not None:
         extra["ignore_mismatched_sizes"] = True  # a classifier checkpoint with another label count: a new head
     loaded, info = _fetching(
         lambda: transformers_class(task).from_pretrained(
@@ -162,7 +164,7 @@ def _build_random(
     model: ModelConfig, tokenizer, device: "torch.device", labels: Optional[Sequence[str]] = None
 ) -> "torch.nn.Module":
     task = model_task(model.task)
-    defaults = {**(_tokenizer_config(tokenizer) if tokenizer is not None else {}), **label_config(labels)}
+    defaults = {**(_tokenizer_config(tokenizer) if tokenizer is not None else {}), **label_config(labels, model.task)}
     _, config = hf_config(model, defaults)
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # T5's convention, which the decoder needs to shift labels right; set only when the config has none.

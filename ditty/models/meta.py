@@ -118,6 +118,8 @@ def checkpoint_fits_task(path: str, task_name: str, labels: Any) -> bool:
     wanted = auto_mapping(task.auto_mapping).get(saved.get("model_type"))
     if wanted is None or wanted not in (saved.get("architectures") or ()):
         return False
+    if task.num_labels is not None:  # a reward model's one score
+        return len(saved.get("id2label") or {}) == task.num_labels
     return not task.labels or len(saved.get("id2label") or {}) == len(labels or ())
 
 
@@ -130,7 +132,7 @@ def build_on_meta(config: Any, tokenizer: Any, device: "torch.device", labels: A
     from ditty.models.tasks import model_task, transformers_class
 
     m = config.model
-    _, architecture = hf_config(m, label_config(labels))
+    _, architecture = hf_config(m, label_config(labels, m.task))
     if tokenizer is not None and len(tokenizer) > architecture.vocab_size:
         return None
     dtype = resolve_dtype(m.dtype, device, default_accelerator=None)

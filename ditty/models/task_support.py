@@ -144,7 +144,9 @@ def head_modules(weight_names: Iterable[str]) -> list[str]:
 
 def task_of_saved_model(directory: str) -> Optional[ModelTask]:
     """The task a saved model is for, from its files: config.json's architecture (the class of one
-    task's auto mapping), or an adapter's peft task type; None when they do not say."""
+    task's auto mapping), or an adapter's peft task type; None when they do not say. Tasks of one class
+    are told apart by the head size (a sequence classifier with one label is a reward model): config.json's
+    labels, or an adapter's labels.json."""
     config_file = os.path.join(directory, "config.json")
     adapter_file = os.path.join(directory, "adapter_config.json")
     try:
@@ -152,15 +154,33 @@ def task_of_saved_model(directory: str) -> Optional[ModelTask]:
             with open(config_file, encoding="utf-8") as handle:
                 saved = json.load(handle)
             for architecture in saved.get("architectures") or ():
-                for task in TASKS.values():
-                    if auto_mapping(task.auto_mapping).get(saved.get("model_type")) == architecture:
-                        return task
+                tasks = [
+                    t
+                    for t in TASKS.values()
+                    if auto_mapping(t.auto_mapping).get(saved.get("model_type")) == architecture
+                ]
+                if tasks:
+                    return _by_head_size(tasks, len(saved.get("id2label") or {}))
         elif os.path.isfile(adapter_file):
             with open(adapter_file, encoding="utf-8") as handle:
                 task_type = json.load(handle).get("task_type")
-            return next(
-                (task for task in TASKS.values() if task.peft_task_type and task.peft_task_type == task_type), None
-            )
+            tasks = [t for t in TASKS.values() if t.peft_task_type and t.peft_task_type == task_type]
+            return _by_head_size(tasks, _saved_label_count(directory)) if tasks else None
     except (OSError, ValueError, AttributeError):
         return None
     return None
+
+
+def _by_head_size(tasks: list[ModelTask], labels: int) -> ModelTask:
+    """The task of a fixed head size equal to `labels`, else the first without one."""
+    fixed = [task for task in tasks if task.num_labels is not None and task.num_labels == labels]
+    return (fixed or [task for task in tasks if task.num_labels is None] or tasks)[0]
+
+
+def _saved_label_count(directory: str) -> int:
+    """num_labels of labels.json beside an adapter of a classifier (ditty.train.final), 0 without one."""
+    path = os.path.join(directory, "labels.json")
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as handle:
+        return int(json.load(handle).get("num_labels") or 0)

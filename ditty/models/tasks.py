@@ -43,6 +43,9 @@ class ModelTask:
     it removed text2text-generation, so a seq2seq model runs with `generate`)."""
     labels: bool = False
     """The training data defines a label set: num_labels, id2label and label2id of the model config."""
+    num_labels: Optional[int] = None
+    """A head of fixed size whatever the data (a reward model's one score); None: the data's label set
+    sizes it (`labels`), or the task has no label head."""
     head: bool = False
     """The task puts a new head on a pretrained body (a classifier): newly initialised weights there are
     expected, and under an adapter the head trains fully (peft's modules_to_save)."""
@@ -131,6 +134,23 @@ TASKS: dict[str, ModelTask] = {
             metrics=("perplexity",),
             pipeline_tag="fill-mask",
             pipeline="fill-mask",
+        ),
+        ModelTask(
+            # A Bradley-Terry scorer: the sequence classifier with one output scores the chosen and the
+            # rejected text of each preference pair (ditty.objectives.reward_stage). Last in the table: a saved
+            # model of the same class is a classifier unless its one label says otherwise (task_support).
+            name="reward-model",
+            noun="a reward model (a sequence classifier with one score)",
+            auto_class="AutoModelForSequenceClassification",
+            auto_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+            peft_task_type="SEQ_CLS",
+            data_formats=("preference",),
+            loss="ditty.objectives.reward_stage:BradleyTerryLoss",
+            metrics=("accuracy",),  # of pairs: the chosen text scored above the rejected one
+            pipeline_tag="text-classification",
+            pipeline="text-classification",
+            num_labels=1,
+            head=True,
         ),
     )
 }

@@ -205,7 +205,7 @@ class LossMemory:
     a chunk): a host allocator maps tensors above its threshold rather than keep them in its heap."""
 
 
-CLASSIFIER_TASKS = ("seq-classification", "token-classification")
+CLASSIFIER_TASKS = ("seq-classification", "token-classification", "reward-model")
 CLASSIFIER_LABELS = 128
 """Labels assumed for a classifier's logits in the plan: more than most label sets, still negligible."""
 
@@ -226,7 +226,7 @@ def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_tr
     if s.task in CLASSIFIER_TASKS:
         # No vocabulary head: a score per label, per sample (or per token when tagging). The label count
         # is the data's, unknown offline; CLASSIFIER_LABELS bounds it for the plan.
-        rows = s.micro_batch if s.task == "seq-classification" else tokens
+        rows = tokens if s.task == "token-classification" else s.micro_batch
         size = rows * CLASSIFIER_LABELS * 4 * FP32
         return LossMemory(size, f"{rows:,} rows of label scores (no vocabulary head)", size)
     if chunks <= 0:

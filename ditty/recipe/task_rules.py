@@ -82,12 +82,18 @@ def packing_fits_task(ctx: Context) -> Iterator[Problem]:
     """Packing joins samples into one causal-attention row: only tasks that allow it."""
     task = model_task(ctx.config.model.task)
     if ctx.config.data.packing and not task.packing:
+        reason = _NO_PACKING_REASONS.get(task.name, "packing joins several into one causal-attention row")
         yield error(
             "data.packing",
-            f'model.task = "{task.name}" trains on one sample per row (packing joins several into one '
-            "causal-attention row)",
+            f'model.task = "{task.name}" trains on one sample per row ({reason})',
             "set data.packing = false (data.group_by_length = true cuts padding instead)",
         )
+
+
+_NO_PACKING_REASONS = {
+    "reward-model": "a reward model scores a whole text at its last token, and a packed row would hold several "
+    "texts under one score; each pair's chosen and rejected texts are two rows of one forward instead",
+}
 
 
 def _builtins_of(data_format: str) -> str:

@@ -4,7 +4,8 @@ Each set is read in its stored order and split among ranks by index (ditty.data.
 so every sample counts exactly once whatever the world size. Every batch goes through the trainer's
 own forward (the pipeline, its contract check and the fused loss head). The loss is summed over
 tokens (or samples) and ranks, then divided: `val_loss`, and `val_loss/NAME` for each named set
-([[data.sources]], [data.eval]). Classifiers add `val_accuracy` and `val_f1` (ditty.metrics.classification);
+([[data.sources]], [data.eval]). Classifiers add `val_accuracy` and `val_f1` (ditty.metrics.classification),
+a reward model `val_accuracy` of its pairs (the chosen text scored higher);
 a language model's per-token loss gives `val_perplexity`; generation scores exact match: greedy
 answers to a built-in dataset's prompts, or greedy decoding of seq2seq targets.
 """
@@ -37,6 +38,7 @@ def evaluate_tokens(
     overall = torch.zeros(2, dtype=torch.float64)
     counts = ClassificationCounts(len(bundle.labels)) if bundle.labels is not None else None
     loss_metrics = WeightedMeans() if getattr(request.pipeline.loss, "reports_val_metrics", False) else None
+    pairs = pair_accuracy(task)
     for name, dataset in sets:
         if dataset is None or len(dataset) == 0:
             continue
@@ -55,6 +57,8 @@ def evaluate_tokens(
                     totals += torch.stack([out.loss.detach().double().cpu() * scored, scored])
             if counts is not None:
                 counts.add(logits_of(output).argmax(-1), batch["labels"])
+            if pairs is not None:
+                pairs.add(logits_of(output), batch)
         totals = all_reduce_sum(totals)
         overall += totals
         if named and totals[1] > 0:
@@ -67,6 +71,8 @@ def evaluate_tokens(
         metrics.update({f"val_{name}": value for name, value in loss_metrics.result().items()})
     if counts is not None and sets:
         metrics.update({f"val_{name}": value for name, value in counts.result().items()})
+    if pairs is not None and sets:
+        metrics["val_accuracy"] = pairs.result()
     if "exact_match" in task.metrics and request.eval_samples > 0:
         if bundle.task is not None:  # a built-in dataset's prompts, answered greedily
             with request.autocast():
@@ -96,6 +102,15 @@ class WeightedMeans:
         totals = all_reduce_sum(torch.tensor([self.sums[n] for n in names] + [self.count], dtype=torch.float64))
         count = float(totals[-1])
         return {name: float(totals[i]) / count for i, name in enumerate(names)} if count > 0 else {}
+
+
+def pair_accuracy(task: Any) -> Any:
+    """The pair-accuracy counter of a task scored on preference pairs (a reward model), else None."""
+    if "accuracy" not in task.metrics or task.data_formats[0] != "preference":
+        return None
+    from ditty.objectives.reward_stage import PairAccuracy
+
+    return PairAccuracy()
 
 
 def logits_of(output: Any) -> torch.Tensor:

@@ -203,17 +203,17 @@ def write_final(trainer: Any) -> str:
     return os.path.join(run_dir, FINAL_DIR)
 
 
-CLASSIFIER_TASKS = ("seq-classification", "token-classification")
-
-
 def writes_merged(config: Any) -> bool:
     """Whether final/merged/ is written: `checkpoint.final_format = "merged"`, or by default for an
-    adapter of a classifier, whose adapter folder transformers.pipeline cannot load with its labels
+    adapter of a task with a new head (a classifier, a reward model: ditty.models.tasks), whose adapter
+    folder transformers.pipeline cannot load with its labels
     (the base it names has no head of the right size; a config.json beside the adapter makes
     transformers take the folder for a full model). Never from an 8-bit base (the compiler refuses it)."""
     if config.peft.kind == "none" or config.quant.kind == "bnb-8bit":
         return False
-    return config.checkpoint.final_format == "merged" or config.model.task in CLASSIFIER_TASKS
+    from ditty.models.tasks import model_task
+
+    return config.checkpoint.final_format == "merged" or model_task(config.model.task).head
 
 
 def final_model_task(run_dir: str) -> Any:

@@ -40,7 +40,13 @@ def test_the_text_read_mappings_equal_transformers_own():
 
 
 def test_what_each_family_supports():
-    assert supported_tasks({"model_type": "bert"}) == ["seq-classification", "token-classification", "masked-lm"]
+    # a reward model is a sequence classifier with one score: every family with one can be a reward model
+    assert supported_tasks({"model_type": "bert"}) == [
+        "seq-classification",
+        "token-classification",
+        "masked-lm",
+        "reward-model",
+    ]
     assert supported_tasks({"model_type": "bert", "is_decoder": True})[0] == "causal-lm"
     assert "seq2seq" in supported_tasks({"model_type": "t5"}) and "causal-lm" not in supported_tasks(
         {"model_type": "t5"}
