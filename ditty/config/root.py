@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ditty.config.rl import RLConfig
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -64,3 +65,5 @@ class TrainerConfig:
     """User preprocessors, postprocessors and losses."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Standard benchmarks through lm-evaluation-harness."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """Reinforcement learning with rollouts in the loop (GRPO)."""

@@ -95,7 +95,7 @@ class TokenizerConfig:
 
 
 DataFormat = Literal[
-    "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm"
+    "text", "prompt_completion", "chat", "classification", "token_classification", "seq2seq", "masked_lm", "prompt"
 ]
 
 
@@ -177,7 +177,8 @@ class DataConfig:
     """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant
     turns (these three: model.task = "causal-lm"). "classification": text (or a text pair) and a label;
     "token_classification": words and one tag per word; "seq2seq": source and target; "masked_lm": text
-    with random tokens masked (each for the model.task of that name)."""
+    with random tokens masked (each for the model.task of that name). "prompt": prompts only (a string or
+    chat messages in `prompt`), every other column handed to the reward functions of [rl]."""
     text_column: str = "text"
     """Column holding the text (format = "text", "classification" or "masked_lm")."""
     prompt_column: str = "prompt"

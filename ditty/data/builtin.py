@@ -79,8 +79,8 @@ GENERATORS: dict[str, Callable[[np.random.Generator, int], Iterator[Problem]]] =
     "topics": _topics,
 }
 FORMATS: dict[str, tuple[str, ...]] = {
-    "addition": ("prompt_completion", "seq2seq"),
-    "reverse": ("prompt_completion", "seq2seq"),
+    "addition": ("prompt_completion", "seq2seq", "prompt"),
+    "reverse": ("prompt_completion", "seq2seq", "prompt"),
     "topics": ("classification",),
 }
 """The data formats each built-in dataset can be read as (its pairs are prompt/completion, source/target

@@ -13,6 +13,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     optimizer_rules,
     pipeline_rules,
     position_rules,
+    rl_rules,
     task_rules,
 )
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS

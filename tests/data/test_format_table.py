@@ -28,4 +28,5 @@ def test_every_format_names_its_columns_checks_a_row_and_collates():
         assert isinstance(check, RowCheck) and set(check.fields) <= set(columns.values()) | {data.text_column}, name
         assert row_problem({}, check) is not None, name  # a row without the format's columns is bad
         assert isinstance(fmt.collator(tokenizer, data, seed=0, decoder_start_token_id=0), Collator), name
-        assert fmt.packable == (name in TASKS["causal-lm"].data_formats), name
+        # Token rows of a causal LM pack; prompts (format "prompt", for [rl]) are generated from, not packed.
+        assert fmt.packable == (name in TASKS["causal-lm"].data_formats and name != "prompt"), name
