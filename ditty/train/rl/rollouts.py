@@ -1,0 +1,340 @@
+"""The rollout stream: GRPO's data. It wraps the stream of prompts and hands the trainer micro-batches
+of scored completions, so the trainer's loop (`train_step(stream.next_step())`) is unchanged.
+
+One `next_step()` on each rank:
+1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
+   prompts per step, the same global order and cursor as every format; whole groups per rank);
+2. samples `group_size` completions of each with transformers' `generate` (KV cache, one batch, or
+   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA);
+3. scores them with the reward functions (a failing function stops the run, exit 2, before any
+   update), gathers every rank's rewards in global prompt order and turns them into group
+   advantages, of which the rank keeps its own;
+4. computes the log-probabilities the completions were sampled with (only when
+   updates_per_rollout > 1) and the reference's (only when beta > 0);
+5. cuts the completions into micro-batches: prompt + completion rows, right-padded, labels on the
+   completion tokens (its end-of-sequence token included), with the advantages and flags.
+With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row.
+
+The sampling RNG is this stream's own (a torch RNG state that `generate` draws from inside
+`fork_rng`), saved in `state_dict` with the prompt cursor and, mid-reuse, the buffered rollouts, so
+a resume after kill -9 samples exactly what the uninterrupted run sampled.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.objectives.grpo import group_advantages
+from ditty.objectives.rewards import RewardFunction, reward_metrics, score_completions
+
+
+@dataclass
+class Completions:
+    """The sampled completions of one rank's prompts: row i is completion i % group_size of prompt
+    i // group_size."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    """Generated tokens up to and including the first end-of-sequence token (none when truncated)."""
+    texts: list[str]
+    truncated: list[bool]
+
+
+class RolloutStream:
+    """See the module doc. `policy()` gives the model to sample from (unwrapped, adapter on);
+    `logps(model_or_none, batch)` the token log-probabilities of a micro-batch under the policy
+    (None) or the reference."""
+
+    def __init__(
+        self,
+        prompts: Any,
+        *,
+        rl: Any,
+        reward_functions: list[RewardFunction],
+        tokenizer: Any,
+        policy: Callable[[], torch.nn.Module],
+        logps: Callable[[str, dict], torch.Tensor],
+        micro_batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+    ) -> None:
+        self.prompts = prompts
+        self.rl = rl
+        self.reward_functions = reward_functions
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.logps = logps
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rng_state = torch.Generator().manual_seed(_mix(seed, rank)).get_state()
+        self.cuda_rng_state: Optional[torch.Tensor] = None
+        self.buffer: Optional[list[dict]] = None
+        self.served = 0
+        self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
+
+    # -------------------------------------------------------------- the trainer's stream interface
+
+    @property
+    def cursor(self) -> int:
+        return self.prompts.cursor
+
+    @property
+    def accumulation_steps(self) -> int:
+        return len(self.buffer) if self.buffer else 0
+
+    def next_step(self) -> list[dict]:
+        started = time.perf_counter()
+        train_s = started - self.last_return if self.last_return is not None else None
+        if self.buffer is None or self.served >= self.rl.updates_per_rollout:
+            self.buffer = self.rollout()
+            self.served = 0
+            rollout_s = time.perf_counter() - started
+            generate_s = self.buffer[0]["rollout_metrics"]["rollout/generate_s"]
+            for batch in self.buffer:  # the same global values on every micro-batch and rank
+                metrics = batch["rollout_metrics"]
+                if train_s is not None:
+                    metrics["rollout/generation_share"] = generate_s / (rollout_s + train_s)
+        self.served += 1
+        self.last_return = time.perf_counter()
+        return self.buffer
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.prompts, "close", None)
+        if close is not None:
+            close()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "prompts": self.prompts.state_dict(),
+            "rng": _encode(self.rng_state),
+            "cuda_rng": _encode(self.cuda_rng_state) if self.cuda_rng_state is not None else None,
+            "served": self.served,
+            "buffer": None,
+        }
+        if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
+            state["buffer"] = _encode(self.buffer)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        self.rng_state = _decode(state["rng"])
+        self.cuda_rng_state = _decode(state["cuda_rng"]) if state.get("cuda_rng") else None
+        self.served = int(state.get("served", 0))
+        self.buffer = _decode(state["buffer"]) if state.get("buffer") else None
+
+    # -------------------------------------------------------------- one rollout
+
+    def rollout(self) -> list[dict]:
+        (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank (ditty.train.rl)
+        group = self.rl.group_size
+        started = time.perf_counter()
+        done = self.sample(prompt_batch["prompt_ids"])
+        generate_s = time.perf_counter() - started
+        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
+        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
+        scores = score_completions(self.reward_functions, prompts, done.texts, columns)
+        totals = _gather(scores.total, self.world_size)
+        advantages = group_advantages(totals, group, self.rl.scale_rewards)
+        local = len(done.texts)
+        mine = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        per_function = {name: _gather(values, self.world_size) for name, values in scores.per_function.items()}
+        lengths = torch.tensor([len(ids) for ids in done.completion_ids], dtype=torch.float64)
+        truncated = torch.tensor(done.truncated, dtype=torch.bool)
+        all_lengths, all_truncated = _gather(lengths, self.world_size), _gather(truncated.double(), self.world_size)
+        metrics = {name: float(value) for name, value in advantages.metrics.items()}
+        metrics.update({name: float(value) for name, value in reward_metrics(per_function, scores.details).items()})
+        metrics.update(
+            {
+                "completions/mean_length": float(all_lengths.mean()),
+                "completions/max_length": float(all_lengths.max()),
+                "completions/clipped_ratio": float(all_truncated.mean()),
+                "rollout/generate_s": generate_s,
+                "rollout/tokens_per_s": float(all_lengths.sum()) / max(_max_across(generate_s, self.world_size), 1e-9),
+            }
+        )
+        batches = self.micro_batches(done, mine, truncated)
+        global_sequences = float(len(totals))
+        global_tokens = _sum_across(float(sum(self.scored_tokens(b) for b in batches)), self.world_size)
+        scale = float(len(batches) * self.world_size)  # the trainer averages loss metrics over both
+        for batch in batches:
+            batch.update(
+                global_sequences=global_sequences,
+                global_tokens=max(global_tokens, 1.0),
+                metric_scale=scale,
+                rollout_metrics=dict(metrics),
+            )
+        self.add_logps(batches)
+        return batches
+
+    def scored_tokens(self, batch: dict) -> int:
+        """Completion tokens of a micro-batch that take part in the loss (rl.mask_truncated drops
+        the truncated completions' tokens)."""
+        scored = batch["labels"][:, 1:] != IGNORE_INDEX
+        if self.rl.mask_truncated:
+            scored = scored & ~batch["truncated"][:, None]
+        return int(scored.sum())
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: list[list[int]]) -> Completions:
+        """`group_size` completions of every prompt, `rl.generation_batch_size` prompts per call."""
+        from transformers import GenerationConfig
+
+        rl, tokenizer = self.rl, self.tokenizer
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        config = GenerationConfig(
+            max_new_tokens=rl.max_new_tokens,
+            do_sample=True,
+            temperature=rl.temperature,
+            top_p=rl.top_p,
+            top_k=0,
+            num_beams=1,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            use_cache=True,
+        )
+        model = self.policy()
+        per_call = rl.generation_batch_size or len(prompt_ids)
+        out = Completions([], [], [], [])
+        was_training = model.training
+        model.eval()
+        try:
+            with self.own_rng():
+                for start in range(0, len(prompt_ids), per_call):
+                    chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
+                    self._generate(model, chunk, config, eos, pad, out)
+        finally:
+            model.train(was_training)
+        return out
+
+    def _generate(self, model, prompts: list[list[int]], config, eos: int, pad: int, out: Completions) -> None:
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
+        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        generated = model.generate(
+            input_ids=input_ids, attention_mask=mask, generation_config=config, synced_gpus=synced
+        )
+        for ids, row in zip(prompts, generated[:, width:].tolist()):
+            ended = eos is not None and eos in row
+            completion = row[: row.index(eos) + 1] if ended else row
+            text_ids = completion[:-1] if ended else completion
+            out.prompt_ids.append(list(ids))
+            out.completion_ids.append(completion)
+            out.texts.append(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+            out.truncated.append(not ended)
+
+    @contextmanager
+    def own_rng(self):
+        """The stream's RNG as torch's global one for the duration (what `generate` samples from)."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.rng_state)
+            if devices:
+                if self.cuda_rng_state is None:
+                    torch.cuda.manual_seed(int(torch.initial_seed()))
+                else:
+                    torch.cuda.set_rng_state(self.cuda_rng_state, self.device)
+            try:
+                yield
+            finally:
+                self.rng_state = torch.get_rng_state()
+                if devices:
+                    self.cuda_rng_state = torch.cuda.get_rng_state(self.device)
+
+    def micro_batches(self, done: Completions, advantages: torch.Tensor, truncated: torch.Tensor) -> list[dict]:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batches = []
+        for start in range(0, len(done.texts), self.micro_batch_size):
+            rows = range(start, min(start + self.micro_batch_size, len(done.texts)))
+            seqs = [done.prompt_ids[i] + done.completion_ids[i] for i in rows]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            labels = torch.full((len(seqs), width), IGNORE_INDEX, dtype=torch.long)
+            attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for row, i in enumerate(rows):
+                prompt, completion = done.prompt_ids[i], done.completion_ids[i]
+                input_ids[row, : len(seqs[row])] = torch.tensor(seqs[row])
+                labels[row, len(prompt) : len(seqs[row])] = torch.tensor(completion)
+                attention_mask[row, : len(seqs[row])] = 1
+            batches.append(
+                {
+                    "input_ids": input_ids,
+                    "attention_mask": attention_mask,
+                    "labels": labels,
+                    "advantages": advantages[start : start + len(seqs)].to(torch.float32),
+                    "truncated": truncated[start : start + len(seqs)],
+                }
+            )
+        return batches
+
+    def add_logps(self, batches: list[dict]) -> None:
+        """The sampling policy's log-probabilities (reused rollouts) and the reference's (beta > 0)."""
+        for batch in batches:
+            if self.rl.updates_per_rollout > 1:
+                batch["old_logps"] = self.logps("policy", batch).cpu()
+            if self.rl.beta > 0:
+                batch["ref_logps"] = self.logps("reference", batch).cpu()
+
+
+def _mix(seed: int, rank: int) -> int:
+    return (seed * 1_000_003 + rank * 7_919 + 0x5EED) % (2**63)
+
+
+def _distributed(world_size: int) -> bool:
+    return world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def _comm(t: torch.Tensor) -> torch.Tensor:
+    """`t` where the process group can reduce it (NCCL reduces CUDA tensors only)."""
+    return t.cuda() if dist.get_backend() == "nccl" else t
+
+
+def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's `values` (equal lengths), concatenated in rank order (= global prompt order)."""
+    if not _distributed(world_size):
+        return values
+    values = _comm(values.contiguous())
+    parts = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(parts, values)
+    return torch.cat(parts).cpu()
+
+
+def _reduce(value: float, world_size: int, op: Any = None) -> float:
+    if not _distributed(world_size):
+        return value
+    t = _comm(torch.tensor([value], dtype=torch.float64))
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return float(t.cpu())
+
+
+def _sum_across(value: float, world_size: int) -> float:
+    return _reduce(value, world_size)
+
+
+def _max_across(value: float, world_size: int) -> float:
+    return _reduce(value, world_size, dist.ReduceOp.MAX)
+
+
+def _encode(value: Any) -> str:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _decode(text: str) -> Any:
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False)
