@@ -147,32 +147,50 @@ class RolloutStream:
         prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
         columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
         scores = score_completions(self.reward_functions, prompts, done.texts, columns)
-        totals = _gather(scores.total, self.world_size)
-        advantages = group_advantages(totals, group, self.rl.scale_rewards)
+        batches = self.assemble(done, scores.total, scores.per_function, scores.details)
+        metrics = batches[0]["rollout_metrics"]
+        tokens = metrics["completions/mean_length"] * batches[0]["global_sequences"]
+        timing = {
+            "rollout/generate_s": generate_s,
+            "rollout/tokens_per_s": tokens / max(_max_across(generate_s, self.world_size), 1e-9),
+        }
+        for batch in batches:
+            batch["rollout_metrics"].update(timing)
+        return batches
+
+    def assemble(
+        self,
+        done: Completions,
+        rewards: torch.Tensor,
+        per_function: Optional[dict[str, torch.Tensor]] = None,
+        details: Optional[dict[str, torch.Tensor]] = None,
+    ) -> list[dict]:
+        """This rank's micro-batches of scored completions: `rewards` [local completions] gathered in
+        global order into group advantages, the global counts the loss and its metrics divide by,
+        the rollout metrics, and the old and reference log-probabilities where needed."""
+        totals = _gather(rewards.to(torch.float64), self.world_size)
+        advantages = group_advantages(totals, self.rl.group_size, self.rl.scale_rewards)
         local = len(done.texts)
         mine = advantages.advantages[self.rank * local : (self.rank + 1) * local]
-        per_function = {name: _gather(values, self.world_size) for name, values in scores.per_function.items()}
+        gathered = {name: _gather(values, self.world_size) for name, values in (per_function or {}).items()}
         lengths = torch.tensor([len(ids) for ids in done.completion_ids], dtype=torch.float64)
         truncated = torch.tensor(done.truncated, dtype=torch.bool)
         all_lengths, all_truncated = _gather(lengths, self.world_size), _gather(truncated.double(), self.world_size)
         metrics = {name: float(value) for name, value in advantages.metrics.items()}
-        metrics.update({name: float(value) for name, value in reward_metrics(per_function, scores.details).items()})
+        metrics.update({name: float(value) for name, value in reward_metrics(gathered, details).items()})
         metrics.update(
             {
                 "completions/mean_length": float(all_lengths.mean()),
                 "completions/max_length": float(all_lengths.max()),
                 "completions/clipped_ratio": float(all_truncated.mean()),
-                "rollout/generate_s": generate_s,
-                "rollout/tokens_per_s": float(all_lengths.sum()) / max(_max_across(generate_s, self.world_size), 1e-9),
             }
         )
         batches = self.micro_batches(done, mine, truncated)
-        global_sequences = float(len(totals))
         global_tokens = _sum_across(float(sum(self.scored_tokens(b) for b in batches)), self.world_size)
         scale = float(len(batches) * self.world_size)  # the trainer averages loss metrics over both
         for batch in batches:
             batch.update(
-                global_sequences=global_sequences,
+                global_sequences=float(len(totals)),
                 global_tokens=max(global_tokens, 1.0),
                 metric_scale=scale,
                 rollout_metrics=dict(metrics),
