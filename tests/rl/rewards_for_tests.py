@@ -30,3 +30,15 @@ def length_reward(prompts, completions, **columns):
 
 
 FAILING_PROMPT = ["*"]
+
+
+CALLS = {"count": 0}
+FAIL_FROM_CALL = {"value": 3}
+
+
+def fails_later(prompts, completions, **columns):
+    """Scores normally for the first rollouts, then raises (a checker that breaks mid-run)."""
+    CALLS["count"] += 1
+    if CALLS["count"] >= FAIL_FROM_CALL["value"]:
+        raise ZeroDivisionError("division by zero in the checker")
+    return [float(len(c)) for c in completions]
