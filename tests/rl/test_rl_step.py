@@ -61,9 +61,11 @@ def fixed_rollouts(tokenizer, seed=0):
     return done, rewards
 
 
-def plain_logps(model, batch):
-    """log p(label t | tokens before t) from the full logits, 0 where no label; the scored mask."""
+def plain_logps(model, batch, temperature=1.0):
+    """log p(label t | tokens before t) from the full logits (divided by the sampling temperature),
+    0 where no label; the scored mask."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    logits = logits / temperature
     labels = batch["labels"]
     logps = torch.zeros(labels.shape, dtype=logits.dtype)
     scored = torch.zeros(labels.shape, dtype=torch.bool)
@@ -82,6 +84,7 @@ VARIANTS = {
     "dr_grpo": dict(loss="dr_grpo", importance="token", clip_low=0.2, clip_high=None, beta=0.0, scale_rewards="none"),
     "gspo": dict(loss="grpo", importance="sequence", clip_low=3e-4, clip_high=4e-4, beta=0.0),
     "grpo_k3_kl": dict(loss="grpo", importance="token", clip_low=0.2, clip_high=None, beta=0.1),
+    "grpo_temperature": dict(loss="grpo", importance="token", clip_low=0.2, clip_high=None, temperature=0.7),
     "dapo_mask_truncated": dict(loss="dapo", importance="token", clip_low=0.2, clip_high=0.28, mask_truncated=True),
 }
 
@@ -104,7 +107,7 @@ def test_one_step_on_fixed_rollouts_equals_the_papers_formula(tmp_path, name):
     noise = torch.Generator().manual_seed(1)
     olds, refs = [], []
     for batch in batches:
-        logps, scored = plain_logps(model, batch)
+        logps, scored = plain_logps(model, batch, rl.get("temperature", 1.0))
         spread = 0.3 if rl["importance"] == "token" else 1e-3
         batch["old_logps"] = (logps + spread * torch.randn(logps.shape, generator=noise, dtype=torch.float64)).detach()
         batch["ref_logps"] = (logps + 0.3 * torch.randn(logps.shape, generator=noise, dtype=torch.float64)).detach()
@@ -121,7 +124,7 @@ def test_one_step_on_fixed_rollouts_equals_the_papers_formula(tmp_path, name):
     expected = 0.0
     values = []
     for index, batch in enumerate(batches):
-        logps, scored = plain_logps(model, batch)
+        logps, scored = plain_logps(model, batch, rl.get("temperature", 1.0))
         mask = scored.double()
         if rl.get("mask_truncated"):
             mask = mask * (~batch["truncated"])[:, None].double()

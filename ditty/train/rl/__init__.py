@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ditty.train.rl.evaluate import RLEvaluation
-from ditty.train.rl.loss import GRPOLoss
+from ditty.train.rl.loss import GRPOLoss, sampling_projection
 from ditty.train.rl.rollouts import RolloutStream
 
 __all__ = ["GRPOLoss", "RLEvaluation", "RolloutStream", "attach_rl"]
@@ -80,9 +80,10 @@ def build_reference(trainer: Any) -> Any:
 @torch.no_grad()
 def rollout_logps(trainer: Any, which: str, batch: dict, reference: Any) -> torch.Tensor:
     """Token log-probabilities of a rollout micro-batch under the policy (as sampled) or the
-    reference, by the same head-input path and autocast as the training forward."""
+    reference, by the same head-input path, temperature and autocast as the training forward."""
+    from contextlib import nullcontext
+
     from ditty.data.generic import to_device
-    from ditty.objectives.logprobs import model_token_logps
 
     model = trainer.engine.unwrap(trainer.model)
     inputs = to_device({k: batch[k] for k in ("input_ids", "attention_mask", "labels")}, trainer.runtime.device)
@@ -91,12 +92,21 @@ def rollout_logps(trainer: Any, which: str, batch: dict, reference: Any) -> torc
     try:
         with trainer.precision.autocast():
             if which == "policy":
-                logps, _ = model_token_logps(model, inputs)
-            elif reference is not None:
-                logps, _ = model_token_logps(reference, inputs)
-            else:
-                with model.disable_adapter():
-                    logps, _ = model_token_logps(model, inputs)
+                return sampled_logps(model, inputs, trainer.config.rl)
+            if reference is not None:
+                return sampled_logps(reference, inputs, trainer.config.rl)
+            with model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext():
+                return sampled_logps(model, inputs, trainer.config.rl)
     finally:
         model.train(was_training)
-    return logps
+
+
+def sampled_logps(model: torch.nn.Module, batch: dict, rl: Any) -> torch.Tensor:
+    from ditty.objectives.logprobs import token_logps
+    from ditty.stages.fused_loss import emit_head_input, head_projection, output_head
+    from ditty.stages.fused_loss.head import model_config
+
+    with emit_head_input(model) as head:
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    projection = sampling_projection(head_projection(output_head(model), model_config(model)), rl)
+    return token_logps(head.hidden, projection, batch["labels"])[0]

@@ -15,6 +15,7 @@ metrics (rewards, lengths) ride along on every micro-batch unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,6 +26,15 @@ from ditty.objectives.logprobs import token_logps
 from ditty.stages.fused_loss import HEAD_INPUT, head_projection, output_head
 from ditty.stages.fused_loss.head import model_config
 from ditty.stages.loss import LossCalculator, LossOutput
+
+
+def sampling_projection(projection: Any, rl: Any) -> Any:
+    """The head as the rollouts sampled from it: logits divided by `rl.temperature` (as TRL), so the
+    policy gradient and the ratios are those of the sampling distribution. (With a softcap the
+    division comes before the cap.)"""
+    if rl.temperature == 1.0:
+        return projection
+    return replace(projection, scale=projection.scale / rl.temperature)
 
 
 class GRPOLoss(LossCalculator):
@@ -48,7 +58,7 @@ class GRPOLoss(LossCalculator):
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         batch, model = ctx["batch"], ctx["model"]
-        projection = head_projection(output_head(model), model_config(model))
+        projection = sampling_projection(head_projection(output_head(model), model_config(model)), self.rl)
         logps, scored = token_logps(ctx[HEAD_INPUT], projection, batch["labels"], chunks=self.chunks)
         return self.from_logps(logps, scored, batch)
 
