@@ -33,6 +33,7 @@ def write(tmp_path: Path) -> Path:
         config,
         pipeline=replace(config.pipeline, preprocessors=[ComponentSpec(use="tests.train.resume_hooks:SignalAt")]),
     )
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "grpo.toml"
     path.write_text(recipe_to_toml(config))
     return path

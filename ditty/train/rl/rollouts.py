@@ -15,9 +15,11 @@ One `next_step()` on each rank:
    completion tokens (its end-of-sequence token included), with the advantages and flags.
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row.
 
-The sampling RNG is this stream's own (a torch RNG state that `generate` draws from inside
-`fork_rng`), saved in `state_dict` with the prompt cursor and, mid-reuse, the buffered rollouts, so
-a resume after kill -9 samples exactly what the uninterrupted run sampled.
+The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
+`fork_rng`, so the trainer's own RNG is untouched): with the prompt cursor and, mid-reuse, the
+buffered rollouts in `state_dict`, a resume after kill -9 samples exactly what the uninterrupted
+run sampled, and the same prompts draw the same completions on any world size (when
+`rl.generation_batch_size` cuts every rank's prompts alike).
 """
 
 from __future__ import annotations
@@ -77,8 +79,7 @@ class RolloutStream:
         self.logps = logps
         self.micro_batch_size = micro_batch_size
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.rng_state = torch.Generator().manual_seed(_mix(seed, rank)).get_state()
-        self.cuda_rng_state: Optional[torch.Tensor] = None
+        self.seed = seed
         self.buffer: Optional[list[dict]] = None
         self.served = 0
         self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
@@ -120,8 +121,6 @@ class RolloutStream:
     def state_dict(self) -> dict[str, Any]:
         state = {
             "prompts": self.prompts.state_dict(),
-            "rng": _encode(self.rng_state),
-            "cuda_rng": _encode(self.cuda_rng_state) if self.cuda_rng_state is not None else None,
             "served": self.served,
             "buffer": None,
         }
@@ -131,18 +130,18 @@ class RolloutStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prompts.load_state_dict(state["prompts"])
-        self.rng_state = _decode(state["rng"])
-        self.cuda_rng_state = _decode(state["cuda_rng"]) if state.get("cuda_rng") else None
         self.served = int(state.get("served", 0))
         self.buffer = _decode(state["buffer"]) if state.get("buffer") else None
 
     # -------------------------------------------------------------- one rollout
 
     def rollout(self) -> list[dict]:
+        step_start = self.prompts.cursor  # global position of the step's first prompt
         (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank (ditty.train.rl)
         group = self.rl.group_size
         started = time.perf_counter()
-        done = self.sample(prompt_batch["prompt_ids"])
+        first = step_start + self.rank * len(prompt_batch["prompt_ids"])
+        done = self.sample(prompt_batch["prompt_ids"], first)
         generate_s = time.perf_counter() - started
         prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
         columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
@@ -207,8 +206,9 @@ class RolloutStream:
         return int(scored.sum())
 
     @torch.no_grad()
-    def sample(self, prompt_ids: list[list[int]]) -> Completions:
-        """`group_size` completions of every prompt, `rl.generation_batch_size` prompts per call."""
+    def sample(self, prompt_ids: list[list[int]], first_position: int = 0) -> Completions:
+        """`group_size` completions of every prompt, `rl.generation_batch_size` prompts per call;
+        `first_position`: the first prompt's place in the global order (it seeds the sampling)."""
         from transformers import GenerationConfig
 
         rl, tokenizer = self.rl, self.tokenizer
@@ -231,9 +231,9 @@ class RolloutStream:
         was_training = model.training
         model.eval()
         try:
-            with self.own_rng():
-                for start in range(0, len(prompt_ids), per_call):
-                    chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
+            for start in range(0, len(prompt_ids), per_call):
+                chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
+                with self.seeded(first_position + start):
                     self._generate(model, chunk, config, eos, pad, out)
         finally:
             model.train(was_training)
@@ -257,22 +257,14 @@ class RolloutStream:
             out.truncated.append(not ended)
 
     @contextmanager
-    def own_rng(self):
-        """The stream's RNG as torch's global one for the duration (what `generate` samples from)."""
+    def seeded(self, position: int):
+        """torch's global RNG (what `generate` samples from) seeded by the run seed and the global
+        position of the first prompt sampled under it, restored afterwards: the same prompts draw
+        the same completions on any world size and after any resume."""
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(self.rng_state)
-            if devices:
-                if self.cuda_rng_state is None:
-                    torch.cuda.manual_seed(int(torch.initial_seed()))
-                else:
-                    torch.cuda.set_rng_state(self.cuda_rng_state, self.device)
-            try:
-                yield
-            finally:
-                self.rng_state = torch.get_rng_state()
-                if devices:
-                    self.cuda_rng_state = torch.cuda.get_rng_state(self.device)
+            torch.manual_seed(_mix(self.seed, position))
+            yield
 
     def micro_batches(self, done: Completions, advantages: torch.Tensor, truncated: torch.Tensor) -> list[dict]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -309,8 +301,8 @@ class RolloutStream:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
 
 
-def _mix(seed: int, rank: int) -> int:
-    return (seed * 1_000_003 + rank * 7_919 + 0x5EED) % (2**63)
+def _mix(seed: int, position: int) -> int:
+    return (seed * 1_000_003 + position * 7_919 + 0x5EED) % (2**63)
 
 
 def _distributed(world_size: int) -> bool:
