@@ -1,4 +1,4 @@
-"""2 DDP ranks (gloo) train GRPO exactly as 1 process over 3 steps: the same prompts draw the same
+"""2 ranks (gloo; DDP and FSDP) train GRPO exactly as 1 process over 3 steps: the same prompts draw the same
 completions (sampling seeded by the prompts' global positions), the rewards are gathered in global
 order for the advantages, and the loss is normalised over the global batch."""
 
@@ -37,14 +37,18 @@ def train_three_steps(rank: int, world_size: int, out_dir: str, kind: str) -> di
         rewards.append(batches[0]["rollout_metrics"]["reward"])
         losses.append(trainer.train_step(batches).loss)
         trainer.state.step += 1
-    state = {k: v.detach().clone() for k, v in trainer.engine.unwrap(trainer.model).state_dict().items()}
+    full = trainer.engine.full_state_dict(trainer.model)  # FSDP gathers the shards; None: the module holds them
+    module = trainer.engine.unwrap(trainer.model)
+    state = {k: v.detach().clone() for k, v in (full if full is not None else module.state_dict()).items()}
+    state = state if rank == 0 else {}  # rank 0 holds the gathered weights
     trainer.run_lock.release()
     return {"losses": losses, "rewards": rewards, "state": state}
 
 
-def test_two_ddp_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process(tmp_path, kind):
     (one,) = run_ranks(train_three_steps, 1, str(tmp_path / "one"), "none", timeout=400)
-    two = run_ranks(train_three_steps, 2, str(tmp_path / "two"), "ddp", timeout=400)
+    two = run_ranks(train_three_steps, 2, str(tmp_path / "two"), kind, timeout=400)
     assert two[0]["rewards"] == one["rewards"]  # the same rollouts
     assert len(set(one["rewards"])) > 1
     for a, b in zip(one["losses"], two[0]["losses"]):
