@@ -124,3 +124,30 @@ def test_a_prompt_is_text_or_chat_messages():
     assert "empty" in prompt_problem("  ", "prompt")
     assert "chat messages" in prompt_problem([{"text": "hi"}], "prompt")
     assert "got int" in prompt_problem(7, "prompt")
+
+
+def test_the_python_api_takes_the_original_libraries_reward_fn(tmp_path):
+    """RuntimeComponents(reward_functions=[...]) replaces rl.rewards; a reward_fn(task, completion_text)
+    returning (reward, metrics) is wrapped, called with each row, and its metrics are logged."""
+    import json as _json
+    from dataclasses import replace
+
+    from ditty.train import Trainer
+    from ditty.train.components import RuntimeComponents
+    from tests.rl.helpers import grpo_config
+
+    seen = []
+
+    def reward_fn(task, completion_text):
+        seen.append(task)
+        return float(len(completion_text)), {"digits": float(sum(ch.isdigit() for ch in completion_text))}
+
+    config = grpo_config(tmp_path, train=dict(steps=2))
+    config = replace(config, rl=replace(config.rl, rewards=[]))
+    result = Trainer(config, components=RuntimeComponents(reward_functions=[reward_fn])).train()
+    assert result.final_dir
+    assert seen and set(seen[0]) == {"prompt", "completion"} and seen[0]["prompt"].endswith("=")
+    rows = [_json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if r.get("step") == 1 and "loss" in r)
+    assert "rewards/reward_fn/mean" in step and "rewards/reward_fn/digits" in step
+    assert step["reward"] == step["rewards/reward_fn/mean"]

@@ -30,7 +30,8 @@ def attach_rl(trainer: Any) -> None:
 
     config, runtime = trainer.config, trainer.runtime
     rl, train = config.rl, config.train
-    references = list(getattr(trainer.components, "reward_functions", None) or []) or list(rl.rewards)
+    given = [as_reward_function(f) for f in getattr(trainer.components, "reward_functions", None) or []]
+    references = given or list(rl.rewards)
     functions = load_reward_functions(references, rl.reward_weights)
     prompts_per_step = train.global_batch_size // rl.group_size
     old = trainer.stream
@@ -63,6 +64,22 @@ def attach_rl(trainer: Any) -> None:
     pipeline = trainer.pipeline
     trainer.pipeline = StageChain(pipeline.preprocessors, pipeline.postprocessors, GRPOLoss(rl, chunks=chunks))
     trainer.data = RLEvaluation(trainer.data, functions, trainer.tokenizer, rl)
+
+
+def as_reward_function(function: Any) -> Any:
+    """A Python API reward function as it is called: TRL's signature unchanged; the original
+    library's reward_fn(task, completion_text) wrapped in TaskReward."""
+    import inspect
+
+    from ditty.objectives.rewards import TaskReward, signature_problem
+
+    if isinstance(function, TaskReward) or not callable(function) or signature_problem(function) is None:
+        return function
+    try:
+        params = [p for p in inspect.signature(function).parameters.values() if p.kind != p.VAR_KEYWORD]
+    except (TypeError, ValueError):
+        return function
+    return TaskReward(function) if len(params) == 2 else function
 
 
 def build_reference(trainer: Any) -> Any:
