@@ -137,5 +137,7 @@ def _builds(config) -> list[tuple[str, str]]:
     train = config.train
     if train.loss_chunks > 0 and not config.pipeline.loss:
         rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
+    if config.rl.kind != "none":
+        rows.append(("rl", rl_rules.describe(config)))
     rows.append(("output", config.run.output_dir))
     return rows

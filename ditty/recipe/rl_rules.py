@@ -18,6 +18,17 @@ BUILTIN_COLUMNS = ("completion",)
 """The columns a built-in dataset's prompt rows keep for the reward functions."""
 
 
+def describe(config) -> str:
+    """The plan's line for [rl]: what one step samples and how it learns."""
+    rl, train = config.rl, config.train
+    prompts = train.global_batch_size // max(rl.group_size, 1)
+    reference = ", KL to the reference (beta {:g})".format(rl.beta) if rl.beta > 0 else ""
+    return (
+        f"{rl.kind}: {prompts} prompts x {rl.group_size} completions per step, at most {rl.max_new_tokens} new "
+        f"tokens (temperature {rl.temperature:g}), {rl.loss} loss, {len(rl.rewards)} reward function(s){reference}"
+    )
+
+
 @rule("rl.kind")
 def rl_needs_prompts(ctx: Context) -> Iterator[Problem]:
     """kind = "grpo" trains on data.format = "prompt", and a prompt format trains only under [rl]."""
