@@ -24,7 +24,7 @@ def test_there_are_bundled_recipes():
 
 
 # Recipes that start from another bundled recipe's run, and the model path they read.
-STARTS_FROM_A_RUN = {"tiny_dpo": "runs/tiny_sft_short/final"}
+STARTS_FROM_A_RUN = {"tiny_dpo": "runs/tiny_sft_short/final", "tiny_grpo": "runs/tiny_sft_start/final"}
 
 
 @pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)

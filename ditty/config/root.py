@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ditty.config.preference import PreferenceConfig
+from ditty.config.rl import RLConfig
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -67,3 +68,5 @@ class TrainerConfig:
     """Standard benchmarks through lm-evaluation-harness."""
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     """Preference optimisation (DPO, IPO, SimPO, ORPO, KTO) on preference data."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """Reinforcement learning with rollouts in the loop (GRPO)."""

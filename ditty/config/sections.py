@@ -111,6 +111,7 @@ DataFormat = Literal[
     "masked_lm",
     "preference",
     "unpaired_preference",
+    "prompt",
 ]
 
 
@@ -192,7 +193,8 @@ class DataConfig:
     """"text": loss on every token; "prompt_completion": loss on the completion; "chat": loss on assistant
     turns (these three: model.task = "causal-lm"). "classification": text (or a text pair) and a label;
     "token_classification": words and one tag per word; "seq2seq": source and target; "masked_lm": text
-    with random tokens masked (each for the model.task of that name)."""
+    with random tokens masked (each for the model.task of that name). "prompt": prompts only (a string or
+    chat messages in `prompt`), every other column handed to the reward functions of [rl]."""
     text_column: str = "text"
     """Column holding the text (format = "text", "classification" or "masked_lm")."""
     prompt_column: str = "prompt"

@@ -233,6 +233,8 @@ def _builtin_rows(data: "DataConfig") -> SourceRows:
             fix=f"use data.format = one of {', '.join(builtin.FORMATS[data.name])}, or another data.name",
         )
     columns = list(data_format(data.format).columns(data).values())[:2]
+    if data.format == "prompt":  # the answer stays a column, for the reward functions
+        columns.append("completion")
     train_problems, held_out = builtin.split_problems(
         builtin.generate_problems(data.name, data.num_samples), data.val_fraction
     )
@@ -246,7 +248,7 @@ def _builtin_rows(data: "DataConfig") -> SourceRows:
 
     val = as_rows(held_out) if held_out else None
     task = None
-    if val is not None and data.format in ("prompt_completion", "preference"):
+    if val is not None and data.format in ("prompt_completion", "preference", "prompt"):
         task = Task(
             name=data.name,
             prompts=tuple(prompt for prompt, _ in held_out),

@@ -80,8 +80,8 @@ GENERATORS: dict[str, Callable[[np.random.Generator, int], Iterator[Problem]]] =
     "topics": _topics,
 }
 FORMATS: dict[str, tuple[str, ...]] = {
-    "addition": ("prompt_completion", "seq2seq", "preference"),
-    "reverse": ("prompt_completion", "seq2seq"),
+    "addition": ("prompt_completion", "seq2seq", "preference", "prompt"),
+    "reverse": ("prompt_completion", "seq2seq", "prompt"),
     "topics": ("classification",),
 }
 """The data formats each built-in dataset can be read as (its pairs are prompt/completion, source/target

@@ -49,6 +49,10 @@ class Progress:
             shown["tok/s"] = f"{float(record['tokens_per_s']):,.0f}"
         if record.get("mfu") is not None:
             shown["mfu"] = f"{100 * float(record['mfu']):.1f}%"
+        if "reward" in record:  # [rl]: the rollouts' mean reward and the share of the step spent generating
+            shown["reward"] = f"{float(record['reward']):.3f}"
+        if "rollout/generation_share" in record:
+            shown["gen"] = f"{100 * float(record['rollout/generation_share']):.0f}%"
         if "peak_mem_mb" in record:  # max over ranks
             shown["mem"] = f"{float(record['peak_mem_mb']):,.0f}MB"
         for key, value in record.items():

@@ -14,6 +14,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     pipeline_rules,
     position_rules,
     preference_rules,
+    rl_rules,
     task_rules,
 )
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
@@ -137,5 +138,7 @@ def _builds(config) -> list[tuple[str, str]]:
     train = config.train
     if train.loss_chunks > 0 and not config.pipeline.loss:
         rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
+    if config.rl.kind != "none":
+        rows.append(("rl", rl_rules.describe(config)))
     rows.append(("output", config.run.output_dir))
     return rows

@@ -50,6 +50,10 @@ class RuntimeComponents:
     record too, on rank 0 (ditty.metrics.user_logger.attach_user_logger)."""
     converters: Optional[list] = None
     """Model converters (e.g. a ModelTransform) applied before the configured ones ([peft], [fp8])."""
+    reward_functions: Optional[list] = None
+    """Reward functions for [rl] (replace rl.rewards): TRL-signature callables fn(prompts,
+    completions, **columns), or the original library's reward_fn(task, completion_text), which is
+    wrapped in ditty.objectives.rewards.TaskReward."""
     hub_token: Optional[str] = field(default=None, repr=False)
     """Hugging Face token for the [hub] push; held in memory only, never written anywhere."""
 
@@ -71,6 +75,8 @@ class RuntimeComponents:
             sections.append("model.")
         if self.has_data:
             sections += ["data.", "tokenizer."]
+        if self.reward_functions:
+            sections.append("rl.reward")
         return tuple(sections)
 
 

@@ -80,6 +80,10 @@ class Trainer(Builders, RunEnding):
         self.model, self.optimizer = self.engine.attach(self.model, optimizer)
         self.precision = self.build_precision()
         self.pipeline = self.build_pipeline(self.model, self.data)
+        if config.rl.kind != "none":  # rollouts in the loop: GRPO's stream, loss and evaluation (ditty.train.rl)
+            from ditty.train.rl import attach_rl
+
+            attach_rl(self)
         self.state = TrainState()
         self.contracts_checked = False
         self.checkpointer = self.build_checkpointer()

@@ -28,6 +28,7 @@ def test_every_format_names_its_columns_checks_a_row_and_collates():
         assert isinstance(check, RowCheck) and set(check.fields) <= set(columns.values()) | {data.text_column}, name
         assert row_problem({}, check) is not None, name  # a row without the format's columns is bad
         assert isinstance(fmt.collator(tokenizer, data, seed=0, decoder_start_token_id=0), Collator), name
-        # causal-LM rows pack; preference samples (a pair, or an example whose label weights it) do not
-        paired = name in ("preference", "unpaired_preference")
-        assert fmt.packable == (name in TASKS["causal-lm"].data_formats and not paired), name
+        # causal-LM rows pack; preference samples (a pair, or an example whose label weights it) do not,
+        # and prompts (format "prompt", for [rl]) are generated from, not packed
+        unpacked = name in ("preference", "unpaired_preference", "prompt")
+        assert fmt.packable == (name in TASKS["causal-lm"].data_formats and not unpacked), name

@@ -16,6 +16,7 @@ from ditty.data.formats.classification import ClassificationFormat
 from ditty.data.formats.lm import ChatFormat, PromptCompletionFormat, TextFormat
 from ditty.data.formats.masked_lm import MaskedLMFormat
 from ditty.data.formats.preference import PreferenceFormat, UnpairedPreferenceFormat
+from ditty.data.formats.prompt import PromptFormat
 from ditty.data.formats.seq2seq import Seq2SeqFormat
 from ditty.data.formats.token_classification import TokenClassificationFormat
 from ditty.data.rows import require_columns
@@ -40,6 +41,7 @@ FORMATS: dict[str, DataFormat] = {
         MaskedLMFormat(),
         PreferenceFormat(),
         UnpairedPreferenceFormat(),
+        PromptFormat(),
     )
 }
 

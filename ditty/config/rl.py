@@ -1,0 +1,57 @@
+"""`[rl]`: reinforcement learning with verifiable rewards (GRPO and its variants).
+
+Defaults are TRL's GRPOConfig's where TRL has one (num_generations -> group_size,
+max_completion_length -> max_new_tokens, epsilon/epsilon_high -> clip_low/clip_high,
+num_iterations -> updates_per_rollout, importance_sampling_level -> importance, loss_type -> loss,
+mask_truncated_completions -> mask_truncated). `train.global_batch_size` counts completions, as
+TRL's generation batch: each step samples global_batch_size / group_size prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    kind: Literal["none", "grpo"] = "none"
+    """"grpo": sample `group_size` completions per prompt with the live policy, score them with the
+    reward functions, and train on group-normalised advantages (needs data.format = "prompt")."""
+    group_size: int = 8
+    """Completions sampled per prompt (TRL: num_generations)."""
+    max_new_tokens: int = 512
+    """Most tokens generated per completion (TRL: max_completion_length); longer ones are truncated."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts (1.0: off)."""
+    loss: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    """Normalisation of the policy loss: "grpo" per sequence then over sequences, "dapo" per token of
+    the global batch, "dr_grpo" by sequences x max_new_tokens (TRL: loss_type)."""
+    clip_low: float = 0.2
+    """Lower clip of the importance ratio, 1 - clip_low (TRL: epsilon)."""
+    clip_high: Optional[float] = None
+    """Upper clip, 1 + clip_high; unset: clip_low (DAPO's clip-higher uses 0.28; TRL: epsilon_high)."""
+    importance: Literal["token", "sequence"] = "token"
+    """Importance ratio per token, or GSPO's per sequence (TRL: importance_sampling_level)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide the centred rewards by the std of their group, of the whole batch, or not at all (Dr. GRPO)."""
+    beta: float = 0.0
+    """Weight of the k3 KL estimate to the reference model; 0 loads no reference. With an adapter the
+    reference is the base model with the adapter disabled, otherwise a frozen copy of the start."""
+    updates_per_rollout: int = 1
+    """Optimizer steps on each batch of rollouts (TRL: num_iterations); above 1 the importance ratios
+    are taken against the log-probabilities the rollouts were sampled with."""
+    mask_truncated: bool = False
+    """Completions cut at max_new_tokens take no gradient (TRL: mask_truncated_completions)."""
+    rewards: list[str] = field(default_factory=list)
+    """Reward functions as "package.module:function", each fn(prompts, completions, **columns) ->
+    list[float] (TRL's signature); e.g. "ditty.objectives.builtin_rewards:exact_match"."""
+    reward_weights: Optional[list[float]] = None
+    """One weight per reward function; unset: every weight 1.0."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Rollout generation: transformers' `generate` with a KV cache on the live policy, or vLLM
+    (needs vllm and a GPU)."""
+    generation_batch_size: int = 0
+    """Prompts per `generate` call on each rank; 0: all of the rank's prompts of a step at once."""

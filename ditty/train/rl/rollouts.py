@@ -1,0 +1,350 @@
+"""The rollout stream: GRPO's data. It wraps the stream of prompts and hands the trainer micro-batches
+of scored completions, so the trainer's loop (`train_step(stream.next_step())`) is unchanged.
+
+One `next_step()` on each rank:
+1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
+   prompts per step, the same global order and cursor as every format; whole groups per rank);
+2. samples `group_size` completions of each with transformers' `generate` (KV cache, one batch, or
+   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA);
+3. scores them with the reward functions (a failing function stops the run, exit 2, before any
+   update), gathers every rank's rewards in global prompt order and turns them into group
+   advantages, of which the rank keeps its own;
+4. computes the log-probabilities the completions were sampled with (only when
+   updates_per_rollout > 1) and the reference's (only when beta > 0);
+5. cuts the completions into micro-batches: prompt + completion rows, right-padded, labels on the
+   completion tokens (its end-of-sequence token included), with the advantages and flags.
+With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row.
+
+The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
+`fork_rng`, so the trainer's own RNG is untouched): with the prompt cursor and, mid-reuse, the
+buffered rollouts in `state_dict`, a resume after kill -9 samples exactly what the uninterrupted
+run sampled, and the same prompts draw the same completions on any world size (when
+`rl.generation_batch_size` cuts every rank's prompts alike).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.objectives.grpo import group_advantages
+from ditty.objectives.rewards import RewardFunction, reward_metrics, score_completions
+
+
+@dataclass
+class Completions:
+    """The sampled completions of one rank's prompts: row i is completion i % group_size of prompt
+    i // group_size."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    """Generated tokens up to and including the first end-of-sequence token (none when truncated)."""
+    texts: list[str]
+    truncated: list[bool]
+
+
+class RolloutStream:
+    """See the module doc. `policy()` gives the model to sample from (unwrapped, adapter on);
+    `logps(model_or_none, batch)` the token log-probabilities of a micro-batch under the policy
+    (None) or the reference."""
+
+    def __init__(
+        self,
+        prompts: Any,
+        *,
+        rl: Any,
+        reward_functions: list[RewardFunction],
+        tokenizer: Any,
+        policy: Callable[[], torch.nn.Module],
+        logps: Callable[[str, dict], torch.Tensor],
+        micro_batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+    ) -> None:
+        self.prompts = prompts
+        self.rl = rl
+        self.reward_functions = reward_functions
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.logps = logps
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.seed = seed
+        self.buffer: Optional[list[dict]] = None
+        self.served = 0
+        self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
+
+    # -------------------------------------------------------------- the trainer's stream interface
+
+    @property
+    def cursor(self) -> int:
+        return self.prompts.cursor
+
+    @property
+    def accumulation_steps(self) -> int:
+        return len(self.buffer) if self.buffer else 0
+
+    def next_step(self) -> list[dict]:
+        started = time.perf_counter()
+        train_s = started - self.last_return if self.last_return is not None else None
+        if self.buffer is None or self.served >= self.rl.updates_per_rollout:
+            self.buffer = self.rollout()
+            self.served = 0
+            rollout_s = time.perf_counter() - started
+            generate_s = self.buffer[0]["rollout_metrics"]["rollout/generate_s"]
+            for batch in self.buffer:  # the same global values on every micro-batch and rank
+                metrics = batch["rollout_metrics"]
+                if train_s is not None:
+                    metrics["rollout/generation_share"] = generate_s / (rollout_s + train_s)
+        self.served += 1
+        self.last_return = time.perf_counter()
+        return self.buffer
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.prompts, "close", None)
+        if close is not None:
+            close()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "prompts": self.prompts.state_dict(),
+            "served": self.served,
+            "buffer": None,
+        }
+        if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
+            state["buffer"] = _encode(self.buffer)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        self.served = int(state.get("served", 0))
+        self.buffer = _decode(state["buffer"]) if state.get("buffer") else None
+
+    # -------------------------------------------------------------- one rollout
+
+    def rollout(self) -> list[dict]:
+        step_start = self.prompts.cursor  # global position of the step's first prompt
+        (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank (ditty.train.rl)
+        group = self.rl.group_size
+        started = time.perf_counter()
+        first = step_start + self.rank * len(prompt_batch["prompt_ids"])
+        done = self.sample(prompt_batch["prompt_ids"], first)
+        generate_s = time.perf_counter() - started
+        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
+        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
+        scores = score_completions(self.reward_functions, prompts, done.texts, columns)
+        batches = self.assemble(done, scores.total, scores.per_function, scores.details)
+        metrics = batches[0]["rollout_metrics"]
+        tokens = metrics["completions/mean_length"] * batches[0]["global_sequences"]
+        timing = {
+            "rollout/generate_s": generate_s,
+            "rollout/tokens_per_s": tokens / max(_max_across(generate_s, self.world_size), 1e-9),
+        }
+        for batch in batches:
+            batch["rollout_metrics"].update(timing)
+        return batches
+
+    def assemble(
+        self,
+        done: Completions,
+        rewards: torch.Tensor,
+        per_function: Optional[dict[str, torch.Tensor]] = None,
+        details: Optional[dict[str, torch.Tensor]] = None,
+    ) -> list[dict]:
+        """This rank's micro-batches of scored completions: `rewards` [local completions] gathered in
+        global order into group advantages, the global counts the loss and its metrics divide by,
+        the rollout metrics, and the old and reference log-probabilities where needed."""
+        totals = _gather(rewards.to(torch.float64), self.world_size)
+        advantages = group_advantages(totals, self.rl.group_size, self.rl.scale_rewards)
+        local = len(done.texts)
+        mine = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        gathered = {name: _gather(values, self.world_size) for name, values in (per_function or {}).items()}
+        lengths = torch.tensor([len(ids) for ids in done.completion_ids], dtype=torch.float64)
+        truncated = torch.tensor(done.truncated, dtype=torch.bool)
+        all_lengths, all_truncated = _gather(lengths, self.world_size), _gather(truncated.double(), self.world_size)
+        metrics = {name: float(value) for name, value in advantages.metrics.items()}
+        metrics.update({name: float(value) for name, value in reward_metrics(gathered, details).items()})
+        metrics.update(
+            {
+                "completions/mean_length": float(all_lengths.mean()),
+                "completions/max_length": float(all_lengths.max()),
+                "completions/clipped_ratio": float(all_truncated.mean()),
+            }
+        )
+        batches = self.micro_batches(done, mine, truncated)
+        global_tokens = _sum_across(float(sum(self.scored_tokens(b) for b in batches)), self.world_size)
+        scale = float(len(batches) * self.world_size)  # the trainer averages loss metrics over both
+        for batch in batches:
+            batch.update(
+                global_sequences=float(len(totals)),
+                global_tokens=max(global_tokens, 1.0),
+                metric_scale=scale,
+                rollout_metrics=dict(metrics),
+            )
+        self.add_logps(batches)
+        return batches
+
+    def scored_tokens(self, batch: dict) -> int:
+        """Completion tokens of a micro-batch that take part in the loss (rl.mask_truncated drops
+        the truncated completions' tokens)."""
+        scored = batch["labels"][:, 1:] != IGNORE_INDEX
+        if self.rl.mask_truncated:
+            scored = scored & ~batch["truncated"][:, None]
+        return int(scored.sum())
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: list[list[int]], first_position: int = 0) -> Completions:
+        """`group_size` completions of every prompt, `rl.generation_batch_size` prompts per call;
+        `first_position`: the first prompt's place in the global order (it seeds the sampling)."""
+        from transformers import GenerationConfig
+
+        rl, tokenizer = self.rl, self.tokenizer
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        config = GenerationConfig(
+            max_new_tokens=rl.max_new_tokens,
+            do_sample=True,
+            temperature=rl.temperature,
+            top_p=rl.top_p,
+            top_k=0,
+            num_beams=1,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            use_cache=True,
+        )
+        model = self.policy()
+        per_call = rl.generation_batch_size or len(prompt_ids)
+        out = Completions([], [], [], [])
+        was_training = model.training
+        model.eval()
+        try:
+            for start in range(0, len(prompt_ids), per_call):
+                chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
+                with self.seeded(first_position + start):
+                    self._generate(model, chunk, config, eos, pad, out)
+        finally:
+            model.train(was_training)
+        return out
+
+    def _generate(self, model, prompts: list[list[int]], config, eos: int, pad: int, out: Completions) -> None:
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
+        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        generated = model.generate(
+            input_ids=input_ids, attention_mask=mask, generation_config=config, synced_gpus=synced
+        )
+        for ids, row in zip(prompts, generated[:, width:].tolist()):
+            ended = eos is not None and eos in row
+            completion = row[: row.index(eos) + 1] if ended else row
+            text_ids = completion[:-1] if ended else completion
+            out.prompt_ids.append(list(ids))
+            out.completion_ids.append(completion)
+            out.texts.append(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+            out.truncated.append(not ended)
+
+    @contextmanager
+    def seeded(self, position: int):
+        """torch's global RNG (what `generate` samples from) seeded by the run seed and the global
+        position of the first prompt sampled under it, restored afterwards: the same prompts draw
+        the same completions on any world size and after any resume."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(_mix(self.seed, position))
+            yield
+
+    def micro_batches(self, done: Completions, advantages: torch.Tensor, truncated: torch.Tensor) -> list[dict]:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batches = []
+        for start in range(0, len(done.texts), self.micro_batch_size):
+            rows = range(start, min(start + self.micro_batch_size, len(done.texts)))
+            seqs = [done.prompt_ids[i] + done.completion_ids[i] for i in rows]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            labels = torch.full((len(seqs), width), IGNORE_INDEX, dtype=torch.long)
+            attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for row, i in enumerate(rows):
+                prompt, completion = done.prompt_ids[i], done.completion_ids[i]
+                input_ids[row, : len(seqs[row])] = torch.tensor(seqs[row])
+                labels[row, len(prompt) : len(seqs[row])] = torch.tensor(completion)
+                attention_mask[row, : len(seqs[row])] = 1
+            batches.append(
+                {
+                    "input_ids": input_ids,
+                    "attention_mask": attention_mask,
+                    "labels": labels,
+                    "advantages": advantages[start : start + len(seqs)].to(torch.float32),
+                    "truncated": truncated[start : start + len(seqs)],
+                }
+            )
+        return batches
+
+    def add_logps(self, batches: list[dict]) -> None:
+        """The sampling policy's log-probabilities (reused rollouts) and the reference's (beta > 0)."""
+        for batch in batches:
+            if self.rl.updates_per_rollout > 1:
+                batch["old_logps"] = self.logps("policy", batch).cpu()
+            if self.rl.beta > 0:
+                batch["ref_logps"] = self.logps("reference", batch).cpu()
+
+
+def _mix(seed: int, position: int) -> int:
+    return (seed * 1_000_003 + position * 7_919 + 0x5EED) % (2**63)
+
+
+def _distributed(world_size: int) -> bool:
+    return world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def _comm(t: torch.Tensor) -> torch.Tensor:
+    """`t` where the process group can reduce it (NCCL reduces CUDA tensors only)."""
+    return t.cuda() if dist.get_backend() == "nccl" else t
+
+
+def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's `values` (equal lengths), concatenated in rank order (= global prompt order)."""
+    if not _distributed(world_size):
+        return values
+    values = _comm(values.contiguous())
+    parts = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(parts, values)
+    return torch.cat(parts).cpu()
+
+
+def _reduce(value: float, world_size: int, op: Any = None) -> float:
+    if not _distributed(world_size):
+        return value
+    t = _comm(torch.tensor([value], dtype=torch.float64))
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return float(t.cpu())
+
+
+def _sum_across(value: float, world_size: int) -> float:
+    return _reduce(value, world_size)
+
+
+def _max_across(value: float, world_size: int) -> float:
+    return _reduce(value, world_size, dist.ReduceOp.MAX)
+
+
+def _encode(value: Any) -> str:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _decode(text: str) -> Any:
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False)

@@ -1,0 +1,67 @@
+"""Configs of tiny GRPO runs for the [rl] tests (a 2-layer, 32-wide Llama, the byte tokenizer, the
+built-in addition prompts)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ditty.config import TrainerConfig
+from ditty.config.rl import RLConfig
+from ditty.config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RunConfig,
+    SchedulerConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
+
+TINY_LLAMA = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+
+
+def grpo_config(tmp_path, *, train=None, optimizer=None, checkpoint=None, **rl) -> TrainerConfig:
+    rl_cfg = dict(
+        kind="grpo",
+        group_size=4,
+        max_new_tokens=4,
+        rewards=["ditty.objectives.builtin_rewards:exact_match"],
+    )
+    rl_cfg.update(rl)
+    train_cfg = dict(
+        steps=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        log_every=1,
+        eval_every=0,
+        eval_samples=0,
+        max_grad_norm=0.0,
+        precision="fp32",
+    )
+    train_cfg.update(train or {})
+    return TrainerConfig(
+        run=RunConfig(name="grpo-test", output_dir=str(tmp_path / "run"), seed=0, device="cpu", num_threads=1),
+        model=ModelConfig(init="random", architecture="llama", config=dict(TINY_LLAMA)),
+        tokenizer=TokenizerConfig(kind="byte"),
+        data=DataConfig(source="builtin", name="addition", format="prompt", max_seq_len=32, num_samples=400),
+        train=TrainConfig(**train_cfg),
+        optimizer=OptimizerConfig(**(optimizer or dict(lr=1e-3))),
+        scheduler=SchedulerConfig(kind="constant"),
+        logging=LoggingConfig(progress=False),
+        checkpoint=CheckpointConfig(**(checkpoint or {})),
+        rl=RLConfig(**rl_cfg),
+    )
+
+
+def with_rl(config: TrainerConfig, **changes) -> TrainerConfig:
+    return replace(config, rl=replace(config.rl, **changes))

@@ -1,0 +1,55 @@
+"""A reward function that raises, returns the wrong number of values or NaN stops `ditty run` with
+exit code 2 and a message naming the function and the prompt; the last checkpoint stays intact."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ditty.checkpoint.integrity import checkpoint_problems
+from ditty.cli import main
+from ditty.config.writer import recipe_to_toml
+from tests.rl import rewards_for_tests
+from tests.rl.helpers import grpo_config, with_rl
+
+
+def run(tmp_path, capsys, reward: str, **train):
+    config = with_rl(grpo_config(tmp_path, train=dict(steps=4, **train), checkpoint=dict(every=2)), rewards=[reward])
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    "reward, words",
+    [
+        ("tests.rl.rewards_for_tests:raises", "raised RuntimeError: the answer checker crashed"),
+        pytest.param(
+            "tests.rl.rewards_for_tests:wrong_count", "returned 7 values for 8 completions", marks=pytest.mark.slow
+        ),
+        pytest.param("tests.rl.rewards_for_tests:nan_reward", "returned nan for a completion", marks=pytest.mark.slow),
+    ],
+)
+def test_a_failing_reward_function_is_exit_2_naming_it_and_the_prompt(tmp_path, capsys, reward, words):
+    code, out = run(tmp_path, capsys, reward)
+    assert code == 2, out
+    assert f"reward function {reward} {words}" in out, out
+    assert "(prompt '" in out and "+" in out  # an addition prompt such as '12+47='
+    assert "Traceback" not in out
+
+
+def test_the_last_checkpoint_stays_intact_when_a_reward_function_fails(tmp_path, capsys):
+    rewards_for_tests.CALLS["count"] = 0
+    rewards_for_tests.FAIL_FROM_CALL["value"] = 3  # steps 1 and 2 score, step 3 raises
+    code, out = run(tmp_path, capsys, "tests.rl.rewards_for_tests:fails_later")
+    assert code == 2, out
+    assert "fails_later raised ZeroDivisionError" in out
+    checkpoints = Path(tmp_path / "run" / "checkpoints")
+    saved = sorted(name for name in os.listdir(checkpoints) if name.startswith("step-"))
+    assert saved == ["step-2"], saved
+    assert checkpoint_problems(checkpoints / "step-2") == []
+    assert not (tmp_path / "run" / "final").exists()

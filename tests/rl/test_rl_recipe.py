@@ -1,0 +1,153 @@
+"""[rl] and data.format = "prompt" through the compiler and `ditty check`, in-process: each bad
+input is exit code 2 with a message naming the key and a fix, before any weights load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ditty.cli import main
+from ditty.config.loader import parse_recipe
+from ditty.recipe import compile_recipe
+
+RECIPE = """
+[model]
+init = "random"
+architecture = "llama"
+[model.config]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 2
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 64
+[tokenizer]
+kind = "byte"
+[data]
+source = "builtin"
+name = "addition"
+format = "prompt"
+max_seq_len = 32
+num_samples = 200
+[train]
+steps = 2
+global_batch_size = 8
+micro_batch_size = 4
+[rl]
+kind = "grpo"
+group_size = 4
+max_new_tokens = 4
+rewards = ["ditty.objectives.builtin_rewards:exact_match"]
+"""
+
+
+def check(tmp_path, capsys, *flags):
+    path = tmp_path / "grpo.toml"
+    path.write_text(RECIPE)
+    code = main(["check", str(path), *flags])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_a_grpo_recipe_checks(tmp_path, capsys):
+    code, out = check(tmp_path, capsys)
+    assert code == 0, out
+    assert "ok: the recipe is valid" in out
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--rl.rewards", '["no_such_module.rewards:correct"]'], "rl.rewards[0]", "cannot import module"),
+        (["--rl.rewards", '["ditty.objectives.builtin_rewards:no_such"]'], "rl.rewards[0]", "no_such"),
+        (["--rl.rewards", '["tests.rl.rewards_for_tests:wrong_signature"]'], "rl.rewards[0]", "reward_fn(task"),
+        (
+            ["--train.global_batch_size", "6", "--train.micro_batch_size", "2"],
+            "train.global_batch_size",
+            "groups of rl.group_size = 4",
+        ),
+        (["--data.format", "prompt_completion"], "data.format", 'not data.format = "prompt_completion"'),
+        (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "2 weights for 1 reward functions"),
+        (["--rl.backend", "vllm"], "rl.backend", "cannot run"),
+        (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
+        (["--rl.temperature", "0"], "rl.temperature", "above 0"),
+    ],
+)
+def test_bad_rl_input_is_exit_2_naming_the_key(tmp_path, capsys, flags, key, words):
+    code, out = check(tmp_path, capsys, *flags)
+    assert code == 2, out
+    assert f"`{key}`" in out and words in out, out
+    assert "fix:" in out and "Traceback" not in out
+
+
+def test_prompt_data_without_rl_is_refused():
+    text = RECIPE.replace('kind = "grpo"', 'kind = "none"')
+    plan = compile_recipe(parse_recipe(text, source="r.toml"))
+    errors = [p for p in plan.problems if p.severity == "error"]
+    assert [p.key for p in errors] == ["data.format"], [p.format() for p in plan.problems]
+    assert any(p.key == "rl.group_size" and p.severity == "warning" for p in plan.problems)
+
+
+def test_groups_stay_whole_on_every_rank():
+    plan = compile_recipe(parse_recipe(RECIPE, source="r.toml"), world_size=4)
+    assert any("do not split over 4 ranks" in p.message for p in plan.problems), [p.format() for p in plan.problems]
+
+
+def test_prompt_rows_keep_their_columns_for_the_rewards(tmp_path):
+    """A file of prompts (text and chat messages) keeps every other column, in the collated batch."""
+    from ditty.config.sections import DataConfig, ModelConfig, TokenizerConfig
+    from ditty.data.build import build_data
+    from ditty.data.tokenizer import build_tokenizer
+
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1), "level": i % 3} for i in range(12)
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = build_tokenizer(TokenizerConfig(kind="byte", chat_template="chatml"), ModelConfig())
+    data = DataConfig(source="file", path=str(path), format="prompt", max_seq_len=64, val_fraction=0.0)
+    bundle = build_data(data, tokenizer, seed=0)
+    batch = bundle.collator([bundle.train[i] for i in range(len(bundle.train))])
+    assert sorted(batch["columns"]) == ["answer", "level"]
+    by_prompt = {json.dumps(p): (a, lv) for p, a, lv in zip(batch["prompts"], *batch["columns"].values())}
+    assert by_prompt[json.dumps(rows[3]["prompt"])] == ("4", 0)
+    chat_ids = batch["prompt_ids"][[json.dumps(p) for p in batch["prompts"]].index(json.dumps(rows[5]["prompt"]))]
+    assert tokenizer.decode(chat_ids).endswith("assistant\n")  # the chat template's generation prompt
+
+
+def test_a_prompt_is_text_or_chat_messages():
+    from ditty.data.formats.prompt import prompt_problem
+
+    assert prompt_problem("12+47=", "prompt") is None
+    assert prompt_problem([{"role": "user", "content": "hi"}], "prompt") is None
+    assert "empty" in prompt_problem("  ", "prompt")
+    assert "chat messages" in prompt_problem([{"text": "hi"}], "prompt")
+    assert "got int" in prompt_problem(7, "prompt")
+
+
+def test_the_python_api_takes_the_original_libraries_reward_fn(tmp_path):
+    """RuntimeComponents(reward_functions=[...]) replaces rl.rewards; a reward_fn(task, completion_text)
+    returning (reward, metrics) is wrapped, called with each row, and its metrics are logged."""
+    import json as _json
+    from dataclasses import replace
+
+    from ditty.train import Trainer
+    from ditty.train.components import RuntimeComponents
+    from tests.rl.helpers import grpo_config
+
+    seen = []
+
+    def reward_fn(task, completion_text):
+        seen.append(task)
+        return float(len(completion_text)), {"digits": float(sum(ch.isdigit() for ch in completion_text))}
+
+    config = grpo_config(tmp_path, train=dict(steps=2))
+    config = replace(config, rl=replace(config.rl, rewards=[]))
+    result = Trainer(config, components=RuntimeComponents(reward_functions=[reward_fn])).train()
+    assert result.final_dir
+    assert seen and set(seen[0]) == {"prompt", "completion"} and seen[0]["prompt"].endswith("=")
+    rows = [_json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if r.get("step") == 1 and "loss" in r)
+    assert "rewards/reward_fn/mean" in step and "rewards/reward_fn/digits" in step
+    assert step["reward"] == step["rewards/reward_fn/mean"]
