@@ -38,6 +38,8 @@ SAME_LAYER_ALLOWED = {
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.metrics", "ditty.checkpoint"),  # lm-eval harness scores are written into the model card
     ("ditty.objectives", "ditty.stages"),  # log-probabilities reuse the fused loss's head, not a second copy
+    ("ditty.models", "ditty.stages"),  # a model task's row builds its default loss (ditty.models.tasks)
+    ("ditty.models", "ditty.metrics"),  # a model task's row lists its validation metrics
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
-from ditty.data.formats import data_format, tokenize
+from ditty.data.formats import IMAGE_BUILTINS, data_format, format_of, tokenize
 from ditty.data.labels import LabelSpace
 from ditty.data.mixture import MixtureData, ResolvedSource, resolve_sources
 from ditty.data.sources import load_checked_files, load_checked_hub_dataset, progress_bars_on_main_rank
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from ditty.config.sections import DataConfig
-
-
-IMAGE_BUILTINS = ("digits",)
-"""Built-in datasets of images rather than text (ditty.data.digits); they yield `GenericData`."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,8 @@ class DataBundle:
     labels: Optional[LabelSpace] = None
     """The label set of a classifying format."""
     format: str = "prompt_completion"
+    hook: Any = None
+    """An evaluation hook beside the loss (ditty.data.generic.GenericTask: the digits' sample grid)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,7 @@ class SourceRows:
     """The validation rows' file, for messages ("" for a split)."""
     val_key: str = ""
     task: Optional[Task] = None
+    hook: Any = None
 
 
 def build_data(
@@ -88,11 +87,7 @@ def build_data(
     `decoder_start_token_id`: the seq2seq model's (the collator shifts labels behind it).
     """
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
-    if rows is None and data.source == "builtin" and data.name in IMAGE_BUILTINS and not data.sources:
-        from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved
-
-        return build_digits(data.val_fraction, seed)
-    fmt = data_format(data.format)
+    fmt = format_of(data)
     collator = fmt.collator(tokenizer, data, seed=seed, decoder_start_token_id=decoder_start_token_id)
     with progress_bars_on_main_rank():
         if data.streaming:
@@ -122,9 +117,9 @@ def build_data(
             for s, r in zip(sources, read)
         ]
         skipped = sum(r.skipped for r in read)
-        common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=data.format)
+        common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=fmt.name)
         if not (data.sources or data.eval.source != "none"):
-            return DataBundle(train=trains[0], val=vals[0], task=read[0].task, **common)
+            return DataBundle(train=trains[0], val=vals[0], task=read[0].task, hook=read[0].hook, **common)
         held_out = [(s.label, v) for s, v in zip(sources, vals) if v is not None]
         held_out += _eval_sets(data, tokenizer, labels)
         train = (
@@ -150,7 +145,7 @@ def read_source(source: ResolvedSource, seed: int) -> SourceRows:
     """One source's rows, checked by its format, and its validation rows."""
     data = source.data
     if data.source == "builtin":
-        return _builtin_rows(data)
+        return format_of(data).read_builtin(data, seed)
     check = data_format(data.format).row_check(data)
     reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
     if data.source == "file":
@@ -215,7 +210,7 @@ def split_validation(
     return split["train"], split["test"]
 
 
-def _builtin_rows(data: "DataConfig") -> SourceRows:
+def builtin_rows(data: "DataConfig") -> SourceRows:
     """A generated dataset, read as one of the formats its pairs fit; held out by whole problems.
     Read as prompt/completion, its held-out problems are also scored by greedy exact match (`Task`)."""
     from datasets import Dataset
@@ -345,7 +340,6 @@ def build_stream(
     micro_batch_size: int,
     rank: int,
     world_size: int,
-    pad_token_id: Optional[int] = None,
 ) -> Any:
     """The trainer's stream over a `DataBundle`: `next_step()`, `cursor`, `state_dict()` and
     `load_state_dict()` (and `source_tokens()` for several sources); with `data.num_workers`, its
@@ -364,7 +358,6 @@ def build_stream(
         packing=data.packing,
         max_seq_len=data.max_seq_len,
         collator=bundle.collator,
-        pad_token_id=pad_token_id,
     )
     if isinstance(bundle.train, StreamingData):
         return StreamingBatches(
@@ -373,7 +366,8 @@ def build_stream(
     if isinstance(bundle.train, MixtureData):
         stream = MixtureStream(bundle.train, **common)
     else:
-        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, **common)
+        tokens = data_format(bundle.format).tokenized  # images neither pack nor group by length
+        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, measure=tokens, **common)
     if data.num_workers > 0:
         return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
     return stream

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
 from ditty._utils.modules import unwrap
 from ditty.config.references import import_reference
-from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
+from ditty.config.sections import ComponentSpec, PipelineConfig
 from ditty.data.generic import batch_samples
 from ditty.metrics.mfu import measure_forward_flops
 from ditty.stages.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
@@ -50,13 +50,13 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
-def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> StageChain:
-    """The `[pipeline]` components; without a `[[pipeline.loss]]`, the causal-LM loss, computed from
-    the hidden states in chunks when `train.loss_chunks` > 0 (ditty.fused_loss)."""
+def build_pipeline(cfg: PipelineConfig) -> StageChain:
+    """The `[pipeline]` components; the loss is None without a `[[pipeline.loss]]` (the model task's
+    default, ditty.models.tasks, or a model spec's, applies)."""
     pre = [import_component(s, f"pipeline.preprocessors[{i}]") for i, s in enumerate(cfg.preprocessors)]
     post = [import_component(s, f"pipeline.postprocessors[{i}]") for i, s in enumerate(cfg.postprocessors)]
     if not cfg.loss:
-        loss = causal_lm_loss(train)
+        loss = None
     elif len(cfg.loss) == 1:
         loss = import_component(cfg.loss[0], "pipeline.loss[0]")
     else:
@@ -64,17 +64,6 @@ def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> 
 
         loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
     return StageChain(pre, post, loss)
-
-
-def causal_lm_loss(train: Optional[TrainConfig] = None) -> Any:
-    """CausalLMLoss, or FusedLinearCrossEntropyLoss when `train.loss_chunks` > 0."""
-    if train is not None and train.loss_chunks > 0:
-        from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
-
-        return FusedLinearCrossEntropyLoss(chunks=train.loss_chunks, backend=train.loss_backend)
-    from ditty.stages.loss import CausalLMLoss
-
-    return CausalLMLoss()
 
 
 def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
