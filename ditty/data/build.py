@@ -103,9 +103,9 @@ def build_data(
             answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
             read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))
         labels = _label_space(fmt, data, [r.train for r in read], label_hint)
-        for source, r in zip(sources, read):
+        for s, r in zip(sources, read):  # every label problem before any tokenizing
             if labels is not None and r.val is not None:
-                fmt.check_labels_known(r.val, source.data, labels, r.val_what or source.key, r.val_key or source.key)
+                fmt.check_labels_known(r.val, s.data, labels, r.val_what or s.key, r.val_key or s.key)
         trains = [
             tokenize(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
             for s, r in zip(sources, read)
@@ -146,20 +146,33 @@ def read_source(source: ResolvedSource, seed: int) -> SourceRows:
     data = source.data
     if data.source == "builtin":
         return format_of(data).read_builtin(data, seed)
-    check = data_format(data.format).row_check(data)
-    reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
     if data.source == "file":
-        train, skipped = load_checked_files(
-            data.path, key=_key(source, "path"), max_row_bytes=data.max_row_bytes, **reading
-        )
+        train, skipped = _checked(data, key=_key(source, "path"), path=data.path)
     else:
-        train, skipped = load_checked_hub_dataset(data.name, split=data.split, **reading)
+        train, skipped = _checked(data, key=_key(source, "path"), hub=data.name, split=data.split)
     if data.val_path:
         key = f"{source.key}.val_path"
-        val, skipped_val = load_checked_files(data.val_path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+        val, skipped_val = _checked(data, key=key, path=data.val_path)
         return SourceRows(train, val, skipped + skipped_val, val_what=data.val_path, val_key=key)
     train, val = split_validation(train, data.val_fraction, seed, key=f"{source.key}.val_fraction")
     return SourceRows(train, val, skipped)
+
+
+def _checked(data: "DataConfig", *, key: str, path: Optional[str] = None, hub: str = "", split: str = "train"):
+    """(rows, bad rows left out) of the files `path` (a path or glob) or the hub dataset `hub`, each
+    row checked by `data`'s format."""
+    check = format_of(data).row_check(data)
+    reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
+    if path is not None:
+        return load_checked_files(path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+    return load_checked_hub_dataset(hub, split=split, **reading)
+
+
+def _held_out(raw: "Dataset", data: "DataConfig", tokenizer: Any, labels: Optional[LabelSpace], what: str, key: str):
+    """Held-out rows tokenized, their labels checked against training's (a classifying format)."""
+    if labels is not None:
+        format_of(data).check_labels_known(raw, data, labels, what, key)
+    return tokenize(raw, tokenizer, data, source_key=key, labels=labels)
 
 
 def _given_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> SourceRows:
@@ -274,17 +287,13 @@ def _eval_sets(data: "DataConfig", tokenizer: Any, labels: Optional[LabelSpace])
     if spec.source == "none":
         return []
     settings = _eval_settings(data)
-    fmt = data_format(settings.format)
-    reading = dict(cache_dir=data.cache_dir, fields=fmt.row_check(settings), on_bad_rows=data.on_bad_rows)
     if spec.source == "file":
         key = "data.eval.path"
-        raw, _ = load_checked_files(spec.path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+        raw, _ = _checked(settings, key=key, path=spec.path)
     else:
         key = "data.eval.dataset"
-        raw, _ = load_checked_hub_dataset(spec.dataset, split=spec.split, **reading)
-    if labels is not None:
-        fmt.check_labels_known(raw, settings, labels, spec.path or spec.dataset, key)
-    return [(spec.name, tokenize(raw, tokenizer, settings, source_key=key, labels=labels))]
+        raw, _ = _checked(settings, key=key, hub=spec.dataset, split=spec.split)
+    return [(spec.name, _held_out(raw, settings, tokenizer, labels, spec.path or spec.dataset, key))]
 
 
 def _streamed(
@@ -314,17 +323,11 @@ def _streamed(
     )
     held_out = []
     skipped = 0
-    for source in sources:
-        if source.data.val_path:
-            key = f"{source.key}.val_path"
-            check = fmt.row_check(source.data)
-            raw, count = load_checked_files(
-                source.data.val_path, key=key, cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows
-            )
-            if labels is not None:
-                fmt.check_labels_known(raw, source.data, labels, source.data.val_path, key)
-            held_out.append((source.label, tokenize(raw, tokenizer, source.data, source_key=key, labels=labels)))
-            skipped += count
+    for source in (s for s in sources if s.data.val_path):
+        key = f"{source.key}.val_path"
+        raw, count = _checked(source.data, key=key, path=source.data.val_path)
+        held_out.append((source.label, _held_out(raw, source.data, tokenizer, labels, source.data.val_path, key)))
+        skipped += count
     held_out += _eval_sets(data, tokenizer, labels)
     return DataBundle(
         train=train, val=None, task=None, seed=seed, skipped_rows=skipped, val_sets=tuple(held_out),

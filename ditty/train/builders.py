@@ -48,7 +48,7 @@ class Builders:
         return plan
 
     def build_runtime(self):
-        from ditty.train.runtime import start_runtime
+        from ditty.parallel.runtime import start_runtime
 
         return start_runtime(self.config)
 
@@ -231,7 +231,7 @@ class Builders:
         from ditty.metrics import build_logger
 
         if resuming:
-            from ditty.train.checkpointing import truncate_metrics
+            from ditty.train.resume import truncate_metrics
 
             truncate_metrics(self.config.run.output_dir, self.resume.step)
         cfg = self.config
@@ -239,7 +239,7 @@ class Builders:
         if self.components.metrics_logger is not None:  # the Python API's metrics_logger=
             from ditty.metrics.user_logger import attach_user_logger
 
-            attach_user_logger(logger, self.components.metrics_logger, self)
+            attach_user_logger(logger, self.components.metrics_logger, self.run)
         return logger
 
     def trainer_ref(self) -> Optional[str]:

@@ -56,18 +56,6 @@ class DataMode:
         self.tokenizer = tokenizer
 
     @property
-    def train(self) -> Any:
-        return self.bundle.train
-
-    @property
-    def val(self) -> Any:
-        return self.bundle.val
-
-    @property
-    def task(self) -> Any:
-        return self.bundle.task
-
-    @property
     def skipped_rows(self) -> int:
         """Bad data rows left out (data.on_bad_rows = "skip"), counted in metrics and the summary."""
         return self.bundle.skipped_rows
@@ -203,7 +191,7 @@ class SampleDataMode(DataMode):
         from ditty.train.evaluate import hook_scores
 
         metrics: dict[str, Any] = {}
-        val = self.val
+        val = self.bundle.val
         if val is not None and len(val) > 0:
             total, count = 0.0, 0
             for batch in eval_micro_batches(val, request.micro_batch_size, self.bundle.collate_fn):
@@ -212,7 +200,7 @@ class SampleDataMode(DataMode):
                 total += float(out.mean_loss()) * size
                 count += size
             metrics["val_loss"] = total / max(count, 1)
-        return metrics | hook_scores(self.task, request)
+        return metrics | hook_scores(self.bundle.task, request)
 
 
 def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) -> DataMode:

@@ -94,8 +94,3 @@ def tokenize(
     if dropped:
         log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
     return tokenized
-
-
-def tokenize_dataset(dataset: "Dataset", tokenizer: Any, data: "DataConfig", *, source_key: str) -> "Dataset":
-    """`tokenize` for formats without labels."""
-    return tokenize(dataset, tokenizer, data, source_key=source_key)
