@@ -56,6 +56,14 @@ class DataMode:
         self.tokenizer = tokenizer
 
     @property
+    def train(self) -> Any:
+        return self.bundle.train
+
+    @property
+    def val(self) -> Any:
+        return self.bundle.val
+
+    @property
     def skipped_rows(self) -> int:
         """Bad data rows left out (data.on_bad_rows = "skip"), counted in metrics and the summary."""
         return self.bundle.skipped_rows
