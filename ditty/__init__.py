@@ -88,6 +88,8 @@ MOVED_MODULES = {
     "ditty.diffusion": "ditty.stages.diffusion",
     "ditty.evaluation": "ditty.metrics.harness",
     "ditty.cli_plan": "ditty.cli.plan",
+    "ditty.data.digits": "ditty.data.formats.images",
+    "ditty.train.runtime": "ditty.parallel.runtime",
 }
 """Module names users import (the original Ditty's, and ditty's own before its root was tidied)
 -> where the module lives now. `import ditty.loss` gives the module `ditty.stages.loss` itself (one

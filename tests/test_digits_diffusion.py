@@ -50,7 +50,7 @@ def test_digits_recipe_learns_to_draw_digits(tmp_path, capsys):
     pytest.importorskip("sklearn")
     from safetensors.torch import load_model
 
-    from ditty.data.digits import build_digits
+    from ditty.data.formats.images import build_digits
     from ditty.diffusion import NoisePreProcessor
     from ditty.models.denoiser import digits_denoiser
 
@@ -67,7 +67,7 @@ def test_digits_recipe_learns_to_draw_digits(tmp_path, capsys):
 
     # The same measure on trained samples, an untrained model's samples, and pure noise.
     data = build_digits(0.05, seed=0)
-    task, sampler = data.task, NoisePreProcessor(image_shape=(1, 8, 8))
+    task, sampler = data.hook, NoisePreProcessor(image_shape=(1, 8, 8))
     trained = digits_denoiser()
     load_model(trained, str(out / "final" / "model.safetensors"))
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def test_missing_scikit_learn_is_a_recipe_error(monkeypatch, capsys):
     import sys
 
     from ditty.config.errors import RecipeError
-    from ditty.data.digits import load_digit_images
+    from ditty.data.formats.images import load_digit_images
 
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)

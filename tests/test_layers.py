@@ -38,7 +38,10 @@ SAME_LAYER_ALLOWED = {
     ("ditty.contracts", "ditty.config"),  # contract problems are the compiler's Problem type
     ("ditty.metrics", "ditty.checkpoint"),  # lm-eval harness scores are written into the model card
     ("ditty.objectives", "ditty.stages"),  # log-probabilities reuse the fused loss's head, not a second copy
-    ("ditty.stages", "ditty.models"),  # the fused loss's verified model types are the models package's one table
+    ("ditty.models", "ditty.stages"),  # a model task's row builds its default loss (ditty.models.tasks)
+    ("ditty.models", "ditty.metrics"),  # a model task's row lists its validation metrics
+    ("ditty.models", "ditty.objectives"),  # the reward-model row builds its Bradley-Terry loss and pair accuracy
+    ("ditty.objectives", "ditty.metrics"),  # the reward model's pair accuracy is a task metric
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""

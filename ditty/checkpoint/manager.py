@@ -84,6 +84,8 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.async_save = async_save
         self._group = comm.new_checkpoint_group()
+        self.group = self._group
+        """The process group of the checkpoint's collectives (gloo: they carry small CPU tensors)."""
         self._rank = comm.rank(self._group)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ditty-checkpoint") if async_save else None
         self._pending: Future | None = None

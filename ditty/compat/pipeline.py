@@ -385,7 +385,7 @@ class Pipeline:
         import torch.distributed as dist
 
         from ditty._utils.modules import unwrap as unwrap_model
-        from ditty.train.runtime import process_group_for_run
+        from ditty.parallel.runtime import process_group_for_run
 
         created_here = not (dist.is_available() and dist.is_initialized())
         with process_group_for_run() if created_here else contextlib.nullcontext():

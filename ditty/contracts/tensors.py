@@ -1,4 +1,4 @@
-"""The optional first-step check: real tensors against a declared contract."""
+"""The optional first-step check: real tensors against a declared contract, stage by stage (`ContractCheck`)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,88 @@ def _dig(mapping: Mapping, path: list[str]) -> tuple[bool, Any]:
             return False, None
         mapping = mapping[part]
     return True, mapping
+
+
+class ContractCheck:
+    """Collects contract.tensor problems of one micro-batch's stages (ditty.contracts.check_tensors).
+
+    The loss is checked like the chain checks it: its first tensor is the prediction its
+    `output_index` picks, further tensors are outputs of the producer found by name, and context
+    keys it reads may also be batch columns (as `LossCalculator.get_target` finds them). A
+    CompositeLoss is checked part by part, each with its own `output_index`.
+    """
+
+    def __init__(self) -> None:
+        self.problems: list = []
+        self.outputs: tuple = ()  # the output specs of the last stage that declared its outputs
+
+    def stage(self, name: str, stage: Any, given: Any, produced: Any, ctx: dict) -> None:
+        contract = as_contract(getattr(stage, "contract", None))
+        self.outputs = contract.outputs if contract is not None else ()
+        if contract is None:
+            return
+        self.problems += check_tensors(
+            contract, bind_tensors(contract, given, ctx, side="inputs"), side="inputs", stage=name
+        )
+        self.problems += check_tensors(
+            contract, bind_tensors(contract, produced, ctx, side="outputs"), side="outputs", stage=name
+        )
+
+    def loss(self, loss: Any, output: Any, ctx: dict, name: str = "") -> None:
+        name = name or f"pipeline.loss ({type(loss).__name__})"
+        contract = as_contract(getattr(loss, "contract", None))
+        parts = getattr(loss, "parts", None)
+        if parts:
+            if contract is not None:
+                self._check_loss(name, contract, None, output, ctx)
+            for index, (part, _) in enumerate(parts):
+                self.loss(part, output, ctx, f"{name} part {index} ({type(part).__name__})")
+            return
+        if contract is not None:
+            self._check_loss(name, contract, loss, output, ctx)
+
+    def _check_loss(self, name: str, contract: Any, loss: Any, output: Any, ctx: dict) -> None:
+        bound: dict[str, Any] = {}
+        inputs = contract.inputs
+        if inputs and loss is not None and hasattr(loss, "get_prediction"):
+            try:
+                bound[inputs[0].name] = loss.get_prediction(output)
+            except (IndexError, KeyError, TypeError) as exc:
+                self.problems.append(
+                    Problem(name, f"output_index {loss.output_index!r}: {exc}", rule="contract.output-index")
+                )
+            others = inputs[1:]
+        else:
+            others = inputs
+        by_position = bind_tensors(Contract(outputs=self.outputs), output, side="outputs") if self.outputs else {}
+        for spec in others:
+            if isinstance(output, Mapping) and spec.name in output:
+                bound[spec.name] = output[spec.name]
+            elif spec.name in by_position:
+                bound[spec.name] = by_position[spec.name]
+        for spec in contract.ctx_inputs:
+            found, value = _find_in_context(ctx, spec.name)
+            if found:
+                bound[f"ctx.{spec.name}"] = value
+        checked = Contract(inputs=tuple(s for s in inputs if s.name in bound), ctx_inputs=contract.ctx_inputs)
+        self.problems += check_tensors(checked, bound, side="inputs", stage=name)
+
+    def raise_errors(self) -> None:
+        from ditty.contracts.errors import ContractViolation
+
+        errors = [p for p in self.problems if p.severity == "error"]
+        if errors:
+            raise ContractViolation(errors)
+
+
+def _find_in_context(ctx: Mapping, key: str) -> tuple[bool, Any]:
+    """A dotted context key, or (for a loss) a column of the batch, as `LossCalculator` looks it up."""
+    for source in (ctx, ctx.get("batch"), ctx.get("original_batch")):
+        value: Any = source
+        for part in key.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                break
+            value = value[part]
+        else:
+            return True, value
+    return False, None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
-from ditty.data.formats import data_format, tokenize
+from ditty.data.formats import IMAGE_BUILTINS, data_format, format_of, tokenize
 from ditty.data.labels import LabelSpace
 from ditty.data.mixture import MixtureData, ResolvedSource, resolve_sources
 from ditty.data.sources import load_checked_files, load_checked_hub_dataset, progress_bars_on_main_rank
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from ditty.config.sections import DataConfig
-
-
-IMAGE_BUILTINS = ("digits",)
-"""Built-in datasets of images rather than text (ditty.data.digits); they yield `GenericData`."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,8 @@ class DataBundle:
     labels: Optional[LabelSpace] = None
     """The label set of a classifying format."""
     format: str = "prompt_completion"
+    hook: Any = None
+    """An evaluation hook beside the loss (ditty.data.generic.GenericTask: the digits' sample grid)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,7 @@ class SourceRows:
     """The validation rows' file, for messages ("" for a split)."""
     val_key: str = ""
     task: Optional[Task] = None
+    hook: Any = None
 
 
 def build_data(
@@ -88,11 +87,7 @@ def build_data(
     `decoder_start_token_id`: the seq2seq model's (the collator shifts labels behind it).
     """
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
-    if rows is None and data.source == "builtin" and data.name in IMAGE_BUILTINS and not data.sources:
-        from ditty.data.digits import build_digits  # generic (non-LM) data: no tokenizer involved
-
-        return build_digits(data.val_fraction, seed)
-    fmt = data_format(data.format)
+    fmt = format_of(data)
     collator = fmt.collator(tokenizer, data, seed=seed, decoder_start_token_id=decoder_start_token_id)
     with progress_bars_on_main_rank():
         if data.streaming:
@@ -108,9 +103,9 @@ def build_data(
             answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
             read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))
         labels = _label_space(fmt, data, [r.train for r in read], label_hint)
-        for source, r in zip(sources, read):
+        for s, r in zip(sources, read):  # every label problem before any tokenizing
             if labels is not None and r.val is not None:
-                fmt.check_labels_known(r.val, source.data, labels, r.val_what or source.key, r.val_key or source.key)
+                fmt.check_labels_known(r.val, s.data, labels, r.val_what or s.key, r.val_key or s.key)
         trains = [
             tokenize(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
             for s, r in zip(sources, read)
@@ -122,9 +117,9 @@ def build_data(
             for s, r in zip(sources, read)
         ]
         skipped = sum(r.skipped for r in read)
-        common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=data.format)
+        common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=fmt.name)
         if not (data.sources or data.eval.source != "none"):
-            return DataBundle(train=trains[0], val=vals[0], task=read[0].task, **common)
+            return DataBundle(train=trains[0], val=vals[0], task=read[0].task, hook=read[0].hook, **common)
         held_out = [(s.label, v) for s, v in zip(sources, vals) if v is not None]
         held_out += _eval_sets(data, tokenizer, labels)
         train = (
@@ -150,21 +145,34 @@ def read_source(source: ResolvedSource, seed: int) -> SourceRows:
     """One source's rows, checked by its format, and its validation rows."""
     data = source.data
     if data.source == "builtin":
-        return _builtin_rows(data)
-    check = data_format(data.format).row_check(data)
-    reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
+        return format_of(data).read_builtin(data, seed)
     if data.source == "file":
-        train, skipped = load_checked_files(
-            data.path, key=_key(source, "path"), max_row_bytes=data.max_row_bytes, **reading
-        )
+        train, skipped = _checked(data, key=_key(source, "path"), path=data.path)
     else:
-        train, skipped = load_checked_hub_dataset(data.name, split=data.split, **reading)
+        train, skipped = _checked(data, key=_key(source, "path"), hub=data.name, split=data.split)
     if data.val_path:
         key = f"{source.key}.val_path"
-        val, skipped_val = load_checked_files(data.val_path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+        val, skipped_val = _checked(data, key=key, path=data.val_path)
         return SourceRows(train, val, skipped + skipped_val, val_what=data.val_path, val_key=key)
     train, val = split_validation(train, data.val_fraction, seed, key=f"{source.key}.val_fraction")
     return SourceRows(train, val, skipped)
+
+
+def _checked(data: "DataConfig", *, key: str, path: Optional[str] = None, hub: str = "", split: str = "train"):
+    """(rows, bad rows left out) of the files `path` (a path or glob) or the hub dataset `hub`, each
+    row checked by `data`'s format."""
+    check = format_of(data).row_check(data)
+    reading = dict(cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows)
+    if path is not None:
+        return load_checked_files(path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+    return load_checked_hub_dataset(hub, split=split, **reading)
+
+
+def _held_out(raw: "Dataset", data: "DataConfig", tokenizer: Any, labels: Optional[LabelSpace], what: str, key: str):
+    """Held-out rows tokenized, their labels checked against training's (a classifying format)."""
+    if labels is not None:
+        format_of(data).check_labels_known(raw, data, labels, what, key)
+    return tokenize(raw, tokenizer, data, source_key=key, labels=labels)
 
 
 def _given_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> SourceRows:
@@ -215,7 +223,7 @@ def split_validation(
     return split["train"], split["test"]
 
 
-def _builtin_rows(data: "DataConfig") -> SourceRows:
+def builtin_rows(data: "DataConfig") -> SourceRows:
     """A generated dataset, read as one of the formats its pairs fit; held out by whole problems.
     Read as prompt/completion, its held-out problems are also scored by greedy exact match (`Task`)."""
     from datasets import Dataset
@@ -284,17 +292,13 @@ def _eval_sets(data: "DataConfig", tokenizer: Any, labels: Optional[LabelSpace])
     if spec.source == "none":
         return []
     settings = _eval_settings(data)
-    fmt = data_format(settings.format)
-    reading = dict(cache_dir=data.cache_dir, fields=fmt.row_check(settings), on_bad_rows=data.on_bad_rows)
     if spec.source == "file":
         key = "data.eval.path"
-        raw, _ = load_checked_files(spec.path, key=key, max_row_bytes=data.max_row_bytes, **reading)
+        raw, _ = _checked(settings, key=key, path=spec.path)
     else:
         key = "data.eval.dataset"
-        raw, _ = load_checked_hub_dataset(spec.dataset, split=spec.split, **reading)
-    if labels is not None:
-        fmt.check_labels_known(raw, settings, labels, spec.path or spec.dataset, key)
-    return [(spec.name, tokenize(raw, tokenizer, settings, source_key=key, labels=labels))]
+        raw, _ = _checked(settings, key=key, hub=spec.dataset, split=spec.split)
+    return [(spec.name, _held_out(raw, settings, tokenizer, labels, spec.path or spec.dataset, key))]
 
 
 def _streamed(
@@ -324,17 +328,11 @@ def _streamed(
     )
     held_out = []
     skipped = 0
-    for source in sources:
-        if source.data.val_path:
-            key = f"{source.key}.val_path"
-            check = fmt.row_check(source.data)
-            raw, count = load_checked_files(
-                source.data.val_path, key=key, cache_dir=data.cache_dir, fields=check, on_bad_rows=data.on_bad_rows
-            )
-            if labels is not None:
-                fmt.check_labels_known(raw, source.data, labels, source.data.val_path, key)
-            held_out.append((source.label, tokenize(raw, tokenizer, source.data, source_key=key, labels=labels)))
-            skipped += count
+    for source in (s for s in sources if s.data.val_path):
+        key = f"{source.key}.val_path"
+        raw, count = _checked(source.data, key=key, path=source.data.val_path)
+        held_out.append((source.label, _held_out(raw, source.data, tokenizer, labels, source.data.val_path, key)))
+        skipped += count
     held_out += _eval_sets(data, tokenizer, labels)
     return DataBundle(
         train=train, val=None, task=None, seed=seed, skipped_rows=skipped, val_sets=tuple(held_out),
@@ -350,7 +348,6 @@ def build_stream(
     micro_batch_size: int,
     rank: int,
     world_size: int,
-    pad_token_id: Optional[int] = None,
 ) -> Any:
     """The trainer's stream over a `DataBundle`: `next_step()`, `cursor`, `state_dict()` and
     `load_state_dict()` (and `source_tokens()` for several sources); with `data.num_workers`, its
@@ -369,7 +366,6 @@ def build_stream(
         packing=data.packing,
         max_seq_len=data.max_seq_len,
         collator=bundle.collator,
-        pad_token_id=pad_token_id,
     )
     if isinstance(bundle.train, StreamingData):
         return StreamingBatches(
@@ -378,7 +374,8 @@ def build_stream(
     if isinstance(bundle.train, MixtureData):
         stream = MixtureStream(bundle.train, **common)
     else:
-        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, **common)
+        tokens = data_format(bundle.format).tokenized  # images neither pack nor group by length
+        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, measure=tokens, **common)
     if data.num_workers > 0:
         return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
     return stream

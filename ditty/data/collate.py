@@ -143,6 +143,4 @@ def eval_batches(dataset: Any, micro_batch_size: int, collator: Any) -> Iterator
         if chunk:
             yield collator(fetch_rows(dataset, chunk), chunk)
         elif len(dataset):
-            batch = collator(fetch_rows(dataset, [0]), [0])
-            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
-            yield batch
+            yield collator.blank(collator(fetch_rows(dataset, [0]), [0]))

@@ -58,19 +58,12 @@ class GenericData:
     labels = None
     val_sets: tuple = ()
 
-    generic = True
-    """Tells the trainer to use the generic stream, forward and metrics (LM bundles lack it)."""
-
     @property
     def is_loader(self) -> bool:
         return isinstance(self.train, torch.utils.data.DataLoader)
 
     def collate(self, samples: list) -> Any:
         return (self.collate_fn or torch.utils.data.default_collate)(samples)
-
-
-def is_generic(data: Any) -> bool:
-    return bool(getattr(data, "generic", False))
 
 
 def batch_samples(batch: Any) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ditty.models.verified import VERIFIED_MODEL_TYPES
+from ditty.stages.verified import VERIFIED_MODEL_TYPES
 
 if TYPE_CHECKING:
     import torch

@@ -1,21 +1,57 @@
-"""Model tasks: what `[model] task` means, in one table. Adding a task is one entry in `TASKS`.
+"""Model tasks: what `[model] task` means, in one table. Adding a task is one entry in `TASKS`
+(plus, when no existing one fits, a file with its loss or metric).
 
 Each entry says how ditty builds, feeds, trains, evaluates and saves a model for that task: the
 transformers Auto class (and the auto mapping that lists the model types it has), the peft task type
 (peft then keeps a classifier head trainable beside the adapter, as `modules_to_save`), the data
-formats it reads, the loss, the validation metrics, the `transformers.pipeline` task of the saved
-model, and what it allows (packing, generation). The compiler, the model builders, the data modes,
-merging, export, `ditty generate` and the model card all read this table and nothing else.
+formats it reads, its loss and validation metrics as callables (like torchtitan's TrainSpec), the
+`transformers.pipeline` task of the saved model, and what it allows (packing, generation). The
+compiler, the model builders, the data modes, evaluation, merging, export, `ditty generate` and the
+model card all read this table and nothing else.
 
-Cheap to import (no torch, no transformers): the recipe compiler reads it.
+Cheap to import (no torch, no transformers): the recipe compiler reads it. The losses import their
+stages when called.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from ditty.config.errors import RecipeError
+from ditty.metrics.task_metrics import Classification, GeneratedExactMatch, Perplexity, Seq2SeqExactMatch, TaskMetric
+
+
+def causal_lm_loss(train: Any = None) -> Any:
+    """CausalLMLoss, or the chunked FusedLinearCrossEntropyLoss when `train.loss_chunks` > 0."""
+    if train is not None and train.loss_chunks > 0:
+        from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
+
+        return FusedLinearCrossEntropyLoss(chunks=train.loss_chunks, backend=train.loss_backend)
+    from ditty.stages.loss import CausalLMLoss
+
+    return CausalLMLoss()
+
+
+def bradley_terry_loss(train: Any = None) -> Any:
+    """The reward model's Bradley-Terry loss over the pairs of a preference batch."""
+    from ditty.objectives.reward_stage import BradleyTerryLoss
+
+    return BradleyTerryLoss()
+
+
+def pair_accuracy() -> Any:
+    """val_accuracy of a reward model: held-out pairs whose chosen text scores above the rejected one."""
+    from ditty.objectives.reward_stage import PairAccuracyMetric
+
+    return PairAccuracyMetric()
+
+
+def label_cross_entropy(train: Any = None) -> Any:
+    """Cross-entropy against the batch's `labels` (a class per sequence or per token, or target tokens)."""
+    from ditty.stages.task_losses import LabelCrossEntropyLoss
+
+    return LabelCrossEntropyLoss()
 
 
 @dataclass(frozen=True)
@@ -32,10 +68,10 @@ class ModelTask:
     """peft's `task_type` ("SEQ_CLS", ...): the adapter's class, which head stays trainable, how it loads."""
     data_formats: tuple[str, ...]
     """`data.format` values this task reads; the first is its own."""
-    loss: str
-    """"package.module:Class" of the default loss (when `[[pipeline.loss]]` is empty)."""
-    metrics: tuple[str, ...]
-    """What evaluation logs beside val_loss (as val_<name> in metrics.jsonl)."""
+    loss: Callable[[Any], Any]
+    """Builds the default loss (a LossCalculator) from `[train]`, when `[[pipeline.loss]]` names none."""
+    metrics: tuple[Callable[[], TaskMetric], ...]
+    """What evaluation logs beside val_loss (val_* keys in metrics.jsonl; ditty.metrics.task_metrics)."""
     pipeline_tag: str
     """The Hub's pipeline_tag of the saved model (its model card)."""
     pipeline: Optional[str]
@@ -74,8 +110,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
             peft_task_type="CAUSAL_LM",
             data_formats=("prompt_completion", "text", "chat", "preference", "unpaired_preference", "prompt"),
-            loss="ditty.loss:CausalLMLoss",
-            metrics=("perplexity", "exact_match"),
+            loss=causal_lm_loss,
+            metrics=(Perplexity, GeneratedExactMatch),
             pipeline_tag="text-generation",
             pipeline="text-generation",
             packing=True,
@@ -89,8 +125,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
             peft_task_type="SEQ_CLS",
             data_formats=("classification",),
-            loss="ditty.task_losses:LabelCrossEntropyLoss",
-            metrics=("accuracy", "f1"),
+            loss=label_cross_entropy,
+            metrics=(Classification,),
             pipeline_tag="text-classification",
             pipeline="text-classification",
             labels=True,
@@ -103,8 +139,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
             peft_task_type="TOKEN_CLS",
             data_formats=("token_classification",),
-            loss="ditty.task_losses:LabelCrossEntropyLoss",
-            metrics=("accuracy", "f1"),
+            loss=label_cross_entropy,
+            metrics=(Classification,),
             pipeline_tag="token-classification",
             pipeline="token-classification",
             labels=True,
@@ -117,8 +153,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
             peft_task_type="SEQ_2_SEQ_LM",
             data_formats=("seq2seq",),
-            loss="ditty.task_losses:LabelCrossEntropyLoss",
-            metrics=("exact_match",),
+            loss=label_cross_entropy,
+            metrics=(Seq2SeqExactMatch,),
             pipeline_tag="text2text-generation",
             pipeline=None,
             generates=True,
@@ -130,8 +166,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_MASKED_LM_MAPPING_NAMES",
             peft_task_type=None,  # peft has no masked-LM task type: a plain PeftModel
             data_formats=("masked_lm",),
-            loss="ditty.task_losses:LabelCrossEntropyLoss",
-            metrics=("perplexity",),
+            loss=label_cross_entropy,
+            metrics=(Perplexity,),
             pipeline_tag="fill-mask",
             pipeline="fill-mask",
         ),
@@ -145,8 +181,8 @@ TASKS: dict[str, ModelTask] = {
             auto_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
             peft_task_type="SEQ_CLS",
             data_formats=("preference",),
-            loss="ditty.objectives.reward_stage:BradleyTerryLoss",
-            metrics=("accuracy",),  # of pairs: the chosen text scored above the rejected one
+            loss=bradley_terry_loss,
+            metrics=(pair_accuracy,),  # of pairs: the chosen text scored above the rejected one
             pipeline_tag="text-classification",
             pipeline="text-classification",
             num_labels=1,

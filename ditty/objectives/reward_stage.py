@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ditty._utils.labels import IGNORE_INDEX
+from ditty.metrics.task_metrics import TaskMetric, logits_of
 from ditty.stages.loss import LossCalculator, LossOutput
 
 if TYPE_CHECKING:
@@ -69,6 +70,19 @@ class BradleyTerryLoss(LossCalculator):
             "rewards/accuracies": out.metrics["accuracy"] / count,
         }
         return LossOutput(loss=out.loss, metrics=metrics if pairs else {}, num_tokens=pairs)
+
+
+class PairAccuracyMetric(TaskMetric):
+    """The reward-model row's validation metric (ditty.models.tasks): `val_accuracy` of the pairs."""
+
+    def __init__(self) -> None:
+        self.pairs = PairAccuracy()
+
+    def update(self, output: Any, batch: Any) -> None:
+        self.pairs.add(logits_of(output), batch)
+
+    def compute(self, ev: Any) -> dict[str, float]:
+        return {"val_accuracy": self.pairs.result()} if ev.sets else {}
 
 
 def pair_scores(prediction: "Tensor", batch: Mapping) -> "tuple[Tensor, Tensor, Tensor]":

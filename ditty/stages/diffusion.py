@@ -244,7 +244,7 @@ class NoisePreProcessor(PreProcessor):
         device: Union[str, torch.device] = "cpu",
     ) -> torch.Tensor:
         """`count` images drawn by the reverse chain with this stage's schedule (the sampler that
-        evaluation hooks such as ditty.data.digits.DigitsTask look for in the pipeline)."""
+        evaluation hooks such as ditty.data.formats.images.DigitsTask look for in the pipeline)."""
         if self.image_shape is None:
             raise ValueError("NoisePreProcessor.sample: the image shape is unknown; pass image_shape=(C, H, W)")
         return self.scheduler.sample(model, (count, *self.image_shape), generator, device)

@@ -48,7 +48,7 @@ class Builders:
         return plan
 
     def build_runtime(self):
-        from ditty.train.runtime import start_runtime
+        from ditty.parallel.runtime import start_runtime
 
         return start_runtime(self.config)
 
@@ -153,36 +153,31 @@ class Builders:
         return self.engine.adapt_precision(build_precision(self.config.train.precision, self.runtime.device))
 
     def build_pipeline(self, model: torch.nn.Module, data: Any):
-        """[pipeline] from the recipe; Python API instances replace the matching parts. Non-token data
-        has no default loss (the causal-LM loss needs token labels)."""
+        """[pipeline] from the recipe; Python API instances replace the matching parts. Without a loss
+        named, a registered ModelSpec's loss, else the model task's (ditty.models.tasks), which needs
+        token data."""
         from ditty.config.errors import RecipeError
-        from ditty.config.references import import_reference
-        from ditty.models.tasks import DEFAULT_TASK, TASKS, model_task
+        from ditty.models.tasks import model_task
         from ditty.recipe.preference_rules import preference_training
         from ditty.train.pipeline import StageChain, build_pipeline
 
-        cfg, components = self.config.pipeline, self.components
-        pipeline = build_pipeline(cfg, self.config.train)  # train.loss_chunks picks the chunked loss
+        components = self.components
+        pipeline = build_pipeline(self.config.pipeline)
         pipeline = StageChain(
             components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
             components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,
             components.loss if components.loss is not None else pipeline.loss,
         )
-        no_loss = not cfg.loss and components.loss is None
-        task = model_task(self.config.model.task)
-        if no_loss and task.loss != TASKS[DEFAULT_TASK].loss and data.token_batches:
-            # [pipeline]'s default is the causal-LM loss; another model task brings its own (ditty.models.tasks).
-            task_loss = import_reference(task.loss, key="model.task")()
-            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, task_loss), False
-        if no_loss and preference_training(self.config):  # the DPO family on preference data
+        if pipeline.loss is None and preference_training(self.config):  # the DPO family on preference data
             from ditty.train.preference import preference_loss
 
-            loss = preference_loss(self, model)
-            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, loss), False
-        spec = getattr(self.engine.unwrap(model), "ditty_spec", None)  # a registered ModelSpec brings its loss
-        if no_loss and spec is not None and spec.make_loss() is not None:
-            pipeline, no_loss = StageChain(pipeline.preprocessors, pipeline.postprocessors, spec.make_loss()), False
-        if not data.token_batches and no_loss:
+            pipeline.loss = preference_loss(self, model)
+        spec = getattr(self.engine.unwrap(model), "ditty_spec", None)
+        if pipeline.loss is None and spec is not None:
+            pipeline.loss = spec.make_loss()
+        if pipeline.loss is None and data.token_batches:  # train.loss_chunks picks the causal LM's chunked loss
+            pipeline.loss = model_task(self.config.model.task).loss(self.config.train)
+        if pipeline.loss is None:
             raise RecipeError.single(
                 "non-text data needs a loss: the default causal-LM loss needs token labels",
                 key="pipeline.loss",
@@ -241,7 +236,7 @@ class Builders:
         from ditty.metrics import build_logger
 
         if resuming:
-            from ditty.train.checkpointing import truncate_metrics
+            from ditty.train.resume import truncate_metrics
 
             truncate_metrics(self.config.run.output_dir, self.resume.step)
         cfg = self.config
@@ -249,7 +244,7 @@ class Builders:
         if self.components.metrics_logger is not None:  # the Python API's metrics_logger=
             from ditty.metrics.user_logger import attach_user_logger
 
-            attach_user_logger(logger, self.components.metrics_logger, self)
+            attach_user_logger(logger, self.components.metrics_logger, self.run)
         return logger
 
     def trainer_ref(self) -> Optional[str]:
@@ -266,10 +261,10 @@ class Builders:
 def tokenizer_for(config: Any, *, non_text_data: bool = False):
     """The recipe's tokenizer; None for non-text data (built-in images, a Python API dataset) unless a
     tokenizer source is named."""
-    from ditty.data.build import IMAGE_BUILTINS
+    from ditty.data.formats import format_of
     from ditty.data.tokenizer import build_tokenizer
 
-    non_text = non_text_data or (config.data.source == "builtin" and config.data.name in IMAGE_BUILTINS)
+    non_text = non_text_data or not format_of(config.data).tokenized
     if non_text and config.tokenizer.kind == "auto" and not config.tokenizer.source(config.model):
         return None
     return build_tokenizer(config.tokenizer, config.model)

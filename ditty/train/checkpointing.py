@@ -1,310 +1,39 @@
-"""The trainer's side of checkpoints: what a checkpoint holds, the resume policy, preemption, Hub pushes.
+"""The trainer's side of checkpoints: what a checkpoint holds, saving and restoring it, preemption.
 
 `ditty.checkpoint` knows how to write and read a checkpoint safely; this module knows what the
-trainer puts in one and when. The policy (also in README, "Checkpoints and resume"):
-
-- `checkpoint.resume = "auto"`: the newest complete `checkpoints/step-N` of `run.output_dir` is
-  resumed when the recipe matches the one it was saved with (keys in `IGNORED` never count; world
-  size is not a recipe key; `train.steps` may grow). A different recipe is a RecipeError listing
-  the keys, unless `checkpoint.force_resume`. A run whose `final/` exists and whose step count
-  reached `train.steps` is finished: nothing is touched.
-- `"never"`: a directory that already holds a run is refused before anything is written.
-- a path: that checkpoint (or the newest complete one of that run directory) is resumed, with
-  the same recipe check.
-
+trainer puts in one and when; whether a run resumes is decided before (ditty.train.resume).
 Preemption: SIGTERM/SIGINT set a flag; the loop finishes the step it is in, saves a checkpoint
 and stops (the trainer's `train()` asks `stop_requested` after each step).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from ditty._utils.dist import is_main_process
 from ditty.checkpoint import lineage
 from ditty.config.errors import RecipeError
+from ditty.train.resume import SIDECAR_DATA_FILES, SIDECAR_RECIPE, ResumePlan, _jsonable, doc_labels, flatten_recipe
 
 log = logging.getLogger("ditty.train")
-
-# Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
-# resume: where things go and how often they are logged, evaluated, saved or pushed.
-IGNORED = (
-    "run.output_dir",
-    "run.name",
-    "run.num_threads",
-    "logging.",
-    "hub.",
-    "train.eval_every",
-    "train.eval_samples",
-    "train.log_every",
-    "checkpoint.every",
-    "checkpoint.every_minutes",
-    "checkpoint.keep_last",
-    "checkpoint.async_save",
-    "checkpoint.resume",
-    "checkpoint.force_resume",
-    "checkpoint.fallback",
-    "checkpoint.overwrite_finished",
-    # Held-out sets and benchmarks do not change training; workers only prepare the
-    # same batches (a stream read by another number of workers is refused by the stream itself).
-    "data.eval.",
-    "data.num_workers",
-    "data.prefetch_factor",
-    "eval.",
-)
-SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
-SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
-
-
-# ---------------------------------------------------------------------------- recipe comparison
-
-
-def _default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return repr(value)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=_default))
-
-
-def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, Any]:
-    """{dotted key: JSON value} for every field of the config tree (the form stored in the sidecar)."""
-    out: dict[str, Any] = {}
-
-    def walk(obj: Any, prefix: str) -> None:
-        for f in dataclasses.fields(obj):
-            value = obj.__dict__[f.name]
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                walk(value, f"{prefix}{f.name}.")
-            else:
-                out[prefix + f.name] = _jsonable(value)
-
-    walk(config, "")
-    out["trainer"] = trainer_ref
-    return out
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
-
-
-def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
-    """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
-    from ditty.checkpoint.resume_diff import effect_of_change
-
-    lines = []
-    for key in sorted(set(saved) | set(current)):
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        if old == new or _ignored(key):
-            continue
-        if (
-            key == "train.steps"
-            and isinstance(new, int)
-            and (old is None or isinstance(old, int))
-            and new >= step
-            and (old is None or new >= old)
-        ):
-            continue  # more steps: allowed, the schedule is rebuilt for the new total
-        if key == "parallel.kind" and "deepspeed" not in (old, new):
-            continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
-        # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
-        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
-    return lines
-
-
-# ---------------------------------------------------------------------------- the resume decision
-
-
-@dataclass
-class ResumePlan:
-    checkpoint: Optional[Path] = None
-    """The complete checkpoint to load, or None for a fresh start."""
-    finished: bool = False
-    """`auto` found a finished run: train() reports it and touches nothing."""
-    step: int = 0
-    run_id: str = ""
-    """The run's id (ditty.checkpoint.lineage), recorded in env.json and every checkpoint."""
-
-
-def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
-    """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
-    from ditty._utils.run_dir import is_ditty_run
-    from ditty.checkpoint import find_checkpoint, find_intact, read_sidecar
-    from ditty.train.final import FINAL_DIR, check_output_dir
-
-    out = config.run.output_dir
-    check_output_dir(out)
-    ckpt_cfg = config.checkpoint
-    holds_run = os.path.isdir(out) and (is_ditty_run(out) or os.path.isdir(os.path.join(out, "checkpoints")))
-    if ckpt_cfg.resume == "never":
-        if holds_run:
-            raise RecipeError.single(
-                f'{out!r} already holds a run and checkpoint.resume = "never"; nothing was touched',
-                key="checkpoint.resume",
-                fix='choose a new run.output_dir, remove the old run, or set checkpoint.resume = "auto" to continue it',
-            )
-        return ResumePlan(run_id=lineage.new_run_id())
-    if ckpt_cfg.resume == "auto":
-        root = Path(out) / "checkpoints"
-        # reliability: the newest checkpoint that passes verification; damaged newer ones are reported
-        # and skipped, or stop the run when checkpoint.fallback = false (ditty.checkpoint.integrity)
-        required = ("train_state", "scheduler", "rng")
-        found = find_intact(root, required_fields=required, fallback=ckpt_cfg.fallback).found if root.is_dir() else None
-        if found is None:
-            refuse_finished(config, "start it again from step 0")
-            if holds_run:
-                log.warning("%s holds a run without a complete checkpoint: starting again from step 0", out)
-            return ResumePlan(run_id=lineage.run_id_for(out, None, None))
-    else:
-        found = find_checkpoint(ckpt_cfg.resume)
-
-    doc = read_sidecar(found)
-    if ckpt_cfg.resume != "auto":
-        foreign = lineage.foreign_checkpoint(out, found, doc)
-        if foreign:
-            raise RecipeError.single(
-                foreign,
-                key="checkpoint.resume",
-                fix=f"resume {found} into a new or empty run.output_dir, or set checkpoint.resume = "
-                f'"auto" to continue the run {out} holds',
-            )
-    step = int(doc["step"])
-    saved = doc.get(SIDECAR_RECIPE)
-    if isinstance(saved, dict):
-        diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
-        if diffs and not ckpt_cfg.force_resume:
-            raise RecipeError.single(
-                f"the recipe differs from the one checkpoint {found} was saved with, in keys that change "
-                f"training:\n    " + "\n    ".join(diffs),
-                key="checkpoint.resume",
-                fix=f"run the saved recipe ({os.path.join(out, 'recipe.toml')}), choose a new run.output_dir "
-                f"to start afresh, or add --checkpoint.force_resume true to continue with the new values",
-            )
-        if diffs:
-            log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
-    from ditty.train.engines import engine_class
-
-    # Before anything is built or written: a checkpoint resumes only with an engine that can read it.
-    engine_class(config.parallel.kind, world_size).check_resumable(found, doc.get("world_size"), world_size)
-    steps = config.train.steps
-    if steps is not None and step > steps:
-        raise RecipeError.single(
-            f"checkpoint {found} is at step {step}, past train.steps = {steps}",
-            key="train.steps",
-            fix=f"use train.steps >= {step}, or a new run.output_dir",
-        )
-    target = steps if steps is not None else doc.get("total_steps")
-    final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
-    if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
-        return ResumePlan(found, finished=True, step=step)
-    _check_data_unchanged(doc, config, found)
-    refuse_finished(config, f"resume {found} (step {step}) into it and train to step {target}")
-    return ResumePlan(found, step=step, run_id=lineage.run_id_for(out, found, doc))
-
-
-def refuse_finished(config: Any, would: str) -> None:
-    """A run directory holding final/ is finished: a run that would write into it (`would` says how)
-    stops here, before anything is written, naming what it would replace, unless
-    `checkpoint.overwrite_finished`."""
-    from ditty.metrics.logger import read_metrics
-    from ditty.train.final import FINAL_DIR
-
-    out = config.run.output_dir
-    final = os.path.join(out, FINAL_DIR)
-    if config.checkpoint.overwrite_finished or not os.path.isdir(final):
-        return
-    metrics = os.path.join(out, "metrics.jsonl")
-    steps = (
-        [r["step"] for r in read_metrics(metrics) if isinstance(r.get("step"), int)] if os.path.isfile(metrics) else []
-    )
-    model = f"final/ (the model it finished with, after step {max(steps)})" if steps else "final/ (its model)"
-    replaced = [model] + [name for name in ("recipe.toml", "metrics.jsonl") if os.path.isfile(os.path.join(out, name))]
-    raise RecipeError.single(
-        f"{out} holds a finished run; this run would {would}, replacing its {', '.join(replaced)}. Nothing was touched",
-        key="run.output_dir",
-        fix="choose a new run.output_dir (or copy final/ elsewhere first), or add --checkpoint.overwrite_finished true "
-        "to replace them",
-    )
-
-
-def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
-    """A resume trains on the rows the checkpoint's data cursor counts through: refuse when a data
-    file's content fingerprint (ditty.data.fingerprint) differs from the one the checkpoint
-    recorded, unless checkpoint.force_resume."""
-    from ditty.data.fingerprint import changed_files, data_fingerprints
-
-    saved = doc.get(SIDECAR_DATA_FILES)
-    if not isinstance(saved, dict) or not saved:
-        return  # a checkpoint from before fingerprints, or data that is not local files
-    changed = changed_files(saved, data_fingerprints(config.data))
-    if not changed:
-        return
-    if not config.checkpoint.force_resume:
-        raise RecipeError.single(
-            f"the data changed since checkpoint {found} was saved: " + "; ".join(changed),
-            key="data.path",
-            fix="put back the data the run was trained on, choose a new run.output_dir to start afresh, or add "
-            "--checkpoint.force_resume true to continue on the new data from the saved position",
-        )
-    log.warning("resuming on changed data (checkpoint.force_resume): %s", "; ".join(changed))
-
-
-def _elapsed(trainer: Any) -> dict:
-    """The run's training wall time so far, so a resumed run's elapsed_s continues from it."""
-    return {"elapsed_s": round(trainer.meter.elapsed_s, 3)}
-
-
-def doc_labels(doc: dict) -> Optional[dict]:
-    """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
-    labels = doc.get("labels")
-    return labels if isinstance(labels, dict) else None
-
-
-def _data_fingerprints(config: Any) -> dict[str, str]:
-    from ditty.data.fingerprint import data_fingerprints
-
-    return data_fingerprints(config.data)
-
-
-def truncate_metrics(run_dir: str, step: int) -> None:
-    """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
-    resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not is_main_process() or not os.path.isfile(path):
-        return
-    kept = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                if int(json.loads(line)["step"]) <= step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError, OverflowError):
-                continue  # a line cut short by the kill, or not a record (a step of Infinity)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- saving and loading
 
 
 class Checkpointer:
-    """Saves and restores one trainer's state through a `CheckpointManager`; what holds the model and
-    optimizer tensors is the engine's business (ditty's DCP, or the engine's own files)."""
+    """Saves and restores the built run (ditty.train.state.TrainRun) through a `CheckpointManager`;
+    what holds the model and optimizer tensors is the engine's business (ditty's DCP, or the engine's
+    own files). A step inside a streak of non-finite steps is never saved (ditty.checkpoint.finite)."""
 
     def __init__(self, config: Any, engine: Any, resume: ResumePlan) -> None:
         from ditty.checkpoint import CheckpointManager
+        from ditty.data.fingerprint import data_fingerprints
 
         self.config = config
         self.engine = engine
@@ -313,60 +42,71 @@ class Checkpointer:
         self.manager = CheckpointManager(
             config.run.output_dir, keep_last=cfg.keep_last, async_save=cfg.async_save and engine.async_save
         )
+        self.finite = self.manager.finite
         self.last_saved_step: Optional[int] = None
         # The data as it is when the run starts (the rows it tokenised), recorded in every checkpoint.
-        self.data_files = _data_fingerprints(config) if is_main_process() else {}
+        self.data_files = data_fingerprints(config.data) if is_main_process() else {}
         self.stop_signal: Optional[int] = None
         self._old_handlers: dict[int, Any] = {}
 
-    def app_state(self, trainer: Any) -> dict:
+    def app_state(self, run: Any) -> dict:
         adapter = self.config.peft.kind != "none"
-        return self.engine.checkpoint_state(trainer.model, trainer.optimizer, trainable_only=adapter)
+        return self.engine.checkpoint_state(run.model, run.optimizer, trainable_only=adapter)
 
-    def sidecar(self, trainer: Any) -> dict:
-        t = trainer
+    def sidecar(self, run: Any) -> dict:
         recipe_path = os.path.join(self.config.run.output_dir, "recipe.toml")
         recipe_text = None
         if is_main_process() and os.path.isfile(recipe_path):
             with open(recipe_path, encoding="utf-8") as f:
                 recipe_text = f.read()
         return {
-            "train_state": {**t.state.state_dict(), **_elapsed(t)},
-            "scheduler": _jsonable(t.scheduler.state_dict()),
-            "data": t.stream.state_dict(),
-            "precision": _jsonable(t.precision.state_dict()),
-            "total_steps": t.total_steps,
-            "trainer": t.trainer_ref(),
+            # elapsed_s: a resumed run's training wall time continues from it
+            "train_state": {**run.state.state_dict(), "elapsed_s": round(run.meter.elapsed_s, 3)},
+            "scheduler": _jsonable(run.scheduler.state_dict()),
+            "data": run.stream.state_dict(),
+            "precision": _jsonable(run.precision.state_dict()),
+            "total_steps": run.total_steps,
+            "trainer": run.trainer_ref,
             lineage.RUN_ID: self.resume.run_id,  # which run wrote it (ditty.checkpoint.lineage)
-            SIDECAR_RECIPE: flatten_recipe(t.config, t.trainer_ref()),
+            SIDECAR_RECIPE: flatten_recipe(run.config, run.trainer_ref),
             SIDECAR_DATA_FILES: self.data_files,
             "recipe_toml": recipe_text,
             # A classifier's label set, which sizes its head: `ditty export` rebuilds the model from it.
-            "labels": t.data.labels.to_json() if t.data.labels is not None else None,
+            "labels": run.data.labels.to_json() if run.data.labels is not None else None,
         }
 
-    def save(self, trainer: Any) -> Path:
+    def save(self, run: Any) -> Path:
         from ditty.optim.schedule_free import evaluation_weights
 
-        step = trainer.state.step
-        with evaluation_weights(trainer.optimizer):  # schedule-free: save the weights to evaluate (x)
+        with evaluation_weights(run.optimizer):  # schedule-free: save the weights to evaluate (x)
             path = self.manager.save(
-                step,
-                self.app_state(trainer),
-                self.sidecar(trainer),
-                write_extra=self.engine.checkpoint_writer(trainer.model),
+                run.state.step,
+                self.app_state(run),
+                self.sidecar(run),
+                write_extra=self.engine.checkpoint_writer(run.model),
             )
-        self.last_saved_step = step
+        self.last_saved_step = run.state.step
         return path
 
-    def restore(self, trainer: Any) -> None:
-        """Load the planned checkpoint into the built trainer; RNG last. Prints where it resumed."""
+    def save_if_due(self, run: Any, due: bool) -> bool:
+        """Save this step when `due` (or a save put off by a non-finite streak waits) and the step is
+        finite, unless it has its checkpoint already. Whether it saved."""
+        if self.finite.save_now(due) and run.state.step != self.last_saved_step:
+            self.save(run)
+            return True
+        return False
+
+    def observe(self, step: int, skipped: bool) -> None:
+        """After each step: a skipped one starts or extends a streak, whose checkpoint before it is kept."""
+        self.finite.observe(step, skipped, self.last_saved_step)
+
+    def restore(self, run: Any) -> None:
+        """Load the planned checkpoint into the built run; RNG last. Prints where it resumed."""
         if self.resume.checkpoint is None:
             return
-        t = trainer
         from ditty.checkpoint import read_sidecar
 
-        saved_labels, labels = doc_labels(read_sidecar(self.resume.checkpoint)), t.data.labels
+        saved_labels, labels = doc_labels(read_sidecar(self.resume.checkpoint)), run.data.labels
         if saved_labels is not None and labels is not None and saved_labels != labels.to_json():
             raise RecipeError.single(
                 f"checkpoint {self.resume.checkpoint} was trained on the labels {saved_labels['names']}; "
@@ -374,21 +114,29 @@ class Checkpointer:
                 key="data",
                 fix='resume on the data the checkpoint was trained on, or start afresh (checkpoint.resume = "never")',
             )
-        doc = self.manager.load(self.resume.checkpoint, self.app_state(t))
-        self.engine.load_checkpoint_files(t.model, self.resume.checkpoint)
-        t.state.load_state_dict(doc["train_state"])
+        doc = self.manager.load(self.resume.checkpoint, self.app_state(run))
+        self.engine.load_checkpoint_files(run.model, self.resume.checkpoint)
+        run.state.load_state_dict(doc["train_state"])
         if doc.get("data") is not None:
-            t.stream.load_state_dict(doc["data"])
-        elif t.state.step:
+            run.stream.load_state_dict(doc["data"])
+        elif run.state.step:
             log.warning("the data stream has no saved position: the resumed run restarts its data from the beginning")
-        t.precision.load_state_dict(doc.get("precision") or {})
+        run.precision.load_state_dict(doc.get("precision") or {})
         # ClosedFormLR keeps only the step count and writes that step's rate into the optimizer, so
         # a longer train.steps takes effect here (the schedule is the new recipe's, at this step).
-        t.scheduler.load_state_dict(doc["scheduler"])
+        run.scheduler.load_state_dict(doc["scheduler"])
         self.manager.restore_rng(doc)
-        self.last_saved_step = t.state.step
+        self.last_saved_step = run.state.step
         if is_main_process():
-            print(f"resumed from step {t.state.step} ({self.resume.checkpoint})", flush=True)
+            print(f"resumed from step {run.state.step} ({self.resume.checkpoint})", flush=True)
+
+    def wait(self) -> None:
+        """Until a background save is on disk."""
+        self.manager.wait()
+
+    def describe_kept(self) -> Optional[str]:
+        """The complete checkpoints on disk, in words (for the message of a failed final/ write)."""
+        return self.manager.describe_kept()
 
     def close(self) -> None:
         self.restore_signals()
@@ -421,8 +169,8 @@ class Checkpointer:
         with the same message and exit code."""
         from ditty.checkpoint import comm
 
-        if comm.world_size(self.manager._group) > 1:
-            signalled = comm.all_max(int(self.stop_signal or 0), self.manager._group)
+        if comm.world_size(self.manager.group) > 1:
+            signalled = comm.all_max(int(self.stop_signal or 0), self.manager.group)
             if signalled and self.stop_signal is None:
                 self.stop_signal = signalled
             return bool(signalled)
@@ -437,9 +185,9 @@ def signal_name(signum: Optional[int]) -> str:
         return f"signal {signum}"
 
 
-def preempted_message(trainer: Any, signum: Optional[int]) -> str:
+def preempted_message(step: int, run_dir: str, signum: Optional[int]) -> str:
     return (
-        f"stopped by {signal_name(signum)} after step {trainer.state.step}; checkpoint saved in "
-        f"{os.path.join(trainer.run_dir, 'checkpoints')}. To resume, run the same command again "
+        f"stopped by {signal_name(signum)} after step {step}; checkpoint saved in "
+        f"{os.path.join(run_dir, 'checkpoints')}. To resume, run the same command again "
         f"(`ditty run <same recipe>` resumes automatically from the newest checkpoint)."
     )

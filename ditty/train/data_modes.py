@@ -2,10 +2,10 @@
 
 | mode             | data                                              | a batch                | `tokens` metric    |
 |------------------|---------------------------------------------------|------------------------|--------------------|
-| `TokenDataMode`  | samples of a data format (ditty.data.formats),    | the format's collator  | non-padding tokens |
+| `TokenDataMode`  | samples of a data format (ditty.data.formats),    | the format's collator  | the format's count |
 |                  | from `[data]` or the Python API's rows            |                        |                    |
 | `SampleDataMode` | samples + a collate function: a Python API        | what `collate_fn` made | samples            |
-|                  | dataset or DataLoader, the built-in digits images |                        |                    |
+|                  | dataset or DataLoader                             |                        |                    |
 
 Each knows how to cut the global order into this rank's micro-batches (its stream), how to count a
 batch (the loss's denominator and the `tokens` metric), and how to evaluate. The trainer asks the
@@ -64,10 +64,6 @@ class DataMode:
         return self.bundle.val
 
     @property
-    def task(self) -> Any:
-        return self.bundle.task
-
-    @property
     def skipped_rows(self) -> int:
         """Bad data rows left out (data.on_bad_rows = "skip"), counted in metrics and the summary."""
         return self.bundle.skipped_rows
@@ -102,11 +98,17 @@ class DataMode:
 
 
 class TokenDataMode(DataMode):
-    """Token samples of a data format (ditty.data.formats: causal-LM rows, a classifier's inputs and
-    labels, seq2seq pairs, masked text), from [data] or the Python API's rows. Batches come from
+    """Samples of a data format (ditty.data.formats: causal-LM rows, a classifier's inputs and labels,
+    seq2seq pairs, masked text, built-in images), from [data] or the Python API's rows. Batches come from
     the one global order (`build_stream`: one source, a mixture, a stream, with data.num_workers);
     the format's collator counts the loss's denominator and the `tokens` metric; evaluation is
     ditty.train.evaluate.evaluate_tokens."""
+
+    @property
+    def token_batches(self) -> bool:  # type: ignore[override]
+        from ditty.data.formats import data_format
+
+        return data_format(self.bundle.format).tokenized
 
     def stream(self, accumulation_steps: int) -> Any:
         from ditty.data.build import build_stream
@@ -119,7 +121,6 @@ class TokenDataMode(DataMode):
             micro_batch_size=t.micro_batch_size,
             rank=self.runtime.rank,
             world_size=self.runtime.world_size,
-            pad_token_id=self.tokenizer.pad_token_id,
         )
 
     def scored(self, batch: Any) -> torch.Tensor:
@@ -195,9 +196,10 @@ class SampleDataMode(DataMode):
 
     def evaluate(self, request: EvalRequest) -> dict[str, Any]:
         from ditty.data.generic import eval_micro_batches
+        from ditty.train.evaluate import hook_scores
 
         metrics: dict[str, Any] = {}
-        val = self.val
+        val = self.bundle.val
         if val is not None and len(val) > 0:
             total, count = 0.0, 0
             for batch in eval_micro_batches(val, request.micro_batch_size, self.bundle.collate_fn):
@@ -206,27 +208,12 @@ class SampleDataMode(DataMode):
                 total += float(out.mean_loss()) * size
                 count += size
             metrics["val_loss"] = total / max(count, 1)
-        if self.task is not None and request.eval_samples > 0:
-            # Every rank runs the task (a sharded model's forward needs them all); rank 0 writes files.
-            with request.autocast():
-                scores = self.task.evaluate(
-                    request.model,
-                    device=request.device,
-                    pipeline=request.pipeline,
-                    run_dir=request.run_dir,
-                    step=request.step,
-                )
-            metrics.update(_prefixed(scores))
-        return metrics
-
-
-def _prefixed(scores: dict[str, Any]) -> dict[str, Any]:
-    return {k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()}
+        return metrics | hook_scores(self.bundle.task, request)
 
 
 def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) -> DataMode:
-    """The recipe's [data] (token samples of a format, or the built-in digits images), the Python
-    API's rows of a format (a model task other than causal LM), or the Python API's samples."""
+    """The recipe's [data] or the Python API's rows of a format (a model task other than causal LM),
+    as samples of that format; or the Python API's samples and collate function."""
     if components.has_data and not takes_rows(config, components):
         from ditty.data.generic import GenericData
 
@@ -239,11 +226,11 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
             collate_fn=components.collate_fn,
         )
         return SampleDataMode(bundle, config, runtime, tokenizer)
-    from ditty.data.build import IMAGE_BUILTINS, build_data
-    from ditty.data.generic import is_generic
+    from ditty.data.build import build_data
+    from ditty.data.formats import format_of
     from ditty.models.task_facts import fit_instance_labels, model_facts
 
-    if tokenizer is None and not (config.data.source == "builtin" and config.data.name in IMAGE_BUILTINS):
+    if tokenizer is None and format_of(config.data).tokenized:
         raise RecipeError.single(
             f'model.task = "{config.model.task}" reads text, and there is no tokenizer',
             key="tokenizer.path",
@@ -260,10 +247,8 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
         rows=components.dataset if given else None,
         val_rows=components.val_dataset if given else None,
     )
-    if is_generic(bundle):
-        if components.task is not None:
-            bundle = replace(bundle, task=components.task)
-        return SampleDataMode(bundle, config, runtime, tokenizer)
+    if components.task is not None:  # the Python API's task= (an evaluation hook)
+        bundle = replace(bundle, hook=components.task)
     if components.model is not None and bundle.labels is not None:
         fit_instance_labels(components.model, bundle.labels)
     return TokenDataMode(bundle, config, runtime, tokenizer)

@@ -30,30 +30,27 @@ class RunEnding:
         "checkpoints"). Final: `final/` in Hugging Face format on rank 0, a checkpoint of the last
         step (so a longer `train.steps` can continue it), and the Hub push with push = "end"/"checkpoints"."""
         push = self.config.hub.push
-        finite = self.checkpointer.manager.finite  # saves wait for a finite step
         if not final:  # a periodic checkpoint (ditty.train.cadence) or a timed one (checkpoint.every_minutes)
             due = self.cadence.saves_at(self.state.step)
             due = self.save_clock_due() or due  # every rank reads the clock on the same steps
-            if finite.save_now(due) and self.state.step != self.checkpointer.last_saved_step:
-                self.checkpointer.save(self)
+            if self.checkpointer.save_if_due(self.run, due):  # saves wait for a finite step
                 self.save_clock.saved()
                 if push == "checkpoints" and not self.should_stop():  # the last step pushes final/ instead
-                    push_checkpoint_snapshot(self)
+                    push_checkpoint_snapshot(self.run)
             return None
         # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
         # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
         # as non-finite gets no checkpoint (its weights are the last finite step's, which final/ holds).
-        if self.state.step != self.checkpointer.last_saved_step and finite.save_now(True):
-            self.checkpointer.save(self)
-        self.checkpointer.manager.wait()
+        self.checkpointer.save_if_due(self.run, True)
+        self.checkpointer.wait()
         from ditty.optim.schedule_free import evaluation_weights
 
         with evaluation_weights(self.optimizer):  # final/ holds schedule-free's averaged weights
-            path = write_final(self)
+            path = write_final(self.run)
         if self.config.eval.harness_tasks:  # lm-eval scores of final/, before the push
-            self.log({"step": self.state.step, **score_final_model(self, path)})
+            self.log({"step": self.state.step, **score_final_model(self.run, path)})
         if push in ("end", "checkpoints"):
-            push_to_hub(self, path, message=f"ditty: final model, step {self.state.step}")
+            push_to_hub(self.run, path, message=f"ditty: final model, step {self.state.step}")
         return path
 
     def save_clock_due(self) -> bool:
@@ -70,12 +67,11 @@ class RunEnding:
     def preempt(self) -> TrainResult:
         """A signal asked to stop: the step is done; save a checkpoint (and wait for it), say how to resume."""
         # A step inside a non-finite streak is not saved: the newest checkpoint stays the resume point.
-        if self.state.step != self.checkpointer.last_saved_step and self.checkpointer.manager.finite.save_now(True):
-            self.checkpointer.save(self)
-        self.checkpointer.manager.wait()
+        self.checkpointer.save_if_due(self.run, True)
+        self.checkpointer.wait()
         signum = self.checkpointer.stop_signal
         if is_main_process():
-            print(checkpointing.preempted_message(self, signum), flush=True)
+            print(checkpointing.preempted_message(self.state.step, self.run_dir, signum), flush=True)
         result = self.result(None)
         result.stopped_by = signum
         return result
@@ -101,7 +97,7 @@ class RunEnding:
         try:
             self.checkpointer.close()
         finally:
-            stream = self.__dict__.get("stream")  # None when the build failed before the stream
+            stream = self.run.stream  # None when the build failed before the stream
             if stream is not None:  # dataloader workers end with the run, not when it is collected
                 stream.close()
             self.progress.close()

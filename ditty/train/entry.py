@@ -32,7 +32,7 @@ def run_training(loaded: Any, plan: Any = None) -> TrainResult:
     """Train the recipe a `LoadedRecipe` holds (its `config` and optional `trainer` reference); `plan`
     is its compiled plan when the caller compiled it already (else the Trainer compiles)."""
     from ditty.checkpoint.lock import run_lock_scope
-    from ditty.train.runtime import process_group_for_run
+    from ditty.parallel.runtime import process_group_for_run
 
     cls = trainer_class(getattr(loaded, "trainer", None))
     # torchrun workers leave their process group when the run ends; run.lock is released even when

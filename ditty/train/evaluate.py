@@ -4,23 +4,50 @@ Each set is read in its stored order and split among ranks by index (ditty.data.
 so every sample counts exactly once whatever the world size. Every batch goes through the trainer's
 own forward (the pipeline, its contract check and the fused loss head). The loss is summed over
 tokens (or samples) and ranks, then divided: `val_loss`, and `val_loss/NAME` for each named set
-([[data.sources]], [data.eval]). Classifiers add `val_accuracy` and `val_f1` (ditty.metrics.classification),
-a reward model `val_accuracy` of its pairs (the chosen text scored higher);
-a language model's per-token loss gives `val_perplexity`; generation scores exact match: greedy
-answers to a built-in dataset's prompts, or greedy decoding of seq2seq targets.
+([[data.sources]], [data.eval]). The model task's metrics (ditty.metrics.task_metrics, listed in its
+row of ditty.models.tasks) see every batch and add their val_* values; the data's evaluation hook
+(the digits' sample grid, the Python API's task=) adds its scores.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.collate import eval_batches
+from ditty.data.formats import data_format
+from ditty.metrics.task_metrics import Perplexity
 from ditty.train.step import all_reduce_sum
+
+
+@dataclass
+class Evaluation:
+    """What a task metric reads (see ditty.metrics.task_metrics)."""
+
+    bundle: Any
+    tokenizer: Any
+    sets: list
+    val_loss: Optional[float]
+    model: torch.nn.Module
+    device: torch.device
+    eval_samples: int
+    autocast: Callable
+    micro_batch_size: int
+
+    def batches(self, dataset: Any, collator: Any):
+        from ditty.data.generic import to_device
+
+        for batch in eval_batches(dataset, self.micro_batch_size, collator):
+            yield to_device(batch, self.device)
+
+    def model_inputs(self, batch: dict) -> dict:
+        from ditty.train.pipeline import model_inputs
+
+        return model_inputs(self.model, batch)
+
+    all_reduce_sum = staticmethod(all_reduce_sum)
 
 
 @torch.no_grad()
@@ -29,19 +56,20 @@ def evaluate_tokens(
 ) -> dict[str, Any]:
     """The metrics of one evaluation (see the module doc); `counter`: a batch's scored tokens (or
     samples), the weight of a loss that returns a mean. Collective: every rank runs every set."""
-    from ditty.metrics.classification import ClassificationCounts
-
     named = bool(bundle.val_sets)
     sets = list(bundle.val_sets) if named else ([("", bundle.val)] if bundle.val is not None else [])
+    sets = [(name, dataset) for name, dataset in sets if dataset is not None and len(dataset) > 0]
     collator = bundle.collator.for_validation()
+    # The task's metrics read token outputs; built-in images (a custom model) have only their hook.
+    task_metrics = [make() for make in task.metrics] if data_format(bundle.format).tokenized else []
+    # A loss that reports its own metrics (a preference loss: rewards/*, logps/*) gets them averaged over
+    # the held-out items as val_*; its loss is a mean over pairs, not tokens, so no perplexity.
+    loss_metrics = LossMetricMeans() if getattr(request.pipeline.loss, "reports_val_metrics", False) else None
+    if loss_metrics is not None:
+        task_metrics = [metric for metric in task_metrics if not isinstance(metric, Perplexity)]
     metrics: dict[str, Any] = {}
     overall = torch.zeros(2, dtype=torch.float64)
-    counts = ClassificationCounts(len(bundle.labels)) if bundle.labels is not None else None
-    loss_metrics = WeightedMeans() if getattr(request.pipeline.loss, "reports_val_metrics", False) else None
-    pairs = pair_accuracy(task)
     for name, dataset in sets:
-        if dataset is None or len(dataset) == 0:
-            continue
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, scored tokens (or samples)
         for batch in eval_batches(dataset, request.micro_batch_size, collator):
             out, output = request.forward(batch)
@@ -49,42 +77,34 @@ def evaluate_tokens(
                 totals += torch.stack(
                     [out.loss.detach().double().cpu(), torch.as_tensor(out.num_tokens).double().cpu()]
                 )
-                if loss_metrics is not None:  # the loss's own metrics (preference pairs), weighted by its count
+                if loss_metrics is not None:
                     loss_metrics.add(out.metrics, float(out.num_tokens))
             else:
                 scored = torch.as_tensor(counter(batch)).double().cpu()
                 if scored > 0:  # a filler batch (see eval_batches): a mean over nothing is NaN
                     totals += torch.stack([out.loss.detach().double().cpu() * scored, scored])
-            if counts is not None:
-                counts.add(logits_of(output).argmax(-1), batch["labels"])
-            if pairs is not None:
-                pairs.add(logits_of(output), batch)
+            for metric in task_metrics:
+                metric.update(output, batch)
         totals = all_reduce_sum(totals)
         overall += totals
         if named and totals[1] > 0:
             metrics[f"val_loss/{name}"] = float(totals[0] / totals[1])
     if overall[1] > 0:
         metrics["val_loss"] = float(overall[0] / overall[1])
-        if "perplexity" in task.metrics and loss_metrics is None:  # a preference loss is not per token
-            metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 700.0))
+    r = request
+    evaluation = Evaluation(
+        bundle, tokenizer, sets, metrics.get("val_loss"), r.model, r.device, r.eval_samples, r.autocast,
+        r.micro_batch_size,
+    )  # fmt: skip
+    for metric in task_metrics:
+        metrics.update(metric.compute(evaluation))
     if loss_metrics is not None:
         metrics.update({f"val_{name}": value for name, value in loss_metrics.result().items()})
-    if counts is not None and sets:
-        metrics.update({f"val_{name}": value for name, value in counts.result().items()})
-    if pairs is not None and sets:
-        metrics["val_accuracy"] = pairs.result()
-    if "exact_match" in task.metrics and request.eval_samples > 0:
-        if bundle.task is not None:  # a built-in dataset's prompts, answered greedily
-            with request.autocast():
-                scores = bundle.task.evaluate(request.model, tokenizer, request.device, request.eval_samples)
-            metrics.update({f"val_{name}": value for name, value in scores.items()})
-        elif task.name == "seq2seq" and sets:
-            metrics["val_exact_match"] = seq2seq_exact_match(request, sets[0][1], bundle.collator, tokenizer)
-    return metrics
+    return metrics | hook_scores(bundle.hook, request)
 
 
-class WeightedMeans:
-    """Means of a loss's metrics over the evaluated items, summed across ranks."""
+class LossMetricMeans:
+    """Means of a loss's metrics over the evaluated items (its `num_tokens`), summed across ranks."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -94,7 +114,7 @@ class WeightedMeans:
         if count <= 0:
             return
         self.count += count
-        for name, value in metrics.items():
+        for name, value in (metrics or {}).items():
             self.sums[name] = self.sums.get(name, 0.0) + float(value) * count
 
     def result(self) -> dict[str, float]:
@@ -104,50 +124,13 @@ class WeightedMeans:
         return {name: float(totals[i]) / count for i, name in enumerate(names)} if count > 0 else {}
 
 
-def pair_accuracy(task: Any) -> Any:
-    """The pair-accuracy counter of a task scored on preference pairs (a reward model), else None."""
-    if "accuracy" not in task.metrics or task.data_formats[0] != "preference":
-        return None
-    from ditty.objectives.reward_stage import PairAccuracy
-
-    return PairAccuracy()
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    # transformers' ModelOutput is a mapping; a custom model may return a tuple with the logits first
-    return output["logits"] if isinstance(output, Mapping) else output[0]
-
-
-@torch.no_grad()
-def seq2seq_exact_match(request: Any, dataset: Any, collator: Any, tokenizer: Any) -> float:
-    """Greedy decoding of the first `eval_samples` validation targets; the fraction decoded exactly.
-    Every rank decodes as many steps (the longest target), since a sharded forward is a collective."""
-    from ditty.data.generic import to_device
-    from ditty.train.pipeline import model_inputs
-
-    subset = dataset.select(range(min(request.eval_samples, len(dataset))))
-    steps = max(len(ids) for ids in subset["labels"])
-    totals = torch.zeros(2, dtype=torch.float64)  # exact, counted
-    for batch in eval_batches(subset, request.micro_batch_size, collator):
-        batch = to_device(batch, request.device)
-        decoded = torch.full_like(batch["decoder_input_ids"][:, :1], collator.decoder_start_token_id)
-        for _ in range(steps):
-            with request.autocast():
-                inputs = model_inputs(request.model, {**batch, "decoder_input_ids": decoded})
-                logits = logits_of(request.model(**inputs))
-            decoded = torch.cat([decoded, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        for generated, labels in zip(decoded[:, 1:].tolist(), batch["labels"].tolist()):
-            reference = [token for token in labels if token != IGNORE_INDEX]
-            if not reference:  # a filler row (eval_batches)
-                continue
-            totals[1] += 1
-            totals[0] += _text(tokenizer, generated) == _text(tokenizer, reference)
-    totals = all_reduce_sum(totals)
-    return float(totals[0] / totals[1]) if totals[1] > 0 else 0.0
-
-
-def _text(tokenizer: Any, ids: list[int]) -> str:
-    eos: Optional[int] = tokenizer.eos_token_id
-    if eos is not None and eos in ids:
-        ids = ids[: ids.index(eos)]
-    return tokenizer.decode(ids, skip_special_tokens=True).strip()
+def hook_scores(hook: Any, request: Any) -> dict[str, Any]:
+    """The scores of the data's evaluation hook (ditty.data.generic.GenericTask) as val_<name>. Every
+    rank runs it (a sharded model's forward needs them all); only rank 0 has a run_dir to write into."""
+    if hook is None or request.eval_samples <= 0:
+        return {}
+    with request.autocast():
+        scores = hook.evaluate(
+            request.model, device=request.device, pipeline=request.pipeline, run_dir=request.run_dir, step=request.step
+        )
+    return {k if k.startswith("val_") else f"val_{k}": v for k, v in scores.items()}

@@ -90,7 +90,7 @@ def _labels(checkpoint: Path, doc: dict, config):
     """A classifier's label set as the checkpoint recorded it (it sizes and names the head)."""
     from ditty.data.labels import LabelSpace
     from ditty.models.tasks import model_task
-    from ditty.train.checkpointing import doc_labels
+    from ditty.train.resume import doc_labels
 
     saved = doc_labels(doc)
     if saved is not None:
@@ -112,11 +112,11 @@ def export(
     from ditty._utils.modules import unwrap
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
+    from ditty.parallel.runtime import seed_everything
     from ditty.recipe import compile_recipe
     from ditty.train.builders import base_model_for, converters_for, tokenizer_for
     from ditty.train.engines import engine_class
     from ditty.train.final import save_model_files
-    from ditty.train.runtime import seed_everything
 
     out = Path(out_dir)
     _check_output(out)

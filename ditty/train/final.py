@@ -2,7 +2,7 @@
 
 A directory counts as a ditty run when it holds ditty's `env.json` (written at the start of every
 run). What a run does with an existing one (resume it, refuse it, or report it finished) is the
-resume policy of `checkpoint.resume`, in `ditty.train.checkpointing.plan_resume`.
+resume policy of `checkpoint.resume`, in `ditty.train.resume.plan_resume`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -20,6 +20,9 @@ from ditty._utils.modules import is_peft_model, unwrap
 from ditty._utils.run_dir import is_ditty_run
 from ditty.config.errors import RecipeError
 from ditty.models.inputs import is_transformers_model
+
+if TYPE_CHECKING:
+    from ditty.train.state import TrainRun
 
 log = logging.getLogger("ditty.train")
 
@@ -177,7 +180,7 @@ def save_final(
     return final
 
 
-def write_final(trainer: Any) -> str:
+def write_final(run: "TrainRun") -> str:
     """`final/` of a training run: the engine gathers the full weights (collective: every rank calls
     this), rank 0 writes them, and no rank goes on before the directory is complete. A failed write
     (a full disk) is a CheckpointSaveError that says which checkpoints are kept."""
@@ -186,17 +189,17 @@ def write_final(trainer: Any) -> str:
     from ditty._utils.atomic import partial_path
     from ditty.checkpoint.disk import write_errors_reported
 
-    full = trainer.engine.full_state_dict(trainer.model)
-    run_dir = trainer.config.run.output_dir
-    if trainer.runtime.is_main:
-        merged = writes_merged(trainer.config)
-        kept = trainer.checkpointer.manager.describe_kept()
+    full = run.engine.full_state_dict(run.model)
+    run_dir = run.config.run.output_dir
+    if run.runtime.is_main:
+        kept = run.checkpointer.describe_kept()
         final = os.path.join(run_dir, FINAL_DIR)
         from ditty.train.push import final_model_card
 
-        card = final_model_card(trainer)
+        card = final_model_card(run.config, run.run_dir, run.state)
         with write_errors_reported(run_dir, 0, what="final/", kept=kept, cleanup=partial_path(final)):
-            save_final(trainer.model, trainer.tokenizer, run_dir, merged=merged, state_dict=full, card=card)
+            merged = writes_merged(run.config)
+            save_final(run.model, run.tokenizer, run_dir, merged=merged, state_dict=full, card=card)
     del full
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # nobody reads final/ before it is complete

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
 from ditty._utils.modules import unwrap
 from ditty.config.references import import_reference
-from ditty.config.sections import ComponentSpec, PipelineConfig, TrainConfig
+from ditty.config.sections import ComponentSpec, PipelineConfig
+from ditty.contracts.tensors import ContractCheck
 from ditty.data.generic import batch_samples
 from ditty.metrics.mfu import measure_forward_flops
 from ditty.stages.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
@@ -50,13 +51,13 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
-def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> StageChain:
-    """The `[pipeline]` components; without a `[[pipeline.loss]]`, the causal-LM loss, computed from
-    the hidden states in chunks when `train.loss_chunks` > 0 (ditty.fused_loss)."""
+def build_pipeline(cfg: PipelineConfig) -> StageChain:
+    """The `[pipeline]` components; the loss is None without a `[[pipeline.loss]]` (the model task's
+    default, ditty.models.tasks, or a model spec's, applies)."""
     pre = [import_component(s, f"pipeline.preprocessors[{i}]") for i, s in enumerate(cfg.preprocessors)]
     post = [import_component(s, f"pipeline.postprocessors[{i}]") for i, s in enumerate(cfg.postprocessors)]
     if not cfg.loss:
-        loss = causal_lm_loss(train)
+        loss = None
     elif len(cfg.loss) == 1:
         loss = import_component(cfg.loss[0], "pipeline.loss[0]")
     else:
@@ -64,17 +65,6 @@ def build_pipeline(cfg: PipelineConfig, train: Optional[TrainConfig] = None) -> 
 
         loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
     return StageChain(pre, post, loss)
-
-
-def causal_lm_loss(train: Optional[TrainConfig] = None) -> Any:
-    """CausalLMLoss, or FusedLinearCrossEntropyLoss when `train.loss_chunks` > 0."""
-    if train is not None and train.loss_chunks > 0:
-        from ditty.stages.fused_loss import FusedLinearCrossEntropyLoss
-
-        return FusedLinearCrossEntropyLoss(chunks=train.loss_chunks, backend=train.loss_backend)
-    from ditty.stages.loss import CausalLMLoss
-
-    return CausalLMLoss()
 
 
 def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
@@ -186,96 +176,3 @@ def run_pipeline(
         with autocast():
             return pipeline.loss(output, ctx)
     return pipeline.loss(output, ctx)  # labels reach the loss through ctx["batch"]
-
-
-class ContractCheck:
-    """Collects contract.tensor problems of one micro-batch's stages (ditty.contracts.check_tensors).
-
-    The loss is checked like the chain checks it: its first tensor is the prediction its
-    `output_index` picks, further tensors are outputs of the producer found by name, and context
-    keys it reads may also be batch columns (as `LossCalculator.get_target` finds them). A
-    CompositeLoss is checked part by part, each with its own `output_index`.
-    """
-
-    def __init__(self) -> None:
-        self.problems: list = []
-        self.outputs: tuple = ()  # the output specs of the last stage that declared its outputs
-
-    def stage(self, name: str, stage: Any, given: Any, produced: Any, ctx: dict) -> None:
-        from ditty.contracts import as_contract, bind_tensors, check_tensors
-
-        contract = as_contract(getattr(stage, "contract", None))
-        self.outputs = contract.outputs if contract is not None else ()
-        if contract is None:
-            return
-        self.problems += check_tensors(
-            contract, bind_tensors(contract, given, ctx, side="inputs"), side="inputs", stage=name
-        )
-        self.problems += check_tensors(
-            contract, bind_tensors(contract, produced, ctx, side="outputs"), side="outputs", stage=name
-        )
-
-    def loss(self, loss: Any, output: Any, ctx: dict, name: str = "") -> None:
-        from ditty.contracts import as_contract
-
-        name = name or f"pipeline.loss ({type(loss).__name__})"
-        contract = as_contract(getattr(loss, "contract", None))
-        parts = getattr(loss, "parts", None)
-        if parts:
-            if contract is not None:
-                self._check_loss(name, contract, None, output, ctx)
-            for index, (part, _) in enumerate(parts):
-                self.loss(part, output, ctx, f"{name} part {index} ({type(part).__name__})")
-            return
-        if contract is not None:
-            self._check_loss(name, contract, loss, output, ctx)
-
-    def _check_loss(self, name: str, contract: Any, loss: Any, output: Any, ctx: dict) -> None:
-        from ditty.config.errors import Problem
-        from ditty.contracts import Contract, check_tensors
-        from ditty.contracts.tensors import bind_tensors
-
-        bound: dict[str, Any] = {}
-        inputs = contract.inputs
-        if inputs and loss is not None and hasattr(loss, "get_prediction"):
-            try:
-                bound[inputs[0].name] = loss.get_prediction(output)
-            except (IndexError, KeyError, TypeError) as exc:
-                self.problems.append(
-                    Problem(name, f"output_index {loss.output_index!r}: {exc}", rule="contract.output-index")
-                )
-            others = inputs[1:]
-        else:
-            others = inputs
-        by_position = bind_tensors(Contract(outputs=self.outputs), output, side="outputs") if self.outputs else {}
-        for spec in others:
-            if isinstance(output, Mapping) and spec.name in output:
-                bound[spec.name] = output[spec.name]
-            elif spec.name in by_position:
-                bound[spec.name] = by_position[spec.name]
-        for spec in contract.ctx_inputs:
-            found, value = _find_in_context(ctx, spec.name)
-            if found:
-                bound[f"ctx.{spec.name}"] = value
-        checked = Contract(inputs=tuple(s for s in inputs if s.name in bound), ctx_inputs=contract.ctx_inputs)
-        self.problems += check_tensors(checked, bound, side="inputs", stage=name)
-
-    def raise_errors(self) -> None:
-        from ditty.contracts import ContractViolation
-
-        errors = [p for p in self.problems if p.severity == "error"]
-        if errors:
-            raise ContractViolation(errors)
-
-
-def _find_in_context(ctx: Mapping, key: str) -> tuple[bool, Any]:
-    """A dotted context key, or (for a loss) a column of the batch, as `LossCalculator` looks it up."""
-    for source in (ctx, ctx.get("batch"), ctx.get("original_batch")):
-        value: Any = source
-        for part in key.split("."):
-            if not isinstance(value, Mapping) or part not in value:
-                break
-            value = value[part]
-        else:
-            return True, value
-    return False, None

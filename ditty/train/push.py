@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ditty._utils.dist import is_main_process
 from ditty.config.errors import RecipeError
+
+if TYPE_CHECKING:
+    from ditty.train.state import TrainRun, TrainState
 
 
 def _last_eval(run_dir: str) -> dict[str, Any]:
@@ -37,6 +40,29 @@ def _last_eval(run_dir: str) -> dict[str, Any]:
     if losses:
         out = {"loss": losses[-1], **out}
     return out
+
+
+def card_fields(config: Any, recipe_text: str, metrics: dict, *, task: str) -> dict[str, Any]:
+    """The model card's arguments (ditty.checkpoint.hub.model_card_text) for a run of `config` (or None)."""
+    from ditty.models.tasks import model_task
+
+    found = model_task(task)
+    return dict(
+        base_model=config.model.path if config is not None else None,
+        recipe_text=recipe_text,
+        metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        title=config.run.name if config is not None else None,
+        task=found.name,
+        pipeline_tag=found.pipeline_tag,
+        auto_class=found.auto_class,
+        pipeline=found.pipeline,
+        peft_auto_class=found.peft_auto_class,
+    )
+
+
+def _recipe_text(run_dir: str) -> str:
+    path = os.path.join(run_dir, "recipe.toml")
+    return open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
 
 
 def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
@@ -61,19 +87,11 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
             f"no Hub repository for {run_dir}", key="hub.repo_id", fix=f"ditty push {run_dir} --repo-id you/model-name"
         )
     recipe_text = open(loaded.source, encoding="utf-8").read() if loaded is not None else ""
-    adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
     card = {}
     if not has_ditty_card(final):  # final/'s own card is in its manifest and travels as it is
-        text = model_card_text(
-            final,
-            base_model=config.model.path if config is not None else None,
-            recipe_text=recipe_text,
-            metrics=_last_eval(run_dir),
-            adapter=adapter,
-            title=config.run.name if config is not None else None,
-            **card_task_fields(final_model_task(run_dir).name),
-        )
-        card = {"README.md": text.encode("utf-8")}  # in the commit only: a push never changes the run
+        fields = card_fields(config, recipe_text, _last_eval(run_dir), task=final_model_task(run_dir).name)
+        adapter = os.path.isfile(os.path.join(final, "adapter_config.json"))
+        card = {"README.md": model_card_text(final, adapter=adapter, **fields).encode("utf-8")}  # the commit only
     return push_folder(
         final,
         repo_id=repo_id,
@@ -84,38 +102,28 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     )
 
 
-def push_to_hub(trainer: Any, folder: str, *, message: str) -> Optional[str]:
+def push_to_hub(run: "TrainRun", folder: str, *, message: str) -> Optional[str]:
     """Push `folder` to `hub.repo_id` with a model card (rank 0). A failure is reported, not raised:
     training succeeded and every local file is kept; the message says how to retry."""
     from ditty.checkpoint.hub import model_card_text, push_folder
 
-    cfg = trainer.config
+    cfg = run.config
     if not is_main_process() or not cfg.hub.repo_id:
         return None
     try:
-        recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
-        recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
-        metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
         card = {}
         if not has_ditty_card(folder):  # final/'s own card is in its manifest and travels as it is
-            text = model_card_text(
-                folder,
-                base_model=cfg.model.path,
-                recipe_text=recipe_text,
-                metrics=metrics,
-                adapter=cfg.peft.kind != "none",
-                title=cfg.run.name,
-                **card_task_fields(cfg.model.task),
-            )
+            fields = card_fields(cfg, _recipe_text(run.run_dir), run.state.eval_metrics, task=cfg.model.task)
+            text = model_card_text(folder, adapter=cfg.peft.kind != "none", **fields)
             card = {"README.md": text.encode("utf-8")}  # in the commit only: the folder stays as written
         return push_folder(
             folder,
             repo_id=cfg.hub.repo_id,
             private=cfg.hub.private,
             commit_message=message,
-            run_dir=trainer.run_dir,
+            run_dir=run.run_dir,
             extra_files=card,
-            token=trainer.components.hub_token,  # Pipeline(hf_hub_token=)
+            token=run.hub_token,  # Pipeline(hf_hub_token=)
         )
     except RecipeError as e:
         print(f"warning: {e.format()}", flush=True)
@@ -132,16 +140,12 @@ def has_ditty_card(folder: str) -> bool:
         return "\n- ditty\n" in handle.read(4096)
 
 
-def final_model_card(trainer: Any):
+def final_model_card(cfg: Any, run_dir: str, state: "TrainState"):
     """A writer of final/README.md, ditty's model card (task, base, method, data, metrics, how to load
     it, the recipe), called with the folder being written; peft's template would say only
     "[More Information Needed]"."""
     from ditty.checkpoint.hub import write_model_card
 
-    cfg = trainer.config
-    recipe_path = os.path.join(trainer.run_dir, "recipe.toml")
-    recipe_text = open(recipe_path, encoding="utf-8").read() if os.path.isfile(recipe_path) else ""
-    metrics = {k: v for k, v in trainer.state.eval_metrics.items() if isinstance(v, (int, float))}
     if cfg.model.resolved_init == "random":
         method = "trained from scratch (random init)"
     elif cfg.peft.kind == "none":
@@ -158,53 +162,27 @@ def final_model_card(trainer: Any):
         "task": f"`{cfg.model.task}`",
         "method": method,
         "data": f"{where} ({data.format}, sequences up to {data.max_seq_len} tokens)",
-        "steps": str(trainer.state.step),
+        "steps": str(state.step),
     }
-
-    def write(folder: str) -> None:
-        write_model_card(
-            folder,
-            base_model=cfg.model.path,
-            recipe_text=recipe_text,
-            metrics=metrics,
-            adapter=cfg.peft.kind != "none",
-            title=cfg.run.name,
-            facts=facts,
-            **card_task_fields(cfg.model.task),
-        )
-
-    return write
+    fields = card_fields(cfg, _recipe_text(run_dir), state.eval_metrics, task=cfg.model.task)
+    return lambda folder: write_model_card(folder, adapter=cfg.peft.kind != "none", facts=facts, **fields)
 
 
-def card_task_fields(task_name: str) -> dict[str, str]:
-    """What the model card says about the task (ditty.models.tasks): its pipeline tag and Auto class."""
-    from ditty.models.tasks import model_task
-
-    task = model_task(task_name)
-    return {
-        "task": task.name,
-        "pipeline_tag": task.pipeline_tag,
-        "auto_class": task.auto_class,
-        "pipeline": task.pipeline,
-        "peft_auto_class": task.peft_auto_class,
-    }
-
-
-def push_checkpoint_snapshot(trainer: Any) -> None:
+def push_checkpoint_snapshot(run: "TrainRun") -> None:
     """`hub.push = "checkpoints"`: the current model in Hugging Face format, pushed, then removed.
     Collective under FSDP (the full state dict is gathered shard by shard, kept on rank 0)."""
     from ditty.train.final import save_final
 
-    if not trainer.config.hub.repo_id:
+    if not run.config.hub.repo_id:
         return
-    full = trainer.engine.full_state_dict(trainer.model)
+    full = run.engine.full_state_dict(run.model)
     if not is_main_process():
         return
-    staging = os.path.join(trainer.run_dir, ".hub-staging")
+    staging = os.path.join(run.run_dir, ".hub-staging")
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
-        folder = save_final(trainer.model, trainer.tokenizer, staging, state_dict=full)
-        push_to_hub(trainer, folder, message=f"ditty: step {trainer.state.step}")
+        folder = save_final(run.model, run.tokenizer, staging, state_dict=full)
+        push_to_hub(run, folder, message=f"ditty: step {run.state.step}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -2,10 +2,7 @@
 
 The Trainer calls `apply_speedups` once, after the converters (LoRA, float8) and before
 parallelization (`build_parallel`) and the optimizer, in torchtitan's order: FSDP2 then wraps the
-checkpointed/compiled blocks. Tested: one process (tests/train/test_speed.py), DDP on 2 gloo ranks
-with selective AC and with compile + full AC, FSDP2 with full AC (tests/train/test_distributed.py),
-DeepSpeed ZeRO-3 with full AC (tests/train/test_deepspeed_run.py).
-Both rewrites work per transformer block (the modules
+checkpointed/compiled blocks. Both rewrites work per transformer block (the modules
 `ditty.parallel.wrap.find_blocks` returns: `parallel.block_classes`, else the model's
 `_no_split_modules`, else, for a custom model that declares neither, its children), keep every
 Parameter object, and leave the state-dict keys unchanged, so the optimizer, checkpoints and the

@@ -102,3 +102,50 @@ class TrainResult:
     eval_metrics: dict[str, Any] = field(default_factory=dict)
     stopped_by: Optional[int] = None
     """The signal (SIGTERM, SIGINT) that preempted the run after a checkpoint, if any."""
+
+
+@dataclass
+class TrainRun:
+    """What `Trainer.__init__` builds, one field per build step, typed in one place. Checkpointing,
+    final/, the Hub push and evaluation take this object or the fields they need, never the trainer.
+    The trainer's attributes of these names are the fields (`RunField`), so a subclass's
+    `self.model` or `build_*` override reads and writes the same object."""
+
+    config: Any
+    runtime: Any = None
+    resume: Any = None
+    """The resume decision (ditty.train.resume.ResumePlan)."""
+    engine: Any = None
+    tokenizer: Any = None
+    data: Any = None
+    """The data mode (ditty.train.data_modes)."""
+    model: Any = None
+    """The model as the engine wrapped it."""
+    converters: list = field(default_factory=list)
+    stream: Any = None
+    total_steps: int = 0
+    optimizer: Any = None
+    scheduler: Any = None
+    precision: Any = None
+    pipeline: Any = None
+    """The step's stages (ditty.train.pipeline.StageChain)."""
+    state: TrainState = field(default_factory=TrainState)
+    meter: IntervalMeter = field(default_factory=IntervalMeter)
+    checkpointer: Any = None
+    run_dir: str = ""
+    trainer_ref: Optional[str] = None
+    """"pkg.mod:Class" of a Trainer subclass (recorded in recipe.toml and checkpoints), None for ditty's."""
+    hub_token: Optional[str] = None
+
+
+class RunField:
+    """A Trainer attribute that is the field of the same name of its `TrainRun` (`trainer.run`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: Any = None) -> Any:
+        return self if trainer is None else getattr(trainer.run, self.name)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        setattr(trainer.run, self.name, value)

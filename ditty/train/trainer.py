@@ -15,6 +15,7 @@ sections by extending the nested `Config`:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any, Optional
@@ -33,7 +34,6 @@ from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.optim.schedule_free import evaluation_weights, train_mode
 from ditty.parallel.threads import slow_cpu_hint
-from ditty.train import checkpointing
 from ditty.train.builders import Builders
 from ditty.train.cadence import Cadence, Due
 from ditty.train.components import RuntimeComponents
@@ -42,7 +42,8 @@ from ditty.train.ending import RunEnding
 from ditty.train.env import MemoryReport
 from ditty.train.final import check_output_dir
 from ditty.train.pipeline import MODEL_OUTPUT, run_pipeline
-from ditty.train.state import IntervalMeter, NonFiniteLossError, TrainResult, TrainState
+from ditty.train.resume import plan_resume
+from ditty.train.state import IntervalMeter, NonFiniteLossError, RunField, TrainResult, TrainRun, TrainState
 from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
 
 log = logging.getLogger("ditty.train")
@@ -52,11 +53,13 @@ class Trainer(Builders, RunEnding):
     Config = TrainerConfig
 
     def __init__(self, config: TrainerConfig, components: Optional[RuntimeComponents] = None, *, plan=None):
-        self.config = config
         self.components = components or RuntimeComponents()  # Python objects that replace config sections
+        # What the steps below build, in one typed object (ditty.train.state.TrainRun): self.config,
+        # self.model, self.optimizer, ... are its fields. Checkpointing, final/ and the push take it.
+        self.run = TrainRun(config, trainer_ref=self.trainer_ref(), hub_token=self.components.hub_token)
         self.plan = plan or self.build_plan()  # every rule, before anything is built
         self.runtime = self.build_runtime()  # device, process group, mesh: a rank that cannot join fails first
-        from ditty.train.runtime import seed_everything
+        from ditty.parallel.runtime import seed_everything
 
         seed_everything(config.run.seed)
         # One writer per run directory (ditty.checkpoint.lock), taken before anything in it is read or
@@ -64,7 +67,7 @@ class Trainer(Builders, RunEnding):
         check_output_dir(config.run.output_dir)
         self.run_lock = hold_run_dir(config.run.output_dir)
         # Cheap, so a refused or finished run fails (or stops) before any weights load or file is written.
-        self.resume = checkpointing.plan_resume(config, self.trainer_ref(), self.runtime.world_size)
+        self.resume = plan_resume(config, self.trainer_ref(), self.runtime.world_size)
         if self.resume.finished:
             return  # train() says so and touches nothing
         self.engine = self.build_engine()
@@ -87,7 +90,7 @@ class Trainer(Builders, RunEnding):
         self.state = TrainState()
         self.contracts_checked = False
         self.checkpointer = self.build_checkpointer()
-        self.checkpointer.restore(self)  # the RNG last, after everything that draws from it is built
+        self.checkpointer.restore(self.run)  # the RNG last, after everything that draws from it is built
         # Only now, with the checkpoint loaded, the run directory's files are (re)written: a resume
         # that fails leaves recipe.toml, env.json and metrics.jsonl as they were.
         self.run_dir = self.build_run_dir(self.model, self.total_steps)
@@ -218,7 +221,7 @@ class Trainer(Builders, RunEnding):
     def check_skips(self, out: StepOutput) -> None:
         """Count consecutive skipped steps; too many stop the run with a clear error."""
         # No checkpoint during a streak of skipped steps (ditty.checkpoint.finite).
-        self.checkpointer.manager.finite.observe(self.state.step, out.skipped, self.checkpointer.last_saved_step)
+        self.checkpointer.observe(self.state.step, out.skipped)
         if not out.skipped:
             self.state.consecutive_skips = 0
             return
@@ -236,7 +239,7 @@ class Trainer(Builders, RunEnding):
             raise NonFiniteLossError(
                 f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
                 f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
-                f"{self.checkpointer.manager.finite.last_good(self.run_dir)}. "
+                f"{self.checkpointer.finite.last_good(self.run_dir)}. "
                 f"Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "
                 f'"fp32". Files already in {self.config.run.output_dir} are kept; no final model was written.'
             )
@@ -319,3 +322,9 @@ class Trainer(Builders, RunEnding):
             tokenizer=self.tokenizer,
             device=self.runtime.device,
         )
+
+
+# The trainer's attributes of the built parts are the fields of its TrainRun (self.run).
+for _field in dataclasses.fields(TrainRun):
+    if _field.name not in ("trainer_ref", "hub_token"):  # trainer_ref() is a method of the Builders
+        setattr(Trainer, _field.name, RunField(_field.name))

@@ -106,7 +106,7 @@ def test_a_reader_resumes_exactly_inside_windows_and_across_passes(corpus, suffi
 
 def _stream(data: DataConfig, **geometry):
     bundle = build_data(data, TOKENIZER, seed=11)
-    settings = dict(global_batch_size=4, micro_batch_size=2, rank=0, world_size=1, pad_token_id=0)
+    settings = dict(global_batch_size=4, micro_batch_size=2, rank=0, world_size=1)
     return build_stream(bundle, data, **{**settings, **geometry})
 
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from ditty.cli import main
-from ditty.config.references import import_reference
 from ditty.config.sections import DataConfig, ModelConfig
 from ditty.metrics.classification import ClassificationCounts
+from ditty.metrics.task_metrics import TaskMetric
 from ditty.models.task_support import auto_mapping, supported_tasks, task_of_saved_model, task_problem
 from ditty.models.tasks import TASKS, model_task, transformers_class
+from ditty.stages.loss import LossCalculator
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -26,7 +27,8 @@ def test_every_table_entry_names_things_that_exist(name):
     assert task.peft_auto_class is None or getattr(peft, task.peft_auto_class)  # the adapter's loader
     assert auto_mapping(task.auto_mapping)  # read without importing transformers' modeling_auto
     assert task.peft_task_type is None or task.peft_task_type in peft.TaskType.__members__
-    assert import_reference(task.loss, key="t")
+    assert isinstance(task.loss(None), LossCalculator)  # the default loss, built from [train]
+    assert task.metrics and all(isinstance(make(), TaskMetric) for make in task.metrics)
     formats = typing.get_args(typing.get_type_hints(DataConfig)["format"])
     assert set(task.data_formats) <= set(formats)
     assert name in typing.get_args(typing.get_type_hints(ModelConfig)["task"])

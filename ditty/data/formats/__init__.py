@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from ditty.config.errors import RecipeError
 from ditty.data.formats.base import DataFormat
 from ditty.data.formats.classification import ClassificationFormat
+from ditty.data.formats.images import BUILTINS as IMAGE_BUILTINS
+from ditty.data.formats.images import ImagesFormat
 from ditty.data.formats.lm import ChatFormat, PromptCompletionFormat, TextFormat
 from ditty.data.formats.masked_lm import MaskedLMFormat
 from ditty.data.formats.preference import PreferenceFormat, UnpairedPreferenceFormat
@@ -42,6 +44,7 @@ FORMATS: dict[str, DataFormat] = {
         PreferenceFormat(),
         UnpairedPreferenceFormat(),
         PromptFormat(),
+        ImagesFormat(),
     )
 }
 
@@ -53,6 +56,13 @@ def data_format(name: str) -> DataFormat:
         raise RecipeError.single(
             f"unknown data format {name!r}", key="data.format", fix=f"use one of {', '.join(FORMATS)}"
         ) from None
+
+
+def format_of(data: "DataConfig") -> DataFormat:
+    """The format `data`'s rows are read in: `data.format`, or the one a built-in image dataset implies."""
+    if data.source == "builtin" and data.name in IMAGE_BUILTINS and not data.sources:
+        return FORMATS[ImagesFormat.name]
+    return data_format(data.format)
 
 
 def tokenize(
@@ -67,7 +77,9 @@ def tokenize(
     """The samples of checked rows in `data.format` (the raw columns are dropped); a RecipeError for
     no rows, a missing column, a tokenizer the format cannot use, or no sample left after truncation.
     `source_key`: the recipe key that named the data, for messages."""
-    fmt = data_format(data.format)
+    fmt = format_of(data)
+    if not fmt.tokenized:
+        return dataset
     require_columns(dataset, fmt.columns_found(data, dataset.column_names), description, source_key)
     fmt.check_tokenizer(tokenizer, data)
     tokenized = dataset.map(
@@ -87,8 +99,3 @@ def tokenize(
     if dropped:
         log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
     return tokenized
-
-
-def tokenize_dataset(dataset: "Dataset", tokenizer: Any, data: "DataConfig", *, source_key: str) -> "Dataset":
-    """`tokenize` for formats without labels."""
-    return tokenize(dataset, tokenizer, data, source_key=source_key)

@@ -43,6 +43,10 @@ class DataFormat:
     """Several samples may share a row (causal attention, labels already shifted per sample)."""
     labels: ClassVar[bool] = False
     """The training rows define a label set (the model's num_labels / id2label)."""
+    tokenized: ClassVar[bool] = True
+    """Rows become token samples (the model takes input_ids); else the rows are the samples (images)."""
+    builtin_only: ClassVar[bool] = False
+    """Read only from a built-in dataset, whose `data.name` implies the format (not a `data.format` value)."""
 
     def columns(self, data: "DataConfig") -> dict[str, str]:
         """{recipe key: column} this format reads (required)."""
@@ -56,6 +60,12 @@ class DataFormat:
     def row_check(self, data: "DataConfig") -> RowCheck:
         """What the row loader checks in each row (required)."""
         raise NotImplementedError
+
+    def read_builtin(self, data: "DataConfig", seed: int) -> Any:
+        """The rows of the built-in dataset `data.name` in this format (ditty.data.build.SourceRows)."""
+        from ditty.data.build import builtin_rows
+
+        return builtin_rows(data)
 
     def check_tokenizer(self, tokenizer: "PreTrainedTokenizerBase", data: "DataConfig") -> None:
         """A RecipeError when the tokenizer lacks what the format needs (a chat template, a mask token)."""
@@ -93,6 +103,11 @@ class Collator:
 
     def pack(self, rows: Sequence[Sequence[dict]]) -> dict[str, Any]:
         raise TypeError(f"{type(self).__name__} does not pack samples")
+
+    def blank(self, batch: Any) -> Any:
+        """`batch` with nothing in it taking loss (the filler batch of a rank short of validation samples)."""
+        batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+        return batch
 
     def for_validation(self) -> "Collator":
         """The collator of validation batches (the same, unless it draws something per sample)."""

@@ -29,8 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-# The model types the chunked loss is verified for: the models package's one table (packing uses it too).
-from ditty.models.verified import VERIFIED_MODEL_TYPES
 from ditty.stages.fused_loss.head import (
     Projection,
     emit_head_input,
@@ -48,6 +46,9 @@ from ditty.stages.fused_loss.kernels import (
     resolve_backend,
 )
 from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
+
+# The model types the chunked loss is verified for: one table in ditty.stages.verified (packing uses it too).
+from ditty.stages.verified import VERIFIED_MODEL_TYPES
 
 if TYPE_CHECKING:
     from torch import Tensor

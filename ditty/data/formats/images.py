@@ -1,13 +1,15 @@
-"""Built-in image data: scikit-learn's bundled 8x8 handwritten digits (1797 images, no download).
+"""The `images` format: scikit-learn's bundled 8x8 handwritten digits (1797 images, no download).
 
-`data.source = "builtin"`, `data.name = "digits"`. Samples are float32 images [1, 8, 8] scaled
-from 0..16 to [-1, 1] (the range DDPM sampling clips to). The validation split is a seeded
-`data.val_fraction` of the images. `DigitsTask` is the evaluation hook: it draws samples with the
-pipeline's sampler (a stage with a `sample(model, count, generator=, device=)` method, e.g.
-`ditty.diffusion.NoisePreProcessor`), writes them as `samples.png` into the run directory, and
-scores them against the real digits: mean nearest-neighbour distance (lower is more digit-like;
-the real held-out digits score about 2.5, pure noise about 8) and how many of the ten classes a
-classifier fitted on the real digits finds among them (each class counts from 2% of samples).
+`data.source = "builtin"`, `data.name = "digits"` reads them (the name implies this format: see
+`ditty.data.formats.format_of`). Samples are float32 images [1, 8, 8] scaled from 0..16 to [-1, 1]
+(the range DDPM sampling clips to); a micro-batch is their stack, and every sample takes loss. The
+validation split is a seeded `data.val_fraction` of the images. `DigitsTask` is the evaluation hook:
+it draws samples with the pipeline's sampler (a stage with a `sample(model, count, generator=,
+device=)` method, e.g. `ditty.diffusion.NoisePreProcessor`), writes them as `samples.png` into the
+run directory, and scores them against the real digits: mean nearest-neighbour distance (lower is
+more digit-like; the real held-out digits score about 2.5, pure noise about 8) and how many of the
+ten classes a classifier fitted on the real digits finds among them (each class counts from 2% of
+samples).
 
 scikit-learn is the optional extra `diffusion` (`pip install ditty[diffusion]`).
 """
@@ -16,17 +18,59 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.generic import GenericData
+from ditty.data.formats.base import Collator, DataFormat
+from ditty.data.rows import RowCheck
+
+if TYPE_CHECKING:
+    from ditty.config.sections import DataConfig
 
 SAMPLES_FILE = "samples.png"
 CLASS_SHARE = 0.02
 """A class counts as covered when at least this share of the samples is classified as it."""
+BUILTINS = ("digits",)
+"""The built-in datasets of images (`data.name`)."""
+
+
+class ImagesFormat(DataFormat):
+    """Image tensors of a built-in dataset: nothing to tokenize, stacked into a micro-batch."""
+
+    name = "images"
+    builtin_only = True
+    tokenized = False
+
+    def columns(self, data: "DataConfig") -> dict[str, str]:
+        return {"data.name": "image"}
+
+    def row_check(self, data: "DataConfig") -> RowCheck:
+        return RowCheck({"image": "any"})
+
+    def read_builtin(self, data: "DataConfig", seed: int) -> Any:
+        return build_digits(data.val_fraction, seed)
+
+    def collator(self, tokenizer: Any, data: "DataConfig", **facts: Any) -> Collator:
+        return ImageCollator()
+
+
+class ImageCollator(Collator):
+    """Images -> one [B, ...] tensor; every sample takes loss and counts as one input."""
+
+    def __call__(self, samples: Sequence[Any], positions: Optional[Sequence[int]] = None) -> torch.Tensor:
+        return torch.stack(list(samples))
+
+    def supervised_count(self, batch: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(len(batch))
+
+    def input_count(self, batch: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(len(batch))
+
+    def blank(self, batch: torch.Tensor) -> torch.Tensor:
+        return batch[:0]
 
 
 def load_digit_images() -> tuple[torch.Tensor, np.ndarray]:
@@ -44,15 +88,18 @@ def load_digit_images() -> tuple[torch.Tensor, np.ndarray]:
     return images, digits.target
 
 
-def build_digits(val_fraction: float, seed: int) -> GenericData:
+def build_digits(val_fraction: float, seed: int) -> Any:
+    """The digits as a source's rows (ditty.data.build.SourceRows): training and held-out images,
+    and the sampling hook scored against the training images."""
+    from ditty.data.build import SourceRows
+
     images, labels = load_digit_images()
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
     held = int(round(len(images) * val_fraction))
     train_idx, val_idx = order[held:], order[:held]
-    train = ImageDataset(images[train_idx])
     val = ImageDataset(images[val_idx]) if held else None
-    task = DigitsTask(reference=images[train_idx], labels=labels[train_idx.numpy()])
-    return GenericData(train=train, val=val, task=task, seed=seed)
+    hook = DigitsTask(reference=images[train_idx], labels=labels[train_idx.numpy()])
+    return SourceRows(ImageDataset(images[train_idx]), val, 0, hook=hook)
 
 
 class ImageDataset(torch.utils.data.Dataset):

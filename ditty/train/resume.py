@@ -1,0 +1,279 @@
+"""The resume decision, made before anything is written or loaded, and what a resume rewrites.
+
+The policy (also in README, "Checkpoints and resume"):
+
+- `checkpoint.resume = "auto"`: the newest complete `checkpoints/step-N` of `run.output_dir` is
+  resumed when the recipe matches the one it was saved with (keys in `IGNORED` never count; world
+  size is not a recipe key; `train.steps` may grow). A different recipe is a RecipeError listing
+  the keys, unless `checkpoint.force_resume`. A run whose `final/` exists and whose step count
+  reached `train.steps` is finished: nothing is touched.
+- `"never"`: a directory that already holds a run is refused before anything is written.
+- a path: that checkpoint (or the newest complete one of that run directory) is resumed, with
+  the same recipe check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ditty._utils.dist import is_main_process
+from ditty.checkpoint import lineage
+from ditty.config.errors import RecipeError
+
+log = logging.getLogger("ditty.train")
+
+# Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
+# resume: where things go and how often they are logged, evaluated, saved or pushed.
+IGNORED = (
+    "run.output_dir",
+    "run.name",
+    "run.num_threads",
+    "logging.",
+    "hub.",
+    "train.eval_every",
+    "train.eval_samples",
+    "train.log_every",
+    "checkpoint.every",
+    "checkpoint.every_minutes",
+    "checkpoint.keep_last",
+    "checkpoint.async_save",
+    "checkpoint.resume",
+    "checkpoint.force_resume",
+    "checkpoint.fallback",
+    "checkpoint.overwrite_finished",
+    # Held-out sets and benchmarks do not change training; workers only prepare the
+    # same batches (a stream read by another number of workers is refused by the stream itself).
+    "data.eval.",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "eval.",
+)
+SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
+SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
+
+
+# ---------------------------------------------------------------------------- recipe comparison
+
+
+def _default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_default))
+
+
+def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, Any]:
+    """{dotted key: JSON value} for every field of the config tree (the form stored in the sidecar)."""
+    out: dict[str, Any] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = obj.__dict__[f.name]
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                out[prefix + f.name] = _jsonable(value)
+
+    walk(config, "")
+    out["trainer"] = trainer_ref
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
+
+
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
+    """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
+    from ditty.checkpoint.resume_diff import effect_of_change
+
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old == new or _ignored(key):
+            continue
+        if (
+            key == "train.steps"
+            and isinstance(new, int)
+            and (old is None or isinstance(old, int))
+            and new >= step
+            and (old is None or new >= old)
+        ):
+            continue  # more steps: allowed, the schedule is rebuilt for the new total
+        if key == "parallel.kind" and "deepspeed" not in (old, new):
+            continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
+        # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
+        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
+    return lines
+
+
+# ---------------------------------------------------------------------------- the resume decision
+
+
+@dataclass
+class ResumePlan:
+    checkpoint: Optional[Path] = None
+    """The complete checkpoint to load, or None for a fresh start."""
+    finished: bool = False
+    """`auto` found a finished run: train() reports it and touches nothing."""
+    step: int = 0
+    run_id: str = ""
+    """The run's id (ditty.checkpoint.lineage), recorded in env.json and every checkpoint."""
+
+
+def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) -> ResumePlan:
+    """Decide, before anything is written or loaded, whether this run resumes (see the module doc)."""
+    from ditty._utils.run_dir import is_ditty_run
+    from ditty.checkpoint import find_checkpoint, find_intact, read_sidecar
+    from ditty.train.final import FINAL_DIR, check_output_dir
+
+    out = config.run.output_dir
+    check_output_dir(out)
+    ckpt_cfg = config.checkpoint
+    holds_run = os.path.isdir(out) and (is_ditty_run(out) or os.path.isdir(os.path.join(out, "checkpoints")))
+    if ckpt_cfg.resume == "never":
+        if holds_run:
+            raise RecipeError.single(
+                f'{out!r} already holds a run and checkpoint.resume = "never"; nothing was touched',
+                key="checkpoint.resume",
+                fix='choose a new run.output_dir, remove the old run, or set checkpoint.resume = "auto" to continue it',
+            )
+        return ResumePlan(run_id=lineage.new_run_id())
+    if ckpt_cfg.resume == "auto":
+        root = Path(out) / "checkpoints"
+        # reliability: the newest checkpoint that passes verification; damaged newer ones are reported
+        # and skipped, or stop the run when checkpoint.fallback = false (ditty.checkpoint.integrity)
+        required = ("train_state", "scheduler", "rng")
+        found = find_intact(root, required_fields=required, fallback=ckpt_cfg.fallback).found if root.is_dir() else None
+        if found is None:
+            refuse_finished(config, "start it again from step 0")
+            if holds_run:
+                log.warning("%s holds a run without a complete checkpoint: starting again from step 0", out)
+            return ResumePlan(run_id=lineage.run_id_for(out, None, None))
+    else:
+        found = find_checkpoint(ckpt_cfg.resume)
+
+    doc = read_sidecar(found)
+    if ckpt_cfg.resume != "auto":
+        foreign = lineage.foreign_checkpoint(out, found, doc)
+        if foreign:
+            raise RecipeError.single(
+                foreign,
+                key="checkpoint.resume",
+                fix=f"resume {found} into a new or empty run.output_dir, or set checkpoint.resume = "
+                f'"auto" to continue the run {out} holds',
+            )
+    step = int(doc["step"])
+    saved = doc.get(SIDECAR_RECIPE)
+    if isinstance(saved, dict):
+        diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
+        if diffs and not ckpt_cfg.force_resume:
+            raise RecipeError.single(
+                f"the recipe differs from the one checkpoint {found} was saved with, in keys that change "
+                f"training:\n    " + "\n    ".join(diffs),
+                key="checkpoint.resume",
+                fix=f"run the saved recipe ({os.path.join(out, 'recipe.toml')}), choose a new run.output_dir "
+                f"to start afresh, or add --checkpoint.force_resume true to continue with the new values",
+            )
+        if diffs:
+            log.warning("resuming despite recipe differences (checkpoint.force_resume): %s", "; ".join(diffs))
+    from ditty.train.engines import engine_class
+
+    # Before anything is built or written: a checkpoint resumes only with an engine that can read it.
+    engine_class(config.parallel.kind, world_size).check_resumable(found, doc.get("world_size"), world_size)
+    steps = config.train.steps
+    if steps is not None and step > steps:
+        raise RecipeError.single(
+            f"checkpoint {found} is at step {step}, past train.steps = {steps}",
+            key="train.steps",
+            fix=f"use train.steps >= {step}, or a new run.output_dir",
+        )
+    target = steps if steps is not None else doc.get("total_steps")
+    final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
+    if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
+        return ResumePlan(found, finished=True, step=step)
+    _check_data_unchanged(doc, config, found)
+    refuse_finished(config, f"resume {found} (step {step}) into it and train to step {target}")
+    return ResumePlan(found, step=step, run_id=lineage.run_id_for(out, found, doc))
+
+
+def refuse_finished(config: Any, would: str) -> None:
+    """A run directory holding final/ is finished: a run that would write into it (`would` says how)
+    stops here, before anything is written, naming what it would replace, unless
+    `checkpoint.overwrite_finished`."""
+    from ditty.metrics.logger import read_metrics
+    from ditty.train.final import FINAL_DIR
+
+    out = config.run.output_dir
+    final = os.path.join(out, FINAL_DIR)
+    if config.checkpoint.overwrite_finished or not os.path.isdir(final):
+        return
+    metrics = os.path.join(out, "metrics.jsonl")
+    steps = (
+        [r["step"] for r in read_metrics(metrics) if isinstance(r.get("step"), int)] if os.path.isfile(metrics) else []
+    )
+    model = f"final/ (the model it finished with, after step {max(steps)})" if steps else "final/ (its model)"
+    replaced = [model] + [name for name in ("recipe.toml", "metrics.jsonl") if os.path.isfile(os.path.join(out, name))]
+    raise RecipeError.single(
+        f"{out} holds a finished run; this run would {would}, replacing its {', '.join(replaced)}. Nothing was touched",
+        key="run.output_dir",
+        fix="choose a new run.output_dir (or copy final/ elsewhere first), or add --checkpoint.overwrite_finished true "
+        "to replace them",
+    )
+
+
+def _check_data_unchanged(doc: dict, config: Any, found: Path) -> None:
+    """A resume trains on the rows the checkpoint's data cursor counts through: refuse when a data
+    file's content fingerprint (ditty.data.fingerprint) differs from the one the checkpoint
+    recorded, unless checkpoint.force_resume."""
+    from ditty.data.fingerprint import changed_files, data_fingerprints
+
+    saved = doc.get(SIDECAR_DATA_FILES)
+    if not isinstance(saved, dict) or not saved:
+        return  # a checkpoint from before fingerprints, or data that is not local files
+    changed = changed_files(saved, data_fingerprints(config.data))
+    if not changed:
+        return
+    if not config.checkpoint.force_resume:
+        raise RecipeError.single(
+            f"the data changed since checkpoint {found} was saved: " + "; ".join(changed),
+            key="data.path",
+            fix="put back the data the run was trained on, choose a new run.output_dir to start afresh, or add "
+            "--checkpoint.force_resume true to continue on the new data from the saved position",
+        )
+    log.warning("resuming on changed data (checkpoint.force_resume): %s", "; ".join(changed))
+
+
+def doc_labels(doc: dict) -> Optional[dict]:
+    """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
+    labels = doc.get("labels")
+    return labels if isinstance(labels, dict) else None
+
+
+def truncate_metrics(run_dir: str, step: int) -> None:
+    """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
+    resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not is_main_process() or not os.path.isfile(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError, OverflowError):
+                continue  # a line cut short by the kill, or not a record (a step of Infinity)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
