@@ -110,7 +110,7 @@ def test_held_out_pairs_and_a_mixture_of_pair_files(tmp_path, tokenizer):
     )
     bundle = build_data(data, tokenizer, seed=0)
     assert dict(bundle.val_sets)["a"].num_rows == 4
-    stream = build_stream(bundle, data, global_batch_size=4, micro_batch_size=2, rank=0, world_size=1, pad_token_id=0)
+    stream = build_stream(bundle, data, global_batch_size=4, micro_batch_size=2, rank=0, world_size=1)
     micro = stream.next_step()
     assert len(micro) == 2 and micro[0]["input_ids"].shape[0] == 4  # 2 pairs -> 4 rows
     assert int(bundle.collator.supervised_count(micro[0])) == 2
@@ -132,6 +132,6 @@ def test_streamed_pairs_with_workers(tmp_path, tokenizer):
     path = _jsonl(tmp_path / "s.jsonl", PAIRS)
     data = DataConfig(source="file", path=path, format="preference", streaming=True, num_workers=1, val_fraction=0)
     bundle = build_data(data, tokenizer, seed=0)
-    stream = build_stream(bundle, data, global_batch_size=2, micro_batch_size=2, rank=0, world_size=1, pad_token_id=0)
+    stream = build_stream(bundle, data, global_batch_size=2, micro_batch_size=2, rank=0, world_size=1)
     (batch,) = stream.next_step()
     assert batch["input_ids"].shape[0] == 4 and int(bundle.collator.supervised_count(batch)) == 2

@@ -44,7 +44,6 @@ def attach_rl(trainer: Any) -> None:
         micro_batch_size=prompts_per_step // runtime.world_size,
         rank=runtime.rank,
         world_size=runtime.world_size,
-        pad_token_id=trainer.tokenizer.pad_token_id,
     )
     reference = build_reference(trainer) if rl.beta > 0 else None
     trainer.stream = RolloutStream(
