@@ -339,6 +339,7 @@ def test_export_of_an_adapter_checkpoint_and_merged(tmp_path, tiny_llama_dir):
     torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # three `python -m ditty push` processes (HF_ENDPOINT is read at import): ~18 s of CPU
 def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
     from tests.checkpoint.fake_hub import FakeHub
 
@@ -384,6 +385,7 @@ def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
         server.stop()
 
 
+@pytest.mark.slow  # a `python -m ditty run` that pushes (HF_ENDPOINT is read at import): ~17 s of CPU
 def test_hub_push_from_the_trainer_at_checkpoints_and_end(tmp_path):
     from tests.checkpoint.fake_hub import FakeHub
 
