@@ -87,7 +87,13 @@ def forbid_unpickling(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` are skipped (and so counted in the summary) where CUDA is absent."""
+    """Files holding a test marked `slow` run first, each file's tests still together and in order:
+    `pytest -n 2 --dist loadgroup` hands tests out in this order, so the long ones start early and
+    the run ends on short tests instead of one worker finishing a long test while the other idles
+    (the `xdist_group("parallel")` unit is handed out first by xdist itself). Tests marked `gpu`
+    are skipped (and so counted in the summary) where CUDA is absent."""
+    files_with_slow_tests = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in files_with_slow_tests)  # stable: order kept within each part
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if not gpu_tests:
         return

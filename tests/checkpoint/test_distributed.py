@@ -109,12 +109,15 @@ def test_fsdp2_two_processes_save_load_and_reshard(tmp_path):
     torch.save(_full_state(model, opt), tmp_path / "expected.pt")
 
     run_dir, dump = tmp_path / "two", tmp_path / "at_save.pt"
+    from tests.train import forked
+
+    forked.context()  # the workers fork from the server that imported torch and ditty once
     ctx = mp.start_processes(
         _worker,
         args=(_free_port(), str(src), str(tmp_path / "expected.pt"), str(run_dir), str(dump)),
         nprocs=WORLD,
         join=False,
-        start_method="spawn",
+        start_method="forkserver",
     )
     deadline = time.monotonic() + 150
     while not ctx.join(timeout=2):

@@ -51,11 +51,26 @@ def _entry(fn, rank, world_size, port, results, args, collective_timeout=COLLECT
 
 
 def run_ranks(
-    fn, world_size: int, *args, timeout: float = 120.0, collective_timeout: float = COLLECTIVE_TIMEOUT_S
+    fn,
+    world_size: int,
+    *args,
+    timeout: float = 120.0,
+    collective_timeout: float = COLLECTIVE_TIMEOUT_S,
+    fresh_interpreters: bool = False,
 ) -> list:
     """`collective_timeout`: how long a collective waits for the other ranks (raise it when ranks
-    compile with torch.compile: one rank may compile its graphs much later than the other)."""
-    ctx = multiprocessing.get_context("spawn")
+    compile with torch.compile: one rank may compile its graphs much later than the other).
+
+    Each rank is a new process forked from a server that imported torch, transformers and ditty
+    once per test process (tests/train/forked.py), instead of a new interpreter that imports them
+    again (several seconds of CPU per rank). `fresh_interpreters=True` spawns new interpreters:
+    for tests that measure a rank's memory, which then holds only what the rank itself imported."""
+    if fresh_interpreters:
+        ctx = multiprocessing.get_context("spawn")
+    else:
+        from tests.train import forked
+
+        ctx = forked.context()
     results = ctx.Queue()
     port = free_port()
     procs = [

@@ -49,11 +49,11 @@ def _summary(name, results):
 def test_fsdp_on_two_ranks_shrinks_state_and_peak_memory(llama_100m, monkeypatch, no_allocator_settings):
     model_dir, parameters = llama_100m
     assert 100e6 < parameters < 110e6
-    one = run_ranks(workers.memory_run, 1, model_dir, "sharded", timeout=600)
+    one = run_ranks(workers.memory_run, 1, model_dir, "sharded", timeout=600, fresh_interpreters=True)
     # what `ditty run --nproc-per-node 2` gives the workers of an fsdp CPU run (torch's huge pages)
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
-    two = run_ranks(workers.memory_run, 2, model_dir, "sharded", timeout=600)
-    naive = run_ranks(workers.memory_run, 2, model_dir, "naive", timeout=600)
+    two = run_ranks(workers.memory_run, 2, model_dir, "sharded", timeout=600, fresh_interpreters=True)
+    naive = run_ranks(workers.memory_run, 2, model_dir, "naive", timeout=600, fresh_interpreters=True)
     peak1, state1 = _summary("1 process", one)
     peak2, state2 = _summary("2 ranks, meta build + sharded load", two)
     peak_naive, state_naive = _summary("2 ranks, full build then shard", naive)

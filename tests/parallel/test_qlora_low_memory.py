@@ -102,7 +102,9 @@ def test_rank_1_never_holds_the_whole_quantized_model(llama_50m, tiny_llama_dir)
     Rank 0 pays its shard and one tensor more than before (it keeps the full model until it is
     sent); every other rank drops from a full load to about one shard. Losses of one forward agree.
     """
-    results = run_ranks(qlora_workers.memory_both_ways, 2, llama_50m, tiny_llama_dir, timeout=400)
+    results = run_ranks(
+        qlora_workers.memory_both_ways, 2, llama_50m, tiny_llama_dir, timeout=400, fresh_interpreters=True
+    )
     for rank, result in enumerate(results):
         print(
             f"\nrank {rank}: "

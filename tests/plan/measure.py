@@ -177,7 +177,7 @@ def run_case(model: str, model_dir: str, out: str, method: str, world: int = 1, 
     from tests.parallel.harness import run_ranks
 
     config = recipe(model, model_dir, out, method, world, **options)
-    measured = run_ranks(measure, world, config, timeout=900, collective_timeout=300)
+    measured = run_ranks(measure, world, config, timeout=900, collective_timeout=300, fresh_interpreters=True)
     planned = planned_figures(config, world)
     name = f"{model} {method}" + (f", fsdp x {world}" if world > 1 else "")
     return [Comparison(name, rank, planned[rank], measured[rank]) for rank in range(world)]

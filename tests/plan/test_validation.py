@@ -36,7 +36,7 @@ def test_full_lora_and_qlora_match_their_plan(tmp_path, tiny_dir):
     from tests.parallel.harness import run_ranks
 
     configs = [recipe("tiny", tiny_dir, str(tmp_path / m), m) for m in ("qlora", "lora", "full")]
-    measured = run_ranks(_several, 1, configs, timeout=600)[0]
+    measured = run_ranks(_several, 1, configs, timeout=600, fresh_interpreters=True)[0]
     for index, (method, config, figures) in enumerate(zip(("qlora", "lora", "full"), configs, measured)):
         # A later run's peak includes the earlier runs' (one process): only the first one's is compared.
         _check([Comparison(f"tiny {method}", 0, planned_figures(config, 1)[0], figures)], peak=index == 0)

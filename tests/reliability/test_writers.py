@@ -13,6 +13,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from ditty.metrics.logger import JsonlSink, load_metrics
 from tests.reliability.helpers import complete_steps, ditty, ditty_process, losses, no_traceback, write_recipe
 
@@ -26,6 +28,7 @@ def _wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # a python -m ditty run, then two runs in this process: about 30 s of CPU
 def test_a_second_run_is_refused_and_a_kill_9_leaves_no_stale_lock(tmp_path, trial):
     trial.update(
         fault="two runs into one directory, then kill -9 of the first",
@@ -100,6 +103,7 @@ def test_a_torn_last_line_is_skipped_and_counted_by_every_reader(tmp_path, trial
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and torn == 0
 
 
+@pytest.mark.slow  # a python -m ditty run killed in its second save, then a full rerun
 def test_leftovers_of_a_killed_save_are_removed_on_the_next_start(tmp_path, trial):
     """A save killed inside the checkpoint writer (DITTY_TEST_KILL_IN_SAVE) leaves .tmp-step-N; a kill
     at the other points leaves a half-written `latest`, a `final.partial/` or a `.trash-*` dir."""

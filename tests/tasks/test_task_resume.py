@@ -1,12 +1,11 @@
 """Every model task resumes exactly after SIGKILL: a run killed in the middle of a step (a real
-`python -m ditty run` process, killed by a test-only preprocessor) and run again gives bitwise the
+`ditty run` process, killed by a test-only preprocessor) and run again gives bitwise the
 per-step losses of an uninterrupted run (fp32 CPU, one thread)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from ditty.config.writer import recipe_to_toml
 from ditty.train import Trainer
 from tests.tasks.helpers import Case, losses, task_config
 
-REPO = Path(__file__).resolve().parents[2]
 RESUMED = (
     Case("seq-classification", "bert"),
     Case("token-classification", "roberta", adapter=True),
@@ -26,12 +24,15 @@ RESUMED = (
 
 
 def run_killed(recipe: Path, at: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DITTY_TEST_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), DITTY_TEST_SIGNAL_AT=at)
-    return subprocess.run(
-        [sys.executable, "-m", "ditty", "run", str(recipe)], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
+    """`ditty run RECIPE` in a real process of its own, forked from a server that imported torch and
+    ditty once (tests/train/forked.py), which the test-only preprocessor kills at `at`."""
+    from tests.train import forked
+
+    with tempfile.TemporaryDirectory(prefix="ditty-forked-") as folder:
+        log = Path(folder) / "run.log"
+        code, _, _ = forked.run(["run", str(recipe)], log, env={"DITTY_TEST_SIGNAL_AT": at})
+        text = log.read_text() if log.exists() else ""
+    return subprocess.CompletedProcess(["ditty", "run", str(recipe)], code, text, text)
 
 
 @pytest.mark.slow

@@ -77,9 +77,10 @@ def _free_port() -> int:
 
 def test_two_ranks_match_one_process():
     loss_1, grads_1 = _loss_and_grads(TinyLM(), [pad_samples(_samples(), 0)], world_size=1)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(2, _free_port(), queue), nprocs=2, join=True, start_method="spawn")
+    from tests.train import forked
+
+    queue = forked.context().SimpleQueue()  # ranks fork from the server that imported torch once
+    mp.start_processes(_worker, args=(2, _free_port(), queue), nprocs=2, join=True, start_method="forkserver")
     loss_2, grads_2 = queue.get()
     assert abs(loss_2 - loss_1) < 1e-6
     for a, b in zip(grads_1, (torch.tensor(g) for g in grads_2)):

@@ -1,6 +1,12 @@
 """Checkpoints and resume through the real command line: kill a run, run it again, compare losses.
 
-Every run is a `python -m ditty run RECIPE` subprocess. A test-only preprocessor
+A run that is killed or signalled is a real process of its own, forked from a server that imported
+torch and ditty once (tests/train/forked.py); a run that starts several processes, or is killed
+inside the checkpoint writer (whose hook is installed at import), is a `python -m ditty run RECIPE`
+subprocess; the others call the same entry point (`ditty.cli.main`) in this process. That saves an
+interpreter start (about 10 s of CPU) per run and changes no arithmetic: a model this small trains
+on one torch thread in each, and a run killed in one process and resumed in another must still
+give an uninterrupted run's losses bitwise. A test-only preprocessor
 (`tests.train.resume_hooks:SignalAt`) signals its own process at a chosen step and micro-step, so
 kills are deterministic; `DITTY_TEST_KILL_IN_SAVE` kills a run inside the checkpoint writer.
 The recipe has dropout on, a cosine schedule with warmup and 2 accumulation steps, and logs every
@@ -89,6 +95,25 @@ def write_recipe(
 
 
 def ditty(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`ditty ARGS`: in this process, or in a forked process when a fault is injected (`env`), or in
+    a `python -m ditty` subprocess when the run is distributed or killed inside the writer. A forked
+    run's stdout and stderr are one log: both fields hold all of it."""
+    distributed = any(arg in ("--nproc-per-node", "--parallel.kind") for arg in args)
+    if env is None and not distributed:
+        from tests.reliability.helpers import ditty as ditty_in_process
+
+        result = ditty_in_process(*args)
+        return subprocess.CompletedProcess(["ditty", *args], result.code, result.out, result.err)
+    if env is not None and not distributed and "DITTY_TEST_KILL_IN_SAVE" not in env:
+        import tempfile
+
+        from tests.train import forked
+
+        with tempfile.TemporaryDirectory(prefix="ditty-forked-") as folder:
+            log = Path(folder) / "run.log"
+            code, _, _ = forked.run(list(args), log, env=env)
+            text = log.read_text() if log.exists() else ""
+        return subprocess.CompletedProcess(["ditty", *args], code, text, text)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DITTY_TEST_")}
     full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.run(
@@ -314,6 +339,7 @@ def test_export_of_an_adapter_checkpoint_and_merged(tmp_path, tiny_llama_dir):
     torch.testing.assert_close(merged, trained, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # three `python -m ditty push` processes (HF_ENDPOINT is read at import): ~18 s of CPU
 def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
     from tests.checkpoint.fake_hub import FakeHub
 
@@ -359,6 +385,7 @@ def test_ditty_push_end_to_end_with_a_local_hub(tmp_path, reference):
         server.stop()
 
 
+@pytest.mark.slow  # a `python -m ditty run` that pushes (HF_ENDPOINT is read at import): ~17 s of CPU
 def test_hub_push_from_the_trainer_at_checkpoints_and_end(tmp_path):
     from tests.checkpoint.fake_hub import FakeHub
 
