@@ -25,7 +25,15 @@ def preference_fits(ctx: Context) -> Iterator[Problem]:
     pref = cfg.preference
     if not preference_training(cfg):
         given = sorted(p for p in ctx.provenance if p.startswith("preference.") and ctx.is_set(p))
-        if given:
+        task = getattr(cfg.model, "task", "causal-lm")
+        if given and task != "causal-lm":
+            yield warning(
+                given[0],
+                f'[preference] has no effect: it trains a causal LM, and model.task is "{task}"'
+                + (" (trained with its own Bradley-Terry loss)" if task == "reward-model" else ""),
+                "remove [preference]",
+            )
+        elif given:
             yield warning(
                 given[0],
                 f'[preference] has no effect: data.format is "{cfg.data.format}"',
