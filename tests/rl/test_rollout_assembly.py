@@ -78,12 +78,17 @@ def sampling_logps(s) -> list[torch.Tensor]:
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         output_logits=True,
+        output_scores=True,
         return_dict_in_generate=True,
     )
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(_mix(0, 0))  # the stream's seed for the first prompt
         out = s.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
     logps = torch.stack([(logits.float() / s.rl.temperature).log_softmax(-1) for logits in out.logits], 1)
+    # what generate sampled from: the logits divided by the temperature and nothing else (no top_k,
+    # repetition penalty or other default of the model's generation_config)
+    sampled_from = torch.stack([scores.float().log_softmax(-1) for scores in out.scores], 1)
+    torch.testing.assert_close(sampled_from, logps, atol=1e-5, rtol=0)
     rows = []
     for row, completion in enumerate(s.done.completion_ids):
         assert out.sequences[row, width : width + len(completion)].tolist() == completion
