@@ -1,0 +1,131 @@
+"""How sampled completions become training rows: the rows the loss scores must carry exactly the
+log-probabilities the completions were sampled with (left-padded prompts in `generate`, right-padded
+rows in training), so the first update of an on-policy step has ratio 1."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.config.sections import ModelConfig, TokenizerConfig
+from ditty.data.tokenizer import build_tokenizer
+from ditty.train.rl import sampled_logps
+from ditty.train.rl.rollouts import RolloutStream, _mix
+from tests.rl.helpers import TINY_LLAMA
+
+GROUP = 4
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = build_tokenizer(TokenizerConfig(kind="byte"), ModelConfig(init="random", architecture="llama"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_LLAMA,
+    )
+    model = LlamaForCausalLM(config)
+    # prompts of different lengths: generate left-pads them, the training rows right-pad them
+    prompts = ["3+1=", "45+60=", "7+9=", "88+99=", "100+2="]
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    rl = types.SimpleNamespace(
+        group_size=GROUP,
+        max_new_tokens=5,
+        temperature=0.7,
+        top_p=1.0,
+        generation_batch_size=None,
+        mask_truncated=False,
+        updates_per_rollout=1,
+        beta=0.0,
+    )
+    stream = RolloutStream(
+        None,
+        rl=rl,
+        reward_functions=[],
+        tokenizer=tokenizer,
+        policy=lambda: model,
+        logps=None,
+        micro_batch_size=64,
+        seed=0,
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+    )
+    done = stream.sample(prompt_ids, 0)
+    return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, stream=stream, done=done, ids=prompt_ids)
+
+
+def sampling_logps(s) -> list[torch.Tensor]:
+    """The log-probabilities `generate` sampled each completion token with (its own processed logits)."""
+    tok = s.tokenizer
+    chunk = [ids for ids in s.ids for _ in range(GROUP)]
+    width = max(len(ids) for ids in chunk)
+    input_ids = torch.tensor([[tok.pad_token_id] * (width - len(ids)) + ids for ids in chunk])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+    config = GenerationConfig(
+        max_new_tokens=s.rl.max_new_tokens,
+        do_sample=True,
+        temperature=s.rl.temperature,
+        top_p=1.0,
+        top_k=0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        output_logits=True,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(_mix(0, 0))  # the stream's seed for the first prompt
+        out = s.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+    logps = torch.stack([(logits.float() / s.rl.temperature).log_softmax(-1) for logits in out.logits], 1)
+    # what generate sampled from: the logits divided by the temperature and nothing else (no top_k,
+    # repetition penalty or other default of the model's generation_config)
+    sampled_from = torch.stack([scores.float().log_softmax(-1) for scores in out.scores], 1)
+    torch.testing.assert_close(sampled_from, logps, atol=1e-5, rtol=0)
+    rows = []
+    for row, completion in enumerate(s.done.completion_ids):
+        assert out.sequences[row, width : width + len(completion)].tolist() == completion
+        rows.append(logps[row, torch.arange(len(completion)), torch.tensor(completion)])
+    return rows
+
+
+def test_training_rows_carry_the_sampling_log_probabilities(setup):
+    s = setup
+    batch = s.stream.micro_batches(s.done, torch.zeros(len(s.done.texts)), torch.tensor(s.done.truncated))[0]
+    s.model.train()  # the trainer's mode: must not change the forward (no dropout)
+    with torch.no_grad():
+        trained = sampled_logps(s.model, batch, s.rl)
+    s.model.eval()
+    expected = sampling_logps(s)
+    for row, want in enumerate(expected):
+        scored = batch["labels"][row] != IGNORE_INDEX
+        assert int(scored.sum()) == len(want)
+        torch.testing.assert_close(trained[row, scored], want, atol=1e-5, rtol=0)
+
+
+def test_rows_are_grouped_and_cut_at_the_end_of_sequence(setup):
+    s = setup
+    eos = s.tokenizer.eos_token_id
+    batch = s.stream.micro_batches(s.done, torch.arange(len(s.done.texts)).float(), torch.tensor(s.done.truncated))[0]
+    assert any(not t for t in s.done.truncated) and any(s.done.truncated)  # both kinds are covered
+    for row, completion in enumerate(s.done.completion_ids):
+        prompt = s.ids[row // GROUP]  # a group is `group_size` consecutive rows of one prompt
+        assert s.done.prompt_ids[row] == prompt
+        labels = batch["labels"][row]
+        scored = labels[labels != IGNORE_INDEX].tolist()
+        assert scored == completion  # the generated ids themselves, never re-encoded text
+        assert batch["input_ids"][row, : len(prompt) + len(completion)].tolist() == prompt + completion
+        assert int(batch["attention_mask"][row].sum()) == len(prompt) + len(completion)
+        if s.done.truncated[row]:
+            assert eos not in completion and len(completion) == s.rl.max_new_tokens
+        else:
+            assert completion.count(eos) == 1 and completion[-1] == eos  # EOS is scored, nothing after it
+            assert s.done.texts[row] == s.tokenizer.decode(completion[:-1], skip_special_tokens=True)
+        assert float(batch["advantages"][row]) == row
