@@ -92,6 +92,26 @@ def _close(fd: Optional[int], path: Path) -> None:
         pass
 
 
+def _forget_inherited_locks() -> None:
+    """In a forked child (a dataloader worker): close the inherited descriptors of the parent's run
+    locks. A flock belongs to the open file, which a fork shares, so a child keeping its copy would
+    hold the lock after the trainer is killed, until the child noticed and exited, and a resume
+    started at once would be refused. Closing a copy (not LOCK_UN) leaves the parent's lock held."""
+    for lock in list(_held.values()):
+        lock._finalizer.detach()  # the child never removes the file or releases the parent's lock
+        if lock.fd is not None:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+        lock.fd = None
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_locks)
+
+
 @contextlib.contextmanager
 def run_lock_scope() -> Iterator[None]:
     """Release, when the block ends however it ends, every run lock taken inside it (a trainer that

@@ -129,3 +129,33 @@ def test_leftovers_of_a_killed_save_are_removed_on_the_next_start(tmp_path, tria
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")]
     assert not (run / "final.partial").exists() and (run / "final" / "model.safetensors").is_file()
     assert json.loads((root / "step-6" / "manifest.json").read_text())["format"] == "ditty-manifest"
+
+
+def test_a_forked_child_such_as_a_dataloader_worker_does_not_keep_the_run_lock(tmp_path):
+    """The trainer holds run.lock; its forked children (dataloader workers) outlive a kill -9 for a
+    few seconds. The lock must go with the trainer, or a resume started at once is refused."""
+    from ditty.checkpoint.lock import acquire
+
+    run_dir = tmp_path / "run"
+    holder = os.fork()
+    if holder == 0:  # the "trainer": takes the lock, forks a long-lived "worker", then waits to be killed
+        try:
+            acquire(run_dir)
+            if os.fork() == 0:
+                time.sleep(30)  # a worker that has not noticed its parent died
+                os._exit(0)
+            (tmp_path / "locked").touch()
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "locked").exists():
+        assert time.monotonic() < deadline, "the trainer never took the lock"
+        time.sleep(0.05)
+    with pytest.raises(Exception, match="in use by another ditty run"):
+        acquire(run_dir)  # held while the trainer lives
+    os.kill(holder, signal.SIGKILL)
+    os.waitpid(holder, 0)
+    lock = acquire(run_dir)  # at once: the orphaned worker's inherited descriptor was closed at fork
+    assert lock.held
+    lock.release()
