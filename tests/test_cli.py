@@ -27,13 +27,18 @@ def test_there_are_bundled_recipes():
 STARTS_FROM_A_RUN = {"tiny_dpo": "runs/tiny_sft_short/final", "tiny_grpo": "runs/tiny_sft_start/final"}
 
 
-@pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)
-def test_every_bundled_recipe_checks(capsys, recipe, tmp_path, monkeypatch, request):
-    if recipe.name in STARTS_FROM_A_RUN:  # its first stage's final/ must exist: a tiny model stands in for it
+def stand_in_first_stage(recipe_name: str, tmp_path, monkeypatch, request) -> None:
+    """A second-stage recipe reads its first stage's final/: a tiny model stands in for it, in tmp_path."""
+    if recipe_name in STARTS_FROM_A_RUN:
         import shutil
 
         monkeypatch.chdir(tmp_path)
-        shutil.copytree(request.getfixturevalue("tiny_llama_dir"), tmp_path / STARTS_FROM_A_RUN[recipe.name])
+        shutil.copytree(request.getfixturevalue("tiny_llama_dir"), tmp_path / STARTS_FROM_A_RUN[recipe_name])
+
+
+@pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)
+def test_every_bundled_recipe_checks(capsys, recipe, tmp_path, monkeypatch, request):
+    stand_in_first_stage(recipe.name, tmp_path, monkeypatch, request)
     code, out, err = run_cli(capsys, "check", recipe.name)
     assert code == 0, err
     assert "ok: the recipe is valid" in out
