@@ -777,7 +777,7 @@ def main(argv=None) -> int:
             import bench_post
 
             log(f"{which}: ditty's Trainer vs TRL's {which.upper()}Trainer (interleaved)")
-            section_rows, section_notes = bench_post.run_section(which, run_worker, base, reps, 3 if quick else 10, log)
+            section_rows, section_notes = bench_post.run_section(which, run_worker, base, reps, 3 if quick else 30, log)
             post_rows += section_rows
             notes += section_notes
 
