@@ -37,6 +37,10 @@ Comparisons:
   pre-tokenized path, and peak memory over 1x/10x/100x corpora; see tools/bench_streaming.py.
 - allocator (only with `--only allocator`, never in --quick): host memory and step time of fsdp on 2
   CPU ranks under each host allocator policy; see tools/bench_allocator.py.
+- dpo, grpo (tools/bench_post.py; only when named with --only, never in the default or --quick set):
+  ditty's Trainer against TRL's DPOTrainer (pairs per CPU-second) and GRPOTrainer (completions per
+  CPU-second and the share of step time spent generating) on the same tiny Llama, data and settings
+  (full finetune, fp32); `--quick --only dpo,grpo` is a smoke run of a few steps.
 """
 
 from __future__ import annotations
@@ -584,7 +588,7 @@ def main(argv=None) -> int:
         default=None,
         help="comma-separated sections: overhead,packed,packing,memory,compile,scale (default: all; --quick leaves"
         " out packed and scale),"
-        " streaming, allocator (only when named);"
+        " streaming, allocator, dpo, grpo (only when named);"
         " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed,packed-sdpa",
     )
     parser.add_argument(
@@ -599,12 +603,13 @@ def main(argv=None) -> int:
 
         importlib.import_module("ditty")  # before torch: DITTY_CPU_ALLOCATOR=return sets torch's huge pages there
         import bench_gpu
+        import bench_post
         import bench_scale
         import torch
 
         if not opts.worker.startswith("gpu-"):
             torch.set_num_threads(1)
-        workers = {**WORKERS, **bench_scale.WORKERS, **bench_gpu.WORKERS}
+        workers = {**WORKERS, **bench_scale.WORKERS, **bench_gpu.WORKERS, **bench_post.WORKERS}
         out = workers[opts.worker](json.loads(opts.worker_args))
         print("BENCH_RESULT " + json.dumps(out), flush=True)
         return 0
@@ -766,6 +771,16 @@ def main(argv=None) -> int:
         if quick:
             assert every_rank, f"8-bit AdamW state missing on some FSDP rank: {ranks}"
 
+    post_rows: list[list[str]] = []
+    for which in ("dpo", "grpo"):
+        if which in sections:
+            import bench_post
+
+            log(f"{which}: ditty's Trainer vs TRL's {which.upper()}Trainer (interleaved)")
+            section_rows, section_notes = bench_post.run_section(which, run_worker, base, reps, 3 if quick else 30, log)
+            post_rows += section_rows
+            notes += section_notes
+
     scale_rows: list[list[str]] = []
     if "scale" in sections:
         import bench_scale
@@ -775,7 +790,7 @@ def main(argv=None) -> int:
         notes += scale_notes
 
     if rows or mem_rows or notes or scale_rows:
-        print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started, scale_rows))
+        print(render(rows, mem_rows, notes, quick, reps, warmup, timed, time.time() - started, scale_rows, post_rows))
     if "streaming" in sections and not quick:
         from bench_streaming import main as streaming_benchmark  # tools/ is on the path of this script
 
@@ -787,7 +802,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed, scale_rows=()) -> str:
+def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed, scale_rows=(), post_rows=()) -> str:
     out = [
         f"ditty benchmark ({'--quick' if quick else 'full'}: {reps} repeat(s) interleaved, {warmup} warm-up steps, "
         f"1 torch thread per process; {elapsed / 60:.1f} min)",
@@ -813,6 +828,10 @@ def render(rows, mem_rows, notes, quick, reps, warmup, timed, elapsed, scale_row
         import bench_scale
 
         out += bench_scale.render(list(scale_rows))
+    if post_rows:
+        import bench_post
+
+        out += bench_post.render(list(post_rows))
     out += [f"- {n}" for n in notes]
     return "\n".join(out)
 
