@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, BadRow, Checks, RowCheck, as_check, row_problem, rows_of
+from ditty.data.row_files import rows_of
+from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, BadRow, Checks, RowCheck, as_check, row_problem
 
 MAX_LISTED = 10
 """Bad rows listed in an error message; the rest are counted."""
