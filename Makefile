@@ -4,11 +4,14 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch lies on this machine's disk under this exact version; on a GPU machine the
 # same pin gives the ordinary CUDA build. Override with `make TORCH_SPEC=torch==X.Y ...`.
 TORCH_SPEC ?= torch==2.13.0
+# Two stamps: the demo needs ditty and its runtime dependencies only; lint and the tests add the dev
+# tools (DeepSpeed, TRL, lm-eval, ...), a second, incremental install.
 STAMP  := $(VENV)/.ditty-installed
+DEV_STAMP := $(VENV)/.ditty-dev-installed
 
 .PHONY: setup demo lint test test-quick clean
 
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
 $(STAMP): pyproject.toml
 	@echo "setup 1/4: a virtual environment in $(VENV)"
@@ -17,16 +20,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --progress-bar on --upgrade pip
 	@echo "setup 3/4: $(TORCH_SPEC) (the largest download: a few minutes on a slow line)"
 	$(PY) -m pip install --progress-bar on "$(TORCH_SPEC)"
-	@echo "setup 4/4: ditty and its dependencies, editable, with the dev tools"
-	$(PY) -m pip install --progress-bar on -e ".[dev]"
+	@echo "setup 4/4: ditty and its dependencies, editable"
+	$(PY) -m pip install --progress-bar on -e .
 	touch $(STAMP)
-	@echo "setup done: $(VENV) is ready"
+	@echo "setup done: $(VENV) is ready to train"
+
+$(DEV_STAMP): $(STAMP)
+	@echo "setup (dev): the test and lint tools, and the optional engines the tests exercise"
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
+	touch $(DEV_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ditty run tiny_sft
 
 # ruff (check and format, line length 120: see pyproject.toml) runs first: a lint error fails CI fast.
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
@@ -35,7 +43,7 @@ test: lint
 
 # The tests marked slow (each over ~15 s alone on this 2-core machine) are left out: under 10 minutes.
 # loadgroup, as in `test`: the multi-process tests of xdist_group("parallel") share one worker.
-test-quick: $(STAMP)
+test-quick: $(DEV_STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 clean:
