@@ -49,7 +49,7 @@ def cmd_export(args: list[str]) -> int:
             "`ditty export` takes a run directory or checkpoint and -o DIR",
             fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]",
         )
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     export(args[0], output, merge_lora=bool(merge), trust_code=bool(trust))
     return 0

@@ -88,7 +88,7 @@ class Builders:
         model = apply_converters(model, converters)
         # A Python API loss with parameters (UncertaintyWeightedLoss) trains with the model: after the
         # converters (PEFT would freeze it), before parallelization and the optimizer.
-        from ditty.train.loss_parameters import attach_loss_parameters
+        from ditty.stages.loss_parameters import attach_loss_parameters
 
         model = attach_loss_parameters(model, self.components.loss, parallel_kind=self.config.parallel.kind)
         from ditty.train.env import count_parameters
@@ -109,7 +109,7 @@ class Builders:
     def build_model_ready(self, built: BuiltModel) -> torch.nn.Module:
         """Activation checkpointing and compile (in torchtitan's order, before wrapping), then the
         engine's wrapping (DDP, FSDP2 shards, a meta-built model's weights)."""
-        from ditty.train.speed import apply_speedups
+        from ditty.parallel.speed import apply_speedups
 
         return self.engine.wrap(apply_speedups(built.model, self.config), built.pending)
 
@@ -148,7 +148,7 @@ class Builders:
         return build_scheduler(self.config.scheduler, optimizer, total_steps)
 
     def build_precision(self):
-        from ditty.train.precision import build_precision
+        from ditty.parallel.precision import build_precision
 
         return self.engine.adapt_precision(build_precision(self.config.train.precision, self.runtime.device))
 

@@ -308,7 +308,7 @@ def test_export_gives_the_trained_models_logits(tmp_path, reference):
 
 
 def test_export_never_unpickles(tmp_path, reference, forbid_unpickling):
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     forbid_unpickling()
     run, _ = reference
