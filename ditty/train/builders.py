@@ -91,9 +91,9 @@ class Builders:
         from ditty.stages.loss_parameters import attach_loss_parameters
 
         model = attach_loss_parameters(model, self.components.loss, parallel_kind=self.config.parallel.kind)
-        from ditty.train.env import count_parameters
+        from ditty.models.adapters import trainable_parameter_counts
 
-        trainable, total = count_parameters(model)
+        trainable, total = trainable_parameter_counts(model)
         if is_main_process():
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
         if self.runtime.device.type == "cpu":  # one thread for a small model or busy cores (ditty.parallel.threads)
@@ -209,12 +209,13 @@ class Builders:
         return run_dir
 
     def _write_run_files(self, run_dir: str, model: torch.nn.Module, total_steps: int) -> None:
-        from ditty.train import env as run_env
+        from ditty._utils.run_dir import environment, write_env
+        from ditty.models.adapters import trainable_parameter_counts
         from ditty.train.final import write_recipe
 
         os.makedirs(run_dir, exist_ok=True)
-        info = run_env.environment(
-            model,
+        info = environment(
+            trainable_parameter_counts(model),
             world_size=self.runtime.world_size,
             seed=self.config.run.seed,
             device=self.runtime.device,
@@ -224,7 +225,7 @@ class Builders:
                 "run_id": self.resume.run_id,  # ditty.checkpoint.lineage
             },
         )
-        run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
+        write_env(run_dir, info)  # first: it marks the directory as a ditty run
         write_recipe(run_dir, self.config, self.trainer_ref())
         if self.components.given():
             from ditty.train.components import annotate_recipe
