@@ -357,13 +357,14 @@ def build_stream(
     from ditty.data.streaming import StreamingData
     from ditty.data.workers import PrefetchedStream, StreamingBatches
 
+    tokens = bundle.collator.tokenized  # images and the Python API's samples neither pack nor group by length
     common = dict(
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
         rank=rank,
         world_size=world_size,
         seed=bundle.seed,
-        packing=data.packing,
+        packing=data.packing and tokens,
         max_seq_len=data.max_seq_len,
         collator=bundle.collator,
     )
@@ -374,8 +375,7 @@ def build_stream(
     if isinstance(bundle.train, MixtureData):
         stream = MixtureStream(bundle.train, **common)
     else:
-        tokens = data_format(bundle.format).tokenized  # images neither pack nor group by length
-        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, measure=tokens, **common)
+        stream = BatchStream(bundle.train, group_by_length=data.group_by_length and tokens, measure=tokens, **common)
     if data.num_workers > 0:
         return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
     return stream
