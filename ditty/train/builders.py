@@ -237,7 +237,7 @@ class Builders:
         from ditty.metrics import build_logger
 
         if resuming:
-            from ditty.train.resume import truncate_metrics
+            from ditty.metrics.logger import truncate_metrics
 
             truncate_metrics(self.config.run.output_dir, self.resume.step)
         cfg = self.config
