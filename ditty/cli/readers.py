@@ -62,7 +62,7 @@ def cmd_push(args: list[str]) -> int:
         raise RecipeError.single(
             "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
         )
-    from ditty.train.push import push_run
+    from ditty.cli.push import push_run
 
     print(f"pushed: {push_run(args[0], repo_id=repo_id)}")
     return 0
