@@ -48,7 +48,7 @@ class DataMode:
 
     @property
     def token_batches(self) -> bool:
-        """Batches are token rows: the model takes input_ids/attention_mask (ditty.train.pipeline.call_model)."""
+        """Batches are token rows: the model takes input_ids/attention_mask (ditty.models.inputs.call_model)."""
         return self.bundle.collator.tokenized
 
     @property

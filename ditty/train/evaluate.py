@@ -42,7 +42,7 @@ class Evaluation:
             yield to_device(batch, self.device)
 
     def model_inputs(self, batch: dict) -> dict:
-        from ditty.train.pipeline import model_inputs
+        from ditty.models.inputs import model_inputs
 
         return model_inputs(self.model, batch)
 
