@@ -90,6 +90,10 @@ MOVED_MODULES = {
     "ditty.cli_plan": "ditty.cli.plan",
     "ditty.data.digits": "ditty.data.formats.images",
     "ditty.train.runtime": "ditty.parallel.runtime",
+    "ditty.train.export": "ditty.cli.export",
+    "ditty.train.speed": "ditty.parallel.speed",
+    "ditty.train.precision": "ditty.parallel.precision",
+    "ditty.train.loss_parameters": "ditty.stages.loss_parameters",
 }
 """Module names users import (the original Ditty's, and ditty's own before its root was tidied)
 -> where the module lives now. `import ditty.loss` gives the module `ditty.stages.loss` itself (one

@@ -372,7 +372,7 @@ def test_uncertainty_weighted_loss_learns_one_weight_per_loss():
 
 
 def test_a_loss_with_parameters_joins_the_model_and_the_optimizer():
-    from ditty.train.loss_parameters import attach_loss_parameters, loss_parameters
+    from ditty.stages.loss_parameters import attach_loss_parameters, loss_parameters
 
     class Projected(MSELoss):  # a ported loss holding a layer (the original's losses were nn.Modules)
         def __init__(self):

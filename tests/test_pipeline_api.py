@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.generic import GenericStream
+from ditty.data.batching import BatchStream
+from ditty.data.generic import SampleCollator
 from ditty.loss import CompositeLoss, CrossEntropyLoss, MSELoss
 from ditty.pipeline import Data, FSDPConfig, ModelFactory, Pipeline
 from ditty.processors import PostProcessor, PreProcessor
@@ -80,8 +81,12 @@ def test_any_split_of_the_global_batch_gives_the_same_loss(tmp_path):
 
 def test_generic_stream_order_does_not_depend_on_world_size():
     data = list(torch.arange(40).float())
-    one = GenericStream(data, global_batch_size=8, micro_batch_size=8, rank=0, world_size=1, seed=3)
-    two = [GenericStream(data, global_batch_size=8, micro_batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+
+    def stream(**geometry):  # the Python API's samples in the one global order (ditty.train.data_modes)
+        return BatchStream(data, collator=SampleCollator(), measure=False, global_batch_size=8, seed=3, **geometry)
+
+    one = stream(micro_batch_size=8, rank=0, world_size=1)
+    two = [stream(micro_batch_size=2, rank=r, world_size=2) for r in range(2)]
     for _ in range(7):  # crosses an epoch boundary
         whole = torch.cat(one.next_step())
         parts = torch.cat([torch.cat(s.next_step()) for s in two])

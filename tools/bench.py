@@ -254,9 +254,9 @@ def worker_ditty(a: dict) -> dict:
     trainer = Trainer(config)
     meter = Meter(trainer.model, trainer.tokenizer.pad_token_id, a.get("non_pad", False))
     trainer.train()
-    from ditty.train.env import count_parameters
+    from ditty.models.adapters import trainable_parameter_counts
 
-    trainable, total = count_parameters(trainer.model)  # counts 4-bit packed weights as parameters, not bytes
+    trainable, total = trainable_parameter_counts(trainer.model)  # counts 4-bit packed weights as parameters, not bytes
     out = {
         "params": total,
         "trainable": trainable,

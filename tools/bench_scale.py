@@ -148,7 +148,7 @@ def worker_packed(a: dict) -> dict:
     width = a["samples"] * a["sample_len"]
     model = build(259, width)
     if a["checkpointing"]:
-        from ditty.train.speed import apply_activation_checkpointing
+        from ditty.parallel.speed import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, "full")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

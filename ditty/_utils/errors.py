@@ -13,6 +13,17 @@ class RunFailure(RuntimeError):
     """The run stopped; `str(error)` is the whole story (exit code 1, no traceback)."""
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters (library messages run long)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def condensed(error: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, cut to `limit` characters; its type when it has none."""
+    return one_line(str(error), limit) or type(error).__name__
+
+
 def causes(error: BaseException):
     """`error`, what it was raised from or during, and what torch.distributed.checkpoint wrapped in
     it (a CheckpointException holds each rank's exception in `failures`)."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+LOSS_MODULE = "ditty_loss"
+"""Name under which a loss's parameters join the model (ditty.stages.loss_parameters); the
+per-block rewrites and sharding leave it out, since forward never calls it."""
+
 
 def unwrap(model: Any, *, peft: bool = False) -> Any:
     """The user's module under torch.compile (`_orig_mod`) and DDP/DeepSpeed (`.module`) wrappers, and

@@ -121,18 +121,13 @@ def load_checkpoint(
 def _condensed(error: BaseException, limit: int = 400) -> str:
     """One line for a failed load. DCP wraps each rank's exception, traceback text included, in a
     CheckpointException: the line says the exception it wrapped, and names a changed tensor shape."""
-    from ditty._utils.errors import causes
+    from ditty._utils.errors import causes, one_line
 
     inner = [c for c in causes(error) if type(c).__name__ != "CheckpointException"] or [error]
     for cause in inner:
         if "size mismatch" in str(cause).lower():
-            return _condensed_text(f"shape mismatch: {cause}", limit)
-    return _condensed_text(f"{type(inner[0]).__name__}: {inner[0]}", limit)
-
-
-def _condensed_text(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+            return one_line(f"shape mismatch: {cause}", limit)
+    return one_line(f"{type(inner[0]).__name__}: {inner[0]}", limit)
 
 
 def latest_complete(root: Path, *, in_flight: int | None = None) -> Path | None:

@@ -1,4 +1,8 @@
-"""How a recipe change takes effect when a run resumes (`checkpoint.force_resume`).
+"""Which recipe keys differ between a checkpoint and the run resuming it, and how each change takes
+effect when the run resumes anyway (`checkpoint.force_resume`).
+
+A checkpoint's sidecar holds its recipe flattened to {dotted key: JSON value} (`flatten_recipe`);
+`recipe_differences` names the keys that change training (`IGNORED` never do).
 
 A resumed run is built from the recipe as it is now; the checkpoint brings back the weights, the
 optimizer's state (moments, step counts), the data position and the step. So a changed value
@@ -9,6 +13,94 @@ count (`ditty.optim.closed_form`) and the optimizer keeps the recipe's hyperpara
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+# Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
+# resume: where things go and how often they are logged, evaluated, saved or pushed.
+IGNORED = (
+    "run.output_dir",
+    "run.name",
+    "run.num_threads",
+    "logging.",
+    "hub.",
+    "train.eval_every",
+    "train.eval_samples",
+    "train.log_every",
+    "checkpoint.every",
+    "checkpoint.every_minutes",
+    "checkpoint.keep_last",
+    "checkpoint.async_save",
+    "checkpoint.resume",
+    "checkpoint.force_resume",
+    "checkpoint.fallback",
+    "checkpoint.overwrite_finished",
+    # Held-out sets and benchmarks do not change training; workers only prepare the
+    # same batches (a stream read by another number of workers is refused by the stream itself).
+    "data.eval.",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "eval.",
+)
+SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
+SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
+
+
+def _default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON holds it: dataclasses as dicts, anything JSON cannot say as its repr."""
+    return json.loads(json.dumps(value, default=_default))
+
+
+def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, Any]:
+    """{dotted key: JSON value} for every field of the config tree (the form stored in the sidecar)."""
+    out: dict[str, Any] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = obj.__dict__[f.name]
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                out[prefix + f.name] = jsonable(value)
+
+    walk(config, "")
+    out["trainer"] = trainer_ref
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
+
+
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
+    """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old == new or _ignored(key):
+            continue
+        if (
+            key == "train.steps"
+            and isinstance(new, int)
+            and (old is None or isinstance(old, int))
+            and new >= step
+            and (old is None or new >= old)
+        ):
+            continue  # more steps: allowed, the schedule is rebuilt for the new total
+        if key == "parallel.kind" and "deepspeed" not in (old, new):
+            continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
+        # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
+        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
+    return lines
+
 
 # (dotted key or section prefix ending in "."), how it takes effect; the first match wins.
 _EFFECTS: tuple[tuple[str, str], ...] = (

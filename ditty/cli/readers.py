@@ -49,7 +49,7 @@ def cmd_export(args: list[str]) -> int:
             "`ditty export` takes a run directory or checkpoint and -o DIR",
             fix="ditty export runs/tiny_sft -o exported/ [--merge-lora]",
         )
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     export(args[0], output, merge_lora=bool(merge), trust_code=bool(trust))
     return 0
@@ -62,7 +62,7 @@ def cmd_push(args: list[str]) -> int:
         raise RecipeError.single(
             "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
         )
-    from ditty.train.push import push_run
+    from ditty.cli.push import push_run
 
     print(f"pushed: {push_run(args[0], repo_id=repo_id)}")
     return 0

@@ -316,7 +316,7 @@ class ModelFactory:
 
 
 LOSS_PREFIX = "ditty_loss."
-"""Weights of a loss with parameters, saved with a custom model (ditty.train.loss_parameters)."""
+"""Weights of a loss with parameters, saved with a custom model (ditty.stages.loss_parameters)."""
 
 
 def _is_hugging_face(model_class: Optional[type], path: str) -> bool:

@@ -44,9 +44,7 @@ class RowReport:
 
     def merge(self, other: "RowReport") -> None:
         self.rows += other.rows
-        for bad in other.bad:
-            if len(self.bad) < MAX_LISTED:
-                self.bad.append(bad)
+        self.bad += other.bad[: MAX_LISTED - len(self.bad)]
         self.bad_count += other.bad_count
 
 

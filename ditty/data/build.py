@@ -14,7 +14,7 @@ Progress bars show on rank 0 only.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
@@ -102,7 +102,7 @@ def build_data(
         if read[0].task is not None:  # greedy decoding generates the longest answer and its eos
             answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
             read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))
-        labels = _label_space(fmt, data, [r.train for r in read], label_hint)
+        labels = _label_space(fmt, (fmt.label_values(r.train, data) for r in read), label_hint)
         for s, r in zip(sources, read):  # every label problem before any tokenizing
             if labels is not None and r.val is not None:
                 fmt.check_labels_known(r.val, s.data, labels, r.val_what or s.key, r.val_key or s.key)
@@ -266,13 +266,12 @@ def builtin_rows(data: "DataConfig") -> SourceRows:
     return SourceRows(as_rows(train_problems), val, 0, task=task)
 
 
-def _label_space(fmt: Any, data: "DataConfig", trains: list, hint: Optional[Sequence[str]]) -> Optional[LabelSpace]:
-    """The label set of all training rows (a classifying format), else None."""
+def _label_space(fmt: Any, value_sets: Iterable[set], hint: Optional[Sequence[str]]) -> Optional[LabelSpace]:
+    """The label set of all training rows, from each source's label values (read only for a
+    classifying format), else None."""
     if not fmt.labels:
         return None
-    values: set = set()
-    for train in trains:
-        values |= fmt.label_values(train, data)
+    values = set().union(*value_sets)
     return LabelSpace.from_values(values, hint) if values else None
 
 
@@ -311,12 +310,7 @@ def _streamed(
 
     fmt = data_format(data.format)
     sources = resolve_sources(data)
-    labels = None
-    if fmt.labels:
-        values: set = set()
-        for source in sources:
-            values |= label_values_of(source, fmt, data.cache_dir)
-        labels = LabelSpace.from_values(values, hint) if values else None
+    labels = _label_space(fmt, (label_values_of(source, fmt, data.cache_dir) for source in sources), hint)
     train = StreamingData(
         tuple(sources),
         tokenizer,
@@ -357,13 +351,14 @@ def build_stream(
     from ditty.data.streaming import StreamingData
     from ditty.data.workers import PrefetchedStream, StreamingBatches
 
+    tokens = bundle.collator.tokenized  # images and the Python API's samples neither pack nor group by length
     common = dict(
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
         rank=rank,
         world_size=world_size,
         seed=bundle.seed,
-        packing=data.packing,
+        packing=data.packing and tokens,
         max_seq_len=data.max_seq_len,
         collator=bundle.collator,
     )
@@ -374,8 +369,7 @@ def build_stream(
     if isinstance(bundle.train, MixtureData):
         stream = MixtureStream(bundle.train, **common)
     else:
-        tokens = data_format(bundle.format).tokenized  # images neither pack nor group by length
-        stream = BatchStream(bundle.train, group_by_length=data.group_by_length, measure=tokens, **common)
+        stream = BatchStream(bundle.train, group_by_length=data.group_by_length and tokens, measure=tokens, **common)
     if data.num_workers > 0:
         return PrefetchedStream(stream, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor)
     return stream

@@ -1,11 +1,12 @@
 """Generic (non language-model) data: any dataset of samples plus a collate function, or a DataLoader.
 
-The batch semantics of `BatchStream` carry over: `global_batch_size` samples per optimizer step is
-the invariant; each epoch has one seeded permutation of the whole dataset (from seed and epoch,
-never from the world size); `cursor` counts samples consumed, and rank r takes the r-th contiguous
-slice of each global batch, cut into micro-batches of `micro_batch_size`. So two ranks with micro
-4 see exactly the samples one rank with micro 8 sees, and a resumed stream continues on any world
-size. Samples are collated by the user's `collate_fn` (default: torch's `default_collate`).
+Map-style samples go through the one global order of `BatchStream`, collated by `SampleCollator`:
+`global_batch_size` samples per optimizer step is the invariant; each epoch has one seeded
+permutation of the whole dataset (from seed and epoch, never from the world size); `cursor` counts
+samples consumed, and rank r takes the r-th contiguous slice of each global batch, cut into
+micro-batches of `micro_batch_size`. So two ranks with micro 4 see exactly the samples one rank
+with micro 8 sees, and a resumed stream continues on any world size. Samples are collated by the
+user's `collate_fn` (default: torch's `default_collate`).
 
 A user's own DataLoader cannot be reordered without breaking what the user asked for, so
 `LoaderStream` only groups its batches: each of its batches is one micro-batch, `accumulation`
@@ -18,13 +19,12 @@ In metrics, `tokens` counts samples for generic data (there are no tokens).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
 from ditty.config.errors import RecipeError
-from ditty.data.batching import BatchStream
+from ditty.data.formats.base import Collator
 
 
 class GenericTask(Protocol):
@@ -42,28 +42,6 @@ class GenericTask(Protocol):
     def evaluate(
         self, model: torch.nn.Module, *, device: torch.device, pipeline: Any, run_dir: str, step: int
     ) -> dict[str, float]: ...
-
-
-@dataclass(frozen=True)
-class GenericData:
-    """The generic counterpart of `DataBundle`: arbitrary samples, a collate function, optional task."""
-
-    train: Any
-    """Indexable dataset (len and __getitem__) of samples, or a torch DataLoader."""
-    val: Optional[Any] = None
-    task: Optional[GenericTask] = None
-    seed: int = 0
-    collate_fn: Optional[Callable[[list], Any]] = None
-    skipped_rows = 0
-    labels = None
-    val_sets: tuple = ()
-
-    @property
-    def is_loader(self) -> bool:
-        return isinstance(self.train, torch.utils.data.DataLoader)
-
-    def collate(self, samples: list) -> Any:
-        return (self.collate_fn or torch.utils.data.default_collate)(samples)
 
 
 def batch_samples(batch: Any) -> int:
@@ -94,25 +72,30 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class SampleCollator:
-    """A Python API `collate_fn` (default: torch's `default_collate`) as a collator of the one stream."""
+class SampleCollator(Collator):
+    """A Python API `collate_fn` (default: torch's `default_collate`) as the collator of the one
+    stream; a batch counts its samples (the loss's denominator and the `tokens` metric)."""
+
+    tokenized = False
 
     def __init__(self, collate_fn: Optional[Callable[[list], Any]] = None) -> None:
         self.collate_fn = collate_fn or torch.utils.data.default_collate
 
-    def __call__(self, samples: list, positions: Any = None) -> Any:
+    def __call__(self, samples: Sequence[Any], positions: Any = None) -> Any:
         return self.collate_fn(list(samples))
 
+    def supervised_count(self, batch: Any) -> torch.Tensor:
+        return torch.tensor(batch_samples(batch))
 
-class GenericStream(BatchStream):
-    """Deterministic, resumable, world-size independent micro-batches of arbitrary samples: the one
-    global order (ditty.data.batching), collated by `collate_fn`. With data.num_workers the data mode
-    wraps it in a `PrefetchedStream` (ditty.data.workers): bitwise the same batches."""
+    def input_count(self, batch: Any) -> torch.Tensor:
+        return torch.tensor(batch_samples(batch))
 
-    def __init__(self, dataset: Any, *, collate_fn: Optional[Callable[[list], Any]] = None, **geometry: Any) -> None:
-        if len(dataset) == 0:  # a Python API dataset: the user's, so a user error
-            raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
-        super().__init__(dataset, collator=SampleCollator(collate_fn), measure=False, **geometry)
+
+def check_not_empty(dataset: Any) -> None:
+    """A Python API dataset without samples is the user's error (a DataLoader or an iterable dataset
+    is caught when it yields nothing)."""
+    if not isinstance(dataset, torch.utils.data.DataLoader) and hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise RecipeError.single("the training dataset is empty", key="data", fix="give a dataset with samples")
 
 
 class LoaderStream:

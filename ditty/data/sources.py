@@ -14,6 +14,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
 from ditty.data.fingerprint import files_fingerprint
@@ -144,7 +145,7 @@ def load_checked_files(
         )
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is the user's to fix
         raise RecipeError.single(
-            f"cannot read {pattern!r}: {_condensed(error)}",
+            f"cannot read {pattern!r}: {condensed(error)}",
             key=key,
             fix="check that the file is valid and not empty",
         ) from error
@@ -171,22 +172,7 @@ def _checked_files(
         total.merge(report)
     if not total.bad_count:
         return files, 0
-    if on_bad_rows != "skip":
-        raise_for_bad_rows(total, key=key, what=pattern)
-    if total.rows == 0:
-        raise RecipeError.single(
-            f"every row of {pattern} is bad ({total.bad_count}; the first, "
-            f"{total.bad[0].where()}: {total.bad[0].reason})",
-            key=key,
-            fix="check that the data.format and its column settings match the file",
-        )
-    log.warning(
-        'skipping %d bad rows of %s (data.on_bad_rows = "skip"); the first: %s: %s',
-        total.bad_count,
-        pattern,
-        total.bad[0].where(),
-        total.bad[0].reason,
-    )
+    _skip_or_refuse(total, left=total.rows, label=pattern, key=key, on_bad_rows=on_bad_rows)
     cleaned = [
         write_clean_copy(file, fields, max_row_bytes=max_row_bytes, cache_dir=cache_dir)
         if file in reports and reports[file].bad_count
@@ -201,17 +187,29 @@ def checked_table(dataset: "Dataset", fields: Checks, label: str, key: str, on_b
     report, good = check_table(dataset, fields, label=label)
     if not report.bad_count:
         return dataset, 0
+    _skip_or_refuse(report, left=len(good), label=label, key=key, on_bad_rows=on_bad_rows)
+    return dataset.select(good), report.bad_count
+
+
+def _skip_or_refuse(report: RowReport, *, left: int, label: str, key: str, on_bad_rows: str) -> None:
+    """Bad rows are an error naming them, unless `data.on_bad_rows = "skip"`: then they are left out
+    (logged), unless no row is `left`."""
     if on_bad_rows != "skip":
         raise_for_bad_rows(report, key=key, what=label)
-    if not good:
+    first = report.bad[0]
+    if left == 0:
         raise RecipeError.single(
-            f"every row of {label} is bad ({report.bad_count}; the first, {report.bad[0].where()}: "
-            f"{report.bad[0].reason})",
+            f"every row of {label} is bad ({report.bad_count}; the first, {first.where()}: {first.reason})",
             key=key,
             fix="check that the data.format and its column settings match the data",
         )
-    log.warning('skipping %d bad rows of %s (data.on_bad_rows = "skip")', report.bad_count, label)
-    return dataset.select(good), report.bad_count
+    log.warning(
+        'skipping %d bad rows of %s (data.on_bad_rows = "skip"); the first: %s: %s',
+        report.bad_count,
+        label,
+        first.where(),
+        first.reason,
+    )
 
 
 def load_hub_dataset(name: str, *, split: str, cache_dir: Optional[str], streaming: bool = False) -> "Dataset":
@@ -249,15 +247,9 @@ def _load_hub(name: str, *, split: str, cache_dir: Optional[str], streaming: boo
             else "check the dataset id, data.split, and the network"
         )
         raise RecipeError.single(
-            f"cannot load hub dataset {name!r} (split {split!r}): {_condensed(error)}", key="data.name", fix=fix
+            f"cannot load hub dataset {name!r} (split {split!r}): {condensed(error)}", key="data.name", fix=fix
         ) from error
 
 
 def _suffix(path: str) -> str:
     return os.path.splitext(path)[1].lower()
-
-
-def _condensed(error: Exception, limit: int = 300) -> str:
-    """An exception's message on one line, cut to `limit` characters (library messages run long)."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
+from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
 from ditty.data.mixture import ResolvedSource, TokenMixer
 
@@ -102,7 +103,7 @@ def label_values_of(source: ResolvedSource, fmt: Any, cache_dir: Optional[str]) 
         raise
     except Exception as error:  # noqa: BLE001 - the reader's parse error is the user's data
         raise RecipeError.single(
-            f"cannot read source {source.label!r} for its labels: {type(error).__name__}: {str(error)[:300]}",
+            f"cannot read source {source.label!r} for its labels: {type(error).__name__}: {condensed(error)}",
             key=source.key if source.key != "data" else "data.path",
             fix="fix or remove that row; with data.streaming = false every bad row is named by file and line",
         ) from None
@@ -208,13 +209,12 @@ class SourceReader:
     def _unreadable(self, error: Exception) -> RecipeError:
         """A row the streaming reader cannot parse (malformed JSON, bad encoding, a column changing
         type). Streams are not scanned ahead (that would read the corpus first), so it surfaces here."""
-        text = " ".join(str(error).split()) or type(error).__name__
         data = self.source.data
         what = data.path if data.source == "file" else f"hub dataset {data.name}"
         named = "" if self.source.key == "data" else f"source {self.source.label!r}, "
         return RecipeError.single(
             f"cannot read {named}{what} while streaming (window {self.window + 2} of reader {self.reader}): "
-            f"{type(error).__name__}: {text[:300]}",
+            f"{type(error).__name__}: {condensed(error)}",
             key=self.source.key if self.source.key != "data" else "data.path",
             fix="fix or remove that row; to have every bad row named by file and line, run `ditty run` once "
             "with data.streaming = false (the files are then checked up front)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -132,19 +133,13 @@ def _load_auto_tokenizer(path: str, key: str, *, trust_remote_code: bool) -> "Pr
             fix = "offline mode is on (HF_HUB_OFFLINE=1): download the tokenizer first or use a local directory"
         else:
             fix = "check the hub id and the network"
-        message = f"cannot load a tokenizer from {path!r}: {_condensed(error)}"
+        message = f"cannot load a tokenizer from {path!r}: {condensed(error)}"
         raise RecipeError.single(message, key=key, fix=fix) from error
 
 
 def _looks_like_hub_id(path: str) -> bool:
     """Hub ids are "name" or "org/name"; anything with more slashes or a leading ./~ is a path."""
     return path.count("/") <= 1 and not path.startswith((".", "/", "~"))
-
-
-def _condensed(error: Exception, limit: int = 300) -> str:
-    """An exception's message on one line, cut to `limit` characters (library messages run long)."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def tokenizer_beside(model) -> "PreTrainedTokenizerBase | None":

@@ -201,3 +201,23 @@ def load_metrics(run_dir_or_file: str) -> tuple[list[dict[str, Any]], int]:
             ", ".join(str(n) for n in skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
         )
     return records, len(skipped)
+
+
+def truncate_metrics(run_dir: str, step: int) -> None:
+    """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
+    resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not is_main_process() or not os.path.isfile(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError, OverflowError):
+                continue  # a line cut short by the kill, or not a record (a step of Infinity)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)

@@ -1,4 +1,5 @@
-"""Which batch keys a model's forward takes, looking through every wrapper ditty or peft puts around it.
+"""Which batch keys a model's forward takes, looking through every wrapper ditty or peft puts around
+it, and the forward call of a batch (`call_model`).
 
 A batch carries more than a model takes (labels for the loss, a user's own columns). Passing a key
 the forward does not name fails (`unexpected keyword argument 'labels'`), and passing `labels` to a
@@ -13,9 +14,26 @@ input names are what it takes.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 from ditty._utils.modules import unwrap
+
+if TYPE_CHECKING:
+    import torch
+
+# Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
+# passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
+# token_type_ids (BERT-style pairs) and the decoder inputs (seq2seq) come from the task formats.
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "inputs_embeds",
+    "token_type_ids",
+    "decoder_input_ids",
+    "decoder_attention_mask",
+)
 
 
 def innermost_module(model: Any) -> Any:
@@ -71,3 +89,48 @@ def select_inputs(model: Any, batch: dict, *, drop_labels: Optional[bool] = None
         for key, value in batch.items()
         if (accepted is None or key in accepted) and not (drop_labels and key == "labels")
     }
+
+
+def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
+    """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
+    packed samples are isolated only without a cache). A packed batch (cumulative sample lengths,
+    no mask) gets what the model's attention kernel needs (ditty.models.packing.packed_inputs)."""
+    accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
+    if "cu_seq_lens_q" in batch:
+        from ditty.models.packing import packed_inputs
+
+        kwargs = packed_inputs(model, batch)
+    else:
+        kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
+    # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
+    # Hugging Face model would build a KV cache in training, which activation checkpointing's
+    # recompute then extends a second time (selective checkpointing fails on the extra ops).
+    if _caches(unwrap(model, peft=True)) and (accepted is None or "use_cache" in accepted):
+        kwargs["use_cache"] = False
+    return kwargs
+
+
+def _caches(model: torch.nn.Module) -> bool:
+    """A Hugging Face model whose config has `use_cache` (it would build a KV cache unless told not to)."""
+    return getattr(getattr(model, "config", None), "use_cache", None) is not None
+
+
+def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: bool) -> Any:
+    """The forward call for each kind of batch.
+
+    LM data: `model(input_ids=..., attention_mask=..., ...)` (MODEL_INPUTS only). Generic data:
+    a tensor (or tuple/list) batch is `model(batch, **forward_kwargs)`; a dict batch is
+    `model(**batch, **forward_kwargs)`, restricted to the parameters the forward names (unless it
+    takes **kwargs and declares no contract) and, for Hugging Face models, without `labels` (no second
+    loss inside the model). The forward is the innermost one, under DDP, compile and peft wrappers
+    (`innermost_module`), so a custom model wrapped by peft is not handed keys it does not take.
+    """
+    if lm:
+        return model(**model_inputs(model, batch), **forward_kwargs)
+    if isinstance(batch, Mapping):
+        kwargs = dict(batch)
+        inner = innermost_module(model)
+        if is_transformers_model(inner) and _caches(inner):
+            kwargs.setdefault("use_cache", False)
+        return model(**select_inputs(model, kwargs), **forward_kwargs)
+    return model(batch, **forward_kwargs)

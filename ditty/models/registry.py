@@ -50,7 +50,7 @@ class ModelSpec:
 
     def __call__(self, **overrides: Any) -> "torch.nn.Module":
         model = self.build(**{**self.config, **overrides})
-        # ditty.parallel.wrap.find_blocks (FSDP2) and ditty.train.speed (checkpointing, compile)
+        # ditty.parallel.wrap.find_blocks (FSDP2) and ditty.parallel.speed (checkpointing, compile)
         # fall back to the Hugging Face attribute when the recipe names no parallel.block_classes.
         model._no_split_modules = list(self.block_classes)
         model.ditty_spec = self

@@ -90,7 +90,7 @@ class ModelTask:
     generates: bool = False
     """The model writes text: `ditty generate` and generation-based metrics (exact match) apply."""
     token_rows: bool = False
-    """Batches are the causal-LM token rows of ditty.data (TokenDataMode); otherwise a task collator."""
+    """Batches are the causal-LM token rows of ditty.data (a token format's collator); otherwise a task collator."""
 
     @property
     def peft_auto_class(self) -> Optional[str]:

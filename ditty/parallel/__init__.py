@@ -2,7 +2,8 @@
 
 One job per module:
 - `launch`: start `python -m ditty ...` on N ranks through torch.distributed.run; exit codes 0/2/1.
-- `env`: `init_distributed(device)` joins torchrun's process group -> `DistInfo`.
+- `env`: `init_distributed(device)` joins torchrun's process group -> `Runtime` (rank, device;
+  `runtime.start_runtime` adds the mesh).
 - `mesh`: `mesh_shape(parallel, world_size)` (pure, for the compiler) and `build_mesh`.
 - `wrap`: `apply_parallelism(model, parallel, mesh, precision=..., block_classes=...)`: DDP or FSDP2.
 - `accumulation`: `no_sync_context` and `grad_average_correction` for micro-batches and ranks.
@@ -21,6 +22,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "Runtime": "env",
     "DistInfo": "env",
     "init_distributed": "env",
     "destroy_distributed": "env",

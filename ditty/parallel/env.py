@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -18,11 +18,16 @@ from ditty._utils.dist import configured_timeout
 
 
 @dataclass(frozen=True)
-class DistInfo:
+class Runtime:
+    """Where this process runs: its rank of the world, its device, and (once `start_runtime` built
+    it, ditty.parallel.runtime) the mesh."""
+
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    mesh: Optional[Any] = None
+    """The DeviceMesh of ddp/fsdp/hsdp on several processes; None on one process and for DeepSpeed."""
 
     @property
     def is_distributed(self) -> bool:
@@ -31,6 +36,10 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+DistInfo = Runtime
+"""The name `init_distributed`'s result had before it became the one runtime type."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -48,7 +57,7 @@ def resolve_device(device: Union[str, torch.device], local_rank: int = 0) -> tor
     return torch.device(kind)
 
 
-def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> DistInfo:
+def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: float | None = None) -> Runtime:
     """Join torchrun's process group (nccl on CUDA, with gloo for CPU tensors; gloo on CPU).
 
     `timeout` is in seconds (default: $DITTY_DIST_TIMEOUT_S, else 600). Idempotent; on one process
@@ -61,7 +70,7 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     local_rank = _env_int("LOCAL_RANK", 0)
     resolved = resolve_device(device, local_rank)
     if world_size <= 1:
-        return DistInfo(0, 1, 0, resolved)
+        return Runtime(0, 1, 0, resolved)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if not dist.is_initialized():
@@ -73,7 +82,7 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
             timeout=wait,
             device_id=resolved if resolved.type == "cuda" else None,
         )
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, resolved)
+    return Runtime(dist.get_rank(), dist.get_world_size(), local_rank, resolved)
 
 
 def destroy_distributed() -> None:

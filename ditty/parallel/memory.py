@@ -1,11 +1,12 @@
-"""Per-rank memory figures: bytes held in local tensors (shards, not logical sizes) and resident memory.
+"""Per-rank memory figures: bytes held in local tensors (shards, not logical sizes) and resident memory,
+and the peak over ranks that the metrics records and env.json report (`MemoryReport`).
 (Whether a CPU process gives freed memory back to the OS: `ditty.parallel.allocator`.)"""
 
 from __future__ import annotations
 
 import resource
 import sys
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -84,3 +85,55 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+class MemoryReport:
+    """Memory figures for metrics records: `peak_mem_mb` (max over ranks) on every record; on the first
+    one also this rank's parameter and optimizer-state bytes (max over ranks, from the local tensors:
+    shards under FSDP), added to env.json as "memory" by rank 0. Every rank logs the same steps, so
+    the collectives match. Optimizer state exists only after the first step, which is why the bytes
+    are taken then."""
+
+    def __init__(self, engine: Any, run_dir: str) -> None:
+        self.engine = engine
+        self.runtime = engine.runtime
+        self.run_dir = run_dir
+        self.reported = False
+
+    def record(self, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+        device = self.runtime.device
+        record: dict[str, Any] = {"peak_mem_mb": peak_memory_mb(device)}
+        if not self.reported:
+            self.reported = True
+            params, states = self.engine.memory_figures(model, optimizer)
+            params, states = _max_over_ranks([params, states])
+            if self.runtime.is_main:
+                memory = {
+                    "parameter_bytes_per_rank": int(params),
+                    "optimizer_state_bytes_per_rank": int(states),
+                    "world_size": self.runtime.world_size,
+                    "parallel": self.engine.config.parallel.kind,
+                }
+                from ditty._utils.run_dir import add_to_env
+
+                add_to_env(self.run_dir, {"memory": memory})
+        return record
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This rank's peak memory in MB (CUDA: allocated by tensors; CPU: peak resident set size), then
+    the maximum over ranks. Cost: one small all-reduce; call it only when a record is logged."""
+    if device.type == "cuda":
+        value = torch.cuda.max_memory_allocated(device)
+    else:
+        value = peak_rss_bytes()
+    return round(_max_over_ranks([float(value) / 2**20])[0], 1)
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
 
     from ditty.config.sections import ParallelConfig
-    from ditty.parallel.env import DistInfo
+    from ditty.parallel.env import Runtime
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def mesh_shape(parallel: "ParallelConfig", world_size: int) -> Union[MeshShape, 
     return problems or shape
 
 
-def build_mesh(parallel: "ParallelConfig", info: "DistInfo") -> "DeviceMesh | None":
+def build_mesh(parallel: "ParallelConfig", info: "Runtime") -> "DeviceMesh | None":
     """The DeviceMesh for this run (None on one process or for kind "none")."""
     shape = mesh_shape(parallel, info.world_size)
     if isinstance(shape, list):

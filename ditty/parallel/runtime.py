@@ -10,27 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from dataclasses import replace
+from typing import Any, Iterator
 
 import torch
 
-
-@dataclass(frozen=True)
-class Runtime:
-    device: torch.device
-    rank: int
-    world_size: int
-    mesh: Optional[Any] = None
-    """The DeviceMesh of ddp/fsdp/hsdp on several processes; None on one process and for DeepSpeed."""
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+from ditty.parallel.env import Runtime
 
 
 def start_runtime(config: Any) -> Runtime:
@@ -46,7 +31,7 @@ def start_runtime(config: Any) -> Runtime:
     threads = config.run.num_threads
     if threads and device.type == "cpu":  # tiny models train several times faster on one thread
         torch.set_num_threads(threads)
-    return Runtime(device=device, rank=info.rank, world_size=info.world_size, mesh=mesh)
+    return replace(info, mesh=mesh)
 
 
 def _device(want: str) -> torch.device:

@@ -19,7 +19,7 @@ model with the saved tensors of real layers, full finetune and LoRA, fp32 and bf
 
 Activation checkpointing "full" keeps each block's input and recomputes one block at a time in
 the backward; "selective" keeps, per block, the outputs of the matrix products and attention
-(ditty.train.speed's policy) and recomputes the rest.
+(ditty.parallel.speed's policy) and recomputes the rest.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ class UncertaintyWeightedLoss(CompositeLoss):
     and s_i. (The original Ditty clamped the regulariser to s_i >= 0; this follows the paper.)
 
     The log-variances are a trainable `log_vars` parameter (`named_parameters()`): the trainer
-    trains them with the model (`ditty.train.loss_parameters`), so they reach the optimizer, are
+    trains them with the model (`ditty.stages.loss_parameters`), so they reach the optimizer, are
     averaged across DDP ranks and are saved in checkpoints.
     Cost: one host sync per part and micro-batch (its value and weight for the metrics).
     """

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ditty._utils.dist import is_main_process
+from ditty.models.recipe_model import base_model_for, converters_for
 
 
 @dataclass
@@ -88,12 +89,12 @@ class Builders:
         model = apply_converters(model, converters)
         # A Python API loss with parameters (UncertaintyWeightedLoss) trains with the model: after the
         # converters (PEFT would freeze it), before parallelization and the optimizer.
-        from ditty.train.loss_parameters import attach_loss_parameters
+        from ditty.stages.loss_parameters import attach_loss_parameters
 
         model = attach_loss_parameters(model, self.components.loss, parallel_kind=self.config.parallel.kind)
-        from ditty.train.env import count_parameters
+        from ditty.models.adapters import trainable_parameter_counts
 
-        trainable, total = count_parameters(model)
+        trainable, total = trainable_parameter_counts(model)
         if is_main_process():
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
         if self.runtime.device.type == "cpu":  # one thread for a small model or busy cores (ditty.parallel.threads)
@@ -109,7 +110,7 @@ class Builders:
     def build_model_ready(self, built: BuiltModel) -> torch.nn.Module:
         """Activation checkpointing and compile (in torchtitan's order, before wrapping), then the
         engine's wrapping (DDP, FSDP2 shards, a meta-built model's weights)."""
-        from ditty.train.speed import apply_speedups
+        from ditty.parallel.speed import apply_speedups
 
         return self.engine.wrap(apply_speedups(built.model, self.config), built.pending)
 
@@ -148,7 +149,7 @@ class Builders:
         return build_scheduler(self.config.scheduler, optimizer, total_steps)
 
     def build_precision(self):
-        from ditty.train.precision import build_precision
+        from ditty.parallel.precision import build_precision
 
         return self.engine.adapt_precision(build_precision(self.config.train.precision, self.runtime.device))
 
@@ -209,12 +210,13 @@ class Builders:
         return run_dir
 
     def _write_run_files(self, run_dir: str, model: torch.nn.Module, total_steps: int) -> None:
-        from ditty.train import env as run_env
+        from ditty._utils.run_dir import environment, write_env
+        from ditty.models.adapters import trainable_parameter_counts
         from ditty.train.final import write_recipe
 
         os.makedirs(run_dir, exist_ok=True)
-        info = run_env.environment(
-            model,
+        info = environment(
+            trainable_parameter_counts(model),
             world_size=self.runtime.world_size,
             seed=self.config.run.seed,
             device=self.runtime.device,
@@ -224,7 +226,7 @@ class Builders:
                 "run_id": self.resume.run_id,  # ditty.checkpoint.lineage
             },
         )
-        run_env.write_env(run_dir, info)  # first: it marks the directory as a ditty run
+        write_env(run_dir, info)  # first: it marks the directory as a ditty run
         write_recipe(run_dir, self.config, self.trainer_ref())
         if self.components.given():
             from ditty.train.components import annotate_recipe
@@ -236,7 +238,7 @@ class Builders:
         from ditty.metrics import build_logger
 
         if resuming:
-            from ditty.train.resume import truncate_metrics
+            from ditty.metrics.logger import truncate_metrics
 
             truncate_metrics(self.config.run.output_dir, self.resume.step)
         cfg = self.config
@@ -255,7 +257,8 @@ class Builders:
         return f"{cls.__module__}:{cls.__qualname__}"
 
 
-# The build steps that `ditty export` shares with the trainer, as plain functions of the config.
+# The build step that `ditty export` shares with the trainer, as a plain function of the config (the
+# model's are in ditty.models.recipe_model).
 
 
 def tokenizer_for(config: Any, *, non_text_data: bool = False):
@@ -268,84 +271,3 @@ def tokenizer_for(config: Any, *, non_text_data: bool = False):
     if non_text and config.tokenizer.kind == "auto" and not config.tokenizer.source(config.model):
         return None
     return build_tokenizer(config.tokenizer, config.model)
-
-
-def with_packed_kernel(config: Any, device: torch.device) -> Any:
-    """The config with `model.attn_implementation` = "auto" resolved for packed rows (see
-    ditty.models.packing.packed_kernel: flex_attention on CUDA); otherwise the config as it is."""
-    from dataclasses import replace
-
-    from ditty.models import read_model_type
-    from ditty.models.packing import packed_kernel
-
-    if not config.data.packing or config.model.factory:
-        return config
-    kernel = packed_kernel(read_model_type(config.model), config.model.attn_implementation, device.type)
-    if kernel is None:
-        return config
-    if is_main_process():
-        print(f'packed rows on {device.type}: attention through {kernel} (model.attn_implementation = "auto")')
-    return replace(config, model=replace(config.model, attn_implementation=kernel))
-
-
-def base_model_for(
-    config: Any,
-    tokenizer: Any,
-    device: torch.device,
-    *,
-    given: Optional[torch.nn.Module] = None,
-    low_memory: bool = True,
-    labels: Any = None,
-) -> tuple[torch.nn.Module, Any]:
-    """(model before converters, weights still pending after sharding or None): the Python API's
-    instance (quantized as `[quant]` asks), a low-memory meta build (`low_memory`, sharded runs), or
-    the ordinary build. `labels`: a LabelSpace (ditty.data.labels) for the classifying tasks."""
-    from ditty.models import build_model
-
-    names = list(labels.names) if labels is not None else None
-    config = with_packed_kernel(config, device)
-    if given is not None:
-        from ditty.models.quant import quantize_instance
-
-        return with_packed_attention(quantize_instance(given, config.quant, device), config), None
-    if low_memory:
-        from ditty.models.meta import build_low_memory
-
-        built = build_low_memory(config, tokenizer, device, names)
-        if built is not None:
-            return with_packed_attention(built[0], config), built[1]
-    model = build_model(config.model, tokenizer=tokenizer, device=device, quant=config.quant, labels=names)
-    return with_packed_attention(model, config), None
-
-
-def with_packed_attention(model: torch.nn.Module, config: Any) -> torch.nn.Module:
-    """The model, told `model.packed_attention` (read by ditty.models.packing.packed_inputs) when the
-    recipe packs rows and names a path other than "auto"."""
-    if config.data.packing and config.model.packed_attention != "auto":
-        from ditty.models.packing import CHOICE_ATTRIBUTE
-
-        setattr(model, CHOICE_ATTRIBUTE, config.model.packed_attention)
-    return model
-
-
-def converters_for(config: Any) -> list:
-    """Model rewrites applied in order: `model.converters`, or by default the adapter (LoRA/DoRA) then
-    FP8 linears. A "package.module:Class" entry is built without arguments (the compiler checked it:
-    rule model.converters). Converters run after loading and before parallelization, compile and the
-    optimizer, so the optimizer sees only the parameters they leave trainable."""
-    from ditty.config.references import import_reference
-    from ditty.config.sections import SHARDED_KINDS
-
-    sharded = config.parallel.kind in SHARDED_KINDS
-    builtin = {}
-    if config.peft.kind != "none":
-        from ditty.models.adapters import LoraConverter
-
-        # Under FSDP every block must keep one dtype, so quantized bases are not upcast there.
-        builtin["peft"] = lambda: LoraConverter(config.peft, upcast_quantized=not sharded, task=config.model.task)
-    if config.fp8.enabled:
-        from ditty.models.float8 import Float8Converter
-
-        builtin["fp8"] = lambda: Float8Converter(config.fp8, fsdp=sharded)
-    order = list(config.model.converters or builtin)
-    return [builtin[name]() if name in builtin else import_reference(name, key="model.converters")() for name in order]

@@ -17,8 +17,9 @@ from typing import Any, Optional
 
 from ditty._utils.dist import is_main_process
 from ditty.checkpoint import lineage
+from ditty.checkpoint.resume_diff import SIDECAR_DATA_FILES, SIDECAR_RECIPE, flatten_recipe, jsonable
 from ditty.config.errors import RecipeError
-from ditty.train.resume import SIDECAR_DATA_FILES, SIDECAR_RECIPE, ResumePlan, _jsonable, doc_labels, flatten_recipe
+from ditty.train.resume import ResumePlan, doc_labels
 
 log = logging.getLogger("ditty.train")
 
@@ -62,9 +63,9 @@ class Checkpointer:
         return {
             # elapsed_s: a resumed run's training wall time continues from it
             "train_state": {**run.state.state_dict(), "elapsed_s": round(run.meter.elapsed_s, 3)},
-            "scheduler": _jsonable(run.scheduler.state_dict()),
+            "scheduler": jsonable(run.scheduler.state_dict()),
             "data": run.stream.state_dict(),
-            "precision": _jsonable(run.precision.state_dict()),
+            "precision": jsonable(run.precision.state_dict()),
             "total_steps": run.total_steps,
             "trainer": run.trainer_ref,
             lineage.RUN_ID: self.resume.run_id,  # which run wrote it (ditty.checkpoint.lineage)

@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from ditty.data.collate import eval_batches
-from ditty.data.formats import data_format
 from ditty.metrics.task_metrics import Perplexity
 from ditty.train.step import all_reduce_sum
 
@@ -43,7 +42,7 @@ class Evaluation:
             yield to_device(batch, self.device)
 
     def model_inputs(self, batch: dict) -> dict:
-        from ditty.train.pipeline import model_inputs
+        from ditty.models.inputs import model_inputs
 
         return model_inputs(self.model, batch)
 
@@ -61,7 +60,7 @@ def evaluate_tokens(
     sets = [(name, dataset) for name, dataset in sets if dataset is not None and len(dataset) > 0]
     collator = bundle.collator.for_validation()
     # The task's metrics read token outputs; built-in images (a custom model) have only their hook.
-    task_metrics = [make() for make in task.metrics] if data_format(bundle.format).tokenized else []
+    task_metrics = [make() for make in task.metrics] if bundle.collator.tokenized else []
     # A loss that reports its own metrics (a preference loss: rewards/*, logps/*) gets them averaged over
     # the held-out items as val_*; its loss is a mean over pairs, not tokens, so no perplexity.
     loss_metrics = LossMetricMeans() if getattr(request.pipeline.loss, "reports_val_metrics", False) else None
@@ -122,6 +121,25 @@ class LossMetricMeans:
         totals = all_reduce_sum(torch.tensor([self.sums[n] for n in names] + [self.count], dtype=torch.float64))
         count = float(totals[-1])
         return {name: float(totals[i]) / count for i, name in enumerate(names)} if count > 0 else {}
+
+
+@torch.no_grad()
+def evaluate_samples(request: Any, bundle: Any) -> dict[str, Any]:
+    """The Python API's samples: `val_loss` as the sample-weighted mean over the whole validation set
+    (or validation DataLoader), and the scores of its evaluation hook (a diffusion sample grid, say)."""
+    from ditty.data.generic import batch_samples, eval_micro_batches
+
+    metrics: dict[str, Any] = {}
+    val = bundle.val
+    if val is not None and len(val) > 0:
+        total, count = 0.0, 0
+        for batch in eval_micro_batches(val, request.micro_batch_size, bundle.collator):
+            out, _ = request.forward(batch)
+            size = batch_samples(batch)
+            total += float(out.mean_loss()) * size
+            count += size
+        metrics["val_loss"] = total / max(count, 1)
+    return metrics | hook_scores(bundle.hook, request)
 
 
 def hook_scores(hook: Any, request: Any) -> dict[str, Any]:

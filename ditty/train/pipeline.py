@@ -7,7 +7,6 @@ the chunked `FusedLinearCrossEntropyLoss`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,20 +19,8 @@ from ditty.config.sections import ComponentSpec, PipelineConfig
 from ditty.contracts.tensors import ContractCheck
 from ditty.data.generic import batch_samples
 from ditty.metrics.mfu import measure_forward_flops
+from ditty.models.inputs import call_model
 from ditty.stages.fused_loss import HEAD_INPUT, emit_head_input, wants_head_input
-
-# Keys of a batch the model's forward takes. Everything else (labels, user keys) stays for the loss:
-# passing labels would make Hugging Face models compute a second, unwanted loss over the logits.
-# token_type_ids (BERT-style pairs) and the decoder inputs (seq2seq) come from the task formats.
-MODEL_INPUTS = (
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "inputs_embeds",
-    "token_type_ids",
-    "decoder_input_ids",
-    "decoder_attention_mask",
-)
 
 
 @dataclass
@@ -65,55 +52,6 @@ def build_pipeline(cfg: PipelineConfig) -> StageChain:
 
         loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
     return StageChain(pre, post, loss)
-
-
-def model_inputs(model: torch.nn.Module, batch: dict) -> dict:
-    """The forward's keyword arguments; `use_cache=False` for Hugging Face models (training, and
-    packed samples are isolated only without a cache). A packed batch (cumulative sample lengths,
-    no mask) gets what the model's attention kernel needs (ditty.models.packing.packed_inputs)."""
-    from ditty.models.inputs import accepted_inputs
-
-    accepted = accepted_inputs(model)  # a model that does not name a key (DistilBERT: token_type_ids) gets none
-    if "cu_seq_lens_q" in batch:
-        from ditty.models.packing import packed_inputs
-
-        kwargs = packed_inputs(model, batch)
-    else:
-        kwargs = {k: batch[k] for k in MODEL_INPUTS if k in batch and (accepted is None or k in accepted)}
-    # Look through DDP/compile wrappers: DDP has no `.config`, and without use_cache=False the
-    # Hugging Face model would build a KV cache in training, which activation checkpointing's
-    # recompute then extends a second time (selective checkpointing fails on the extra ops).
-    if _caches(unwrap(model, peft=True)) and (accepted is None or "use_cache" in accepted):
-        kwargs["use_cache"] = False
-    return kwargs
-
-
-def _caches(model: torch.nn.Module) -> bool:
-    """A Hugging Face model whose config has `use_cache` (it would build a KV cache unless told not to)."""
-    return getattr(getattr(model, "config", None), "use_cache", None) is not None
-
-
-def call_model(model: torch.nn.Module, batch: Any, forward_kwargs: dict, *, lm: bool) -> Any:
-    """The forward call for each kind of batch.
-
-    LM data: `model(input_ids=..., attention_mask=..., ...)` (MODEL_INPUTS only). Generic data:
-    a tensor (or tuple/list) batch is `model(batch, **forward_kwargs)`; a dict batch is
-    `model(**batch, **forward_kwargs)`, restricted to the parameters the forward names (unless it
-    takes **kwargs and declares no contract) and, for Hugging Face models, without `labels` (no second
-    loss inside the model). The forward is the innermost one, under DDP, compile and peft wrappers
-    (ditty.models.inputs), so a custom model wrapped by peft is not handed keys it does not take.
-    """
-    if lm:
-        return model(**model_inputs(model, batch), **forward_kwargs)
-    if isinstance(batch, Mapping):
-        from ditty.models.inputs import innermost_module, is_transformers_model, select_inputs
-
-        kwargs = dict(batch)
-        inner = innermost_module(model)
-        if is_transformers_model(inner) and _caches(inner):
-            kwargs.setdefault("use_cache", False)
-        return model(**select_inputs(model, kwargs), **forward_kwargs)
-    return model(batch, **forward_kwargs)
 
 
 MODEL_OUTPUT = "model_output"

@@ -14,107 +14,17 @@ The policy (also in README, "Checkpoints and resume"):
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ditty._utils.dist import is_main_process
 from ditty.checkpoint import lineage
+from ditty.checkpoint.resume_diff import SIDECAR_DATA_FILES, SIDECAR_RECIPE, flatten_recipe, recipe_differences
 from ditty.config.errors import RecipeError
 
 log = logging.getLogger("ditty.train")
-
-# Dotted keys (a trailing "." means the whole section) that never count as a recipe difference on
-# resume: where things go and how often they are logged, evaluated, saved or pushed.
-IGNORED = (
-    "run.output_dir",
-    "run.name",
-    "run.num_threads",
-    "logging.",
-    "hub.",
-    "train.eval_every",
-    "train.eval_samples",
-    "train.log_every",
-    "checkpoint.every",
-    "checkpoint.every_minutes",
-    "checkpoint.keep_last",
-    "checkpoint.async_save",
-    "checkpoint.resume",
-    "checkpoint.force_resume",
-    "checkpoint.fallback",
-    "checkpoint.overwrite_finished",
-    # Held-out sets and benchmarks do not change training; workers only prepare the
-    # same batches (a stream read by another number of workers is refused by the stream itself).
-    "data.eval.",
-    "data.num_workers",
-    "data.prefetch_factor",
-    "eval.",
-)
-SIDECAR_RECIPE = "recipe"  # flat {dotted key: value} of the recipe, to name differing keys
-SIDECAR_DATA_FILES = "data_files"  # {local data file: content fingerprint}, to notice changed data
-
-
-# ---------------------------------------------------------------------------- recipe comparison
-
-
-def _default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return repr(value)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=_default))
-
-
-def flatten_recipe(config: Any, trainer_ref: Optional[str] = None) -> dict[str, Any]:
-    """{dotted key: JSON value} for every field of the config tree (the form stored in the sidecar)."""
-    out: dict[str, Any] = {}
-
-    def walk(obj: Any, prefix: str) -> None:
-        for f in dataclasses.fields(obj):
-            value = obj.__dict__[f.name]
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                walk(value, f"{prefix}{f.name}.")
-            else:
-                out[prefix + f.name] = _jsonable(value)
-
-    walk(config, "")
-    out["trainer"] = trainer_ref
-    return out
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
-
-
-def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
-    """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
-    from ditty.checkpoint.resume_diff import effect_of_change
-
-    lines = []
-    for key in sorted(set(saved) | set(current)):
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        if old == new or _ignored(key):
-            continue
-        if (
-            key == "train.steps"
-            and isinstance(new, int)
-            and (old is None or isinstance(old, int))
-            and new >= step
-            and (old is None or new >= old)
-        ):
-            continue  # more steps: allowed, the schedule is rebuilt for the new total
-        if key == "parallel.kind" and "deepspeed" not in (old, new):
-            continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
-        # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
-        lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
-    return lines
-
 
 # ---------------------------------------------------------------------------- the resume decision
 
@@ -257,23 +167,3 @@ def doc_labels(doc: dict) -> Optional[dict]:
     """The label set a checkpoint's sidecar records (None before labels were recorded, or none)."""
     labels = doc.get("labels")
     return labels if isinstance(labels, dict) else None
-
-
-def truncate_metrics(run_dir: str, step: int) -> None:
-    """Drop metrics.jsonl records past `step` (written by the run after its last checkpoint), so the
-    resumed run's records follow on without repeats. Rank 0; rewritten atomically."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not is_main_process() or not os.path.isfile(path):
-        return
-    kept = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                if int(json.loads(line)["step"]) <= step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError, OverflowError):
-                continue  # a line cut short by the kill, or not a record (a step of Infinity)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)

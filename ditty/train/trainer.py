@@ -33,13 +33,13 @@ from ditty.metrics.harness import harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
 from ditty.optim.schedule_free import evaluation_weights, train_mode
+from ditty.parallel.memory import MemoryReport
 from ditty.parallel.threads import slow_cpu_hint
 from ditty.train.builders import Builders
 from ditty.train.cadence import Cadence, Due
 from ditty.train.components import RuntimeComponents
 from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
-from ditty.train.env import MemoryReport
 from ditty.train.final import check_output_dir
 from ditty.train.pipeline import MODEL_OUTPUT, run_pipeline
 from ditty.train.resume import plan_resume

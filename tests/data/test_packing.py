@@ -2,7 +2,7 @@
 sample run alone (fp32, within 1e-5); negative controls show the leak when isolation is off.
 
 Packed batches carry no mask, only position ids and cumulative sample lengths; the model's inputs
-come from ditty.models.packing.packed_inputs, as in training (ditty.train.pipeline.model_inputs)."""
+come from ditty.models.packing.packed_inputs, as in training (ditty.models.inputs.model_inputs)."""
 
 from __future__ import annotations
 

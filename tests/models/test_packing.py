@@ -153,9 +153,9 @@ def test_the_planner_and_ditty_check_name_the_path_training_takes(tmp_path, widt
     packed_inputs does with a full row of data.max_seq_len tokens of the model the trainer builds."""
     from ditty.config.loader import parse_recipe
     from ditty.models.packing import PATH_DESCRIPTIONS
+    from ditty.models.recipe_model import base_model_for
     from ditty.plan import Target, make_plan
     from ditty.recipe.data_rules import packed_attention_text
-    from ditty.train.builders import base_model_for
 
     sizes = ", ".join(f"{k} = {v}" for k, v in TINY.items() if k != "max_position_embeddings")
     text = (
@@ -249,7 +249,7 @@ def test_auto_packs_through_flex_attention_on_cuda_only():
 
 def test_the_trainer_builds_a_packed_cuda_run_with_flex(tmp_path):
     from ditty.config.loader import parse_recipe
-    from ditty.train.builders import with_packed_kernel
+    from ditty.models.recipe_model import with_packed_kernel
 
     recipe = '[model]\narchitecture = "llama"\n[data]\npacking = {}\n[train]\nsteps = 1\n'
     packed = parse_recipe(recipe.format("true")).config

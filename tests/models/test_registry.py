@@ -27,7 +27,7 @@ def test_activation_checkpointing_wraps_the_spec_blocks():
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from ditty.train.speed import apply_activation_checkpointing
+    from ditty.parallel.speed import apply_activation_checkpointing
 
     model = apply_activation_checkpointing(DIGITS_DENOISER(hidden=16), "full")
     assert sum(isinstance(m, CheckpointWrapper) for m in model.modules()) == 3

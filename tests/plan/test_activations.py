@@ -66,7 +66,7 @@ def recipe(
 def build(config: TrainerConfig):
     from ditty.models.adapters import LoraConverter
     from ditty.models.build import build_model
-    from ditty.train.builders import with_packed_attention
+    from ditty.models.recipe_model import with_packed_attention
 
     model = with_packed_attention(build_model(config.model, device="cpu", quant=config.quant), config)
     if config.peft.kind != "none":

@@ -57,7 +57,7 @@ def test_export_rebuilds_a_classifier_with_its_labels(capsys, tmp_path, trained)
 @pytest.mark.slow
 def test_the_model_card_says_the_task_and_its_metrics(monkeypatch, trained):
     import ditty.checkpoint.hub as hub
-    from ditty.train.push import push_run
+    from ditty.cli.push import push_run
 
     pushed = []
     monkeypatch.setattr(hub, "push_folder", lambda folder, **kwargs: pushed.append((folder, kwargs)) or "url")

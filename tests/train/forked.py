@@ -26,7 +26,7 @@ PRELOAD = [
     "torch.distributed.checkpoint",
     "ditty.cli",
     "ditty.train.trainer",
-    "ditty.train.env",
+    "ditty.parallel.memory",
     "ditty.models.build",
     "ditty.checkpoint",
     "ditty.metrics.plot",

@@ -143,7 +143,7 @@ def test_resume_on_another_world_size_is_refused_before_anything_loads(runs):
 
 
 def test_export_rebuilds_the_model_from_deepspeed_partitions(runs, tmp_path):
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     out = export(runs["zero3"], tmp_path / "exported")
     from safetensors.torch import load_file

@@ -453,8 +453,8 @@ def _train_and_inspect(rank: int, world: int, configs: list) -> list:
     """Train each config in turn; report what is really in the model (wrappers, compiled blocks, graphs)."""
     from torch._dynamo.utils import counters
 
+    from ditty.parallel.speed import checkpointed_modules, compiled_modules
     from ditty.train import Trainer
-    from ditty.train.speed import checkpointed_modules, compiled_modules
 
     found = []
     for config in configs:

@@ -98,7 +98,7 @@ def test_the_pipeline_refuses_it(tmp_path):
 
 
 def test_export_refuses_a_checkpoint_whose_recipe_it_refuses(config, tmp_path):
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     config = replace(config, checkpoint=replace(config.checkpoint, every=2))
     Trainer(config).train()

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
+from ditty.parallel.precision import build_precision
 from ditty.train import Trainer
-from ditty.train.precision import build_precision
 from tests.train.helpers import read_jsonl, small_config, write_prompt_completion
 
 

@@ -308,7 +308,7 @@ def test_export_gives_the_trained_models_logits(tmp_path, reference):
 
 
 def test_export_never_unpickles(tmp_path, reference, forbid_unpickling):
-    from ditty.train.export import export
+    from ditty.cli.export import export
 
     forbid_unpickling()
     run, _ = reference
@@ -487,8 +487,8 @@ def test_sigkill_on_two_processes_with_fsdp_resumes_bitwise(tmp_path):
 
 
 def test_recipe_differences_ignore_intervals_paths_and_growing_steps():
+    from ditty.checkpoint.resume_diff import IGNORED, flatten_recipe, recipe_differences
     from ditty.config import TrainerConfig
-    from ditty.train.resume import IGNORED, flatten_recipe, recipe_differences
 
     saved = flatten_recipe(TrainerConfig())
     assert "optimizer.lr" in saved and "checkpoint.force_resume" in saved

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ditty.models.float8 import float8_modules
-from ditty.train.speed import checkpointed_modules, compiled_modules
+from ditty.parallel.speed import checkpointed_modules, compiled_modules
 from tests.train.speed_helpers import tiny_config, train
 
 
@@ -111,8 +111,8 @@ class _NoBlocks(torch.nn.Module):
 
 
 def test_activation_checkpointing_a_custom_model_checkpoints_its_children():
+    from ditty.parallel.speed import apply_activation_checkpointing
     from ditty.parallel.wrap import find_blocks
-    from ditty.train.speed import apply_activation_checkpointing
 
     torch.manual_seed(0)
     plain, ids = _NoBlocks(), torch.randint(0, 10, (2, 5))

@@ -98,6 +98,9 @@ class DataFormat:
 class Collator:
     """Samples -> one micro-batch of tensors."""
 
+    tokenized: ClassVar[bool] = True
+    """Batches are token rows (the model takes input_ids); else the samples themselves (images)."""
+
     def __call__(self, samples: Sequence[dict], positions: Optional[Sequence[int]] = None) -> dict[str, Any]:
         raise NotImplementedError
 

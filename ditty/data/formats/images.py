@@ -60,6 +60,8 @@ class ImagesFormat(DataFormat):
 class ImageCollator(Collator):
     """Images -> one [B, ...] tensor; every sample takes loss and counts as one input."""
 
+    tokenized = False
+
     def __call__(self, samples: Sequence[Any], positions: Optional[Sequence[int]] = None) -> torch.Tensor:
         return torch.stack(list(samples))
 

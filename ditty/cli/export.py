@@ -112,9 +112,10 @@ def export(
     from ditty._utils.modules import unwrap
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
+    from ditty.models.recipe_model import base_model_for, converters_for
     from ditty.parallel.runtime import seed_everything
     from ditty.recipe import compile_recipe
-    from ditty.train.builders import base_model_for, converters_for, tokenizer_for
+    from ditty.train.builders import tokenizer_for
     from ditty.train.engines import engine_class
     from ditty.train.final import save_model_files
 

@@ -139,8 +139,8 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _blocks(model: nn.Module, classes: Optional[Sequence[type]], names: Optional[list[str]]) -> list[nn.Module]:
+    from ditty._utils.modules import LOSS_MODULE
     from ditty.parallel.wrap import find_blocks
-    from ditty.train.loss_parameters import LOSS_MODULE
 
     # A model that declares no blocks (a custom nn.Module without _no_split_modules or
     # parallel.block_classes) is checkpointed / compiled child by child.

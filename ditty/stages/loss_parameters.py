@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ditty._utils.modules import LOSS_MODULE
 from ditty.stages.loss import loss_sharding_refused
-
-LOSS_MODULE = "ditty_loss"
-"""Name under which a loss's parameters join the model (`attach_loss_parameters`)."""
 
 
 def loss_parameters(loss: Any) -> list[tuple[str, Any]]:
