@@ -57,10 +57,9 @@ def resolve_objective(config: Any, world_size: int) -> Objective:
             rollout_sequences=in_flight,
             rollout_tokens=config.data.max_seq_len + rl.max_new_tokens,
         )
-    from ditty.recipe.preference_rules import preference_training
-
-    if not preference_training(config):
-        return Objective()
+    preference_data = config.data.format in ("preference", "unpaired_preference")
+    if not preference_data or getattr(config.model, "task", "causal-lm") != "causal-lm":
+        return Objective()  # (a reward model trains on preference data with its own loss)
     from ditty.config.preference import REFERENCE_FREE
 
     pref = config.preference
