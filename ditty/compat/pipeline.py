@@ -156,6 +156,8 @@ class Pipeline:
         self.tokenizer = tokenizer
         self.model_task = model_task
         # Post-training objectives (ditty.compat.objectives): the DPO family, or GRPO with reward functions.
+        if preference is None and getattr(loss_calculator, "name", None) == "preference":
+            preference = loss_calculator.config  # a PreferenceLoss given alone reads preference rows
         self.preference, self.rl = preference, rl
         self.reward_functions = reward_function_list(reward_fn)
         self.trainer_class = trainer_class

@@ -137,3 +137,36 @@ def test_reward_fn_of_the_original_library_runs_grpo(tmp_path, tiny_llama_dir, k
     assert steps[0]["reward"] == pytest.approx(sum(first) / 8, abs=1e-6)
     if kind != "float":  # the metrics of the pair and the dict are logged per function
         assert any(key.endswith("/length") and value == pytest.approx(7.0) for key, value in steps[0].items())
+
+
+def test_a_preference_loss_with_a_reference_of_ones_own(tmp_path, tiny_llama_dir, reference_dir):
+    """loss_calculator=PreferenceLoss(config, reference=fn): the reference is the caller's function (here
+    the same checkpoint as the recipe's reference path, so the losses are the path's)."""
+    from transformers import AutoModelForCausalLM
+
+    from ditty import PreferenceLoss
+    from ditty.train.preference import frozen, sequence_logps_of
+
+    other = frozen(AutoModelForCausalLM.from_pretrained(reference_dir))
+    calls = []
+
+    def reference(batch):
+        calls.append(len(batch["input_ids"]))
+        return sequence_logps_of(other, batch, 8)
+
+    runs = {}
+    for name, keywords in {
+        "path": dict(preference=PreferenceConfig(kind="dpo", beta=BETA, reference=reference_dir)),
+        "own": dict(loss_calculator=PreferenceLoss(PreferenceConfig(kind="dpo", beta=BETA), reference=reference)),
+    }.items():
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=PAIRS,
+            output_dir=str(tmp_path / name),
+            extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+            **keywords,
+            **SHARED,
+        ).run()
+        runs[name] = _losses(tmp_path / name)
+    assert calls == [16, 16]  # each step's 8 pairs, chosen and rejected rows
+    assert runs["own"] == pytest.approx(runs["path"], abs=1e-6)
