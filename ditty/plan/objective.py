@@ -138,5 +138,19 @@ def objective_rows(shape: Any, s: Any, held: list, rank: int) -> list:
     return rows
 
 
+def reference_flops_per_token(shape: Any, s: Any, held: list) -> float:
+    """The preference reference's forward per token (no backward): the base's matrix products and
+    attention, or a reference path's parameters. Nothing for "precompute" or the policy alone; GRPO's
+    time (its rollouts dominate) is not modelled."""
+    o = s.objective
+    if o is None or o.method == "grpo" or o.reference not in ("adapter", "copy", "path"):
+        return 0.0
+    attention = 2 * s.seq_len * shape.q_dim * shape.num_layers
+    if o.reference == "path":
+        return 2.0 * (o.reference_numel or 0) + attention
+    base = sum(t.numel for t in held if t.matmul and t.group not in ("LoRA adapters", "modules_to_save copies"))
+    return 2.0 * base + attention
+
+
 def rollout_kv_bytes(shape: Any, sequences: int, tokens: int, dtype_bytes: int) -> int:
     return sequences * tokens * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * dtype_bytes

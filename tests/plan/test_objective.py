@@ -93,3 +93,19 @@ def test_check_plan_prints_the_reference_line(capsys, tmp_path, tiny_llama_dir):
     assert code == 0, out
     line = next(line for line in out.splitlines() if line.strip().startswith("reference model"))
     assert "0.00" in line and "none while training" in line
+    assert "(at most: global batch x 2 rows a pair x max_seq_len)" in out
+
+
+def test_the_time_counts_both_rows_of_a_pair_and_the_reference_forward(tmp_path, tiny_llama_dir):
+    from ditty.plan.timing import flops_per_token
+
+    config = _config(tmp_path, tiny_llama_dir, "dpo")
+    plan = _plan(config)
+    s, held = plan.settings, plan.memory.held
+    tokens = config.train.global_batch_size * 2 * config.data.max_seq_len
+    assert plan.time.tokens_per_step == tokens
+    attention = 2 * s.seq_len * plan.shape.q_dim * plan.shape.num_layers
+    forward = 2 * sum(t.numel for t in held if t.matmul) + attention
+    assert plan.time.flops_per_step == pytest.approx(tokens * (flops_per_token(plan.shape, s, held) + forward))
+    precompute = _plan(replace(config, preference=replace(config.preference, reference="precompute")))
+    assert precompute.time.flops_per_step == pytest.approx(tokens * flops_per_token(plan.shape, s, held))
