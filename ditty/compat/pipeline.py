@@ -33,6 +33,9 @@ Model tasks (ditty/models/tasks.py): `model_task="seq-classification"` (or "toke
 as for a recipe. The model is a `model_factory` (a transformers model of the task), or built from
 `extra_config={"model": {"path": ...}}`; data may come from `extra_config={"data": {...}}` instead
 of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
+
+Post-training (ditty.compat.objectives): `preference=PreferenceConfig(...)` trains the DPO family on
+preference rows; `reward_fn=` (with `rl=RLConfig(...)`) runs GRPO on prompt rows.
 """
 
 from __future__ import annotations
