@@ -39,6 +39,10 @@ _LAZY = {
     "TokenizerFactory": "ditty.compat.model_factory",
     "ModelTransform": "ditty.compat.model_factory",
     "RuntimeComponents": "ditty.train.components",
+    # Post-training objectives from Python: Pipeline(preference=...), Pipeline(rl=..., reward_fn=...).
+    "PreferenceConfig": "ditty.config.preference",
+    "PreferenceLoss": "ditty.train.preference_loss",
+    "RLConfig": "ditty.config.rl",
     "PreProcessor": "ditty.stages.processors",
     "PostProcessor": "ditty.stages.processors",
     "Context": "ditty.stages.processors",

@@ -33,6 +33,9 @@ Model tasks (ditty/models/tasks.py): `model_task="seq-classification"` (or "toke
 as for a recipe. The model is a `model_factory` (a transformers model of the task), or built from
 `extra_config={"model": {"path": ...}}`; data may come from `extra_config={"data": {...}}` instead
 of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
+
+Post-training (ditty.compat.objectives): `preference=PreferenceConfig(...)` trains the DPO family on
+preference rows; `reward_fn=` (with `rl=RLConfig(...)`) runs GRPO on prompt rows.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
+from ditty.compat.objectives import reward_function_list, trains_objective, with_objective
 from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
 from ditty.train import Trainer
@@ -126,6 +130,9 @@ class Pipeline:
         trainer_class: type = Trainer,
         tokenizer: Any = None,
         model_task: Optional[str] = None,
+        preference: Any = None,
+        rl: Any = None,
+        reward_fn: Any = None,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -151,6 +158,11 @@ class Pipeline:
         self.task = task
         self.tokenizer = tokenizer
         self.model_task = model_task
+        # Post-training objectives (ditty.compat.objectives): the DPO family, or GRPO with reward functions.
+        if preference is None and getattr(loss_calculator, "name", None) == "preference":
+            preference = loss_calculator.config  # a PreferenceLoss given alone reads preference rows
+        self.preference, self.rl = preference, rl
+        self.reward_functions = reward_function_list(reward_fn)
         self.trainer_class = trainer_class
         self.metrics_logger = metrics_logger
         self._hf_hub_token = hf_hub_token  # memory only: not in settings, recipe.toml, env.json or logs
@@ -239,7 +251,8 @@ class Pipeline:
         `data` defaults to the dataset or DataLoader given (not an overridden dataset(), built at run time)."""
         if data is None:
             data = self._dataloader if self._dataloader is not None else self._dataset
-        return build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
+        config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
+        return with_objective(config, self.preference, self.rl, self.reward_functions)
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract
@@ -326,6 +339,8 @@ class Pipeline:
             replaced.append("tokenizer.")
         if self._dataset is not None or self._dataloader is not None or "data" not in given:
             replaced.append("data.")
+        if self.reward_functions:
+            replaced.append("rl.reward")  # the functions stand in for rl.rewards
         return tuple(replaced)
 
     # ---------------------------------------------------------------- running
@@ -351,14 +366,19 @@ class Pipeline:
             preprocessors=self.preprocessors,
             postprocessors=self.postprocessors,
             # Another model task's loss comes from the task table when none is given.
-            loss=self.loss_calculator or (CausalLMLoss() if causal else None),
+            # An objective's loss (preference, GRPO) is the Trainer's, built from its section.
+            loss=self.loss_calculator or (CausalLMLoss() if causal and not self._objective() else None),
             task=self.task,
             tokenizer=tokenizer,
             optimizer=self.settings["optimizer"],
             metrics_logger=self.metrics_logger,
             converters=self.model_factory.converters() if self.model_factory is not None else None,
             hub_token=self._hf_hub_token,
+            reward_functions=self.reward_functions,
         )
+
+    def _objective(self) -> bool:
+        return trains_objective(self.preference, self.rl, self.reward_functions)
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()

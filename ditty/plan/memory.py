@@ -88,6 +88,8 @@ class MemoryPlan:
 
 
 def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Optional[str] = None) -> MemoryPlan:
+    from ditty.plan.objective import objective_rows  # it builds this module's Rows
+
     held = held_tensors(shape, s)
     activations = plan_activations(shape, s, held, activation_checkpointing)
     head_trains = s.peft == "none" or "lm_head" in s.modules_to_save
@@ -111,7 +113,8 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
     for rank in range(s.world_size):
         state = rank_state(held, s, rank)
         device_rows, host_rows = _state_rows(state, s)
-        rows = device_rows + shared_rows + [Row("framework fixed overhead", overhead, overhead_note, "overhead")]
+        rows = device_rows + objective_rows(shape, s, held, rank) if s.objective is not None else device_rows
+        rows = rows + shared_rows + [Row("framework fixed overhead", overhead, overhead_note, "overhead")]
         if s.accumulation == 1 and s.parallel != "deepspeed" and state.gradients:
             # One micro-batch per step and gradients set to None after it: the backward creates
             # them as it frees the activations, so the two never peak together.

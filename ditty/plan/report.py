@@ -141,7 +141,9 @@ def verdict(plan: TrainingPlan) -> list[str]:
 def time_lines(plan: TrainingPlan) -> list[str]:
     t = plan.time
     lines = ["", "time"]
-    lines.append(f"  tokens per step     {t.tokens_per_step:,} (at most: global batch x max_seq_len)")
+    pairs = plan.settings.objective is not None and plan.settings.objective.rows_per_sample == 2
+    basis = "global batch x 2 rows a pair x max_seq_len" if pairs else "global batch x max_seq_len"
+    lines.append(f"  tokens per step     {t.tokens_per_step:,} (at most: {basis})")
     lines.append(f"  FLOPs per step      {t.flops_per_step:.3g}")
     if t.samples is not None:
         per_epoch = f"{t.steps_per_epoch:,}" if t.steps_per_epoch is not None else "? (packing: counted once packed)"

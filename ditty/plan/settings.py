@@ -99,6 +99,8 @@ class Settings:
     """fsdp/hsdp from a local directory: rank 0 streams (or quantizes) and the others build on meta."""
     task: str = "causal-lm"
     """`model.task`: a classifier's logits are label scores, not a vocabulary per token."""
+    objective: Any = None
+    """What `[preference]` or `[rl]` adds (ditty.plan.objective.Objective): the reference, the rollouts."""
 
     @property
     def tokens(self) -> int:
@@ -136,6 +138,9 @@ class Settings:
         if backend == "default":
             backend = {"adamw8bit": "torchao", "adamw_schedulefree": "schedulefree"}.get(config.optimizer.kind, "torch")
         local_dir = bool(config.model.path) and _is_local(config.model.path)
+        from ditty.plan.objective import objective_chunks, resolve_objective
+
+        objective = resolve_objective(config, world)
         return cls(
             device=target.device,
             world_size=world,
@@ -156,11 +161,11 @@ class Settings:
             optimizer=config.optimizer.kind,
             optimizer_backend=backend,
             momentum=config.optimizer.momentum,
-            micro_batch=train.micro_batch_size,
+            micro_batch=train.micro_batch_size * objective.rows_per_sample,
             seq_len=config.data.max_seq_len,
             accumulation=accumulation,
             activation_checkpointing=train.activation_checkpointing,
-            loss_chunks=int(getattr(train, "loss_chunks", 0) or 0),
+            loss_chunks=objective_chunks(config, objective) or int(getattr(train, "loss_chunks", 0) or 0),
             packing=config.data.packing,
             packed_attention=_packed_attention(config, shape, target),
             reshard_after_forward=parallel.reshard_after_forward,
@@ -181,6 +186,7 @@ class Settings:
                 )
             ),
             task=getattr(config.model, "task", "causal-lm"),
+            objective=objective,
         )
 
 

@@ -65,9 +65,12 @@ def plan_time(
     mfu: float = DEFAULT_MFU,
     seconds_per_micro_batch: Optional[float] = None,
 ) -> TimePlan:
+    from ditty.plan.objective import reference_flops_per_token
+
     global_batch = config.train.global_batch_size
-    tokens = global_batch * s.seq_len
-    flops = tokens * flops_per_token(shape, s, held)
+    rows = s.objective.rows_per_sample if s.objective is not None else 1  # a preference pair is 2 rows
+    tokens = global_batch * rows * s.seq_len
+    flops = tokens * (flops_per_token(shape, s, held) + reference_flops_per_token(shape, s, held))
     samples = training_samples(config)
     per_epoch = samples // global_batch if samples is not None and not config.data.packing else None
     steps = config.train.steps

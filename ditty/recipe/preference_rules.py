@@ -76,12 +76,12 @@ def preference_fits(ctx: Context) -> Iterator[Problem]:
             "set data.packing = false (data.group_by_length = true cuts padding instead)",
         )
     yield from _reference(ctx)
-    if cfg.parallel.kind in ("fsdp", "hsdp", "deepspeed"):
+    if cfg.parallel.kind == "deepspeed" and cfg.parallel.zero_stage == 3:
         yield error(
-            "parallel.kind",
-            f'preference optimisation runs on one process or with DDP; parallel.kind = "{cfg.parallel.kind}" '
-            "would need the reference sharded like the policy, which ditty does not do yet",
-            'use parallel.kind = "ddp" (with an adapter the reference costs no memory), or "none"',
+            "parallel.zero_stage",
+            "preference optimisation scores completions through the output head's weight in chunks, outside the "
+            "model's forward, where ZeRO-3 leaves each rank only its partition of that weight",
+            'use parallel.zero_stage = 2, or parallel.kind = "fsdp" (the policy and reference both sharded)',
         )
 
 

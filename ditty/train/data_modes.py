@@ -189,8 +189,10 @@ def takes_rows(config: Any, components: Any) -> bool:
     samples for a collate function: a non-causal task, a dataset, and neither a loader nor a collate_fn."""
     from ditty.models.tasks import model_task
 
+    # Preference pairs and RL prompts are rows of a format too, on a causal LM.
+    row_format = config.data.format in ("preference", "unpaired_preference", "prompt")
     return (
-        not model_task(config.model.task).token_rows
+        (not model_task(config.model.task).token_rows or row_format)
         and components.dataset is not None
         and components.dataloader is None
         and components.collate_fn is None

@@ -5,7 +5,8 @@ builds for preference data.
   under no_grad: no second copy of the weights;
 - "auto" for a full finetune: a frozen copy of the weights the run starts from (taken before the
   first step, so a resumed run copies the same starting weights again, not the trained ones);
-- a model path or hub id: that model, loaded once, frozen;
+  under fsdp/hsdp it is sharded like the policy, on the same mesh;
+- a model path or hub id: that model, loaded once, frozen (sharded like the policy under fsdp/hsdp);
 - "precompute": the log-probabilities of the starting model for every training and held-out sample,
   computed once before training and kept in `run_dir/reference_logps.pt` (keyed by the sample's
   tokens, so mixtures, repeats and any order find them); a resumed run reads the file back.
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from ditty._utils.modules import is_peft_model, unwrap
 from ditty.config.preference import REFERENCE_FREE
+from ditty.config.sections import SHARDED_KINDS
 from ditty.objectives.logprobs import model_token_logps, sequence_logps
 
 log = logging.getLogger("ditty.train")
@@ -57,18 +59,57 @@ def preference_method(config: Any) -> str:
 def build_reference(trainer: Any, model: torch.nn.Module) -> Any:
     cfg, chunks = trainer.config.preference, trainer.config.preference.chunks
     inner = unwrap(model)
+    sharded = trainer.config.parallel.kind in SHARDED_KINDS
     if cfg.reference == "auto" and is_peft_model(inner):
         return AdapterDisabled(inner, chunks)
+    if cfg.reference == "auto" and sharded:
+        return FrozenModel(sharded_copy(trainer, inner), chunks)
     if cfg.reference == "auto":
         return FrozenModel(frozen(copy.deepcopy(inner)), chunks)
     if cfg.reference == "precompute":
         return Precomputed.for_run(trainer, inner, chunks)
-    from ditty.train.builders import base_model_for
-
     config = trainer.config
     reference_config = replace(config, model=replace(config.model, path=cfg.reference, init="pretrained"))
+    if sharded:
+        return FrozenModel(sharded_like_policy(trainer, reference_config), chunks)
+    from ditty.train.builders import base_model_for
+
     separate, _ = base_model_for(reference_config, trainer.tokenizer, trainer.runtime.device, low_memory=False)
     return FrozenModel(frozen(separate), chunks)
+
+
+def sharded_like_policy(trainer: Any, config: Any) -> torch.nn.Module:
+    """The model `config` names, frozen and sharded by the run's engine on the run's mesh (fsdp/hsdp):
+    each rank holds its shard, and every rank takes part in each of its forwards, as for the policy.
+    A local safetensors checkpoint is built on the meta device and each rank loads its own slice."""
+    from ditty.train.builders import base_model_for
+
+    model, pending = base_model_for(config, trainer.tokenizer, trainer.runtime.device, low_memory=True)
+    frozen(model)
+    return frozen(trainer.engine.wrap(model, pending))
+
+
+def sharded_copy(trainer: Any, policy: torch.nn.Module) -> torch.nn.Module:
+    """A full finetune's frozen starting weights under fsdp/hsdp: the `[model]` structure sharded like
+    the policy, then each rank copies its own shards of the policy's (not yet trained) parameters, so a
+    randomly initialised model gets the same weights. FSDP2 modules cannot be deep-copied."""
+    from ditty.config.errors import RecipeError
+
+    if trainer.components.model is not None:
+        raise RecipeError.single(
+            f'preference.reference = "auto" on a full finetune under parallel.kind = "{trainer.config.parallel.kind}" '
+            "rebuilds the model from [model], and this run was given a model instance",
+            key="preference.reference",
+            fix='use an adapter (peft.kind = "lora"), reference = "precompute", or parallel.kind = "ddp"',
+        )
+    reference = sharded_like_policy(trainer, trainer.config)
+    ours, theirs = list(reference.parameters()), list(policy.parameters())
+    if [tuple(p.shape) for p in ours] != [tuple(p.shape) for p in theirs]:
+        raise RuntimeError("the sharded reference does not have the policy's parameters; cannot copy them")
+    with torch.no_grad():
+        for mine, source in zip(ours, theirs):
+            mine.copy_(source)
+    return reference
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:

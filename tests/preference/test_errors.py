@@ -60,3 +60,12 @@ def test_kind_and_format_must_match_and_simpo_takes_no_reference(capsys, tmp_pat
     recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra='[preference]\nkind = "ipo"\nbeta = 0.5')
     code, out = run_cli(capsys, "check", recipe)
     assert code == 0, out
+
+
+def test_deepspeed_zero3_is_refused_with_the_reason(capsys, tmp_path, tiny_llama_dir):
+    extra = '[parallel]\nkind = "deepspeed"\nzero_stage = 3'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2, out
+    assert "parallel.zero_stage" in out and "ZeRO-3" in out and "zero_stage = 2" in out
+    assert "Traceback" not in out

@@ -1,0 +1,172 @@
+"""The Python API's post-training objectives: `Pipeline(preference=...)` trains the DPO family on
+preference rows with the losses of the same recipe run from the command line, and
+`Pipeline(reward_fn=...)` runs GRPO with the original library's reward_fn(task, completion_text),
+whichever of its return shapes (a float, a (reward, metrics) pair, a dict)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ditty.cli import main
+from ditty.compat.pipeline import ModelFactory, Pipeline
+from ditty.config.errors import RecipeError
+from ditty.config.preference import PreferenceConfig
+from ditty.config.rl import RLConfig
+from tests.preference.test_loss import BETA, PAIRS, reference_dir  # noqa: F401 (a fixture)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row and "step" in row]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if "loss" in row]
+
+
+SHARED = dict(lr=1e-3, steps=2, batch_size=8, log_every=1, device="cpu", seed=0, progress=False)
+
+
+def test_a_preference_pipeline_trains_dpo_with_the_losses_of_the_cli(tmp_path, tiny_llama_dir, reference_dir):
+    pipeline = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+        dataset=PAIRS,
+        preference=PreferenceConfig(kind="dpo", beta=BETA, reference=reference_dir),
+        output_dir=str(tmp_path / "api"),
+        extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+        **SHARED,
+    )
+    assert pipeline.config().data.format == "preference"
+    pipeline.run()
+    api = _losses(tmp_path / "api")
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in PAIRS))
+    recipe = tmp_path / "dpo.toml"
+    recipe.write_text(
+        f"""
+[run]
+output_dir = "{tmp_path / "cli"}"
+device = "cpu"
+seed = 0
+[model]
+path = "{tiny_llama_dir}"
+[data]
+source = "file"
+path = "{data}"
+format = "preference"
+max_seq_len = 32
+val_fraction = 0
+[train]
+steps = 2
+global_batch_size = 8
+micro_batch_size = 8
+log_every = 1
+precision = "fp32"
+[optimizer]
+lr = 1e-3
+[scheduler]
+kind = "constant"
+[logging]
+progress = false
+[preference]
+kind = "dpo"
+beta = {BETA}
+reference = "{reference_dir}"
+"""
+    )
+    assert main(["run", str(recipe)]) == 0
+    cli = _losses(tmp_path / "cli")
+    assert len(api) == len(cli) == 2
+    assert api[1] < api[0]  # it learns
+    assert api == pytest.approx(cli, abs=1e-6)
+    assert "rewards/accuracies" in _metrics(tmp_path / "api")[0]
+
+
+def test_a_preference_pipeline_refuses_a_second_objective(tiny_llama_dir):
+    with pytest.raises(RecipeError, match="two objectives"):
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=PAIRS,
+            preference={"kind": "dpo"},
+            reward_fn=lambda task, text: 0.0,
+        )
+    with pytest.raises(RecipeError, match="no field"):
+        Pipeline(model_factory=ModelFactory.from_huggingface(tiny_llama_dir), dataset=PAIRS, preference={"kynd": "x"})
+
+
+PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+
+
+def _shape(kind: str, reward: float, length: int):
+    if kind == "float":
+        return reward
+    if kind == "pair":
+        return reward, {"length": length}
+    return {"reward": reward, "metrics": {"length": length}}
+
+
+@pytest.mark.parametrize("kind", ["float", "pair", "dict"])
+def test_reward_fn_of_the_original_library_runs_grpo(tmp_path, tiny_llama_dir, kind):
+    calls: list[tuple[dict, str]] = []
+
+    def reward_fn(task, completion_text):
+        calls.append((task, completion_text))
+        return _shape(kind, float(completion_text.strip() == task["answer"]) + 0.1 * len(completion_text), 7)
+
+    pipeline = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+        dataset=PROMPTS,
+        reward_fn=reward_fn,
+        rl=RLConfig(group_size=4, max_new_tokens=3, temperature=1.0),
+        output_dir=str(tmp_path / "grpo"),
+        extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+        **SHARED,
+    )
+    assert pipeline.config().rl.kind == "grpo" and pipeline.config().data.format == "prompt"
+    pipeline.run()
+    steps = _metrics(tmp_path / "grpo")
+    assert len(steps) == 2
+    assert len(calls) == 2 * 8  # every completion of both steps, 8 a step (2 prompts x group of 4)
+    assert all(set(task) == {"prompt", "answer"} for task, _ in calls)
+    first = [float(text.strip() == task["answer"]) + 0.1 * len(text) for task, text in calls[:8]]
+    assert steps[0]["reward"] == pytest.approx(sum(first) / 8, abs=1e-6)
+    if kind != "float":  # the metrics of the pair and the dict are logged per function
+        assert any(key.endswith("/length") and value == pytest.approx(7.0) for key, value in steps[0].items())
+
+
+def test_a_preference_loss_with_a_reference_of_ones_own(tmp_path, tiny_llama_dir, reference_dir):
+    """loss_calculator=PreferenceLoss(config, reference=fn): the reference is the caller's function (here
+    the same checkpoint as the recipe's reference path, so the losses are the path's)."""
+    from transformers import AutoModelForCausalLM
+
+    from ditty import PreferenceLoss
+    from ditty.train.preference import frozen, sequence_logps_of
+
+    other = frozen(AutoModelForCausalLM.from_pretrained(reference_dir))
+    calls = []
+
+    def reference(batch):
+        calls.append(len(batch["input_ids"]))
+        return sequence_logps_of(other, batch, 8)
+
+    runs = {}
+    for name, keywords in {
+        "path": dict(preference=PreferenceConfig(kind="dpo", beta=BETA, reference=reference_dir)),
+        "own": dict(loss_calculator=PreferenceLoss(PreferenceConfig(kind="dpo", beta=BETA), reference=reference)),
+    }.items():
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=PAIRS,
+            output_dir=str(tmp_path / name),
+            extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+            **keywords,
+            **SHARED,
+        ).run()
+        runs[name] = _losses(tmp_path / name)
+    assert calls == [16, 16]  # each step's 8 pairs, chosen and rejected rows
+    assert runs["own"] == pytest.approx(runs["path"], abs=1e-6)
