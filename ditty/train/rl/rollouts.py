@@ -12,7 +12,9 @@ One `next_step()` on each rank:
 4. computes the log-probabilities the completions were sampled with (only when
    updates_per_rollout > 1) and the reference's (only when beta > 0);
 5. cuts the completions into micro-batches: prompt + completion rows, right-padded, labels on the
-   completion tokens (its end-of-sequence token included), with the advantages and flags.
+   completion tokens (its end-of-sequence token included), with the advantages and flags; with
+   beta 0 the rows of advantage 0 (groups whose completions all scored alike) are left out, as
+   their loss and gradient are exactly 0, so the step's forward and backward skip them.
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row.
 
 The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
@@ -163,10 +165,17 @@ class RolloutStream:
         rewards: torch.Tensor,
         per_function: Optional[dict[str, torch.Tensor]] = None,
         details: Optional[dict[str, torch.Tensor]] = None,
+        drop_idle: bool = True,
     ) -> list[dict]:
         """This rank's micro-batches of scored completions: `rewards` [local completions] gathered in
         global order into group advantages, the global counts the loss and its metrics divide by,
-        the rollout metrics, and the old and reference log-probabilities where needed."""
+        the rollout metrics, and the old and reference log-probabilities where needed.
+
+        `drop_idle` (with beta 0): the rows whose advantage is 0 (every row of a group whose
+        completions scored alike) are left out of the micro-batches. Their loss and gradient are
+        exactly 0, so the step is the same, but the forward and backward skip them; each micro-batch
+        keeps its share of the loss's denominator (`sequence_count`, `token_count`) as if they were
+        there, and at least one row, so every rank still runs the same forwards."""
         totals = _gather(rewards.to(torch.float64), self.world_size)
         advantages = group_advantages(totals, self.rl.group_size, self.rl.scale_rewards)
         local = len(done.texts)
@@ -192,8 +201,12 @@ class RolloutStream:
                 global_sequences=float(len(totals)),
                 global_tokens=max(global_tokens, 1.0),
                 metric_scale=scale,
+                sequence_count=torch.tensor(len(batch["advantages"])),
+                token_count=torch.tensor(self.scored_tokens(batch)),
                 rollout_metrics=dict(metrics),
             )
+        if drop_idle and self.rl.beta == 0:
+            batches = [without_idle_rows(batch) for batch in batches]
         self.add_logps(batches)
         return batches
 
@@ -299,6 +312,23 @@ class RolloutStream:
                 batch["old_logps"] = self.logps("policy", batch).cpu()
             if self.rl.beta > 0:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
+
+
+def without_idle_rows(batch: dict) -> dict:
+    """The micro-batch without its rows of advantage 0 (at least one row kept), cut to the width of
+    the longest row left; every other entry unchanged."""
+    keep = torch.nonzero(batch["advantages"] != 0).flatten()
+    if len(keep) == len(batch["advantages"]):
+        return batch
+    if len(keep) == 0:
+        keep = torch.zeros(1, dtype=torch.long)
+    width = int(batch["attention_mask"][keep].sum(-1).max())
+    out = dict(batch)
+    for key in ("input_ids", "attention_mask", "labels"):
+        out[key] = batch[key][keep, :width]
+    for key in ("advantages", "truncated"):
+        out[key] = batch[key][keep]
+    return out
 
 
 def _mix(seed: int, position: int) -> int:
