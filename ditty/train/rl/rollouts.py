@@ -245,21 +245,31 @@ class RolloutStream:
         model.eval()
         try:
             for start in range(0, len(prompt_ids), per_call):
-                chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
                 with self.seeded(first_position + start):
-                    self._generate(model, chunk, config, eos, pad, out)
+                    self._generate(model, prompt_ids[start : start + per_call], config, eos, pad, out)
         finally:
             model.train(was_training)
         return out
 
     def _generate(self, model, prompts: list[list[int]], config, eos: int, pad: int, out: Completions) -> None:
+        """`group_size` completions of each prompt. The prompts but their last token go through the
+        model once per prompt, not once per completion: their KV cache is repeated for the group,
+        and `generate` starts from it: the same distribution as from the whole prompts, at a fraction of
+        the prompt forwards (tests/rl/test_rollout_assembly.py: the same samples on its seed)."""
+        group = self.rl.group_size
         width = max(len(ids) for ids in prompts)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
         synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        cache = prompt_cache(model, input_ids, mask, group) if width > 1 and group > 1 else None
         generated = model.generate(
-            input_ids=input_ids, attention_mask=mask, generation_config=config, synced_gpus=synced
+            input_ids=input_ids.repeat_interleave(group, 0),
+            attention_mask=mask.repeat_interleave(group, 0),
+            generation_config=config,
+            synced_gpus=synced,
+            **({"cache": cache} if cache is not None else {}),
         )
+        prompts = [ids for ids in prompts for _ in range(group)]
         for ids, row in zip(prompts, generated[:, width:].tolist()):
             ended = eos is not None and eos in row
             completion = row[: row.index(eos) + 1] if ended else row
@@ -312,6 +322,25 @@ class RolloutStream:
                 batch["old_logps"] = self.logps("policy", batch).cpu()
             if self.rl.beta > 0:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
+
+
+def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group: int) -> Any:
+    """The KV cache of the left-padded prompts without their last column (positions counted over
+    the real tokens, as `generate` counts them), each row repeated `group` times."""
+    from transformers import DynamicCache
+
+    config = model.config
+    cache = DynamicCache(config=config.get_text_config() if hasattr(config, "get_text_config") else config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        cache=cache,
+        use_cache=True,
+    )
+    cache.batch_repeat_interleave(group)
+    return cache
 
 
 def without_idle_rows(batch: dict) -> dict:
