@@ -322,6 +322,8 @@ NOTES = {
         "grpo: work that differs: TRL also computes the per-token entropy of the completions for its metrics "
         "(the logits of the completion positions only, as ditty); with beta 0 and one update per rollout "
         "neither side computes old or reference log-probabilities; both decode the completions for the reward. "
+        "ditty leaves the completions of advantage 0 out of the training forward and backward (their gradient "
+        "is 0) and TRL does not: with this random model every reward is 0, so ditty trains 1 row per step. "
         "Generation share = CPU time inside transformers' generate / CPU time of the step, both sides."
     ),
 }
