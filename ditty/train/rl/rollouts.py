@@ -5,7 +5,8 @@ One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
 2. samples `group_size` completions of each with transformers' `generate` (KV cache, one batch, or
-   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA);
+   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA),
+   each prompt's cache computed once and repeated for its group;
 3. scores them with the reward functions (a failing function stops the run, exit 2, before any
    update), gathers every rank's rewards in global prompt order and turns them into group
    advantages, of which the rank keeps its own;
