@@ -16,7 +16,8 @@ every run is its own subprocess and the contenders alternate (ditty, TRL, ditty,
   `ref_model=None`), both computed every step. Figure: pairs per CPU-second.
 - grpo: 8 prompts x 8 completions per step (64 completions), at most 4 new tokens, temperature 1,
   top_p 1, top_k off, the DAPO loss, beta 0 (no reference), rewards group-scaled, one update per
-  rollout, the reward `ditty.objectives.builtin_rewards:addition_exact_match` on both sides.
+  rollout, the same reward on both sides (a hash of the completion text: every group has spread, so
+  both sides train every row; exact match on a random model would reward nothing).
   Figures: completions per CPU-second and the share of the step's CPU time spent in `generate`.
 
 How it is measured, the same on both sides: a global torch optimizer-step post-hook stamps process
@@ -45,7 +46,17 @@ LR, CLIP, SEED, MAX_LEN = 1e-5, 1.0, 0, 32
 DPO_PAIRS, DPO_BETA = 16, 0.1
 GRPO_PROMPTS, GROUP, MAX_NEW, TEMPERATURE = 8, 8, 4, 1.0
 NUM_PROBLEMS = 2000  # problems drawn for the data (both sides tokenize them before training, untimed)
-REWARD = "ditty.objectives.builtin_rewards:addition_exact_match"
+# A random model never answers a sum right, so exact match would give every completion reward 0 and
+# advantage 0, which ditty skips (no gradient) and TRL trains: an unequal comparison. This reward
+# differs between almost any two completions (a hash of the text), so both sides train every row.
+REWARD = "bench_post:completion_hash_reward"
+
+
+def completion_hash_reward(prompts, completions, **columns) -> list[float]:
+    """A deterministic reward in [0, 1) that differs between completions: for timing, not learning."""
+    import zlib
+
+    return [zlib.crc32(str(c).encode()) % 1000 / 1000 for c in completions]
 
 
 # ============================================================================ shared pieces (in workers)
@@ -270,8 +281,6 @@ def worker_trl_grpo(a: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from ditty.objectives.builtin_rewards import addition_exact_match
-
     path = model_dir(Path(a["tmp"]))
     args = trl_args(
         a,
@@ -291,7 +300,7 @@ def worker_trl_grpo(a: dict) -> dict:
     clock = StepClock()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path),
-        reward_funcs=[addition_exact_match],
+        reward_funcs=[completion_hash_reward],
         args=args,
         train_dataset=Dataset.from_list([dict(prompt=p) for p, _ in addition_problems()]),
         processing_class=AutoTokenizer.from_pretrained(path),
@@ -322,6 +331,9 @@ NOTES = {
         "grpo: work that differs: TRL also computes the per-token entropy of the completions for its metrics "
         "(the logits of the completion positions only, as ditty); with beta 0 and one update per rollout "
         "neither side computes old or reference log-probabilities; both decode the completions for the reward. "
+        "ditty leaves completions of advantage 0 out of the training forward and backward (their gradient is 0) "
+        "and TRL does not, so the bench rewards each completion by a hash of its text: no group is all ties and "
+        "both sides train every row. "
         "Generation share = CPU time inside transformers' generate / CPU time of the step, both sides."
     ),
 }

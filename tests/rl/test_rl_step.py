@@ -100,7 +100,7 @@ def test_one_step_on_fixed_rollouts_equals_the_papers_formula(tmp_path, name):
     trainer.model.double()
     model = trainer.engine.unwrap(trainer.model)
     done, rewards = fixed_rollouts(trainer.tokenizer)
-    batches = trainer.stream.assemble(done, rewards)
+    batches = trainer.stream.assemble(done, rewards, drop_idle=False)  # every row, as the formula sees them
     assert len(batches) == 2  # two micro-batches of 4: the normaliser sums over both
 
     # The sampling and the reference policy: the live one, nudged, so ratios and the KL are not trivial.
@@ -160,3 +160,39 @@ def test_one_step_on_fixed_rollouts_equals_the_papers_formula(tmp_path, name):
     if name == "dapo_clip_higher":  # the fixture clips on both sides
         assert 0 < out.metrics["clip_ratio/region_mean"] < 1
     trainer.run_lock.release()
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo"])
+def test_rows_of_advantage_zero_are_skipped_without_changing_the_step(tmp_path, loss):
+    """With beta 0 the rollout stream leaves out the rows whose advantage is 0 (here the whole first
+    group, which scored alike, and two rows of the second that equal its mean): the forward and
+    backward see fewer rows, and the loss and the update equal the step on every row to 1e-6."""
+    steps = []
+    for drop_idle in (False, True):
+        config = grpo_config(
+            tmp_path / str(drop_idle),
+            train=dict(steps=1),
+            optimizer=dict(kind="sgd", lr=1.0, weight_decay=0.0),
+            loss=loss,
+            clip_high=0.28,
+        )
+        trainer = Trainer(config)
+        trainer.model.double()
+        model = trainer.engine.unwrap(trainer.model)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        done, _ = fixed_rollouts(trainer.tokenizer)
+        rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 1.0, 1.0], dtype=torch.float64)
+        batches = trainer.stream.assemble(done, rewards, drop_idle=drop_idle)
+        rows = [len(b["advantages"]) for b in batches]
+        out = trainer.train_step(batches)
+        update = {n: before[n] - p.detach() for n, p in model.named_parameters()}
+        steps.append((rows, out, update, before))
+        trainer.run_lock.release()
+    (full_rows, full, full_update, start), (kept_rows, kept, kept_update, kept_start) = steps
+    assert all(torch.equal(start[n], kept_start[n]) for n in start)  # the same model before the step
+    assert full_rows == [4, 4] and kept_rows == [1, 2]  # a micro-batch of idle rows keeps one row
+    assert kept.loss == pytest.approx(full.loss, abs=1e-6, rel=0)
+    assert kept.supervised_tokens == full.supervised_tokens  # the same denominator
+    assert max(float(full_update[n].abs().max()) for n in full_update) > 1e-3  # the step moved the model
+    worst = max(float((full_update[n] - kept_update[n]).abs().max()) for n in full_update)
+    assert worst < 1e-6, worst

@@ -129,3 +129,54 @@ def test_rows_are_grouped_and_cut_at_the_end_of_sequence(setup):
             assert completion.count(eos) == 1 and completion[-1] == eos  # EOS is scored, nothing after it
             assert s.done.texts[row] == s.tokenizer.decode(completion[:-1], skip_special_tokens=True)
         assert float(batch["advantages"][row]) == row
+
+
+def test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_sample(setup):
+    """Under LoRA the policy is a PeftModel: the prompts' KV cache (computed once per group) goes
+    through the adapter too, so the stream samples what `generate` samples from the whole prompts."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    s = setup
+    torch.manual_seed(3)
+    model = get_peft_model(copy.deepcopy(s.model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # a live adapter (B starts at 0)
+            torch.nn.init.normal_(param, std=0.5)
+    stream = RolloutStream(
+        None,
+        rl=s.rl,
+        reward_functions=[],
+        tokenizer=s.tokenizer,
+        policy=lambda: model,
+        logps=None,
+        micro_batch_size=64,
+        seed=0,
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+    )
+    done = stream.sample(s.ids, 0)
+    tok = s.tokenizer
+    chunk = [ids for ids in s.ids for _ in range(GROUP)]
+    width = max(len(ids) for ids in chunk)
+    input_ids = torch.tensor([[tok.pad_token_id] * (width - len(ids)) + ids for ids in chunk])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+    config = GenerationConfig(
+        max_new_tokens=s.rl.max_new_tokens,
+        do_sample=True,
+        temperature=s.rl.temperature,
+        top_p=1.0,
+        top_k=0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(_mix(0, 0))
+        whole = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+    plain = s.done.completion_ids
+    assert [whole[row, width : width + len(c)].tolist() for row, c in enumerate(done.completion_ids)] == (
+        done.completion_ids
+    )
+    assert done.completion_ids != plain  # the adapter changed what is sampled

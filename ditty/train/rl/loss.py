@@ -48,12 +48,17 @@ class GRPOLoss(LossCalculator):
         self.chunks = chunks
 
     def count_tokens(self, batch: Mapping) -> torch.Tensor:
-        """This micro-batch's part of the loss's global denominator (see the module doc)."""
+        """This micro-batch's part of the loss's global denominator (see the module doc); the rollout
+        stream counts it before it drops the rows of advantage 0 (`sequence_count`, `token_count`)."""
         if self.rl.loss == "dapo":
+            if "token_count" in batch:
+                return batch["token_count"]
             scored = batch["labels"][:, 1:] != IGNORE_INDEX
             if self.rl.mask_truncated:
                 scored = scored & ~batch["truncated"].bool()[:, None]
             return scored.sum()
+        if "sequence_count" in batch:
+            return batch["sequence_count"]
         return torch.tensor(batch["advantages"].shape[0])
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:

@@ -5,14 +5,17 @@ One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
 2. samples `group_size` completions of each with transformers' `generate` (KV cache, one batch, or
-   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA);
+   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA),
+   each prompt's cache computed once and repeated for its group;
 3. scores them with the reward functions (a failing function stops the run, exit 2, before any
    update), gathers every rank's rewards in global prompt order and turns them into group
    advantages, of which the rank keeps its own;
 4. computes the log-probabilities the completions were sampled with (only when
    updates_per_rollout > 1) and the reference's (only when beta > 0);
 5. cuts the completions into micro-batches: prompt + completion rows, right-padded, labels on the
-   completion tokens (its end-of-sequence token included), with the advantages and flags.
+   completion tokens (its end-of-sequence token included), with the advantages and flags; with
+   beta 0 the rows of advantage 0 (groups whose completions all scored alike) are left out, as
+   their loss and gradient are exactly 0, so the step's forward and backward skip them.
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row.
 
 The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
@@ -163,10 +166,17 @@ class RolloutStream:
         rewards: torch.Tensor,
         per_function: Optional[dict[str, torch.Tensor]] = None,
         details: Optional[dict[str, torch.Tensor]] = None,
+        drop_idle: bool = True,
     ) -> list[dict]:
         """This rank's micro-batches of scored completions: `rewards` [local completions] gathered in
         global order into group advantages, the global counts the loss and its metrics divide by,
-        the rollout metrics, and the old and reference log-probabilities where needed."""
+        the rollout metrics, and the old and reference log-probabilities where needed.
+
+        `drop_idle` (with beta 0): the rows whose advantage is 0 (every row of a group whose
+        completions scored alike) are left out of the micro-batches. Their loss and gradient are
+        exactly 0, so the step is the same, but the forward and backward skip them; each micro-batch
+        keeps its share of the loss's denominator (`sequence_count`, `token_count`) as if they were
+        there, and at least one row, so every rank still runs the same forwards."""
         totals = _gather(rewards.to(torch.float64), self.world_size)
         advantages = group_advantages(totals, self.rl.group_size, self.rl.scale_rewards)
         local = len(done.texts)
@@ -192,8 +202,12 @@ class RolloutStream:
                 global_sequences=float(len(totals)),
                 global_tokens=max(global_tokens, 1.0),
                 metric_scale=scale,
+                sequence_count=torch.tensor(len(batch["advantages"])),
+                token_count=torch.tensor(self.scored_tokens(batch)),
                 rollout_metrics=dict(metrics),
             )
+        if drop_idle and self.rl.beta == 0:
+            batches = [without_idle_rows(batch) for batch in batches]
         self.add_logps(batches)
         return batches
 
@@ -232,21 +246,31 @@ class RolloutStream:
         model.eval()
         try:
             for start in range(0, len(prompt_ids), per_call):
-                chunk = [ids for ids in prompt_ids[start : start + per_call] for _ in range(rl.group_size)]
                 with self.seeded(first_position + start):
-                    self._generate(model, chunk, config, eos, pad, out)
+                    self._generate(model, prompt_ids[start : start + per_call], config, eos, pad, out)
         finally:
             model.train(was_training)
         return out
 
     def _generate(self, model, prompts: list[list[int]], config, eos: int, pad: int, out: Completions) -> None:
+        """`group_size` completions of each prompt. The prompts but their last token go through the
+        model once per prompt, not once per completion: their KV cache is repeated for the group,
+        and `generate` starts from it: the same distribution as from the whole prompts, at a fraction of
+        the prompt forwards (tests/rl/test_rollout_assembly.py: the same samples on its seed)."""
+        group = self.rl.group_size
         width = max(len(ids) for ids in prompts)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
         synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        cache = prompt_cache(model, input_ids, mask, group) if width > 1 and group > 1 else None
         generated = model.generate(
-            input_ids=input_ids, attention_mask=mask, generation_config=config, synced_gpus=synced
+            input_ids=input_ids.repeat_interleave(group, 0),
+            attention_mask=mask.repeat_interleave(group, 0),
+            generation_config=config,
+            synced_gpus=synced,
+            **({"cache": cache} if cache is not None else {}),
         )
+        prompts = [ids for ids in prompts for _ in range(group)]
         for ids, row in zip(prompts, generated[:, width:].tolist()):
             ended = eos is not None and eos in row
             completion = row[: row.index(eos) + 1] if ended else row
@@ -299,6 +323,42 @@ class RolloutStream:
                 batch["old_logps"] = self.logps("policy", batch).cpu()
             if self.rl.beta > 0:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
+
+
+def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group: int) -> Any:
+    """The KV cache of the left-padded prompts without their last column (positions counted over
+    the real tokens, as `generate` counts them), each row repeated `group` times."""
+    from transformers import DynamicCache
+
+    config = model.config
+    cache = DynamicCache(config=config.get_text_config() if hasattr(config, "get_text_config") else config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        cache=cache,
+        use_cache=True,
+    )
+    cache.batch_repeat_interleave(group)
+    return cache
+
+
+def without_idle_rows(batch: dict) -> dict:
+    """The micro-batch without its rows of advantage 0 (at least one row kept), cut to the width of
+    the longest row left; every other entry unchanged."""
+    keep = torch.nonzero(batch["advantages"] != 0).flatten()
+    if len(keep) == len(batch["advantages"]):
+        return batch
+    if len(keep) == 0:
+        keep = torch.zeros(1, dtype=torch.long)
+    width = int(batch["attention_mask"][keep].sum(-1).max())
+    out = dict(batch)
+    for key in ("input_ids", "attention_mask", "labels"):
+        out[key] = batch[key][keep, :width]
+    for key in ("advantages", "truncated"):
+        out[key] = batch[key][keep]
+    return out
 
 
 def _mix(seed: int, position: int) -> int:
