@@ -95,8 +95,9 @@ def final_model_card(cfg: Any, run_dir: str, state: "TrainState"):
         method = f"{cfg.peft.kind} adapter (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})"
         method += f" on a {cfg.quant.kind} base" if cfg.quant.kind != "none" else ""
     from ditty.train.preference import preference_method
+    from ditty.train.rl import rl_method
 
-    method += preference_method(cfg)
+    method += preference_method(cfg) + rl_method(cfg)
     data = cfg.data
     where = {"builtin": f"built-in `{data.name}`", "file": f"`{data.path}`"}.get(data.source, f"`{data.source}`")
     facts = {

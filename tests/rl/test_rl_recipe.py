@@ -146,6 +146,8 @@ def test_the_python_api_takes_the_original_libraries_reward_fn(tmp_path):
     config = replace(config, rl=replace(config.rl, rewards=[]))
     result = Trainer(config, components=RuntimeComponents(reward_functions=[reward_fn])).train()
     assert result.final_dir
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "reinforcement learning: GRPO (" in card and "rewards: reward functions given in Python" in card
     assert seen and set(seen[0]) == {"prompt", "completion"} and seen[0]["prompt"].endswith("=")
     rows = [_json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if r.get("step") == 1 and "loss" in r)

@@ -18,7 +18,18 @@ from ditty.train.rl.evaluate import RLEvaluation
 from ditty.train.rl.loss import GRPOLoss, sampling_projection
 from ditty.train.rl.rollouts import RolloutStream
 
-__all__ = ["GRPOLoss", "RLEvaluation", "RolloutStream", "attach_rl"]
+__all__ = ["GRPOLoss", "RLEvaluation", "RolloutStream", "attach_rl", "rl_method"]
+
+
+def rl_method(config: Any) -> str:
+    """What the model card's "method" adds for reinforcement learning ("" otherwise)."""
+    rl = config.rl
+    if rl.kind == "none":
+        return ""
+    rewards = ", ".join(r.rsplit(":", 1)[-1] for r in rl.rewards) or "reward functions given in Python"
+    kl = f", KL beta {rl.beta:g}" if rl.beta > 0 else ""
+    settings = f"{rl.loss} loss, {rl.group_size} completions per prompt{kl}, rewards: {rewards}"
+    return f"; reinforcement learning: {rl.kind.upper()} ({settings})"
 
 
 def attach_rl(trainer: Any) -> None:
