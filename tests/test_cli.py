@@ -24,7 +24,11 @@ def test_there_are_bundled_recipes():
 
 
 # Recipes that start from another bundled recipe's run, and the model path they read.
-STARTS_FROM_A_RUN = {"tiny_dpo": "runs/tiny_sft_short/final", "tiny_grpo": "runs/tiny_sft_start/final"}
+STARTS_FROM_A_RUN = {
+    "tiny_dpo": "runs/tiny_sft_short/final",
+    "tiny_grpo": "runs/tiny_sft_start/final",
+    "tiny_reward": "runs/tiny_sft/final",
+}
 
 
 def stand_in_first_stage(recipe_name: str, tmp_path, monkeypatch, request) -> None:
