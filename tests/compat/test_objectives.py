@@ -15,6 +15,7 @@ from ditty.compat.pipeline import ModelFactory, Pipeline
 from ditty.config.errors import RecipeError
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
+from tests.preference.recipes import preference_recipe, write_pairs
 from tests.preference.test_loss import BETA, PAIRS, reference_dir  # noqa: F401 (a fixture)
 
 
@@ -44,41 +45,18 @@ def test_a_preference_pipeline_trains_dpo_with_the_losses_of_the_cli(tmp_path, t
     pipeline.run()
     api = _losses(tmp_path / "api")
 
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in PAIRS))
-    recipe = tmp_path / "dpo.toml"
-    recipe.write_text(
-        f"""
-[run]
-output_dir = "{tmp_path / "cli"}"
-device = "cpu"
-seed = 0
-[model]
-path = "{tiny_llama_dir}"
-[data]
-source = "file"
-path = "{data}"
-format = "preference"
-max_seq_len = 32
-val_fraction = 0
-[train]
-steps = 2
-global_batch_size = 8
-micro_batch_size = 8
-log_every = 1
-precision = "fp32"
+    data = write_pairs(tmp_path / "pairs.jsonl", PAIRS)
+    extra = f"""
 [optimizer]
 lr = 1e-3
 [scheduler]
 kind = "constant"
-[logging]
-progress = false
 [preference]
 kind = "dpo"
 beta = {BETA}
 reference = "{reference_dir}"
 """
-    )
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra=extra, batch=(8, 8), run="cli")
     assert main(["run", str(recipe)]) == 0
     cli = _losses(tmp_path / "cli")
     assert len(api) == len(cli) == 2

@@ -15,12 +15,15 @@ def write_pairs(path: Path, rows=PAIRS) -> str:
     return str(path)
 
 
-def preference_recipe(tmp_path: Path, model_dir: str, data: str, *, extra: str = "", steps: int = 2) -> Path:
+def preference_recipe(
+    tmp_path: Path, model_dir: str, data: str, *, extra: str = "", steps: int = 2, batch=(4, 2), run: str = "run"
+) -> Path:
+    """A recipe training on `data` for `steps` steps of batch = (global, micro) pairs into tmp_path/run."""
     recipe = tmp_path / "dpo.toml"
     recipe.write_text(
         f"""
 [run]
-output_dir = "{tmp_path / "run"}"
+output_dir = "{tmp_path / run}"
 device = "cpu"
 seed = 0
 
@@ -36,8 +39,8 @@ val_fraction = 0
 
 [train]
 steps = {steps}
-global_batch_size = 4
-micro_batch_size = 2
+global_batch_size = {batch[0]}
+micro_batch_size = {batch[1]}
 log_every = 1
 precision = "fp32"
 

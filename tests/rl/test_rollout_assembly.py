@@ -62,8 +62,9 @@ def setup():
     return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, stream=stream, done=done, ids=prompt_ids)
 
 
-def sampling_logps(s) -> list[torch.Tensor]:
-    """The log-probabilities `generate` sampled each completion token with (its own processed logits)."""
+def generate_from_whole_prompts(s, model, **outputs):
+    """`generate` on every prompt repeated GROUP times, left-padded, with the stream's sampling settings
+    and its seed for the first prompt: what the rollouts must equal. Returns (output, prompt width)."""
     tok = s.tokenizer
     chunk = [ids for ids in s.ids for _ in range(GROUP)]
     width = max(len(ids) for ids in chunk)
@@ -77,13 +78,18 @@ def sampling_logps(s) -> list[torch.Tensor]:
         top_k=0,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        output_logits=True,
-        output_scores=True,
-        return_dict_in_generate=True,
+        **outputs,
     )
     with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(_mix(0, 0))  # the stream's seed for the first prompt
-        out = s.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+        torch.manual_seed(_mix(0, 0))
+        return model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config), width
+
+
+def sampling_logps(s) -> list[torch.Tensor]:
+    """The log-probabilities `generate` sampled each completion token with (its own processed logits)."""
+    out, width = generate_from_whole_prompts(
+        s, s.model, output_logits=True, output_scores=True, return_dict_in_generate=True
+    )
     logps = torch.stack([(logits.float() / s.rl.temperature).log_softmax(-1) for logits in out.logits], 1)
     # what generate sampled from: the logits divided by the temperature and nothing else (no top_k,
     # repetition penalty or other default of the model's generation_config)
@@ -158,23 +164,7 @@ def test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_samp
         device=torch.device("cpu"),
     )
     done = stream.sample(s.ids, 0)
-    tok = s.tokenizer
-    chunk = [ids for ids in s.ids for _ in range(GROUP)]
-    width = max(len(ids) for ids in chunk)
-    input_ids = torch.tensor([[tok.pad_token_id] * (width - len(ids)) + ids for ids in chunk])
-    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
-    config = GenerationConfig(
-        max_new_tokens=s.rl.max_new_tokens,
-        do_sample=True,
-        temperature=s.rl.temperature,
-        top_p=1.0,
-        top_k=0,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(_mix(0, 0))
-        whole = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+    whole, width = generate_from_whole_prompts(s, model)
     plain = s.done.completion_ids
     assert [whole[row, width : width + len(c)].tolist() for row, c in enumerate(done.completion_ids)] == (
         done.completion_ids
