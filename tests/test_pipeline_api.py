@@ -247,6 +247,17 @@ def test_data_prepare_over_a_hf_dataset(tmp_path):
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
 
 
+def test_data_loads_a_file_through_datasets_and_names_a_failed_load(tmp_path):
+    """Data(load_kwargs=...) reads a local file with datasets.load_dataset; a load that fails (a
+    builder that does not exist here) is a RecipeError naming the call, not a traceback."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(6)))
+    loaded = Data(load_kwargs={"path": "json", "data_files": str(rows), "split": "train"}).load()
+    assert loaded["text"] == [f"row {i}" for i in range(6)]
+    with pytest.raises(RecipeError, match=r"datasets.load_dataset\(.*no_such_builder.*\) failed"):
+        Data(load_kwargs={"path": str(tmp_path / "no_such_builder"), "split": "train"}).load()
+
+
 def test_resume_within_the_same_script(tmp_path):
     torch.manual_seed(0)
     first = pipeline(tmp_path, steps=4, checkpoint_every=2).run()

@@ -102,6 +102,18 @@ def share_from_rank0(value: Any) -> Any:
     return value if dist.get_rank() == 0 else box[0]
 
 
+def on_every_rank(flag: bool) -> bool:
+    """Whether `flag` holds on every rank (the flag itself on one process): for a choice between paths
+    that run different collectives, which every rank must then take alike."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)
+
+
 def portable_error(value: Any) -> Any:
     """`value`, with an exception that does not pickle replaced by a RuntimeError with its text (for
     object collectives; RecipeError pickles from its fields)."""

@@ -66,7 +66,8 @@ class Data:
             return self._dataset
         import datasets
 
-        from ditty.data.sources import _condensed, progress_bars_on_main_rank
+        from ditty._utils.errors import condensed
+        from ditty.data.sources import progress_bars_on_main_rank
 
         self.check_files()
         try:
@@ -74,7 +75,7 @@ class Data:
                 loaded = datasets.load_dataset(*self.load_args, **self.load_kwargs)
         except Exception as error:  # noqa: BLE001 - a file or id the user named; say which, without a traceback
             raise RecipeError.single(
-                f"datasets.load_dataset({_call_text(self.load_args, self.load_kwargs)}) failed: {_condensed(error)}",
+                f"datasets.load_dataset({_call_text(self.load_args, self.load_kwargs)}) failed: {condensed(error)}",
                 key="Data.load_kwargs",
                 fix="check the path, the files and the split",
             ) from error

@@ -62,12 +62,21 @@ def reward_function_list(reward_fn: Any) -> Optional[list]:
     return functions
 
 
-def with_objective(config: Any, preference: Any = None, rl: Any = None, reward_fn: Any = None) -> Any:
+def with_objective(
+    config: Any, preference: Any = None, rl: Any = None, reward_fn: Any = None, loss_calculator: Any = None
+) -> Any:
     """`config` with the `[preference]` or `[rl]` section the keywords ask for, and the data format it reads."""
     from ditty.config.preference import PreferenceConfig
     from ditty.config.rl import RLConfig
 
     reinforcement = rl is not None or reward_fn is not None
+    if reinforcement and loss_calculator is not None:
+        raise RecipeError.single(
+            f"rl=/reward_fn= train with GRPO's policy loss, which would replace loss_calculator="
+            f"{type(loss_calculator).__name__}",
+            key="loss_calculator",
+            fix="leave loss_calculator out (rl=RLConfig(...) tunes GRPO's loss), or leave out rl=/reward_fn=",
+        )
     if preference is not None and reinforcement:
         raise RecipeError.single(
             "preference= and rl=/reward_fn= are two objectives; a run trains one",

@@ -54,6 +54,7 @@ from ditty.compat.pipeline_options import build_config, keyword_problems, slot_p
 from ditty.config.errors import Problem, RecipeError
 from ditty.train import Trainer
 from ditty.train.components import RuntimeComponents
+from ditty.train.preference_loss import PreferenceLoss
 
 __all__ = ["Data", "FSDPConfig", "ModelFactory", "PeftConfig", "Pipeline", "QuantConfig", "TokenizerFactory"]
 __all__ += ["load_weights"]
@@ -159,7 +160,7 @@ class Pipeline:
         self.tokenizer = tokenizer
         self.model_task = model_task
         # Post-training objectives (ditty.compat.objectives): the DPO family, or GRPO with reward functions.
-        if preference is None and getattr(loss_calculator, "name", None) == "preference":
+        if preference is None and isinstance(loss_calculator, PreferenceLoss):
             preference = loss_calculator.config  # a PreferenceLoss given alone reads preference rows
         self.preference, self.rl = preference, rl
         self.reward_functions = reward_function_list(reward_fn)
@@ -252,7 +253,7 @@ class Pipeline:
         if data is None:
             data = self._dataloader if self._dataloader is not None else self._dataset
         config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
-        return with_objective(config, self.preference, self.rl, self.reward_functions)
+        return with_objective(config, self.preference, self.rl, self.reward_functions, self.loss_calculator)
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract

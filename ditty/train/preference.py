@@ -163,11 +163,14 @@ class Precomputed:
 
     @classmethod
     def for_run(cls, trainer: Any, model: torch.nn.Module, chunks: int) -> "Precomputed":
+        from ditty._utils.dist import is_main_process, on_every_rank
+
         path = os.path.join(trainer.config.run.output_dir, REFERENCE_FILE)
-        if os.path.exists(path):  # a resumed run: the same starting model's figures
+        # A resumed run reads the same starting model's figures back. Every rank decides alike: under
+        # fsdp the scoring forwards are collectives, and a node-local output_dir may lack the file.
+        if on_every_rank(os.path.exists(path)):
             return cls(torch.load(path, weights_only=True))
         table = compute_table(model, reference_datasets(trainer.data.bundle), trainer.data.bundle.collator, chunks)
-        from ditty._utils.dist import is_main_process
 
         if is_main_process():  # written whole, then renamed: a killed run leaves no half file
             torch.save(table, path + ".partial")

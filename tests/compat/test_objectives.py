@@ -15,6 +15,7 @@ from ditty.compat.pipeline import ModelFactory, Pipeline
 from ditty.config.errors import RecipeError
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
+from ditty.loss import CrossEntropyLoss
 from tests.preference.recipes import preference_recipe, write_pairs
 from tests.preference.test_loss import BETA, PAIRS, reference_dir  # noqa: F401 (a fixture)
 
@@ -75,6 +76,14 @@ def test_a_preference_pipeline_refuses_a_second_objective(tiny_llama_dir):
         )
     with pytest.raises(RecipeError, match="no field"):
         Pipeline(model_factory=ModelFactory.from_huggingface(tiny_llama_dir), dataset=PAIRS, preference={"kynd": "x"})
+    # GRPO's policy loss would replace a loss calculator given beside reward_fn= without a word
+    with pytest.raises(RecipeError, match="would replace loss_calculator=CrossEntropyLoss"):
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=PROMPTS,
+            loss_calculator=CrossEntropyLoss(),
+            reward_fn=lambda task, text: 0.0,
+        )
 
 
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]

@@ -153,3 +153,26 @@ def test_the_python_api_takes_the_original_libraries_reward_fn(tmp_path):
     step = next(r for r in rows if r.get("step") == 1 and "loss" in r)
     assert "rewards/reward_fn/mean" in step and "rewards/reward_fn/digits" in step
     assert step["reward"] == step["rewards/reward_fn/mean"]
+
+
+def test_a_model_given_in_python_is_its_own_kl_reference(tmp_path):
+    """rl.beta > 0 on a model given as an object (no [model] path to load again): the reference is a
+    copy of it taken before the first step, so the first step's KL is 0 and the run trains."""
+    import json as _json
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ditty.train import Trainer
+    from ditty.train.components import RuntimeComponents
+    from tests.rl.helpers import TINY_LLAMA, grpo_config
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    config = grpo_config(
+        tmp_path, train=dict(steps=2), beta=0.1, rewards=["tests.rl.rewards_for_tests:text_hash_reward"]
+    )
+    Trainer(config, components=RuntimeComponents(model=model)).train()
+    rows = [_json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    kl = [row["kl"] for row in rows if "kl" in row and "step" in row]
+    assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0  # the copy is the start; the policy moves away

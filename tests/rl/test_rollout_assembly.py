@@ -14,7 +14,7 @@ from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.sections import ModelConfig, TokenizerConfig
 from ditty.data.tokenizer import build_tokenizer
 from ditty.train.rl import sampled_logps
-from ditty.train.rl.rollouts import RolloutStream, _mix
+from ditty.train.rl.rollouts import RolloutStream, _mix, takes_prompt_cache
 from tests.rl.helpers import TINY_LLAMA
 
 GROUP = 4
@@ -170,3 +170,4 @@ def test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_samp
         done.completion_ids
     )
     assert done.completion_ids != plain  # the adapter changed what is sampled
+    assert takes_prompt_cache(model) and takes_prompt_cache(s.model)  # both sampled from the prompt cache

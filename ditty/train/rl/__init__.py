@@ -97,11 +97,33 @@ def build_reference(trainer: Any) -> Any:
     frozen copy of the model as `[model]` loads it (the start of training, also after a resume)."""
     if trainer.config.peft.kind != "none":
         return None
-    from ditty.train.builders import base_model_for
+    if trainer.components.model is not None:  # a model given in Python: no recipe to load it again from
+        model = given_model_copy(trainer)
+    else:
+        from ditty.models.recipe_model import base_model_for
 
-    model, _ = base_model_for(trainer.config, trainer.tokenizer, trainer.runtime.device, low_memory=False)
+        model, _ = base_model_for(trainer.config, trainer.tokenizer, trainer.runtime.device, low_memory=False)
     model.eval().requires_grad_(False)
     return model
+
+
+def given_model_copy(trainer: Any) -> torch.nn.Module:
+    """A copy of the policy a caller built (taken before the first step): the KL reference when the
+    recipe has no [model] to load again. A sharded policy cannot be copied whole."""
+    import copy
+
+    from ditty._utils.modules import unwrap
+    from ditty.config.errors import RecipeError
+    from ditty.config.sections import SHARDED_KINDS
+
+    if trainer.config.parallel.kind in SHARDED_KINDS:
+        raise RecipeError.single(
+            f"rl.beta > 0 needs a reference copy of the model given in Python, which parallel.kind = "
+            f'"{trainer.config.parallel.kind}" has sharded',
+            key="rl.beta",
+            fix='set rl.beta = 0, use parallel.kind = "ddp", or give the model as a path ([model] path=) instead',
+        )
+    return copy.deepcopy(unwrap(trainer.model))
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ run sampled, and the same prompts draw the same completions on any world size (w
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import time
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ditty._utils.dist import on_every_rank
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.objectives.grpo import group_advantages
 from ditty.objectives.rewards import RewardFunction, reward_metrics, score_completions
@@ -262,7 +264,9 @@ class RolloutStream:
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
         synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        cache = prompt_cache(model, input_ids, mask, group) if width > 1 and group > 1 else None
+        # Under fsdp the prompt forward is a collective: every rank takes the cache, or none does.
+        cached = on_every_rank(width > 1 and group > 1 and takes_prompt_cache(model))
+        cache = prompt_cache(model, input_ids, mask, group) if cached else None
         generated = model.generate(
             input_ids=input_ids.repeat_interleave(group, 0),
             attention_mask=mask.repeat_interleave(group, 0),
@@ -325,9 +329,30 @@ class RolloutStream:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
 
 
+def takes_prompt_cache(model: Any) -> bool:
+    """Whether `generate` can start from a cache built here: transformers' `cache=` keyword (the
+    forward's name for it since the 5.x releases; older ones name it past_key_values and build their
+    DynamicCache differently) and no cache_implementation of the model's own (a static cache, say),
+    which generate refuses to combine with a given cache. Without it, the whole prompts are
+    generated from: the same samples, at more prompt forwards."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the transformers model
+    generation = getattr(base, "generation_config", None)
+    return "cache" in forward_parameters(model) and getattr(generation, "cache_implementation", None) is None
+
+
+def forward_parameters(model: Any) -> set[str]:
+    """The keyword names the transformers model under `model` (a peft wrapper, say) takes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return set(inspect.signature(base.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group: int) -> Any:
     """The KV cache of the left-padded prompts without their last column (positions counted over
-    the real tokens, as `generate` counts them), each row repeated `group` times."""
+    the real tokens, as `generate` counts them), each row repeated `group` times. Only the last
+    position's logits are computed: the cache is what is wanted, not [prompts, width, vocab]."""
     from transformers import DynamicCache
 
     config = model.config
@@ -339,6 +364,7 @@ def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group:
         position_ids=positions[:, :-1],
         cache=cache,
         use_cache=True,
+        **({"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}),
     )
     cache.batch_repeat_interleave(group)
     return cache
