@@ -140,8 +140,8 @@ def worker_packed(a: dict) -> dict:
     from ditty.data.collate import pack_rows
     from ditty.models.packing import dense_block_mask, packed_inputs
     from ditty.parallel.allocator import returning_allocator_requested
+    from ditty.parallel.runtime import apply_allocator_policy
     from ditty.stages.loss import CausalLMLoss
-    from ditty.train.runtime import apply_allocator_policy
 
     if returning_allocator_requested():  # what the trainer does first, with the same checks
         assert apply_allocator_policy(TrainerConfig(), torch.device("cpu")), "glibc did not take the mmap threshold"

@@ -11,6 +11,9 @@ One job per module:
 - `memory`: per-rank bytes in local tensors and peak resident memory.
 - `allocator`: whether a CPU process gives freed memory back to the OS (glibc's mmap threshold).
 - `deepspeed`: the ZeRO engine config (deepspeed is an optional extra).
+- `runtime`: `start_runtime` (process group, device, mesh, threads, allocator policy) for a run.
+- `speed`: activation checkpointing and torch.compile, block by block, in torchtitan's order.
+- `precision`: autocast and loss scaling (the FSDP2 half of mixed precision is in `wrap`).
 
 Importing this package imports no torch; the names below load their module on first use. (`launch`
 and `materialize` are also module names: import those functions from their modules.)

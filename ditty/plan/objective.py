@@ -45,8 +45,8 @@ def resolve_objective(config: Any, world_size: int) -> Objective:
     from ditty.config.sections import SHARDED_KINDS
 
     sharded = config.parallel.kind in SHARDED_KINDS
-    rl = getattr(config, "rl", None)
-    if rl is not None and rl.kind != "none":
+    rl = config.rl
+    if rl.kind != "none":
         prompts = max(1, config.train.global_batch_size // max(1, rl.group_size) // max(1, world_size))
         in_flight = min(rl.generation_batch_size or prompts, prompts) * rl.group_size
         reference = "" if rl.beta <= 0 else ("adapter" if config.peft.kind != "none" else "copy")
@@ -58,7 +58,7 @@ def resolve_objective(config: Any, world_size: int) -> Objective:
             rollout_tokens=config.data.max_seq_len + rl.max_new_tokens,
         )
     preference_data = config.data.format in ("preference", "unpaired_preference")
-    if not preference_data or getattr(config.model, "task", "causal-lm") != "causal-lm":
+    if not preference_data or config.model.task != "causal-lm":
         return Objective()  # (a reward model trains on preference data with its own loss)
     from ditty.config.preference import REFERENCE_FREE
 

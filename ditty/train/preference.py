@@ -72,7 +72,7 @@ def build_reference(trainer: Any, model: torch.nn.Module) -> Any:
     reference_config = replace(config, model=replace(config.model, path=cfg.reference, init="pretrained"))
     if sharded:
         return FrozenModel(sharded_like_policy(trainer, reference_config), chunks)
-    from ditty.train.builders import base_model_for
+    from ditty.models.recipe_model import base_model_for
 
     separate, _ = base_model_for(reference_config, trainer.tokenizer, trainer.runtime.device, low_memory=False)
     return FrozenModel(frozen(separate), chunks)
@@ -82,7 +82,7 @@ def sharded_like_policy(trainer: Any, config: Any) -> torch.nn.Module:
     """The model `config` names, frozen and sharded by the run's engine on the run's mesh (fsdp/hsdp):
     each rank holds its shard, and every rank takes part in each of its forwards, as for the policy.
     A local safetensors checkpoint is built on the meta device and each rank loads its own slice."""
-    from ditty.train.builders import base_model_for
+    from ditty.models.recipe_model import base_model_for
 
     model, pending = base_model_for(config, trainer.tokenizer, trainer.runtime.device, low_memory=True)
     frozen(model)
