@@ -41,7 +41,7 @@ def attach_rl(trainer: Any) -> None:
 
     config, runtime = trainer.config, trainer.runtime
     rl, train = config.rl, config.train
-    given = [as_reward_function(f) for f in getattr(trainer.components, "reward_functions", None) or []]
+    given = [as_reward_function(f) for f in trainer.components.reward_functions or []]
     references = given or list(rl.rewards)
     functions = load_reward_functions(references, rl.reward_weights)
     prompts_per_step = train.global_batch_size // rl.group_size

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from ditty._utils.dist import on_every_rank
 from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.modules import unwrap
 from ditty.objectives.grpo import group_advantages
 from ditty.objectives.rewards import RewardFunction, reward_metrics, score_completions
 
@@ -335,16 +336,14 @@ def takes_prompt_cache(model: Any) -> bool:
     DynamicCache differently) and no cache_implementation of the model's own (a static cache, say),
     which generate refuses to combine with a given cache. Without it, the whole prompts are
     generated from: the same samples, at more prompt forwards."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the transformers model
-    generation = getattr(base, "generation_config", None)
-    return "cache" in forward_parameters(model) and getattr(generation, "cache_implementation", None) is None
+    generation = unwrap(model, peft=True).generation_config
+    return "cache" in forward_parameters(model) and (generation is None or generation.cache_implementation is None)
 
 
 def forward_parameters(model: Any) -> set[str]:
     """The keyword names the transformers model under `model` (a peft wrapper, say) takes."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        return set(inspect.signature(base.forward).parameters)
+        return set(inspect.signature(unwrap(model, peft=True).forward).parameters)
     except (TypeError, ValueError):
         return set()
 
@@ -355,8 +354,7 @@ def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group:
     position's logits are computed: the cache is what is wanted, not [prompts, width, vocab]."""
     from transformers import DynamicCache
 
-    config = model.config
-    cache = DynamicCache(config=config.get_text_config() if hasattr(config, "get_text_config") else config)
+    cache = DynamicCache(config=model.config.get_text_config())
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     model(
         input_ids=input_ids[:, :-1],
