@@ -45,7 +45,14 @@ def setup():
         updates_per_rollout=1,
         beta=0.0,
     )
-    stream = RolloutStream(
+    stream = one_process_stream(rl, tokenizer, model)
+    done = stream.sample(prompt_ids, 0)
+    return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, stream=stream, done=done, ids=prompt_ids)
+
+
+def one_process_stream(rl, tokenizer, model) -> RolloutStream:
+    """A rollout stream of one process sampling from `model`, with no rewards (the tests set them)."""
+    return RolloutStream(
         None,
         rl=rl,
         reward_functions=[],
@@ -58,8 +65,6 @@ def setup():
         world_size=1,
         device=torch.device("cpu"),
     )
-    done = stream.sample(prompt_ids, 0)
-    return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, stream=stream, done=done, ids=prompt_ids)
 
 
 def generate_from_whole_prompts(s, model, **outputs):
@@ -150,20 +155,7 @@ def test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_samp
     for name, param in model.named_parameters():
         if "lora_B" in name:  # a live adapter (B starts at 0)
             torch.nn.init.normal_(param, std=0.5)
-    stream = RolloutStream(
-        None,
-        rl=s.rl,
-        reward_functions=[],
-        tokenizer=s.tokenizer,
-        policy=lambda: model,
-        logps=None,
-        micro_batch_size=64,
-        seed=0,
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
-    )
-    done = stream.sample(s.ids, 0)
+    done = one_process_stream(s.rl, s.tokenizer, model).sample(s.ids, 0)
     whole, width = generate_from_whole_prompts(s, model)
     plain = s.done.completion_ids
     assert [whole[row, width : width + len(c)].tolist() for row, c in enumerate(done.completion_ids)] == (
