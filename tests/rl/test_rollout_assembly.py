@@ -14,7 +14,8 @@ from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.sections import ModelConfig, TokenizerConfig
 from ditty.data.tokenizer import build_tokenizer
 from ditty.train.rl import sampled_logps
-from ditty.train.rl.rollouts import RolloutStream, _mix, takes_prompt_cache
+from ditty.train.rl.generation import sampling_seed, takes_prompt_cache
+from ditty.train.rl.rollouts import RolloutStream
 from tests.rl.helpers import TINY_LLAMA
 
 GROUP = 4
@@ -86,7 +87,7 @@ def generate_from_whole_prompts(s, model, **outputs):
         **outputs,
     )
     with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(_mix(0, 0))
+        torch.manual_seed(sampling_seed(0, 0))
         return model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config), width
 
 

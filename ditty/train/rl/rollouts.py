@@ -4,9 +4,9 @@ of scored completions, so the trainer's loop (`train_step(stream.next_step())`) 
 One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
-2. samples `group_size` completions of each with transformers' `generate` (KV cache, one batch, or
-   `rl.generation_batch_size` prompts at a time) on the live policy (the adapter on, under LoRA),
-   each prompt's cache computed once and repeated for its group;
+2. samples `group_size` completions of each on the live policy (the adapter on, under LoRA) through
+   `ditty.train.rl.generation` (one `generate` call, or `rl.generation_batch_size` prompts at a
+   time; each prompt's KV cache computed once and repeated for its group);
 3. scores them with the reward functions (a failing function stops the run, exit 2, before any
    update), gathers every rank's rewards in global prompt order and turns them into group
    advantages, of which the rank keeps its own;
@@ -28,21 +28,18 @@ run sampled, and the same prompts draw the same completions on any world size (w
 from __future__ import annotations
 
 import base64
-import inspect
 import io
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from ditty._utils.dist import on_every_rank
 from ditty._utils.labels import IGNORE_INDEX
-from ditty._utils.modules import unwrap
 from ditty.objectives.grpo import group_advantages
 from ditty.objectives.rewards import RewardFunction, reward_metrics, score_completions
+from ditty.train.rl.generation import generate_groups
 
 
 @dataclass
@@ -226,74 +223,21 @@ class RolloutStream:
     def sample(self, prompt_ids: list[list[int]], first_position: int = 0) -> Completions:
         """`group_size` completions of every prompt, `rl.generation_batch_size` prompts per call;
         `first_position`: the first prompt's place in the global order (it seeds the sampling)."""
-        from transformers import GenerationConfig
-
-        rl, tokenizer = self.rl, self.tokenizer
+        tokenizer = self.tokenizer
         eos = tokenizer.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        config = GenerationConfig(
-            max_new_tokens=rl.max_new_tokens,
-            do_sample=True,
-            temperature=rl.temperature,
-            top_p=rl.top_p,
-            top_k=0,
-            num_beams=1,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            use_cache=True,
-        )
-        model = self.policy()
-        per_call = rl.generation_batch_size or len(prompt_ids)
         out = Completions([], [], [], [])
-        was_training = model.training
-        model.eval()
-        try:
-            for start in range(0, len(prompt_ids), per_call):
-                with self.seeded(first_position + start):
-                    self._generate(model, prompt_ids[start : start + per_call], config, eos, pad, out)
-        finally:
-            model.train(was_training)
+        for prompts, generated in generate_groups(
+            self.policy(), prompt_ids, self.rl, tokenizer, self.device, self.seed, first_position
+        ):
+            for ids, row in zip([ids for ids in prompts for _ in range(self.rl.group_size)], generated):
+                ended = eos is not None and eos in row
+                completion = row[: row.index(eos) + 1] if ended else row
+                text_ids = completion[:-1] if ended else completion
+                out.prompt_ids.append(list(ids))
+                out.completion_ids.append(completion)
+                out.texts.append(tokenizer.decode(text_ids, skip_special_tokens=True))
+                out.truncated.append(not ended)
         return out
-
-    def _generate(self, model, prompts: list[list[int]], config, eos: int, pad: int, out: Completions) -> None:
-        """`group_size` completions of each prompt. The prompts but their last token go through the
-        model once per prompt, not once per completion: their KV cache is repeated for the group,
-        and `generate` starts from it: the same distribution as from the whole prompts, at a fraction of
-        the prompt forwards (tests/rl/test_rollout_assembly.py: the same samples on its seed)."""
-        group = self.rl.group_size
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=self.device)
-        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        # Under fsdp the prompt forward is a collective: every rank takes the cache, or none does.
-        cached = on_every_rank(width > 1 and group > 1 and takes_prompt_cache(model))
-        cache = prompt_cache(model, input_ids, mask, group) if cached else None
-        generated = model.generate(
-            input_ids=input_ids.repeat_interleave(group, 0),
-            attention_mask=mask.repeat_interleave(group, 0),
-            generation_config=config,
-            synced_gpus=synced,
-            **({"cache": cache} if cache is not None else {}),
-        )
-        prompts = [ids for ids in prompts for _ in range(group)]
-        for ids, row in zip(prompts, generated[:, width:].tolist()):
-            ended = eos is not None and eos in row
-            completion = row[: row.index(eos) + 1] if ended else row
-            text_ids = completion[:-1] if ended else completion
-            out.prompt_ids.append(list(ids))
-            out.completion_ids.append(completion)
-            out.texts.append(self.tokenizer.decode(text_ids, skip_special_tokens=True))
-            out.truncated.append(not ended)
-
-    @contextmanager
-    def seeded(self, position: int):
-        """torch's global RNG (what `generate` samples from) seeded by the run seed and the global
-        position of the first prompt sampled under it, restored afterwards: the same prompts draw
-        the same completions on any world size and after any resume."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(_mix(self.seed, position))
-            yield
 
     def micro_batches(self, done: Completions, advantages: torch.Tensor, truncated: torch.Tensor) -> list[dict]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -330,44 +274,6 @@ class RolloutStream:
                 batch["ref_logps"] = self.logps("reference", batch).cpu()
 
 
-def takes_prompt_cache(model: Any) -> bool:
-    """Whether `generate` can start from a cache built here: transformers' `cache=` keyword (the
-    forward's name for it since the 5.x releases; older ones name it past_key_values and build their
-    DynamicCache differently) and no cache_implementation of the model's own (a static cache, say),
-    which generate refuses to combine with a given cache. Without it, the whole prompts are
-    generated from: the same samples, at more prompt forwards."""
-    generation = unwrap(model, peft=True).generation_config
-    return "cache" in forward_parameters(model) and (generation is None or generation.cache_implementation is None)
-
-
-def forward_parameters(model: Any) -> set[str]:
-    """The keyword names the transformers model under `model` (a peft wrapper, say) takes."""
-    try:
-        return set(inspect.signature(unwrap(model, peft=True).forward).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
-def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group: int) -> Any:
-    """The KV cache of the left-padded prompts without their last column (positions counted over
-    the real tokens, as `generate` counts them), each row repeated `group` times. Only the last
-    position's logits are computed: the cache is what is wanted, not [prompts, width, vocab]."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config.get_text_config())
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    model(
-        input_ids=input_ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        cache=cache,
-        use_cache=True,
-        **({"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}),
-    )
-    cache.batch_repeat_interleave(group)
-    return cache
-
-
 def without_idle_rows(batch: dict) -> dict:
     """The micro-batch without its rows of advantage 0 (at least one row kept), cut to the width of
     the longest row left; every other entry unchanged."""
@@ -383,10 +289,6 @@ def without_idle_rows(batch: dict) -> dict:
     for key in ("advantages", "truncated"):
         out[key] = batch[key][keep]
     return out
-
-
-def _mix(seed: int, position: int) -> int:
-    return (seed * 1_000_003 + position * 7_919 + 0x5EED) % (2**63)
 
 
 def _distributed(world_size: int) -> bool:

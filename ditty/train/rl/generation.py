@@ -1,0 +1,130 @@
+"""Sampling a group of completions per prompt with transformers' `generate`, for the rollout stream.
+
+Each call left-pads its prompts; every prompt but its last token goes through the model once, and
+that KV cache is repeated for the prompt's `group_size` completions, so `generate` starts from it:
+the same distribution (and, on one seed, the same samples) as generating from the whole prompts, at a
+fraction of the prompt forwards. The sampling RNG is torch's global one, seeded from the run seed and
+the global position of the call's first prompt inside `fork_rng`: the same prompts draw the same
+completions on any world size and after a resume, and the trainer's own RNG is untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from ditty._utils.dist import on_every_rank
+from ditty._utils.modules import unwrap
+
+
+def generate_groups(
+    model: Any,
+    prompt_ids: list[list[int]],
+    rl: Any,
+    tokenizer: Any,
+    device: torch.device,
+    seed: int,
+    first_position: int,
+) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+    """(prompts, their generated ids: group_size rows per prompt, after the prompt) for each call of
+    `rl.generation_batch_size` prompts (all at once when 0), with the model in eval mode meanwhile."""
+    from transformers import GenerationConfig
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    config = GenerationConfig(
+        max_new_tokens=rl.max_new_tokens,
+        do_sample=True,
+        temperature=rl.temperature,
+        top_p=rl.top_p,
+        top_k=0,
+        num_beams=1,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+    )
+    per_call = rl.generation_batch_size or len(prompt_ids)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(prompt_ids), per_call):
+            prompts = prompt_ids[start : start + per_call]
+            with seeded(seed, first_position + start, device):
+                yield prompts, generate_group(model, prompts, config, rl.group_size, pad, device)
+    finally:
+        model.train(was_training)
+
+
+def generate_group(model: Any, prompts: list[list[int]], config: Any, group: int, pad: int, device) -> list[list[int]]:
+    """`group` sampled continuations of each prompt (rows in prompt order), from its prompt cache."""
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=device)
+    synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    # Under fsdp the prompt forward is a collective: every rank takes the cache, or none does.
+    cached = on_every_rank(width > 1 and group > 1 and takes_prompt_cache(model))
+    cache = prompt_cache(model, input_ids, mask, group) if cached else None
+    generated = model.generate(
+        input_ids=input_ids.repeat_interleave(group, 0),
+        attention_mask=mask.repeat_interleave(group, 0),
+        generation_config=config,
+        synced_gpus=synced,
+        **({"cache": cache} if cache is not None else {}),
+    )
+    return generated[:, width:].tolist()
+
+
+def takes_prompt_cache(model: Any) -> bool:
+    """Whether `generate` can start from a cache built here: transformers' `cache=` keyword (the
+    forward's name for it since the 5.x releases; older ones name it past_key_values and build their
+    DynamicCache differently) and no cache_implementation of the model's own (a static cache, say),
+    which generate refuses to combine with a given cache. Without it, the whole prompts are
+    generated from: the same samples, at more prompt forwards."""
+    generation = unwrap(model, peft=True).generation_config
+    return "cache" in forward_parameters(model) and (generation is None or generation.cache_implementation is None)
+
+
+def forward_parameters(model: Any) -> set[str]:
+    """The keyword names the transformers model under `model` (a peft wrapper, say) takes."""
+    try:
+        return set(inspect.signature(unwrap(model, peft=True).forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group: int) -> Any:
+    """The KV cache of the left-padded prompts without their last column (positions counted over
+    the real tokens, as `generate` counts them), each row repeated `group` times. Only the last
+    position's logits are computed: the cache is what is wanted, not [prompts, width, vocab]."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config.get_text_config())
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        cache=cache,
+        use_cache=True,
+        **({"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}),
+    )
+    cache.batch_repeat_interleave(group)
+    return cache
+
+
+@contextmanager
+def seeded(seed: int, position: int, device: torch.device):
+    """torch's global RNG (what `generate` samples from) seeded by the run seed and the global
+    position of the first prompt sampled under it, restored afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(sampling_seed(seed, position))
+        yield
+
+
+def sampling_seed(seed: int, position: int) -> int:
+    return (seed * 1_000_003 + position * 7_919 + 0x5EED) % (2**63)
