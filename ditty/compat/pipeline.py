@@ -61,6 +61,13 @@ __all__ += ["load_weights"]
 
 log = logging.getLogger("ditty.pipeline")
 
+OBJECT_KEYWORDS = frozenset(
+    {"model_factory", "dataset", "collate_fn", "tokenizer_factory", "loss_calculator", "preprocessors"}
+    | {"postprocessors", "dataloader", "val_dataset", "metrics_logger", "task", "trainer_class", "tokenizer"}
+    | {"model_task", "preference", "rl", "reward_fn"}
+)
+"""The keywords that are Python objects (or choose them), kept as attributes; the rest are settings."""
+
 
 class Pipeline:
     """Train a model from Python objects through the recipe Trainer (see the module doc)."""
@@ -136,6 +143,7 @@ class Pipeline:
         reward_fn: Any = None,
         **unknown: Any,
     ) -> None:
+        given = {name: value for name, value in locals().items() if name not in ("self", "unknown")}
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "unknown")]
             raise RecipeError(unknown_keyword_problems(unknown, known), source="Pipeline(...)")
@@ -167,55 +175,12 @@ class Pipeline:
         self.trainer_class = trainer_class
         self.metrics_logger = metrics_logger
         self._hf_hub_token = hf_hub_token  # memory only: not in settings, recipe.toml, env.json or logs
-        self.settings = dict(
-            output_dir=output_dir,
-            name=name,
-            fp16=fp16,
-            bf16=bf16,
-            use_bfloat16=use_bfloat16,
-            use_8bit_optim=use_8bit_optim,
-            optim_backend=optim_backend,
-            muon_lr=muon_lr,
-            muon_weight_decay=muon_weight_decay,
-            muon_momentum=muon_momentum,
-            muon_nesterov=muon_nesterov,
-            muon_ns_steps=muon_ns_steps,
-            muon_adjust_lr_fn=muon_adjust_lr_fn,
-            optimizer=optimizer,
-            lr=lr,
-            scale_lr_by_world_size=scale_lr_by_world_size,
-            weight_decay=weight_decay,
-            epochs=epochs,
-            steps=steps,
-            max_steps=max_steps,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            max_grad_norm=max_grad_norm,
-            warmup_steps=warmup_steps,
-            lr_schedule=lr_schedule,
-            gradient_checkpointing=gradient_checkpointing,
+        # Every keyword that is not a Python object becomes a setting (ditty.compat.pipeline_options);
+        # the token stays in memory only: settings hold whether there is one.
+        self.settings = {name: given[name] for name in given if name not in OBJECT_KEYWORDS}
+        self.settings.update(
             accelerator_kwargs=dict(accelerator_kwargs or {}),
-            accelerator_mixed_precision=accelerator_mixed_precision,
-            seed=seed,
-            device=device,
-            num_threads=num_threads,
-            log_every=log_every,
-            eval_every=eval_every,
-            validation_every=validation_every,
-            checkpoint_every=checkpoint_every,
-            load_checkpoint=load_checkpoint,
-            save_final_checkpoint=save_final_checkpoint,
-            load_optimizer_checkpoint=load_optimizer_checkpoint,
-            push_to_hub=push_to_hub,
-            output_hub_repo=output_hub_repo,
             hf_hub_token=bool(hf_hub_token),
-            private_repo=private_repo,
-            merge_adapters=merge_adapters,
-            shuffle_each_epoch=shuffle_each_epoch,
-            num_workers=num_workers,
-            shuffle_buffer_size=shuffle_buffer_size,
-            check_contracts=check_contracts,
-            progress=progress,
             extra_config=dict(extra_config or {}),
         )
         self.trainer: Optional[Trainer] = None
