@@ -114,6 +114,22 @@ def test_backend_choice_on_the_cpu():
         resolve_backend("liger", "cpu")
 
 
+def test_cce_is_chosen_only_where_the_head_computes_in_half_precision(monkeypatch):
+    """cut-cross-entropy's backward asserts bf16/fp16 inputs (it failed so under bf16 autocast on an
+    H200, where the final norm's output is fp32): autocast's dtype counts as half, fp32 training does not."""
+    from ditty.stages.fused_loss import kernels
+
+    monkeypatch.setattr(kernels, "backend_installed", lambda backend: backend in ("chunked", "cce"))
+    assert resolve_backend("auto", "cuda", half_precision=True) == "cce"
+    assert resolve_backend("auto", "cuda", half_precision=False) == "chunked"
+    with pytest.raises(RuntimeError, match="bf16 or fp16"):
+        resolve_backend("cce", "cuda", half_precision=False)
+    hidden = torch.zeros(2, 4)
+    assert kernels.half_dtype(hidden) is None and kernels.half_dtype(hidden.bfloat16()) == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels.half_dtype(hidden) == torch.bfloat16
+
+
 # ---------------------------------------------------------------------------------- models
 
 

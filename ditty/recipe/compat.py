@@ -296,6 +296,14 @@ COMPAT_RULES: list[CompatRule] = [
         condition='train.loss_backend = "cce" and cut_cross_entropy not importable',
     ),
     CompatRule(
+        "compat.cce-fp32",
+        "train.loss_backend",
+        lambda c: c.train.loss_chunks > 0 and c.train.loss_backend == "cce" and c.train.precision == "fp32",
+        "cut-cross-entropy computes in bf16 or fp16 only (its backward refuses fp32 inputs); this run trains in fp32",
+        'set train.precision = "bf16", or train.loss_backend = "chunked" (or "auto": it passes cce over in fp32)',
+        condition='train.loss_backend = "cce" with train.precision = "fp32"',
+    ),
+    CompatRule(
         "compat.loss-kernel-cuda",
         "train.loss_backend",
         _gpu_loss_kernel_without_cuda,

@@ -66,6 +66,7 @@ FAILING = {
     "compat.wandb-missing": ("[logging]\nwandb = true\n", 1),
     "compat.liger-missing": ('[train]\nloss_chunks = 4\nloss_backend = "liger"\n', 1),
     "compat.cce-missing": ('[train]\nloss_chunks = 4\nloss_backend = "cce"\n', 1),
+    "compat.cce-fp32": ('[train]\nloss_chunks = 4\nloss_backend = "cce"\nprecision = "fp32"\n', 1),
     "compat.loss-kernel-cuda": ('[run]\ndevice = "cpu"\n[train]\nloss_chunks = 4\nloss_backend = "liger"\n', 1),
 }
 

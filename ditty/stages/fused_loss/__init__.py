@@ -43,6 +43,7 @@ from ditty.stages.fused_loss.kernels import (
     GPU_BACKENDS,
     backend_installed,
     fused_linear_cross_entropy,
+    half_dtype,
     resolve_backend,
 )
 from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
@@ -137,7 +138,7 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
             target = target.masked_fill(~mask.bool().to(target.device), self.ignore_index)
         if self.shift:
             target = shifted(target, self.ignore_index)
-        backend = resolve_backend(self.backend, hidden.device.type)
+        backend = resolve_backend(self.backend, hidden.device.type, half_precision=half_dtype(hidden) is not None)
         projection = self.projection(model_output, ctx)
         total, count = fused_linear_cross_entropy(
             hidden, projection, target, ignore_index=self.ignore_index, chunks=self.chunks, backend=backend

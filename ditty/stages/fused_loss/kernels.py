@@ -15,6 +15,7 @@ from ditty.stages.fused_loss.head import Projection
 from ditty.stages.loss import IGNORE_INDEX
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 BACKENDS = ("auto", "chunked", "liger", "cce")
@@ -26,14 +27,34 @@ def backend_installed(backend: str) -> bool:
     return backend == "chunked" or importlib.util.find_spec(GPU_BACKENDS[backend]) is not None
 
 
-def resolve_backend(backend: str, device_type: str) -> str:
+def half_dtype(hidden: "Tensor") -> "torch.dtype | None":
+    """The half-precision dtype the head's matrix product runs in: the hidden states' own, or autocast's
+    (whose matrix products cast fp32 inputs down); None in fp32 training."""
+    import torch
+
+    if hidden.dtype in (torch.bfloat16, torch.float16):
+        return hidden.dtype
+    if torch.is_autocast_enabled(hidden.device.type):
+        return torch.get_autocast_dtype(hidden.device.type)
+    return None
+
+
+def resolve_backend(backend: str, device_type: str, *, half_precision: bool = True) -> str:
     """ "auto" becomes liger, then cce, when installed and on CUDA, else chunked; a named GPU backend
-    on another device is an error (the compiler reports it first for recipes)."""
+    on another device is an error (the compiler reports it first for recipes). cut-cross-entropy's
+    backward takes bf16 or fp16 inputs only, so "auto" passes it over in fp32 training."""
     if backend not in BACKENDS:
         raise ValueError(f"loss backend must be one of {BACKENDS}, not {backend!r}")
     if backend == "auto":
-        found = [b for b in GPU_BACKENDS if device_type == "cuda" and backend_installed(b)]
+        found = [
+            b for b in GPU_BACKENDS if device_type == "cuda" and backend_installed(b) and (half_precision or b != "cce")
+        ]
         return found[0] if found else "chunked"
+    if backend == "cce" and not half_precision:
+        raise RuntimeError(
+            'loss backend "cce" computes in bf16 or fp16 only, and this run trains in fp32; '
+            'use train.precision = "bf16", or train.loss_backend = "chunked"'
+        )
     if backend in GPU_BACKENDS and (device_type != "cuda" or not backend_installed(backend)):
         raise RuntimeError(
             f'loss backend "{backend}" needs CUDA and the {GPU_BACKENDS[backend]} package '
@@ -79,8 +100,12 @@ def fused_linear_cross_entropy(
     elif backend == "cce":
         from cut_cross_entropy import linear_cross_entropy
 
+        # Its backward asserts half-precision inputs: under autocast they are cast as the full-logits
+        # head's matrix product would cast them (fp32 training is refused by resolve_backend).
+        dtype = half_dtype(hidden) or hidden.dtype
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
         # cut-cross-entropy's PyPI releases (25.1 and earlier) take no bias: pass one only where there is one.
-        extra = {} if bias is None else {"bias": bias}
+        extra = {} if bias is None else {"bias": bias.to(dtype)}
         total = linear_cross_entropy(
             hidden, weight, target, ignore_index=ignore_index, softcap=projection.softcap, reduction="sum", **extra
         )
