@@ -39,3 +39,24 @@ def test_sigkill_resumes_with_bitwise_equal_losses(tmp_path, reference, peft):
     if reference == "precompute":
         assert table.stat().st_mtime_ns == written  # read back, not computed again
     assert losses(tmp_path / "run") == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reference", ["precompute", "auto"])
+def test_sigkill_on_two_fsdp_processes_resumes_bitwise(tmp_path, reference):
+    """Two FSDP2 ranks, a full finetune: the reference is each rank's read of the precomputed table, or
+    the frozen copy sharded like the policy. Micro-batch 2 on each rank: the kill lands mid-accumulation."""
+    flags = ("--parallel.kind", "fsdp", "--nproc-per-node", "2", "--train.micro_batch_size", "2")
+    whole = ditty("run", str(_recipe(tmp_path, reference, 'kind = "none"', out="whole")), *flags)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = losses(tmp_path / "whole")
+    assert len(expected) == 12
+
+    recipe = _recipe(tmp_path, reference, 'kind = "none"')
+    killed = ditty("run", str(recipe), *flags, env={"DITTY_TEST_SIGNAL_AT": "6:1:KILL"})
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert complete_steps(tmp_path / "run") == ["step-4"]
+    resumed = ditty("run", str(recipe), *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 4" in resumed.stdout
+    assert losses(tmp_path / "run") == expected
