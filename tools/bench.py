@@ -102,46 +102,77 @@ def write_instructions(path: Path, n: int) -> None:
 # ============================================================================ configs
 
 
-def ditty_config(tmp: Path, name: str, data: dict, steps: int, batch: int, **sections):
-    from dataclasses import replace
-
-    from ditty.config.loader import parse_recipe
-
-    model = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL.items()) + " }"
-    text = f"""
+def bench_recipe(
+    *,
+    name: str,
+    output_dir: Path,
+    model: str,
+    steps: int,
+    batch: int,
+    lr: float,
+    clip: float,
+    seed: int,
+    run: str = "",
+    optimizer: str = "",
+    extra: str = "",
+) -> str:
+    """The benchmarks' recipe text (tools/bench.py and tools/bench_post.py): one process on the CPU in
+    fp32, a constant learning rate, no evaluation, checkpoints or progress bar, so that only training
+    steps are timed. `model` is the [model] table's body; `run` and `optimizer` add keys to those
+    tables; `extra` adds tables ([data], [preference], ...)."""
+    return f"""
 [run]
 name = "{name}"
-output_dir = "{tmp / name}"
-seed = {SEED}
+output_dir = "{output_dir}"
+seed = {seed}
 device = "cpu"
+{run}
 [model]
-init = "random"
-architecture = "llama"
-config = {model}
-[tokenizer]
-kind = "byte"
+{model}
 [train]
 steps = {steps}
 global_batch_size = {batch}
 micro_batch_size = {batch}
-max_grad_norm = {CLIP}
+max_grad_norm = {clip}
 precision = "fp32"
 log_every = 1000
 eval_every = 0
 eval_samples = 0
 [optimizer]
 kind = "adamw"
-lr = {LR}
-betas = {list(BETAS)}
-eps = {EPS}
+lr = {lr}
 weight_decay = 0.0
+{optimizer}
 [scheduler]
 kind = "constant"
+warmup_steps = 0
 [checkpoint]
 every = 0
 [logging]
 progress = false
+{extra}
 """
+
+
+def ditty_config(tmp: Path, name: str, data: dict, steps: int, batch: int, **sections):
+    from dataclasses import replace
+
+    from ditty.config.loader import parse_recipe
+
+    config = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL.items()) + " }"
+    model = f'init = "random"\narchitecture = "llama"\nconfig = {config}\n[tokenizer]\nkind = "byte"'
+    optimizer = f"betas = {list(BETAS)}\neps = {EPS}"
+    text = bench_recipe(
+        name=name,
+        output_dir=tmp / name,
+        model=model,
+        steps=steps,
+        batch=batch,
+        lr=LR,
+        clip=CLIP,
+        seed=SEED,
+        optimizer=optimizer,
+    )
     config = parse_recipe(text).config
     config = replace(config, data=replace(config.data, val_fraction=0.0, **data))
     for section, changes in sections.items():

@@ -146,16 +146,10 @@ class StepClock:
 
 
 def ditty_recipe(a: dict, data_format: str, batch: int, tail: str) -> str:
+    from bench import bench_recipe
+
     tmp = Path(a["tmp"])
-    return f"""
-[run]
-name = "{a["name"]}"
-output_dir = "{tmp / a["name"]}"
-seed = {SEED}
-device = "cpu"
-num_threads = 1
-[model]
-path = "{model_dir(tmp)}"
+    data = f"""
 [data]
 source = "builtin"
 name = "addition"
@@ -163,28 +157,19 @@ format = "{data_format}"
 max_seq_len = {MAX_LEN}
 num_samples = {NUM_PROBLEMS}
 val_fraction = 0.0
-[train]
-steps = {a["steps"]}
-global_batch_size = {batch}
-micro_batch_size = {batch}
-max_grad_norm = {CLIP}
-precision = "fp32"
-log_every = 1000
-eval_every = 0
-eval_samples = 0
-[optimizer]
-kind = "adamw"
-lr = {LR}
-weight_decay = 0.0
-[scheduler]
-kind = "constant"
-warmup_steps = 0
-[checkpoint]
-every = 0
-[logging]
-progress = false
-{tail}
 """
+    return bench_recipe(
+        name=a["name"],
+        output_dir=tmp / a["name"],
+        model=f'path = "{model_dir(tmp)}"',
+        steps=a["steps"],
+        batch=batch,
+        lr=LR,
+        clip=CLIP,
+        seed=SEED,
+        run="num_threads = 1",
+        extra=data + tail,
+    )
 
 
 def run_ditty(a: dict, recipe: str, items_per_step: int) -> dict:
