@@ -58,6 +58,14 @@ def _fp8_hardware_missing(cfg: Any) -> bool:
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)
 
 
+def _fp32_head(cfg: Any) -> bool:
+    """The output head computes in fp32: no autocast, and weights that are fp32 before they load
+    (model.dtype "auto" keeps a checkpoint's own dtype on a GPU, which may be bf16; the loss then
+    checks the tensors it gets)."""
+    weights_fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and not cfg.model.path)
+    return cfg.train.precision == "fp32" and weights_fp32
+
+
 def _gpu_loss_kernel_without_cuda(cfg: Any) -> bool:
     if cfg.train.loss_chunks <= 0 or cfg.train.loss_backend not in ("liger", "cce"):
         return False
@@ -298,10 +306,10 @@ COMPAT_RULES: list[CompatRule] = [
     CompatRule(
         "compat.cce-fp32",
         "train.loss_backend",
-        lambda c: c.train.loss_chunks > 0 and c.train.loss_backend == "cce" and c.train.precision == "fp32",
+        lambda c: c.train.loss_chunks > 0 and c.train.loss_backend == "cce" and _fp32_head(c),
         "cut-cross-entropy computes in bf16 or fp16 only (its backward refuses fp32 inputs); this run trains in fp32",
         'set train.precision = "bf16", or train.loss_backend = "chunked" (or "auto": it passes cce over in fp32)',
-        condition='train.loss_backend = "cce" with train.precision = "fp32"',
+        condition='train.loss_backend = "cce" with train.precision = "fp32" and fp32 weights',
     ),
     CompatRule(
         "compat.loss-kernel-cuda",

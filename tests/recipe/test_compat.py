@@ -141,3 +141,11 @@ def test_bnb_fsdp_check_exits_2_and_suggests_torchao(capsys):
     )
     err = capsys.readouterr().err
     assert code == 2 and 'optimizer.backend = "torchao"' in err
+
+
+def test_cce_is_refused_in_fp32_only_where_the_weights_are_fp32_too():
+    """bf16 weights without autocast put bf16 tensors into cut-cross-entropy, which it takes."""
+    cce = '[train]\nloss_chunks = 4\nloss_backend = "cce"\nprecision = "fp32"\n'
+    for model, refused in [('[model]\ndtype = "bfloat16"\n', False), ('[model]\ndtype = "float32"\n', True)]:
+        plan = compile_recipe(parse_recipe(merge(merge(BASE, cce), model)), world_size=1)
+        assert any(p.rule == "compat.cce-fp32" for p in plan.problems) == refused, (model, plan.problems)
