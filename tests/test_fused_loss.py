@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ditty.config.errors import RecipeError
 from ditty.fused_loss import (
     VERIFIED_MODEL_TYPES,
     FusedLinearCrossEntropyLoss,
@@ -110,7 +111,7 @@ def test_kernel_without_targets_or_gradients():
 
 def test_backend_choice_on_the_cpu():
     assert resolve_backend("auto", "cpu") == "chunked"
-    with pytest.raises(RuntimeError, match="needs CUDA"):
+    with pytest.raises(RecipeError, match="needs CUDA"):
         resolve_backend("liger", "cpu")
 
 
@@ -122,7 +123,7 @@ def test_cce_is_chosen_only_where_the_head_computes_in_half_precision(monkeypatc
     monkeypatch.setattr(kernels, "backend_installed", lambda backend: backend in ("chunked", "cce"))
     assert resolve_backend("auto", "cuda", half_precision=True) == "cce"
     assert resolve_backend("auto", "cuda", half_precision=False) == "chunked"
-    with pytest.raises(RuntimeError, match="bf16 or fp16"):
+    with pytest.raises(RecipeError, match="bf16 or fp16"):
         resolve_backend("cce", "cuda", half_precision=False)
     hidden = torch.zeros(2, 4)
     assert kernels.half_dtype(hidden) is None and kernels.half_dtype(hidden.bfloat16()) == torch.bfloat16

@@ -50,15 +50,22 @@ def resolve_backend(backend: str, device_type: str, *, half_precision: bool = Tr
             b for b in GPU_BACKENDS if device_type == "cuda" and backend_installed(b) and (half_precision or b != "cce")
         ]
         return found[0] if found else "chunked"
+    # A RecipeError (exit code 2, no traceback): the compiler refuses both cases where it can tell from
+    # the recipe alone; these catch what only the loaded weights or the device show.
+    from ditty.config.errors import RecipeError
+
     if backend == "cce" and not half_precision:
-        raise RuntimeError(
-            'loss backend "cce" computes in bf16 or fp16 only, and this run trains in fp32; '
-            'use train.precision = "bf16", or train.loss_backend = "chunked"'
+        raise RecipeError.single(
+            'loss backend "cce" computes in bf16 or fp16 only, and this run\'s head computes in fp32',
+            key="train.loss_backend",
+            fix='use train.precision = "bf16", or train.loss_backend = "chunked" (or "auto")',
         )
     if backend in GPU_BACKENDS and (device_type != "cuda" or not backend_installed(backend)):
-        raise RuntimeError(
+        raise RecipeError.single(
             f'loss backend "{backend}" needs CUDA and the {GPU_BACKENDS[backend]} package '
-            f'(device {device_type}, installed: {backend_installed(backend)}); use "chunked"'
+            f"(device {device_type}, installed: {backend_installed(backend)})",
+            key="train.loss_backend",
+            fix='use train.loss_backend = "chunked" (or "auto")',
         )
     return backend
 
