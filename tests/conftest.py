@@ -12,14 +12,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _save_tiny(path, model_type: str, **overrides):
+    """A random tiny causal LM of `model_type` (seed 0) and ditty's byte tokenizer, saved in Hugging Face
+    format to `path`; `overrides` replace or add config fields."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ditty.data.tokenizer import byte_tokenizer  # built-in tokenizer: no files to download
 
     tokenizer = byte_tokenizer()
-    config = AutoConfig.for_model(
-        model_type,
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -31,8 +32,8 @@ def _save_tiny(path, model_type: str, **overrides):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
-        **overrides,
     )
+    config = AutoConfig.for_model(model_type, **{**settings, **overrides})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)

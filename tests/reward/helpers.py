@@ -21,23 +21,9 @@ TINY_LLAMA = dict(
 def save_tiny_causal_lm(path: Path) -> str:
     """A random tiny Llama saved as `LlamaForCausalLM` with ditty's byte tokenizer: the SFT model a
     reward model starts from."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.conftest import _save_tiny
 
-    from ditty.data.tokenizer import byte_tokenizer
-
-    tokenizer = byte_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **TINY_LLAMA,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return _save_tiny(path, "llama", **TINY_LLAMA)
 
 
 def reward_recipe(
