@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import sys
 
 import torch
 
@@ -116,6 +118,13 @@ def main() -> None:
     parser.add_argument("path", help="a final/ directory (a reward model's, or the causal LM it started from)")
     parser.add_argument("--layers", action="store_true", help="also print the layer-by-layer linear probes")
     args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.path, "config.json")):
+        # An adapter run's final/ holds the adapter alone; its merged model is final/merged.
+        print(
+            f"{args.path} has no config.json: give a full model's directory (final/merged for an adapter run)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     from transformers import AutoConfig
 
     if AutoConfig.from_pretrained(args.path).num_labels == 1:

@@ -23,6 +23,7 @@ GPU_BACKENDS = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 """Backend -> the package that provides it (Triton kernels: CUDA only)."""
 
 
+@functools.cache  # the loss resolves its backend on every call: look each package up once
 def backend_installed(backend: str) -> bool:
     return backend == "chunked" or importlib.util.find_spec(GPU_BACKENDS[backend]) is not None
 
