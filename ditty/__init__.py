@@ -41,7 +41,7 @@ _LAZY = {
     "RuntimeComponents": "ditty.train.components",
     # Post-training objectives from Python: Pipeline(preference=...), Pipeline(rl=..., reward_fn=...).
     "PreferenceConfig": "ditty.config.preference",
-    "PreferenceLoss": "ditty.train.preference_loss",
+    "PreferenceLoss": "ditty.objectives.preference_loss",
     "RLConfig": "ditty.config.rl",
     "PreProcessor": "ditty.stages.processors",
     "PostProcessor": "ditty.stages.processors",
@@ -98,6 +98,8 @@ MOVED_MODULES = {
     "ditty.train.speed": "ditty.parallel.speed",
     "ditty.train.precision": "ditty.parallel.precision",
     "ditty.train.loss_parameters": "ditty.stages.loss_parameters",
+    "ditty.train.preference_loss": "ditty.objectives.preference_loss",
+    "ditty.train.preference": "ditty.objectives.reference",
 }
 """Module names users import (the original Ditty's, and ditty's own before its root was tidied)
 -> where the module lives now. `import ditty.loss` gives the module `ditty.stages.loss` itself (one

@@ -42,6 +42,9 @@ SAME_LAYER_ALLOWED = {
     ("ditty.models", "ditty.metrics"),  # a model task's row lists its validation metrics
     ("ditty.models", "ditty.objectives"),  # the reward-model row builds its Bradley-Terry loss and pair accuracy
     ("ditty.objectives", "ditty.metrics"),  # the reward model's pair accuracy is a task metric
+    # An objective's row builds its parts from the data and the model, as the trainer builds the policy's:
+    ("ditty.objectives", "ditty.data"),  # RL reads the prompt stream and collates rollouts as causal-LM samples
+    ("ditty.objectives", "ditty.models"),  # a reference model is built as [model] builds the policy
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""

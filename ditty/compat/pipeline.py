@@ -52,9 +52,9 @@ from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, Qua
 from ditty.compat.objectives import reward_function_list, trains_objective, with_objective
 from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
+from ditty.objectives.preference_loss import PreferenceLoss
 from ditty.train import Trainer
 from ditty.train.components import RuntimeComponents
-from ditty.train.preference_loss import PreferenceLoss
 
 __all__ = ["Data", "FSDPConfig", "ModelFactory", "PeftConfig", "Pipeline", "QuantConfig", "TokenizerFactory"]
 __all__ += ["load_weights"]

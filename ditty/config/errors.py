@@ -37,6 +37,16 @@ class Problem:
         return text
 
 
+def error(key: str, message: str, fix: str = "") -> Problem:
+    """A compiler error at `key` (the recipe cannot run as written)."""
+    return Problem(key, message, fix=fix)
+
+
+def warning(key: str, message: str, fix: str = "") -> Problem:
+    """A compiler warning at `key` (the recipe runs, but likely not as meant)."""
+    return Problem(key, message, fix=fix, severity="warning")
+
+
 @dataclass
 class RecipeError(Exception):
     """A user error: a recipe, flag, file or data problem. Exit code 2, no traceback."""

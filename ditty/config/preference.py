@@ -40,5 +40,12 @@ class PreferenceConfig:
     copy; a full finetune, a frozen copy of the starting weights), "precompute" (its log-probabilities
     computed once before training and kept in the run directory), or a model path / hub id.
     SimPO and ORPO take none."""
+    pairs: Literal["offline", "online"] = "offline"
+    """Where the pairs come from: "offline" reads them from the data (data.format = "preference");
+    "online" samples them from the current policy every `refresh_every` steps: `rl.group_size`
+    completions of each prompt (data.format = "prompt", the [rl] sampler settings), scored by
+    `rl.rewards`, the best and the worst of each group (ties dropped) becoming a pair."""
+    refresh_every: int = 1
+    """With pairs = "online": optimizer steps between two samplings of new pairs from the policy."""
     chunks: int = 8
     """Completion tokens go through the output head in this many chunks (no full logits are made)."""

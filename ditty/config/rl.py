@@ -17,7 +17,11 @@ from typing import Literal, Optional
 class RLConfig:
     kind: Literal["none", "grpo"] = "none"
     """"grpo": sample `group_size` completions per prompt with the live policy, score them with the
-    reward functions, and train on group-normalised advantages (needs data.format = "prompt")."""
+    reward functions, and train the clipped policy loss on their advantages (needs data.format = "prompt")."""
+    advantage: Literal["group", "rloo"] = "group"
+    """How a completion's reward becomes its advantage: "group" normalises it by its group's mean (and
+    std, see scale_rewards: GRPO); "rloo" subtracts the mean of the OTHER completions of its prompt
+    (the leave-one-out baseline of RLOO, Ahmadian et al. 2024; TRL's RLOOTrainer)."""
     group_size: int = 8
     """Completions sampled per prompt (TRL: num_generations)."""
     max_new_tokens: int = 512

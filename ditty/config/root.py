@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ditty.config.distill import DistillConfig
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
 from ditty.config.sections import (
@@ -69,4 +70,6 @@ class TrainerConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     """Preference optimisation (DPO, IPO, SimPO, ORPO, KTO) on preference data."""
     rl: RLConfig = field(default_factory=RLConfig)
-    """Reinforcement learning with rollouts in the loop (GRPO)."""
+    """Reinforcement learning with rollouts in the loop (GRPO, RLOO)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation from a teacher model (GKD)."""

@@ -76,18 +76,34 @@ def greedy_generate(
     """Greedy continuations of `prompts`, each cut at its first end-of-sequence token.
 
     Prompts are encoded exactly as in training (`tokenizer(prompt)`, special tokens included unless
-    `add_special_tokens` is false, as for text a chat template rendered with its own) and
-    left-padded, so the next token of every row is read at the last column. Position ids count only
-    real tokens, so a padded prompt sees the positions it would see alone. `use_cache=False` (or a
-    model without `generate`) re-runs the prefix for every token: the same tokens, much slower.
+    `add_special_tokens` is false, as for text a chat template rendered with its own), then as
+    `greedy_generate_ids`.
+    """
+    encoded = [tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"] for prompt in prompts]
+    return greedy_generate_ids(model, tokenizer, encoded, device, max_new_tokens, use_cache=use_cache)
+
+
+def greedy_generate_ids(
+    model: "torch.nn.Module",
+    tokenizer: "PreTrainedTokenizerBase",
+    prompt_ids: list[list[int]],
+    device: "torch.device | str",
+    max_new_tokens: int,
+    *,
+    use_cache: bool = True,
+) -> list[str]:
+    """Greedy continuations of token prompts, decoded and each cut at its first end-of-sequence token.
+
+    Prompts are left-padded, so the next token of every row is read at the last column. Position ids
+    count only real tokens, so a padded prompt sees the positions it would see alone. `use_cache=False`
+    (or a model without `generate`) re-runs the prefix for every token: the same tokens, much slower.
     """
     import torch
 
-    encoded = [tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"] for prompt in prompts]
-    width = max(len(ids) for ids in encoded)
+    width = max(len(ids) for ids in prompt_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
-    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in prompt_ids], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids], device=device)
 
     was_training = model.training
     model.eval()

@@ -1,12 +1,15 @@
-"""Post-training objectives as pure functions, for the preference (DPO family, reward models) and
-reinforcement-learning (GRPO) stages.
+"""Training objectives: the table of what a run optimises (`table`), and each row's parts.
 
-- `logprobs`: per-token and per-sequence log-probabilities of completion tokens from the hidden
-  states, in chunks through the model's output head (no full logits);
-- `preference`: DPO (with label smoothing), IPO, SimPO, ORPO and KTO losses and their metrics;
-- `reward_model`: the Bradley-Terry loss of a scalar reward model;
-- `grpo`: group advantages and the clipped policy loss with its variants (DAPO, Dr. GRPO, GSPO);
-- `rewards`: loading, checking, calling and weighting reward functions; `builtin_rewards`: ready ones.
+- `table`: `OBJECTIVES` (supervised, reward model, the DPO family, GRPO) and `objective_choice`;
+  `parts`: what a row builds (`ObjectiveParts`); `footprint`: what it holds, for the planner;
+- `supervised`, `pairs`, `rl/`: the rows' builders, compiler rules, plan rows and model-card lines;
+- `preference`, `reward_model`, `grpo`: the losses as pure functions, each tested against its paper
+  and TRL; `preference_loss`, `reward_stage`, `rl/loss`: the loss stages that run them in the step;
+- `reference`: the one reference model (adapter disabled, frozen copy, another checkpoint, precomputed);
+- `logprobs`: per-token and per-sequence log-probabilities through the output head in chunks;
+- `rewards`, `builtin_rewards`: loading, checking, calling and weighting reward functions;
+- `rl/`: reinforcement learning as typed parts (sampler, environment, advantage estimator,
+  assembler) passing one `RolloutBatch`.
 
 The split-invariance rule every loss here follows: the caller passes the GLOBAL count that the loss
 is a mean over (pairs, examples, sequences or tokens of the whole global batch, summed over
@@ -14,6 +17,6 @@ micro-batches and ranks before the forward); a loss and each of its metrics is t
 divided by that count, so adding the values of all micro-batches and ranks (an all-reduce SUM)
 gives the value of the whole batch, and the gradients of any split are the same.
 
-Nothing here is imported by the package root; `rewards` and `builtin_rewards` import torch only
-inside functions, so the recipe compiler can check reward references cheaply.
+Nothing here is imported by the package root; `table`, `footprint`, `rewards` and the rules import no
+torch, so the recipe compiler reads them cheaply.
 """

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -84,17 +85,32 @@ def sequence_logps(logps: Tensor, scored: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def model_token_logps(
-    model: torch.nn.Module, batch: Mapping[str, Tensor], *, chunks: int = 8, ignore_index: int = IGNORE_INDEX
+    model: torch.nn.Module,
+    batch: Mapping[str, Tensor],
+    *,
+    chunks: int = 8,
+    temperature: float = 1.0,
+    ignore_index: int = IGNORE_INDEX,
 ) -> tuple[Tensor, Tensor]:
     """`token_logps` of one forward of `model` (a Hugging Face causal LM, PEFT/DDP-wrapped or not)
-    on `batch` (`input_ids`, `labels`, optional `attention_mask`), with no full logits made."""
+    on `batch` (`input_ids`, `labels`, optional `attention_mask`), with no full logits made; the
+    logits are divided by `temperature` (`sampling_projection`)."""
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}
     if batch.get("attention_mask") is not None:
         kwargs["attention_mask"] = batch["attention_mask"]
     with emit_head_input(model) as head:
         model(**kwargs)
-    projection = head_projection(output_head(model), model_config(model))
+    projection = sampling_projection(head_projection(output_head(model), model_config(model)), temperature)
     return token_logps(head.hidden, projection, batch["labels"], chunks=chunks, ignore_index=ignore_index)
+
+
+def sampling_projection(projection: Projection, temperature: float) -> Projection:
+    """The head as samples at `temperature` were drawn from it: logits divided by the temperature (as
+    TRL), so policy gradients and ratios are those of the sampling distribution. (With a softcap the
+    division comes before the cap.)"""
+    if temperature == 1.0:
+        return projection
+    return replace(projection, scale=projection.scale / temperature)
 
 
 def concatenate_pairs(

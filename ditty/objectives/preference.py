@@ -8,16 +8,18 @@ How the trainer plugs them in (`[preference] kind`):
   `ditty.objectives.logprobs` (`sequence_logps` of a `concatenate_pairs` batch, `split_pairs`):
   the policy's with gradients, the reference's without ("auto", "precompute" or a separate model;
   SimPO and ORPO take none).
-- `global_pairs` (and for ORPO `global_chosen_tokens`, for KTO the desirable/undesirable counts)
-  are counts over the WHOLE global batch, summed over micro-batches and ranks before the forward.
-  Each loss and metric is this split's share (ditty.objectives.output), so the trainer adds the
-  values of all micro-batches and all-reduces them with SUM.
-- KTO's KL estimate is one number for the whole global batch: `kto_kl_share` of every split,
-  summed, then `kto_kl` (no gradients), computed before the KTO losses of the step.
+- `global_pairs` (for KTO the examples and the desirable/undesirable counts) are counts over the
+  WHOLE global batch, summed over micro-batches and ranks before the forward (the trainer hands them
+  to the loss stage, ditty.objectives.preference_loss, as `ctx["global_units"]`). Each loss and
+  metric is this split's share (ditty.objectives.output), so the trainer adds the values of all
+  micro-batches and ranks.
+- KTO's KL estimate z: `kto_kl_share` of the examples it is taken over, summed, then `kto_kl` (no
+  gradients). The trainer takes it over each micro-batch (as TRL takes it over each device's batch).
 
 Where ditty and TRL differ on purpose: DPO's `label_smoothing` is the conservative-DPO form
 (-(1-e) logsig(b d) - e logsig(-b d)), which TRL keeps for CPO/SimPO and its "robust"/"exo_pair"
-DPO variants; ORPO's NLL is over the chosen COMPLETION tokens (TRL also scores the prompt); SimPO
+DPO variants; ORPO's NLL is each chosen COMPLETION's mean token NLL, averaged over pairs as the paper
+writes it (TRL averages over every token of the batch, prompt included); SimPO
 adds no behaviour-cloning term (TRL's CPOConfig with loss_type="simpo" and cpo_alpha=0).
 """
 
@@ -120,18 +122,18 @@ def orpo_loss(
     rejected_lengths: Tensor,
     *,
     global_pairs: Count,
-    global_chosen_tokens: Count,
     beta: float = DPO_BETA,
 ) -> ObjectiveOutput:
-    """ORPO (Hong et al. 2024, eq. 6-7), reference-free: the SFT NLL of the chosen completions (a
-    mean over the chosen completion tokens of the global batch) minus beta (lambda in the paper)
-    times the mean over pairs of logsig(log odds(y_w) - log odds(y_l)), where
-    odds(y) = P(y) / (1 - P(y)) and P(y) is the length-normalised probability exp(mean token logp)."""
+    """ORPO (Hong et al. 2024, eq. 6-7), reference-free: the mean over pairs of L_SFT - beta (lambda in
+    the paper) logsig(log odds(y_w) - log odds(y_l)), where L_SFT is the chosen completion's NLL
+    averaged over its tokens (the paper's eq. 2, per sequence), odds(y) = P(y) / (1 - P(y)) and P(y)
+    is the length-normalised probability exp(mean token logp). A per-pair term, so the loss is a mean
+    over pairs like every other kind."""
     chosen = policy_chosen_logps / _lengths(chosen_lengths)
     rejected = policy_rejected_logps / _lengths(rejected_lengths)
     log_odds = (chosen - rejected) - (_log1mexp(chosen) - _log1mexp(rejected))
     ratio = F.logsigmoid(log_odds)
-    nll = -share(policy_chosen_logps, global_chosen_tokens)
+    nll = -share(chosen, global_pairs)
     loss = nll - beta * share(ratio, global_pairs)
     metrics = pair_metrics(beta * chosen, beta * rejected, chosen, rejected, global_pairs)
     metrics["nll_loss"] = nll.detach()
@@ -141,10 +143,12 @@ def orpo_loss(
 
 
 def kto_kl_share(policy_kl_logps: Tensor, reference_kl_logps: Tensor, global_kl_examples: Count) -> Tensor:
-    """This split's share of KTO's KL estimate z_ref: the mean over the global batch of the policy's
-    minus the reference's log-probability of MISMATCHED (prompt, completion) pairs (TRL pairs each
-    prompt with the previous row's completion). No gradients flow through it (the paper's
-    z_ref is a baseline, not a term to optimise)."""
+    """This split's share of KTO's KL estimate z_ref: the mean, over the `global_kl_examples` it is
+    taken over, of the policy's minus the reference's log-probability of (prompt, completion) pairs.
+    TRL takes it over each device's batch of MISMATCHED pairs (each prompt with the previous row's
+    completion, one more forward); ditty's loss stage (ditty.objectives.preference_loss) takes it over
+    each micro-batch's own examples, with no extra forward. No gradients flow through it (the
+    paper's z_ref is a baseline, not a term to optimise)."""
     return share((policy_kl_logps - reference_kl_logps).detach(), global_kl_examples)
 
 

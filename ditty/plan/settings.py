@@ -100,7 +100,7 @@ class Settings:
     task: str = "causal-lm"
     """`model.task`: a classifier's logits are label scores, not a vocabulary per token."""
     objective: Any = None
-    """What `[preference]` or `[rl]` adds (ditty.plan.objective.Objective): the reference, the rollouts."""
+    """What the objective adds (ditty.objectives.reference.Footprint): the reference, the rollouts."""
 
     @property
     def tokens(self) -> int:

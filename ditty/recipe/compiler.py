@@ -13,10 +13,9 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     optimizer_rules,
     pipeline_rules,
     position_rules,
-    preference_rules,
-    rl_rules,
     task_rules,
 )
+from ditty.recipe.objective_rules import objective_problems
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
@@ -44,11 +43,11 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
     shape = mesh_shape(config.parallel, world_size)
     if not isinstance(shape, list) and world_size > 1:
         plan.builds.insert(0, ("mesh", shape.describe()))
-    for rule in ALL_RULES:
-        for problem in rule.check(context):
-            if replaced and problem.key.startswith(replaced):
-                continue
-            plan.problems.append(_locate(replace(problem, rule=problem.rule or rule.id), loaded))
+    found = [replace(problem, rule=problem.rule or rule.id) for rule in ALL_RULES for problem in rule.check(context)]
+    for problem in found + list(objective_problems(context)):  # the objective table's rows last
+        if replaced and problem.key.startswith(replaced):
+            continue
+        plan.problems.append(_locate(problem, loaded))
     return plan
 
 
@@ -138,7 +137,12 @@ def _builds(config) -> list[tuple[str, str]]:
     train = config.train
     if train.loss_chunks > 0 and not config.pipeline.loss:
         rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
-    if config.rl.kind != "none":
-        rows.append(("rl", rl_rules.describe(config)))
+    rows += _objective_rows(config)
     rows.append(("output", config.run.output_dir))
     return rows
+
+
+def _objective_rows(config) -> list[tuple[str, str]]:
+    from ditty.objectives.table import OBJECTIVES, objective_name
+
+    return OBJECTIVES[objective_name(config)].describe(config) if objective_name(config) in OBJECTIVES else []

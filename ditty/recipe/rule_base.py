@@ -7,7 +7,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from ditty.config.errors import Problem
+from ditty.config.errors import Problem, error, warning  # noqa: F401  (rules import them from here)
 from ditty.config.schema import walk_leaves
 
 
@@ -48,14 +48,6 @@ def rule(rule_id: str) -> Callable:
         return function
 
     return register
-
-
-def error(key: str, message: str, fix: str = "") -> Problem:
-    return Problem(key, message, fix=fix)
-
-
-def warning(key: str, message: str, fix: str = "") -> Problem:
-    return Problem(key, message, fix=fix, severity="warning")
 
 
 @functools.cache

@@ -1,9 +1,14 @@
 """Loss calculators: the last stage of the pipeline, from the model's output (and the context) to a loss.
 
-Two kinds of result, told apart by `LossOutput.num_tokens` (docs/ARCHITECTURE.md, the flow):
-- a token loss returns the SUM over its supervised tokens and their count; the trainer divides by
-  the count of the whole global batch (all micro-batches, all ranks), so any split of a global
-  batch gives the same loss and gradients (CausalLMLoss);
+Three kinds of result (docs/ARCHITECTURE.md, the flow):
+- a token loss returns the SUM over its supervised tokens and their count (`num_tokens`); the trainer
+  divides by the count of the whole global batch (all micro-batches, all ranks), so any split of a
+  global batch gives the same loss and gradients (CausalLMLoss);
+- a loss over global counts (the post-training objectives, ditty.objectives) declares the units it
+  is a mean over with `count_units(batch)` (pairs, examples, sequences, tokens: the first is its
+  denominator); the trainer sums each over the whole global batch before the first forward and hands
+  the totals over as `ctx["global_units"]`, and the loss returns its SHARE of the global-batch value
+  (`LossOutput.share`), its metrics too, which the trainer adds up over micro-batches and ranks;
 - any other loss returns a MEAN over its micro-batch (num_tokens None); the trainer weights it by
   the micro-batch's share of the samples (MSELoss, L1Loss, CrossEntropyLoss, CompositeLoss).
 
@@ -27,11 +32,15 @@ if TYPE_CHECKING:
 @dataclass
 class LossOutput:
     loss: "Tensor"
-    """A sum over `num_tokens` tokens when `num_tokens` is given, else a mean over the micro-batch."""
+    """A sum over `num_tokens` tokens when `num_tokens` is given, this micro-batch's share of the
+    global-batch loss when `share`, else a mean over the micro-batch."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Extra scalars to log (averaged over the micro-batches of a step)."""
+    """Extra scalars to log (averaged over the micro-batches of a step; added up when `share`)."""
     num_tokens: "Union[Tensor, int, None]" = None
-    """Supervised tokens the summed `loss` covers; None when `loss` is already a mean."""
+    """Supervised tokens the summed `loss` covers; None when `loss` is already a mean or a share."""
+    share: bool = False
+    """`loss` and `metrics` are this micro-batch's shares of the global-batch values (sums divided by
+    the counts of `ctx["global_units"]`, see the module doc)."""
 
     def mean_loss(self) -> "Tensor":
         """The loss as a mean over this micro-batch alone (per token for token losses)."""

@@ -153,38 +153,43 @@ class Builders:
 
         return self.engine.adapt_precision(build_precision(self.config.train.precision, self.runtime.device))
 
-    def build_pipeline(self, model: torch.nn.Module, data: Any):
-        """[pipeline] from the recipe; Python API instances replace the matching parts. Without a loss
-        named, a registered ModelSpec's loss, else the model task's (ditty.models.tasks), which needs
-        token data."""
+    def build_objective(self):
+        """The parts of the objective the recipe trains (its row of ditty.objectives.table: the loss, and
+        where it has them its own stream, evaluation and reference). A loss the recipe or the Python API
+        names ([[pipeline.loss]], loss_calculator=) takes the place of a row's that allows it."""
         from ditty.config.errors import RecipeError
-        from ditty.models.tasks import model_task
-        from ditty.recipe.preference_rules import preference_training
-        from ditty.train.pipeline import StageChain, build_pipeline
+        from ditty.objectives.parts import ObjectiveParts
+        from ditty.objectives.table import objective_for
+        from ditty.train.pipeline import build_loss
+
+        row = objective_for(self.config)
+        given = self.components.loss if self.components.loss is not None else build_loss(self.config.pipeline)
+        if given is None:
+            return row.build(self.run)
+        if not row.given_loss:
+            raise RecipeError.single(
+                f'the objective "{row.name}" brings its own loss, and {type(given).__name__} was given',
+                key="pipeline.loss",
+                fix="leave the loss out (the objective's section tunes its loss), or train another objective",
+            )
+        return ObjectiveParts(loss=given)
+
+    def build_stream(self, data: Any, objective: Any):
+        """The step's micro-batches: the objective's own (rollouts), else the data mode's global order."""
+        return objective.stream if objective.stream is not None else data.stream(self.plan.accumulation_steps)
+
+    def build_pipeline(self, objective: Any):
+        """[pipeline]'s processors from the recipe (the Python API's instances replace them) around the
+        objective's loss."""
+        from ditty.train.pipeline import StageChain, build_processors
 
         components = self.components
-        pipeline = build_pipeline(self.config.pipeline)
-        pipeline = StageChain(
-            components.preprocessors if components.preprocessors is not None else pipeline.preprocessors,
-            components.postprocessors if components.postprocessors is not None else pipeline.postprocessors,
-            components.loss if components.loss is not None else pipeline.loss,
+        pre, post = build_processors(self.config.pipeline)
+        return StageChain(
+            components.preprocessors if components.preprocessors is not None else pre,
+            components.postprocessors if components.postprocessors is not None else post,
+            objective.loss,
         )
-        if pipeline.loss is None and preference_training(self.config):  # the DPO family on preference data
-            from ditty.train.preference import preference_loss
-
-            pipeline.loss = preference_loss(self, model)
-        spec = getattr(self.engine.unwrap(model), "ditty_spec", None)
-        if pipeline.loss is None and spec is not None:
-            pipeline.loss = spec.make_loss()
-        if pipeline.loss is None and data.token_batches:  # train.loss_chunks picks the causal LM's chunked loss
-            pipeline.loss = model_task(self.config.model.task).loss(self.config.train)
-        if pipeline.loss is None:
-            raise RecipeError.single(
-                "non-text data needs a loss: the default causal-LM loss needs token labels",
-                key="pipeline.loss",
-                fix='add [[pipeline.loss]] use = "ditty.loss:MSELoss" (or pass loss_calculator=)',
-            )
-        return pipeline
 
     def build_checkpointer(self):
         from ditty.train.checkpointing import Checkpointer

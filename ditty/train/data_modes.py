@@ -114,8 +114,12 @@ class DataMode:
                 ) from None
             raise
 
-    def supervised_count(self, batch: Any, loss: Any) -> torch.Tensor:
-        """The loss's denominator for this batch, by the loss calculator's own rule when it has one."""
+    def supervised_count(self, batch: Any, loss: Any) -> Any:
+        """The loss's denominator for this batch, by the loss calculator's own rule when it has one: the
+        {unit: count} of a loss over global counts (ditty.stages.loss), else a token (or sample) count."""
+        units = getattr(loss, "count_units", None)
+        if units is not None:
+            return units(batch)
         counter = getattr(loss, "count_tokens", None)
         return counter(batch) if counter is not None else self.bundle.collator.supervised_count(batch)
 

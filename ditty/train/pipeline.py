@@ -38,20 +38,22 @@ def import_component(spec: ComponentSpec, key: str) -> Any:
     return import_reference(spec.use, key=f"{key}.use")(**spec.kwargs)
 
 
-def build_pipeline(cfg: PipelineConfig) -> StageChain:
-    """The `[pipeline]` components; the loss is None without a `[[pipeline.loss]]` (the model task's
-    default, ditty.models.tasks, or a model spec's, applies)."""
+def build_processors(cfg: PipelineConfig) -> tuple[list, list]:
+    """The `[pipeline]` preprocessors and postprocessors."""
     pre = [import_component(s, f"pipeline.preprocessors[{i}]") for i, s in enumerate(cfg.preprocessors)]
     post = [import_component(s, f"pipeline.postprocessors[{i}]") for i, s in enumerate(cfg.postprocessors)]
-    if not cfg.loss:
-        loss = None
-    elif len(cfg.loss) == 1:
-        loss = import_component(cfg.loss[0], "pipeline.loss[0]")
-    else:
-        from ditty.stages.loss import CompositeLoss  # weighted sum of several losses
+    return pre, post
 
-        loss = CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
-    return StageChain(pre, post, loss)
+
+def build_loss(cfg: PipelineConfig) -> Any:
+    """The `[[pipeline.loss]]` (a weighted sum of several), or None: the objective's loss applies."""
+    if not cfg.loss:
+        return None
+    if len(cfg.loss) == 1:
+        return import_component(cfg.loss[0], "pipeline.loss[0]")
+    from ditty.stages.loss import CompositeLoss  # weighted sum of several losses
+
+    return CompositeLoss([(import_component(s, f"pipeline.loss[{i}]"), s.weight) for i, s in enumerate(cfg.loss)])
 
 
 MODEL_OUTPUT = "model_output"

@@ -94,10 +94,9 @@ def final_model_card(cfg: Any, run_dir: str, state: "TrainState"):
     else:
         method = f"{cfg.peft.kind} adapter (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})"
         method += f" on a {cfg.quant.kind} base" if cfg.quant.kind != "none" else ""
-    from ditty.train.preference import preference_method
-    from ditty.train.rl import rl_method
+    from ditty.objectives.table import objective_for
 
-    method += preference_method(cfg) + rl_method(cfg)
+    method += objective_for(cfg).card(cfg)
     data = cfg.data
     where = {"builtin": f"built-in `{data.name}`", "file": f"`{data.path}`"}.get(data.source, f"`{data.source}`")
     facts = {

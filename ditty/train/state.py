@@ -112,6 +112,10 @@ class TrainRun:
     `self.model` or `build_*` override reads and writes the same object."""
 
     config: Any
+    components: Any = None
+    """The Python objects that replace config sections (ditty.train.components.RuntimeComponents)."""
+    plan: Any = None
+    """The compiled recipe (ditty.recipe.plan.Plan): accumulation steps, warnings."""
     runtime: Any = None
     resume: Any = None
     """The resume decision (ditty.train.resume.ResumePlan)."""
@@ -127,6 +131,8 @@ class TrainRun:
     optimizer: Any = None
     scheduler: Any = None
     precision: Any = None
+    objective: Any = None
+    """The objective's parts (ditty.objectives.parts.ObjectiveParts): loss, stream, evaluation, reference."""
     pipeline: Any = None
     """The step's stages (ditty.train.pipeline.StageChain)."""
     state: TrainState = field(default_factory=TrainState)

@@ -27,36 +27,34 @@ from ditty.checkpoint.clock import SaveClock
 from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
 from ditty.data.generic import batch_samples, to_device
-from ditty.data.mixture import source_token_record
 from ditty.metrics import Progress
-from ditty.metrics.harness import harness_on_model
-from ditty.metrics.mfu import utilization
-from ditty.metrics.progress import format_record
 from ditty.optim.schedule_free import evaluation_weights, train_mode
 from ditty.parallel.memory import MemoryReport
-from ditty.parallel.threads import slow_cpu_hint
 from ditty.train.builders import Builders
-from ditty.train.cadence import Cadence, Due
+from ditty.train.cadence import Cadence
 from ditty.train.components import RuntimeComponents
 from ditty.train.data_modes import EvalRequest
 from ditty.train.ending import RunEnding
 from ditty.train.final import check_output_dir
 from ditty.train.pipeline import MODEL_OUTPUT, run_pipeline
+from ditty.train.records import StepRecords
 from ditty.train.resume import plan_resume
-from ditty.train.state import IntervalMeter, NonFiniteLossError, RunField, TrainResult, TrainRun, TrainState
-from ditty.train.step import LossNormaliser, StepOutput, all_reduce_sum, mean_across_ranks
+from ditty.train.state import IntervalMeter, RunField, TrainResult, TrainRun, TrainState
+from ditty.train.step import LossNormaliser, StepMetrics, StepOutput, all_reduce_sum, as_sum
 
 log = logging.getLogger("ditty.train")
 
 
-class Trainer(Builders, RunEnding):
+class Trainer(Builders, StepRecords, RunEnding):
     Config = TrainerConfig
 
     def __init__(self, config: TrainerConfig, components: Optional[RuntimeComponents] = None, *, plan=None):
-        self.components = components or RuntimeComponents()  # Python objects that replace config sections
+        components = components or RuntimeComponents()  # Python objects that replace config sections
         # What the steps below build, in one typed object (ditty.train.state.TrainRun): self.config,
         # self.model, self.optimizer, ... are its fields. Checkpointing, final/ and the push take it.
-        self.run = TrainRun(config, trainer_ref=self.trainer_ref(), hub_token=self.components.hub_token)
+        self.run = TrainRun(
+            config, components=components, trainer_ref=self.trainer_ref(), hub_token=components.hub_token
+        )
         self.plan = plan or self.build_plan()  # every rule, before anything is built
         self.runtime = self.build_runtime()  # device, process group, mesh: a rank that cannot join fails first
         from ditty.parallel.runtime import seed_everything
@@ -76,17 +74,16 @@ class Trainer(Builders, RunEnding):
         built = self.build_model(self.tokenizer, labels=self.data.labels)
         self.converters, self.built_on_meta = built.converters, built.pending is not None
         self.model = self.build_model_ready(built)  # speedups, then the engine's wrapping: before the optimizer
-        self.stream = self.data.stream(self.plan.accumulation_steps)
         self.total_steps = self.build_total_steps(self.data)
         optimizer = self.build_optimizer(self.model, self.converters)
         self.scheduler = self.build_scheduler(optimizer, self.total_steps)
         self.model, self.optimizer = self.engine.attach(self.model, optimizer)
         self.precision = self.build_precision()
-        self.pipeline = self.build_pipeline(self.model, self.data)
-        if config.rl.kind != "none":  # rollouts in the loop: GRPO's stream, loss and evaluation (ditty.train.rl)
-            from ditty.train.rl import attach_rl
-
-            attach_rl(self)
+        # The objective's row (ditty.objectives.table): its loss and, where it has them, its own stream
+        # (RL's rollouts), evaluation and reference, built on the policy as it will train.
+        self.objective = self.build_objective()
+        self.stream = self.build_stream(self.data, self.objective)
+        self.pipeline = self.build_pipeline(self.objective)
         self.state = TrainState()
         self.contracts_checked = False
         self.checkpointer = self.build_checkpointer()
@@ -139,19 +136,6 @@ class Trainer(Builders, RunEnding):
         self.progress.update()
         return out
 
-    def log_step(self, out: StepOutput, due: Due) -> None:
-        """The step's record when one is due: metrics, then evaluation and lm-eval scores of the live model."""
-        record: dict[str, Any] = self.step_record(out) if (due.log or due.evaluate or due.harness) else {}
-        if due.evaluate:
-            record.update(self.evaluate())
-        if due.harness:
-            with evaluation_weights(self.optimizer):
-                scores = harness_on_model(self.engine.unwrap(self.model), self.tokenizer, self.config.eval)
-            self.state.eval_metrics.update(scores)
-            record.update(scores)
-        if record:
-            self.log(record)
-
     def should_stop(self) -> bool:
         """`train.steps` reached; or, training by epochs, the data cursor passed `train.epochs` passes
         (with packing a step consumes a variable number of samples, so steps only bound it)."""
@@ -163,32 +147,32 @@ class Trainer(Builders, RunEnding):
     def train_step(self, micro_batches: list) -> StepOutput:
         """One optimizer step over every micro-batch of the global batch (gradient accumulation).
 
-        The global supervised-token count is taken before the first forward (see step.py), so each
-        micro-batch's backward already carries its final weight.
+        The global supervised-token count (or the units a loss over global counts declares) is taken
+        before the first forward (see step.py), so each micro-batch's backward already carries its
+        final weight.
         """
         count = lambda batch: self.data.supervised_count(batch, self.pipeline.loss)  # noqa: E731
         world = self.runtime.world_size
         norm = LossNormaliser.for_step(micro_batches, count, world)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
         tokens = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        metrics: dict[str, float] = {}
+        metrics = StepMetrics(len(micro_batches))
         for index, batch in enumerate(micro_batches):
-            ctx = self.make_context(index=index, count=len(micro_batches), training=True)
+            ctx = self.make_context(index=index, count=len(micro_batches), training=True, units=norm.global_units)
             with self.engine.micro_batch(self.model, index, len(micro_batches)):
                 scaled, out = self.forward_backward(batch, norm, ctx)
             loss_sum += scaled.double()
             tokens += self.data.input_count(batch).to(self.runtime.device, torch.float64)
-            for key, value in (out.metrics or {}).items():
-                metrics[key] = metrics.get(key, 0.0) + float(value) / len(micro_batches)
+            metrics.add(out)
         # One collective for both; every rank scaled by world_size, so the sum / world is the loss.
         totals = all_reduce_sum(torch.stack([loss_sum, tokens]))
         step_totals = torch.stack([totals[0] / world, totals[1], norm.global_tokens.to(totals.device)])
-        return self.optimizer_step(step_totals, mean_across_ranks(metrics))
+        return self.optimizer_step(step_totals, metrics.across_ranks() | self.objective.step_metrics())
 
     def forward_backward(self, batch: Any, norm: LossNormaliser, ctx: dict) -> tuple[torch.Tensor, Any]:
         """Forward one micro-batch through the pipeline and backward its share of the global loss."""
         out = self.forward(batch, ctx)
-        scaled = norm.scale(out.loss, out.num_tokens, batch_samples(batch))
+        scaled = norm.scale(out, batch_samples(batch))
         self.engine.backward(scaled, self.precision)  # DeepSpeed also steps here, after the last micro-batch
         return scaled.detach(), out
 
@@ -218,36 +202,12 @@ class Trainer(Builders, RunEnding):
         out.metrics = metrics | {"lr": lr}
         return out
 
-    def check_skips(self, out: StepOutput) -> None:
-        """Count consecutive skipped steps; too many stop the run with a clear error."""
-        # No checkpoint during a streak of skipped steps (ditty.checkpoint.finite).
-        self.checkpointer.observe(self.state.step, out.skipped)
-        if not out.skipped:
-            self.state.consecutive_skips = 0
-            return
-        self.state.skipped_steps += 1
-        self.state.consecutive_skips += 1
-        limit = self.config.train.max_skipped_steps
-        log.warning(
-            "step %d skipped: %s (%d in a row, limit %d)",
-            self.state.step,
-            out.skip_reason,
-            self.state.consecutive_skips,
-            limit,
-        )
-        if self.state.consecutive_skips >= limit:
-            raise NonFiniteLossError(
-                f"stopping: {self.state.consecutive_skips} consecutive steps had a {out.skip_reason} "
-                f"(train.max_skipped_steps = {limit}), last at step {self.state.step}. "
-                f"{self.checkpointer.finite.last_good(self.run_dir)}. "
-                f"Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "
-                f'"fp32". Files already in {self.config.run.output_dir} are kept; no final model was written.'
-            )
-
     def eval_forward(self, batch: Any) -> tuple[Any, Any]:
-        """One validation batch through `forward`: (its LossOutput, the model's output after the postprocessors)."""
-        ctx = self.make_context(index=0, count=1, training=False)
-        return self.forward(batch, ctx), ctx.get(MODEL_OUTPUT)
+        """One validation batch through `forward`: (its LossOutput, the model's output after the postprocessors).
+        A loss over global counts is evaluated over the batch's own and reported as a sum with its count."""
+        units = self.data.supervised_count(batch, self.pipeline.loss)
+        ctx = self.make_context(index=0, count=1, training=False, units=units if isinstance(units, dict) else None)
+        return as_sum(self.forward(batch, ctx), units), ctx.get(MODEL_OUTPUT)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
@@ -264,56 +224,19 @@ class Trainer(Builders, RunEnding):
             step=self.state.step,
             run_dir=self.run_dir if is_main_process() else "",
         )
+        evaluation = self.objective.evaluation or self.data  # the objective's own (RL's greedy reward), else the data's
         with evaluation_weights(self.optimizer):  # schedule-free: evaluate its averaged weights
-            metrics = self.data.evaluate(request)
+            metrics = evaluation.evaluate(request)
         self.model.train()
         self.state.last_eval_step = self.state.step
         self.state.eval_metrics = metrics
         return metrics
 
-    def step_record(self, out: StepOutput) -> dict[str, Any]:
-        """The metrics.jsonl record of this step: interval means, counters, and skip marks."""
-        record: dict[str, Any] = {"step": self.state.step}
-        interval = self.meter.flush()
-        record.update(loss=interval.pop("loss"), lr=out.metrics.get("lr"), grad_norm=interval.pop("grad_norm"))
-        record.update(tokens=self.state.tokens, **interval)
-        record.update({k: v for k, v in out.metrics.items() if k != "lr"})
-        record.update(self.memory.record(self.model, self.optimizer))
-        if self.data.skipped_rows:  # bad data rows left out (data.on_bad_rows = "skip")
-            record["skipped_rows"] = self.data.skipped_rows
-        # mfu/hfu: model FLOPs x tokens/s over the devices' peak (ditty.metrics.mfu)
-        runtime = self.runtime
-        record.update(
-            utilization(self.model, self.config, runtime.device, runtime.world_size, record.get("tokens_per_s"))
-        )
-        record.update(source_token_record(self.stream))  # tokens/source/NAME of a mixture (collective)
-        if out.skipped:
-            record.update(skipped=True, skip_reason=out.skip_reason, step_loss=out.loss, step_grad_norm=out.grad_norm)
-        return record
-
-    def log(self, record: dict[str, Any]) -> None:
-        """Send a record to metrics.jsonl/TensorBoard/wandb (rank 0) and the progress bar."""
-        self.logger.log(record)
-        self.progress.set_metrics(record)
-        # Once, from the second logged record on (the first carries the start-up): a CPU run far below its peak.
-        hint = (
-            slow_cpu_hint(record, self.runtime.device.type) if self.state.step > self.config.train.log_every else None
-        )
-        if hint and not self.slow_hint_shown:
-            self.slow_hint_shown = True
-            self.progress.write(hint)
-        if not self.config.logging.progress:  # no bar (e.g. logs to a file): one line per record
-            self.progress.write(format_record(record))
-        elif any(k.startswith("val_") for k in record):
-            shown = ", ".join(
-                f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float)
-            )
-            self.progress.write(f"step {record['step']}: {shown}")
-
-    def make_context(self, *, index: int, count: int, training: bool) -> dict:
+    def make_context(self, *, index: int, count: int, training: bool, units: Optional[dict] = None) -> dict:
+        """The micro-batch's context; `units`: the global counts a loss over them divides by."""
         from ditty.stages.processors import Context
 
-        return Context(
+        ctx = Context(
             step=self.state.step,
             micro_step=index,
             num_micro_steps=count,
@@ -322,6 +245,9 @@ class Trainer(Builders, RunEnding):
             tokenizer=self.tokenizer,
             device=self.runtime.device,
         )
+        if units:
+            ctx["global_units"] = units
+        return ctx
 
 
 # The trainer's attributes of the built parts are the fields of its TrainRun (self.run).

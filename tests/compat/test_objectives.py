@@ -132,14 +132,14 @@ def test_a_preference_loss_with_a_reference_of_ones_own(tmp_path, tiny_llama_dir
     from transformers import AutoModelForCausalLM
 
     from ditty import PreferenceLoss
-    from ditty.train.preference import frozen, sequence_logps_of
+    from ditty.objectives.reference import FrozenModel, frozen
 
-    other = frozen(AutoModelForCausalLM.from_pretrained(reference_dir))
+    other = FrozenModel(frozen(AutoModelForCausalLM.from_pretrained(reference_dir)), chunks=8)
     calls = []
 
     def reference(batch):
         calls.append(len(batch["input_ids"]))
-        return sequence_logps_of(other, batch, 8)
+        return other.sequence_logps(batch)
 
     runs = {}
     for name, keywords in {

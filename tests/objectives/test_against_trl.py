@@ -139,9 +139,9 @@ def test_orpo_odds_ratio_term_matches_trl():
     sums, lengths = policy_tokens.sum(-1), mask.sum(-1)
     trainer = SimpleNamespace(beta=0.1, accelerator=Accelerator())
     losses, _, _, log_odds_ratio, log_odds_chosen = ORPOTrainer.odds_ratio_loss(trainer, *(sums / lengths).chunk(2))
-    chosen_tokens = int(lengths.chunk(2)[0].sum())
-    out = orpo_loss(*sums.chunk(2), *lengths.chunk(2), global_pairs=5, global_chosen_tokens=chosen_tokens, beta=0.1)
-    # TRL: loss = NLL - mean(beta * logsig(log odds)); its NLL also scores the prompt, so compare the rest.
+    out = orpo_loss(*sums.chunk(2), *lengths.chunk(2), global_pairs=5, beta=0.1)
+    # TRL: loss = NLL - mean(beta * logsig(log odds)); its NLL is averaged over the batch's tokens (the
+    # paper and ditty average each completion's, then the pairs), so compare the rest.
     assert abs((out.loss - out.metrics["nll_loss"]).item() + losses.mean().item()) < TOL
     assert abs(out.metrics["log_odds_ratio"].item() - log_odds_ratio.item()) < TOL
     assert abs(out.metrics["log_odds_chosen"].item() - log_odds_chosen.item()) < TOL

@@ -131,9 +131,10 @@ def test_simpo_equals_the_paper(beta, gamma, ratio):
 
 
 def test_orpo_equals_the_paper():
+    """Eq. 6: the expectation over pairs of L_SFT + lambda L_OR, with L_SFT (eq. 2) the chosen
+    completion's NLL averaged over its own tokens."""
     lam = 0.1
-    chosen_tokens = sum(CHOSEN_LENGTHS)
-    nll = -sum(POLICY_CHOSEN) / chosen_tokens  # the SFT loss: mean NLL over chosen completion tokens
+    nll = mean([-pc / lc for pc, lc in zip(POLICY_CHOSEN, CHOSEN_LENGTHS)])
     odds_terms = []
     for pc, pr, lc, lr in zip(POLICY_CHOSEN, POLICY_REJECTED, CHOSEN_LENGTHS, REJECTED_LENGTHS):
         p_w, p_l = math.exp(pc / lc), math.exp(pr / lr)
@@ -141,15 +142,7 @@ def test_orpo_equals_the_paper():
         odds_terms.append(log_sigmoid(log_odds_ratio))
     expected = nll - lam * mean(odds_terms)
     chosen, rejected = policy()
-    out = orpo_loss(
-        chosen,
-        rejected,
-        t(CHOSEN_LENGTHS),
-        t(REJECTED_LENGTHS),
-        global_pairs=PAIRS,
-        global_chosen_tokens=chosen_tokens,
-        beta=lam,
-    )
+    out = orpo_loss(chosen, rejected, t(CHOSEN_LENGTHS), t(REJECTED_LENGTHS), global_pairs=PAIRS, beta=lam)
     assert abs(out.loss.item() - expected) < 1e-6
     assert abs(out.metrics["nll_loss"].item() - nll) < 1e-9
     assert abs(out.metrics["log_odds_ratio"].item() - mean(odds_terms)) < 1e-9
@@ -158,7 +151,7 @@ def test_orpo_equals_the_paper():
 def test_orpo_log_odds_stay_finite_near_probability_one():
     chosen = torch.tensor([-1e-9, -30.0], dtype=torch.float64, requires_grad=True)
     rejected = torch.tensor([-50.0, -1e-3], dtype=torch.float64)
-    out = orpo_loss(chosen, rejected, t([1, 1]), t([1, 1]), global_pairs=2, global_chosen_tokens=2)
+    out = orpo_loss(chosen, rejected, t([1, 1]), t([1, 1]), global_pairs=2)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(chosen.grad).all()
 
@@ -253,7 +246,6 @@ def pair_loss(kind, rows, count):
             pick(CHOSEN_LENGTHS),
             pick(REJECTED_LENGTHS),
             global_pairs=count,
-            global_chosen_tokens=sum(CHOSEN_LENGTHS),
         )
     else:
         out = bradley_terry_loss(c, r, global_pairs=count, center_rewards_coefficient=0.01)

@@ -153,7 +153,7 @@ def test_micro_batches_of_2_and_8_pairs_give_the_same_loss(tmp_path, tiny_llama_
 
 def test_adapter_reference_is_the_base_model_without_a_copy(tmp_path, tiny_llama_dir):
     from ditty.config.sections import PeftConfig
-    from ditty.train.preference import AdapterDisabled
+    from ditty.objectives.reference import AdapterDisabled
 
     config = replace(_config(tmp_path, tiny_llama_dir, "dpo"), peft=PeftConfig(kind="lora", r=4, alpha=8))
     trainer = Trainer(config)

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from ditty.objectives.reference import REFERENCE_FILE, Precomputed
 from ditty.train import Trainer
-from ditty.train.preference import REFERENCE_FILE, Precomputed
 from tests.preference.test_loss import _config, _fixed_batch
 
 
@@ -34,8 +34,8 @@ def test_precomputed_reference_equals_the_frozen_copy_and_is_reused(tmp_path, ti
     def no_second_pass(*args, **kwargs):
         raise AssertionError("the reference was computed again instead of read from the run directory")
 
-    monkeypatch.setattr("ditty.train.preference.compute_table", no_second_pass)
-    from ditty.train.preference import build_reference
+    monkeypatch.setattr("ditty.objectives.reference.compute_table", no_second_pass)
+    from ditty.objectives.reference import build_reference
 
-    again = build_reference(trainer, trainer.model)
+    again = build_reference(trainer.run, "precompute", chunks=8, key="preference.reference")
     assert again.table == table

@@ -21,8 +21,8 @@ def dpo_losses_and_reference(rank: int, world_size: int, config, steps: int) -> 
     parameter a DTensor shard), "adapter" (the policy with its adapter off), "table" (precomputed)."""
     from torch.distributed.tensor import DTensor
 
+    from ditty.objectives.reference import AdapterDisabled, FrozenModel, Precomputed
     from ditty.train import Trainer
-    from ditty.train.preference import AdapterDisabled, FrozenModel, Precomputed
 
     trainer = Trainer(config)
     reference = trainer.pipeline.loss.reference

@@ -34,7 +34,7 @@ def train_three_steps(rank: int, world_size: int, out_dir: str, kind: str) -> di
     losses, rewards = [], []
     for _ in range(STEPS):
         batches = trainer.stream.next_step()
-        rewards.append(batches[0]["rollout_metrics"]["reward"])
+        rewards.append(trainer.stream.step_metrics()["reward"])
         losses.append(trainer.train_step(batches).loss)
         trainer.state.step += 1
     full = trainer.engine.full_state_dict(trainer.model)  # FSDP gathers the shards; None: the module holds them

@@ -69,7 +69,7 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
         ),
         (["--data.format", "prompt_completion"], "data.format", 'not data.format = "prompt_completion"'),
         (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "2 weights for 1 reward functions"),
-        (["--rl.backend", "vllm"], "rl.backend", "cannot run"),
+        (["--rl.backend", "vllm"], "rl.backend", "not available"),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
         (["--rl.temperature", "0"], "rl.temperature", "above 0"),
     ],

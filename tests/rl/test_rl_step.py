@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ditty.objectives.rl.batch import RolloutBatch
 from ditty.train import Trainer
-from ditty.train.rl.rollouts import Completions
 from tests.rl.helpers import grpo_config
 
 GROUP = 4
@@ -47,7 +47,7 @@ def fixed_rollouts(tokenizer, seed=0):
     """8 completions of 2 prompts (4 per group), of different lengths; two are truncated."""
     g = torch.Generator().manual_seed(seed)
     prompts = [tokenizer("12+47=")["input_ids"], tokenizer("3+5=")["input_ids"]]
-    done = Completions([], [], [], [])
+    done = RolloutBatch([], [], [], [])
     for p, prompt in enumerate(prompts):
         for k in range(GROUP):
             length = 1 + (p + 2 * k) % 4
@@ -59,6 +59,13 @@ def fixed_rollouts(tokenizer, seed=0):
             done.truncated.append(truncated)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 2.0, 1.0, 1.0], dtype=torch.float64)
     return done, rewards
+
+
+def assemble(trainer, rollouts, rewards, drop_idle=True):
+    """The run's own RL parts on given rollouts: advantages over the global batch, then micro-batches."""
+    rollouts.rewards = rewards
+    trainer.stream.estimate(rollouts)
+    return trainer.stream.assembler(rollouts, drop_idle=drop_idle)
 
 
 def plain_logps(model, batch, temperature=1.0):
@@ -100,7 +107,7 @@ def test_one_step_on_fixed_rollouts_equals_the_papers_formula(tmp_path, name):
     trainer.model.double()
     model = trainer.engine.unwrap(trainer.model)
     done, rewards = fixed_rollouts(trainer.tokenizer)
-    batches = trainer.stream.assemble(done, rewards, drop_idle=False)  # every row, as the formula sees them
+    batches = assemble(trainer, done, rewards, drop_idle=False)  # every row, as the formula sees them
     assert len(batches) == 2  # two micro-batches of 4: the normaliser sums over both
 
     # The sampling and the reference policy: the live one, nudged, so ratios and the KL are not trivial.
@@ -182,7 +189,7 @@ def test_rows_of_advantage_zero_are_skipped_without_changing_the_step(tmp_path, 
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         done, _ = fixed_rollouts(trainer.tokenizer)
         rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 1.0, 1.0], dtype=torch.float64)
-        batches = trainer.stream.assemble(done, rewards, drop_idle=drop_idle)
+        batches = assemble(trainer, done, rewards, drop_idle=drop_idle)
         rows = [len(b["advantages"]) for b in batches]
         out = trainer.train_step(batches)
         update = {n: before[n] - p.detach() for n, p in model.named_parameters()}

@@ -13,9 +13,9 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.sections import ModelConfig, TokenizerConfig
 from ditty.data.tokenizer import build_tokenizer
-from ditty.train.rl import sampled_logps
-from ditty.train.rl.generation import sampling_seed, takes_prompt_cache
-from ditty.train.rl.rollouts import RolloutStream
+from ditty.objectives.logprobs import model_token_logps
+from ditty.objectives.rl.assembler import Assembler
+from ditty.objectives.rl.sampling import GenerateSampler, sampling_seed, takes_prompt_cache
 from tests.rl.helpers import TINY_LLAMA
 
 GROUP = 4
@@ -46,26 +46,23 @@ def setup():
         updates_per_rollout=1,
         beta=0.0,
     )
-    stream = one_process_stream(rl, tokenizer, model)
-    done = stream.sample(prompt_ids, 0)
-    return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, stream=stream, done=done, ids=prompt_ids)
+    done = sampler(rl, tokenizer, model).sample(prompt_ids, 0)
+    return types.SimpleNamespace(tokenizer=tokenizer, model=model, rl=rl, done=done, ids=prompt_ids)
 
 
-def one_process_stream(rl, tokenizer, model) -> RolloutStream:
-    """A rollout stream of one process sampling from `model`, with no rewards (the tests set them)."""
-    return RolloutStream(
-        None,
-        rl=rl,
-        reward_functions=[],
-        tokenizer=tokenizer,
-        policy=lambda: model,
-        logps=None,
-        micro_batch_size=64,
-        seed=0,
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
-    )
+def sampler(rl, tokenizer, model) -> GenerateSampler:
+    """The sampler of one process drawing from `model`, seeded as a run with seed 0."""
+    return GenerateSampler(lambda: model, rl, tokenizer, torch.device("cpu"), seed=0)
+
+
+def training_rows(s, advantages):
+    """The rollouts as the assembler hands them to the trainer: one micro-batch, every row."""
+    s.done.advantages = advantages
+    return Assembler(s.rl, pad_token_id=s.tokenizer.pad_token_id, micro_batch_size=64)(s.done, drop_idle=False)[0]
+
+
+def sampled_logps(model, batch, rl):
+    return model_token_logps(model, batch, temperature=rl.temperature)[0]
 
 
 def generate_from_whole_prompts(s, model, **outputs):
@@ -110,7 +107,7 @@ def sampling_logps(s) -> list[torch.Tensor]:
 
 def test_training_rows_carry_the_sampling_log_probabilities(setup):
     s = setup
-    batch = s.stream.micro_batches(s.done, torch.zeros(len(s.done.texts)), torch.tensor(s.done.truncated))[0]
+    batch = training_rows(s, torch.zeros(len(s.done.texts)))
     s.model.train()  # the trainer's mode: must not change the forward (no dropout)
     with torch.no_grad():
         trained = sampled_logps(s.model, batch, s.rl)
@@ -125,7 +122,7 @@ def test_training_rows_carry_the_sampling_log_probabilities(setup):
 def test_rows_are_grouped_and_cut_at_the_end_of_sequence(setup):
     s = setup
     eos = s.tokenizer.eos_token_id
-    batch = s.stream.micro_batches(s.done, torch.arange(len(s.done.texts)).float(), torch.tensor(s.done.truncated))[0]
+    batch = training_rows(s, torch.arange(len(s.done.texts)).float())
     assert any(not t for t in s.done.truncated) and any(s.done.truncated)  # both kinds are covered
     for row, completion in enumerate(s.done.completion_ids):
         prompt = s.ids[row // GROUP]  # a group is `group_size` consecutive rows of one prompt
@@ -156,7 +153,7 @@ def test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_samp
     for name, param in model.named_parameters():
         if "lora_B" in name:  # a live adapter (B starts at 0)
             torch.nn.init.normal_(param, std=0.5)
-    done = one_process_stream(s.rl, s.tokenizer, model).sample(s.ids, 0)
+    done = sampler(s.rl, s.tokenizer, model).sample(s.ids, 0)
     whole, width = generate_from_whole_prompts(s, model)
     plain = s.done.completion_ids
     assert [whole[row, width : width + len(c)].tolist() for row, c in enumerate(done.completion_ids)] == (

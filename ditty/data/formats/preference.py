@@ -226,8 +226,9 @@ def encode_unpaired(
 # ---------------------------------------------------------------------------- collation
 
 
-def _scored_rows(labels: torch.Tensor) -> torch.Tensor:
-    """Rows with at least one scored token (an evaluation filler row has none)."""
+def scored_rows(labels: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one scored token (an evaluation filler row has none): the unit of every
+    preference loss (pairs, counted by their chosen rows; KTO's examples)."""
     return (labels[:, 1:] != IGNORE_INDEX).any(dim=1)
 
 
@@ -247,7 +248,7 @@ class PairCollator(Collator):
     def supervised_count(self, batch: dict) -> torch.Tensor:
         """Pairs of the batch (a filler pair of evaluation, with nothing scored, counts none)."""
         chosen, _ = batch["labels"].chunk(2, dim=0)
-        return _scored_rows(chosen).sum()
+        return scored_rows(chosen).sum()
 
 
 class UnpairedCollator(Collator):
@@ -264,4 +265,4 @@ class UnpairedCollator(Collator):
         return batch
 
     def supervised_count(self, batch: dict) -> torch.Tensor:
-        return _scored_rows(batch["labels"]).sum()
+        return scored_rows(batch["labels"]).sum()

@@ -7,8 +7,8 @@ row (the answer to check, say) is kept and handed to the reward functions by nam
 
 A sample is {"input_ids": prompt tokens, "prompt": the prompt as JSON, "columns": the other columns
 as JSON}: JSON keeps any column type through `datasets` unchanged. The collator gives a batch of
-prompts (`PromptBatch` fields as a dict), which the rollout stream (ditty.train.rollouts) turns into
-completions; no tensor is made here.
+prompts as a dict (prompt_ids, prompts, columns), which the RL rows' rollout stream
+(ditty.objectives.rl.stream) turns into completions; no tensor is made here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sampling a group of completions per prompt with transformers' `generate`, for the rollout stream.
+"""The sampler: a group of completions per prompt from the live policy, with transformers' `generate`.
 
 Each call left-pads its prompts; every prompt but its last token goes through the model once, and
 that KV cache is repeated for the prompt's `group_size` completions, so `generate` starts from it:
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -19,6 +20,46 @@ import torch.distributed as dist
 
 from ditty._utils.dist import on_every_rank
 from ditty._utils.modules import unwrap
+from ditty.objectives.rl.batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What the sampler reads of a section (RLConfig has these fields; other rows build one)."""
+
+    group_size: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    generation_batch_size: int = 0
+
+
+class GenerateSampler:
+    """`sample(prompt_ids, first_position)`: `rl.group_size` completions of every prompt from the
+    model `policy()` returns (unwrapped, its adapter on), `rl.generation_batch_size` prompts per
+    `generate` call; `first_position` is the first prompt's place in the global order (it seeds the
+    sampling, see the module doc)."""
+
+    def __init__(self, policy: Any, rl: Any, tokenizer: Any, device: torch.device, seed: int) -> None:
+        self.policy, self.rl, self.tokenizer, self.device, self.seed = policy, rl, tokenizer, device, seed
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: list[list[int]], first_position: int = 0) -> RolloutBatch:
+        eos = self.tokenizer.eos_token_id
+        out = RolloutBatch([], [], [], [])
+        groups = generate_groups(
+            self.policy(), prompt_ids, self.rl, self.tokenizer, self.device, self.seed, first_position
+        )
+        for prompts, generated in groups:
+            for ids, row in zip([ids for ids in prompts for _ in range(self.rl.group_size)], generated):
+                ended = eos is not None and eos in row
+                completion = row[: row.index(eos) + 1] if ended else row
+                text_ids = completion[:-1] if ended else completion
+                out.prompt_ids.append(list(ids))
+                out.completion_ids.append(completion)
+                out.texts.append(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+                out.truncated.append(not ended)
+        return out
 
 
 def generate_groups(

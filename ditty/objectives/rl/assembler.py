@@ -1,0 +1,92 @@
+"""The assembler: a scored `RolloutBatch` -> this rank's training micro-batches.
+
+Each row is prompt + completion, collated as the causal LM's samples are (ditty.data.collate:
+right-padded, labels on the completion tokens, its end-of-sequence token included); a completion
+token the environment wrote (`trainable` False) gets no label, so it takes no loss and no gradient.
+Beside the collated tensors a micro-batch carries, per row, `advantages` and `truncated`, and where
+the loss needs them the log-probabilities the policy sampled with (`old_logps`, when a rollout serves
+several updates) and the reference's (`ref_logps`, when rl.beta > 0), scored by the training forward's
+own path so an on-policy ratio is exactly 1.
+
+With rl.beta = 0, the rows of advantage 0 (every row of a group whose completions scored alike) are
+left out of the forward: their loss and gradient are exactly 0. Their labels and truncation flags
+stay in the micro-batch as `idle_labels` and `idle_truncated`, so the loss counts them in the global
+denominator as if they were there (ditty.objectives.rl.loss: `count_units`); at least one row stays,
+so every rank runs the same forwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.data.collate import pad_samples
+from ditty.objectives.rl.batch import RolloutBatch
+
+Scorer = Callable[[dict], torch.Tensor]
+"""micro-batch -> token log-probabilities [rows, width] aligned with its labels."""
+
+
+class Assembler:
+    def __init__(
+        self,
+        rl: Any,
+        *,
+        pad_token_id: int,
+        micro_batch_size: int,
+        policy_logps: Optional[Scorer] = None,
+        reference_logps: Optional[Scorer] = None,
+    ) -> None:
+        self.rl = rl
+        self.pad_token_id = pad_token_id
+        self.micro_batch_size = micro_batch_size
+        self.policy_logps, self.reference_logps = policy_logps, reference_logps
+
+    def __call__(self, rollouts: RolloutBatch, drop_idle: bool = True) -> list[dict]:
+        batches = [self.collate(rollouts, start) for start in range(0, len(rollouts), self.micro_batch_size)]
+        if drop_idle and self.rl.beta == 0:
+            batches = [without_idle_rows(batch) for batch in batches]
+        for batch in batches:
+            if self.rl.updates_per_rollout > 1:
+                batch["old_logps"] = self.policy_logps(batch).cpu()
+            if self.rl.beta > 0:
+                batch["ref_logps"] = self.reference_logps(batch).cpu()
+        return batches
+
+    def collate(self, rollouts: RolloutBatch, start: int) -> dict:
+        rows = range(start, min(start + self.micro_batch_size, len(rollouts)))
+        samples = []
+        for i in rows:
+            prompt, completion = rollouts.prompt_ids[i], rollouts.completion_ids[i]
+            trainable = rollouts.trainable[i] if rollouts.trainable is not None else [True] * len(completion)
+            labels = [IGNORE_INDEX] * len(prompt) + [
+                t if mine else IGNORE_INDEX for t, mine in zip(completion, trainable)
+            ]
+            samples.append((prompt + completion, labels))
+        batch = pad_samples(samples, self.pad_token_id)
+        del batch["position_ids"]  # right-padded rows: the model's own positions are these
+        batch["advantages"] = rollouts.advantages[start : start + len(samples)].to(torch.float32)
+        batch["truncated"] = torch.tensor([rollouts.truncated[i] for i in rows], dtype=torch.bool)
+        return batch
+
+
+def without_idle_rows(batch: dict) -> dict:
+    """The micro-batch without its rows of advantage 0 (at least one row kept), cut to the width of
+    the longest row left; the left-out rows' labels and flags kept as `idle_labels`, `idle_truncated`."""
+    idle = batch["advantages"] == 0
+    keep = torch.nonzero(~idle).flatten()
+    if len(keep) == len(batch["advantages"]):
+        return batch
+    if len(keep) == 0:
+        keep = torch.zeros(1, dtype=torch.long)
+        idle[0] = False
+    width = int(batch["attention_mask"][keep].sum(-1).max())
+    out = dict(batch)
+    for key in ("input_ids", "attention_mask", "labels"):
+        out[key] = batch[key][keep, :width]
+    for key in ("advantages", "truncated"):
+        out[key] = batch[key][keep]
+    out["idle_labels"], out["idle_truncated"] = batch["labels"][idle], batch["truncated"][idle]
+    return out

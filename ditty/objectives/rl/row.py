@@ -1,0 +1,166 @@
+"""The RL rows (`[rl]`: GRPO, RLOO) of the objective table: their parts, plan rows and model-card line.
+
+The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
+- the sampler (ditty.objectives.rl.sampling): `generate` on the live policy with the prompt cache;
+- the environment (ditty.objectives.rl.environment): the reward functions, one turn;
+- the advantage estimator (ditty.objectives.rl.advantages): GRPO's group normalisation;
+- the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
+wired together by the rollout stream (ditty.objectives.rl.stream), which is the run's stream of
+micro-batches; the loss is the clipped policy loss (ditty.objectives.rl.loss), and the evaluation the
+greedy reward of held-out prompts (ditty.objectives.rl.evaluation). They pass one `RolloutBatch`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ditty.objectives.footprint import Footprint, reference_footprint
+from ditty.objectives.parts import ObjectiveParts
+
+if TYPE_CHECKING:
+    import torch
+
+
+def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> ObjectiveParts:
+    """GRPO's parts; `advantage(rl)` builds another advantage estimator (the RLOO row's)."""
+    from ditty.data.build import build_stream
+    from ditty.objectives.reference import build_reference
+    from ditty.objectives.rewards import load_reward_functions
+    from ditty.objectives.rl.advantages import GroupAdvantage
+    from ditty.objectives.rl.assembler import Assembler
+    from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.evaluation import RolloutEvaluation
+    from ditty.objectives.rl.loss import GRPOLoss
+    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.rl.stream import RolloutStream
+
+    config, runtime = run.config, run.runtime
+    rl, train = config.rl, config.train
+    functions = load_reward_functions(reward_references(run), rl.reward_weights)
+    chunks = train.loss_chunks if train.loss_chunks > 0 else 8
+    reference = build_reference(run, "auto", chunks=chunks, key="rl.beta") if rl.beta > 0 else None
+    policy = lambda: run.engine.unwrap(run.model)  # noqa: E731  (the live, trained weights)
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    assembler = Assembler(
+        rl,
+        pad_token_id=pad,
+        micro_batch_size=train.micro_batch_size,
+        policy_logps=scorer(run, lambda: scoring_policy(policy()), rl.temperature, chunks),
+        reference_logps=scorer(run, reference.scoring, rl.temperature, chunks) if reference is not None else None,
+    )
+    prompts_per_step = train.global_batch_size // rl.group_size
+    prompts = build_stream(
+        run.data.bundle,
+        config.data,
+        global_batch_size=prompts_per_step,
+        micro_batch_size=prompts_per_step // runtime.world_size,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+    )
+    stream = RolloutStream(
+        prompts,
+        sampler=GenerateSampler(policy, rl, run.tokenizer, runtime.device, config.run.seed),
+        environment=RewardEnvironment(functions),
+        advantage=(advantage or GroupAdvantage)(rl),
+        assembler=assembler,
+        rl=rl,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+    )
+    return ObjectiveParts(
+        loss=GRPOLoss(rl, chunks=chunks),
+        stream=stream,
+        evaluation=RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl),
+        reference=reference,
+        step_metrics=stream.step_metrics,
+    )
+
+
+def reward_references(run: Any) -> list:
+    """The reward functions: the Python API's (replacing rl.rewards), else the recipe's references."""
+    given = [as_reward_function(f) for f in run.components.reward_functions or []]
+    return given or list(run.config.rl.rewards)
+
+
+def as_reward_function(function: Any) -> Any:
+    """A Python API reward function as it is called: TRL's signature unchanged; the original
+    library's reward_fn(task, completion_text) wrapped in TaskReward."""
+    import inspect
+
+    from ditty.objectives.rewards import TaskReward, signature_problem
+
+    if isinstance(function, TaskReward) or not callable(function) or signature_problem(function) is None:
+        return function
+    try:
+        params = [p for p in inspect.signature(function).parameters.values() if p.kind != p.VAR_KEYWORD]
+    except (TypeError, ValueError):
+        return function
+    return TaskReward(function) if len(params) == 2 else function
+
+
+@contextmanager
+def scoring_policy(model: "torch.nn.Module"):
+    """The policy in eval mode for one scoring forward (no dropout: the sampling distribution)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def scorer(run: Any, scope: Callable[[], Any], temperature: float, chunks: int) -> Callable[[dict], "torch.Tensor"]:
+    """batch -> token log-probabilities under the model `scope()` yields, by the training forward's
+    path (the head input through the output head, the run's autocast, the sampling temperature)."""
+    import torch
+
+    from ditty.data.generic import to_device
+    from ditty.objectives.logprobs import model_token_logps
+
+    @torch.no_grad()
+    def score(batch: dict) -> "torch.Tensor":
+        inputs = to_device({k: batch[k] for k in ("input_ids", "attention_mask", "labels")}, run.runtime.device)
+        with run.precision.autocast(), scope() as model:
+            return model_token_logps(model, inputs, chunks=chunks, temperature=temperature)[0]
+
+    return score
+
+
+def describe_rl(config: Any) -> list[tuple[str, str]]:
+    """The plan's row for [rl]: what one step samples and how it learns."""
+    rl, train = config.rl, config.train
+    prompts = train.global_batch_size // max(rl.group_size, 1)
+    reference = f", KL to the reference (beta {rl.beta:g})" if rl.beta > 0 else ""
+    advantage = "group-normalised" if rl.advantage == "group" else "leave-one-out (RLOO)"
+    text = (
+        f"{rl.kind}: {prompts} prompts x {rl.group_size} completions per step, at most {rl.max_new_tokens} new "
+        f"tokens (temperature {rl.temperature:g}), {advantage} advantages, {rl.loss} loss, "
+        f"{len(rl.rewards)} reward function(s){reference}"
+    )
+    return [("rl", text)]
+
+
+def rl_footprint(config: Any, world_size: int) -> Footprint:
+    """The rollouts' KV cache (completions in flight on a rank) and, with rl.beta > 0, the reference."""
+    rl = config.rl
+    prompts = max(1, config.train.global_batch_size // max(1, rl.group_size) // max(1, world_size))
+    in_flight = min(rl.generation_batch_size or prompts, prompts) * rl.group_size
+    return reference_footprint(
+        config,
+        "auto" if rl.beta > 0 else "none",
+        method="grpo" if rl.advantage == "group" else rl.advantage,
+        rollout_sequences=in_flight,
+        rollout_tokens=config.data.max_seq_len + rl.max_new_tokens,
+        chunks=config.train.loss_chunks or 8,
+    )
+
+
+def rl_card(config: Any) -> str:
+    """What the model card's "method" adds for reinforcement learning."""
+    rl = config.rl
+    rewards = ", ".join(r.rsplit(":", 1)[-1] for r in rl.rewards) or "reward functions given in Python"
+    kl = f", KL beta {rl.beta:g}" if rl.beta > 0 else ""
+    advantage = "" if rl.advantage == "group" else f", {rl.advantage} advantages"
+    settings = f"{rl.loss} loss, {rl.group_size} completions per prompt{advantage}{kl}, rewards: {rewards}"
+    return f"; reinforcement learning: {rl.kind.upper()} ({settings})"

@@ -1,0 +1,189 @@
+"""The rollout stream: the RL rows' micro-batches, made from the stream of prompts by the RL parts.
+
+One `next_step()` on each rank:
+1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
+   prompts per step, the same global order and cursor as every format; whole groups per rank);
+2. the sampler draws `group_size` completions of each (ditty.objectives.rl.sampling);
+3. the environment scores them (ditty.objectives.rl.environment; a failing reward stops the run,
+   exit 2, before any update);
+4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
+   into advantages (ditty.objectives.rl.advantages), of which the rank keeps its own;
+5. the assembler cuts the rollouts into micro-batches (ditty.objectives.rl.assembler).
+With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row. What the
+step logs beside the loss (rewards, lengths, timings) is `step_metrics()`, never a batch entry.
+
+The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
+`fork_rng`, so the trainer's own RNG is untouched): with the prompt cursor and, mid-reuse, the
+buffered rollouts in `state_dict`, a resume after kill -9 samples exactly what the uninterrupted
+run sampled, and the same prompts draw the same completions on any world size (when
+`rl.generation_batch_size` cuts every rank's prompts alike).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ditty.objectives.rewards import reward_metrics
+
+
+class RolloutStream:
+    def __init__(
+        self,
+        prompts: Any,
+        *,
+        sampler: Any,
+        environment: Any,
+        advantage: Any,
+        assembler: Any,
+        rl: Any,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.prompts = prompts
+        self.sampler, self.environment, self.advantage, self.assembler = sampler, environment, advantage, assembler
+        self.rl = rl
+        self.rank, self.world_size = rank, world_size
+        self.buffer: Optional[list[dict]] = None
+        self.metrics: dict[str, float] = {}
+        self.served = 0
+        self.version = 0  # optimizer steps taken: the policy version of the next rollout
+        self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
+
+    # -------------------------------------------------------------- the trainer's stream interface
+
+    @property
+    def cursor(self) -> int:
+        return self.prompts.cursor
+
+    @property
+    def accumulation_steps(self) -> int:
+        return len(self.buffer) if self.buffer else 0
+
+    def next_step(self) -> list[dict]:
+        started = time.perf_counter()
+        train_s = started - self.last_return if self.last_return is not None else None
+        if self.buffer is None or self.served >= self.rl.updates_per_rollout:
+            self.buffer, self.metrics = self.rollout()
+            self.served = 0
+            if train_s is not None:
+                rollout_s = time.perf_counter() - started
+                self.metrics["rollout/generation_share"] = self.metrics["rollout/generate_s"] / (rollout_s + train_s)
+        self.served += 1
+        self.version += 1
+        self.last_return = time.perf_counter()
+        return self.buffer
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.prompts, "close", None)
+        if close is not None:
+            close()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": self.version, "buffer": None}
+        if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
+            state["buffer"] = encode_state({"batches": self.buffer, "metrics": self.metrics})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        self.served = int(state.get("served", 0))
+        self.version = int(state.get("version", 0))
+        self.buffer, self.metrics = None, {}
+        if state.get("buffer"):
+            saved = decode_state(state["buffer"])
+            self.buffer, self.metrics = saved["batches"], saved["metrics"]
+
+    # -------------------------------------------------------------- one rollout
+
+    def rollout(self) -> tuple[list[dict], dict[str, float]]:
+        step_start = self.prompts.cursor  # global position of the step's first prompt
+        (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank
+        group = self.rl.group_size
+        started = time.perf_counter()
+        first = step_start + self.rank * len(prompt_batch["prompt_ids"])
+        rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
+        rollouts.policy_version = self.version
+        generate_s = time.perf_counter() - started
+        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
+        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
+        self.environment.score(rollouts, prompts, columns)
+        metrics = self.estimate(rollouts)
+        batches = self.assembler(rollouts)
+        tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
+        metrics["rollout/generate_s"] = generate_s
+        metrics["rollout/tokens_per_s"] = tokens / max(_max_across(generate_s, self.world_size), 1e-9)
+        return batches, metrics
+
+    def estimate(self, rollouts: Any) -> dict[str, float]:
+        """Set `rollouts.advantages` (this rank's rows) from the rewards of the whole global batch;
+        the step's reward and completion metrics, over the whole global batch too."""
+        totals = _gather(rollouts.rewards.to(torch.float64), self.world_size)
+        advantages = self.advantage(totals)
+        local = len(rollouts)
+        rollouts.advantages = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        gathered = {name: _gather(values, self.world_size) for name, values in rollouts.rewards_per_function.items()}
+        lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
+        truncated = torch.tensor(rollouts.truncated, dtype=torch.float64)
+        all_lengths, all_truncated = _gather(lengths, self.world_size), _gather(truncated, self.world_size)
+        metrics = {name: float(value) for name, value in advantages.metrics.items()}
+        metrics.update(
+            {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
+        )
+        metrics.update(
+            {
+                "completions/mean_length": float(all_lengths.mean()),
+                "completions/max_length": float(all_lengths.max()),
+                "completions/clipped_ratio": float(all_truncated.mean()),
+            }
+        )
+        return metrics
+
+
+def _distributed(world_size: int) -> bool:
+    return world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def _comm(t: torch.Tensor) -> torch.Tensor:
+    """`t` where the process group can reduce it (NCCL reduces CUDA tensors only)."""
+    return t.cuda() if dist.get_backend() == "nccl" else t
+
+
+def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's `values` (equal lengths), concatenated in rank order (= global prompt order)."""
+    if not _distributed(world_size):
+        return values
+    values = _comm(values.contiguous())
+    parts = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(parts, values)
+    return torch.cat(parts).cpu()
+
+
+def _max_across(value: float, world_size: int) -> float:
+    if not _distributed(world_size):
+        return value
+    t = _comm(torch.tensor([value], dtype=torch.float64))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.cpu())
+
+
+def encode_state(value: Any) -> str:
+    """Tensors and lists of a stream's state as text for the checkpoint's JSON sidecar."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_state(text: str) -> Any:
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False)
