@@ -59,7 +59,9 @@ class RLEvaluation:
                 )
             if not indices[start : start + size]:
                 continue
-            scores = score_completions(self.functions, batch["prompts"], texts, batch["columns"])
+            scores = score_completions(
+                self.functions, batch["prompts"], texts, batch["columns"], timeout_s=self.rl.reward_timeout_s
+            )
             totals[0] += scores.total.sum()
             for index, function in enumerate(self.functions):
                 totals[1 + index] += scores.per_function[function.name].sum()

@@ -148,7 +148,9 @@ class RolloutStream:
         generate_s = time.perf_counter() - started
         prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
         columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
-        scores = score_completions(self.reward_functions, prompts, done.texts, columns)
+        scores = score_completions(
+            self.reward_functions, prompts, done.texts, columns, timeout_s=self.rl.reward_timeout_s
+        )
         batches = self.assemble(done, scores.total, scores.per_function, scores.details)
         metrics = batches[0]["rollout_metrics"]
         tokens = metrics["completions/mean_length"] * batches[0]["global_sequences"]
