@@ -21,6 +21,9 @@ import torch
 
 from ditty.config.errors import RecipeError
 
+REWARDS = ("rl.reward",)
+"""The keys export leaves out of its compile: the reward functions, which it does not load."""
+
 
 def _check_output(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -74,11 +77,16 @@ def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
             )
         text, source = path.read_text(encoding="utf-8"), str(path)
     loaded = parse_run_recipe(text, source, trust_code=trust_code)
+    from dataclasses import replace
+
+    # Reward functions score rollouts; rebuilding the model needs none, so they are never imported
+    # (the run may have come without them), trusted or not. export() compiles without their rule.
+    loaded = replace(
+        loaded, config=replace(loaded.config, rl=replace(loaded.config.rl, rewards=[], reward_weights=None))
+    )
     if not trust_code:
         # Neither the trainer class nor the [pipeline] stages take part in rebuilding the model, so
         # they are left out (never imported); a factory, converter classes or remote code do.
-        from dataclasses import replace
-
         config = loaded.config
         stages = replace(config.pipeline, preprocessors=[], postprocessors=[], loss=[])
         loaded = replace(loaded, config=replace(config, pipeline=stages))
@@ -127,7 +135,7 @@ def export(
     config = loaded.config
     # The compiler first, as for every entry: a recipe it refuses is not rebuilt (for the world size
     # that trained it, whose mesh rules the recipe was checked against).
-    compile_recipe(loaded, world_size=int(doc.get("world_size") or 1)).raise_for_errors()
+    compile_recipe(loaded, world_size=int(doc.get("world_size") or 1), replaced=REWARDS).raise_for_errors()
     adapter = config.peft.kind != "none"
     if merge_lora and not adapter:
         raise RecipeError.single(
