@@ -250,3 +250,20 @@ def test_exact_match_on_validation_rows_from_a_file(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     scores = [r["val_exact_match"] for r in records if "val_exact_match" in r]
     assert scores and all(0.0 <= score <= 1.0 for score in scores)
+
+
+def test_a_null_content_or_an_unknown_role_is_a_bad_row_named_by_file_and_line(tmp_path):
+    null_reply = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None}]}
+    wizard = {"messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}]}
+    gpt_null = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": None}]}
+    rows = [openai_row(OPENAI[0]), null_reply, openai_row(OPENAI[1]), wizard, gpt_null, openai_row(OPENAI[2])]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    message = str(caught.value)
+    assert f"{path}:2" in message and "'messages' message 1 (assistant) has 'content' null, not text" in message
+    assert f"{path}:4" in message and "'messages' message 1 has the role 'wizard'" in message
+    assert "user, assistant or system" in message and "data.chat_keys" in message
+    assert f"{path}:5" in message and "'conversations' message 1 (assistant) has 'value' null" in message
+    assert len(samples(path, on_bad_rows="skip")) == 3  # the good rows only
+
