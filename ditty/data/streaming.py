@@ -75,7 +75,13 @@ def open_rows(source: ResolvedSource, cache_dir: Optional[str]):
     data = source.data
     if data.source == "file":
         return load_file_dataset(
-            data.path, key=f"{source.key}.path", cache_dir=cache_dir, streaming=True, reader_options=READ_AHEAD
+            data.path,
+            key=f"{source.key}.path",
+            cache_dir=cache_dir,
+            streaming=True,
+            reader_options=READ_AHEAD,
+            on_bad_rows=data.on_bad_rows,
+            max_row_bytes=data.max_row_bytes,
         )
     if data.source == "hub":
         return load_hub_dataset(data.name, split=data.split, cache_dir=cache_dir, streaming=True)
