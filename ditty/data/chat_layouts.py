@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
+from ditty.data.rows import CHAT_ROLES
+
 if TYPE_CHECKING:
     from ditty.config.sections import DataConfig
 
 SHAREGPT_COLUMN = "conversations"
-ROLES = ("user", "assistant", "system")
+ROLES = CHAT_ROLES
 CHAT_KEY_NAMES = ("role", "content", *ROLES)
 """The keys `data.chat_keys` accepts: the message's two keys, then the role names of other layouts."""
 
