@@ -193,3 +193,18 @@ def test_conversational_pairs_without_a_prompt_column_take_their_shared_turns_as
         build_data(DataConfig(source="file", path=path, format="preference", val_fraction=0), tokenizer, seed=0)
     assert f"{path}:2: " in str(caught.value) and "share no turn" in str(caught.value)
 
+
+def test_pairs_that_are_the_same_once_cut_to_max_seq_len_are_bad_rows(tmp_path, tokenizer):
+    # 29 prompt bytes and BOS, then 10 bytes both completions share: 40 tokens alike, then they differ.
+    long = {"prompt": "What is ten plus ten? Think: ", "chosen": "so twenty exactly", "rejected": "so twenty maybe"}
+    path = _jsonl(tmp_path / "p.jsonl", PAIRS[:5] + [long] + PAIRS[5:])
+    data = DataConfig(source="file", path=path, format="preference", val_fraction=0, max_seq_len=40)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    (problem,) = caught.value.problems
+    assert problem.key == "data.max_seq_len"
+    assert "1 of 21 samples of data.path cannot be used once cut to data.max_seq_len = 40 tokens" in problem.message
+    assert "the pair's two sides are the same ('What is ten plus ten?" in problem.message
+    skipped = build_data(replace(data, on_bad_rows="skip"), tokenizer, seed=0)
+    assert len(skipped.train) == 20 and skipped.skipped_rows == 1
+    assert all(s["input_ids"] != s["rejected_input_ids"] for s in skipped.train)

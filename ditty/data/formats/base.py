@@ -159,6 +159,18 @@ class PaddingCollator(Collator):
         return mask.sum() if mask is not None else (batch["input_ids"] != self.pad_token_id).sum()
 
 
+CUT_PROBLEM = "cut_problem"
+"""A column an encoder may add: why the cut to `data.max_seq_len` leaves a sample unusable ("" when it
+does not), such as a pair whose two sides become the same. `tokenize` refuses such samples or, with
+`data.on_bad_rows = "skip"`, leaves them out and counts them as bad rows."""
+
+
+def cut_problem_text(what: str, text: Any) -> str:
+    """`what` and the start of the row's text, so that the sample can be found in the data."""
+    shown = repr(text if isinstance(text, str) else str(text))
+    return f"{what} ({shown if len(shown) <= 60 else shown[:57] + '...'})"
+
+
 def bound(function: Callable, **arguments: Any) -> Callable[[Batch], Batch]:
     """`function` with its keyword arguments bound, hashable by `datasets` (its map cache key)."""
     return functools.partial(function, **arguments)

@@ -11,7 +11,8 @@ as what the whole conversation adds to it. A string prompt paired with message c
 reverse) is read as one user turn (one assistant turn).
 
 Only completion tokens are scored, and each completion ends with the end-of-sequence token, as
-"prompt_completion" does. A sample keeps its first `data.max_seq_len` tokens per side.
+"prompt_completion" does. A sample keeps its first `data.max_seq_len` tokens per side; a pair whose
+two sides that cut makes the same is a bad row.
 
 A preference sample holds the chosen side under the causal-LM keys (`input_ids`, `labels`: length
 grouping, mixtures and streams read those) and the rejected side as `rejected_input_ids`,
@@ -28,7 +29,16 @@ import torch
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
-from ditty.data.formats.base import Batch, Collator, DataFormat, as_text, bound, text_problem
+from ditty.data.formats.base import (
+    CUT_PROBLEM,
+    Batch,
+    Collator,
+    DataFormat,
+    as_text,
+    bound,
+    cut_problem_text,
+    text_problem,
+)
 from ditty.data.formats.lm import _append_sample, _with_eos
 from ditty.data.rows import ANY, RowCheck, _messages_problem
 
@@ -245,8 +255,9 @@ def render_all(tokenizer: "PreTrainedTokenizerBase", prompts: list, completions:
 
 def encode_preference(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, max_len: int) -> Batch:
     """Pairs -> samples (see the module doc); a pair whose either side keeps no completion token once
-    cut to `max_len` is dropped (ditty.data.formats.tokenize counts it)."""
-    out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": []}
+    cut to `max_len` is dropped (ditty.data.formats.tokenize counts it), and one whose two sides the
+    cut makes the same is marked in CUT_PROBLEM (a bad row)."""
+    out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": [], CUT_PROBLEM: []}
     chosen, rejected = list(batch[CHOSEN]), list(batch[REJECTED])
     prompts = list(batch[prompt_column]) if prompt_column in batch else [None] * len(chosen)
     for index, prompt in enumerate(prompts):
@@ -254,10 +265,13 @@ def encode_preference(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", pro
             prompts[index], chosen[index], rejected[index] = split_implicit_prompt(chosen[index], rejected[index])
     chosen_sides = render_all(tokenizer, prompts, chosen)
     rejected_sides = render_all(tokenizer, prompts, rejected)
-    for chosen_side, rejected_side in zip(chosen_sides, rejected_sides):
+    for prompt, chosen_side, rejected_side in zip(prompts, chosen_sides, rejected_sides):
         chosen, rejected = _sample(*chosen_side, max_len), _sample(*rejected_side, max_len)
         if chosen is None or rejected is None:
             continue
+        # Different completions that agree on every token kept: margin 0, a pair that teaches nothing.
+        same = chosen == rejected
+        out[CUT_PROBLEM].append(cut_problem_text("the pair's two sides are the same", prompt) if same else "")
         out["input_ids"].append(chosen[0])
         out["labels"].append(chosen[1])
         out["rejected_input_ids"].append(rejected[0])
