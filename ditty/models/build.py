@@ -323,6 +323,9 @@ def _check_override_keys(config: "PretrainedConfig", overrides: dict[str, Any]) 
     """Refuse `model.config` keys the config class does not have: config classes accept any keyword
     silently, so a misspelled key would otherwise be dropped."""
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    # Fields kept as properties (num_labels, the size of id2label) are left out of to_dict().
+    properties = {name: value for cls in type(config).__mro__ for name, value in vars(cls).items()}
+    known |= {name for name, value in properties.items() if isinstance(value, property) and value.fset is not None}
     if "rope_parameters" in known:  # transformers 5 folds the config.json keys of before into rope_parameters
         known |= LEGACY_ROPE_KEYS
     unknown = sorted(key for key in overrides if key not in known)

@@ -182,3 +182,12 @@ def test_a_second_ctrl_c_during_a_save_is_exit_130_and_the_rerun_resumes(tmp_pat
     rerun = ditty("run", str(recipe))  # the same command line, in this process: no fault left to inject
     assert rerun.code == 0 and "resumed from step 2" in rerun.out, rerun.err[-3000:]
     assert complete_steps(run)[-1] == 6 and (run / "final" / "model.safetensors").is_file()
+
+
+def test_num_labels_in_model_config_is_not_called_unknown(tmp_path, trial):
+    trial.update(fault="model.config.num_labels under ditty check", injected="model.config.num_labels = 1")
+    recipe = write_recipe(tmp_path, steps=4)
+    recipe.write_text(recipe.read_text().replace("num_hidden_layers = 2", "num_hidden_layers = 2, num_labels = 1"))
+    checked = ditty("check", str(recipe))
+    trial.update(exit_code=checked.code, lost_steps=0)
+    assert checked.code == 0 and "unknown" not in checked.text, checked.text[-3000:]
