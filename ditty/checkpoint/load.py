@@ -7,6 +7,7 @@ so neither damaged bytes nor code from a file ever reach the process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -108,7 +109,12 @@ def load_checkpoint(
             value.load_state_dict(merged)
         elif isinstance(value, MutableMapping):
             value.update(merged)
-    unused = [k for k in extras if k not in used and any(k.startswith(f'["{name}"') for name in app_state)]
+    # A part the state leaves out on purpose (export loads the model without its optimizer) is no
+    # loss; a value missing inside a part that is loaded (a field an optimizer no longer has) is.
+    loaded_parts = {
+        (name, part) for name, template in templates.items() if isinstance(template, Mapping) for part in template
+    }
+    unused = [k for k in extras if k not in used and tuple(json.loads(k)[:2]) in loaded_parts]
     if unused:
         log.warning(
             "checkpoint %s holds values the current state has no place for (ignored): %s",

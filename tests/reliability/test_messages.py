@@ -191,3 +191,11 @@ def test_num_labels_in_model_config_is_not_called_unknown(tmp_path, trial):
     checked = ditty("check", str(recipe))
     trial.update(exit_code=checked.code, lost_steps=0)
     assert checked.code == 0 and "unknown" not in checked.text, checked.text[-3000:]
+
+
+def test_export_does_not_warn_about_the_optimizer_it_leaves_out(finished_run, tmp_path, trial):
+    trial.update(fault="export warns about checkpoint values", injected="ditty export RUN -o DIR (model only)")
+    result = ditty("export", str(finished_run), "-o", str(tmp_path / "exported"))
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 0 and no_traceback(result), result.err[-3000:]
+    assert "has no place for" not in result.text, result.text[-3000:]
