@@ -121,6 +121,7 @@ def export(
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
     from ditty.models.recipe_model import base_model_for, converters_for
+    from ditty.models.task_support import weights_from_checkpoint
     from ditty.parallel.runtime import seed_everything
     from ditty.recipe import compile_recipe
     from ditty.train.builders import tokenizer_for
@@ -145,7 +146,8 @@ def export(
     seed_everything(config.run.seed)  # a random-init base of an adapter run is rebuilt as it was trained
     tokenizer = tokenizer_for(config)
     labels = _labels(checkpoint, doc, config)
-    base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
+    with weights_from_checkpoint():  # a reward model's or classifier's head comes from the checkpoint too
+        base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
     model = unwrap(model).eval()
