@@ -95,6 +95,8 @@ def load_checkpoint(
     try:
         dcp.load(tensors, storage_reader=SafeFileSystemReader(path), process_group=process_group)
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP wraps every rank's failure; say it in a line
+        if any(f"{name}.optim." in _condensed(error) for name in app_state):
+            raise _optimizer_misfit(path, doc, _condensed(error)) from error
         raise RecipeError.single(
             f"checkpoint {path} could not be loaded into the model the recipe builds: {_condensed(error)}",
             key="checkpoint.resume",
@@ -122,6 +124,24 @@ def load_checkpoint(
             ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""),
         )
     return doc
+
+
+def _optimizer_misfit(path: Path, doc: dict, what: str) -> RecipeError:
+    """The optimizer's saved state does not fit the optimizer being built (another optimizer.kind
+    under checkpoint.force_resume): the model is not the one to blame."""
+    import tomllib
+
+    try:
+        saved = tomllib.loads(doc.get("recipe_toml") or "").get("optimizer", {}).get("kind", "adamw")
+    except tomllib.TOMLDecodeError:
+        saved = None
+    with_kind = f" (saved with optimizer.kind = {saved!r})" if saved else ""
+    return RecipeError.single(
+        f"the optimizer state in checkpoint {path}{with_kind} does not fit the optimizer the recipe builds: {what}",
+        key="optimizer.kind",
+        fix="one optimizer's state cannot be loaded into another kind: resume with the optimizer.kind the "
+        "checkpoint was saved with, or start a new run.output_dir from its weights (ditty export, then model.path)",
+    )
 
 
 def _condensed(error: BaseException, limit: int = 400) -> str:

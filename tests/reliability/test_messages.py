@@ -199,3 +199,20 @@ def test_export_does_not_warn_about_the_optimizer_it_leaves_out(finished_run, tm
     trial.update(exit_code=result.code, lost_steps=0)
     assert result.code == 0 and no_traceback(result), result.err[-3000:]
     assert "has no place for" not in result.text, result.text[-3000:]
+
+
+def test_an_optimizer_kind_switch_under_force_resume_blames_the_optimizer(tmp_path, trial):
+    trial.update(
+        fault="force-resume after an optimizer-kind switch",
+        injected="optimizer.kind adamw -> adafactor, --checkpoint.force_resume true",
+    )
+    assert ditty("run", str(write_recipe(tmp_path, steps=4))).code == 0
+    result = ditty(
+        "run", str(write_recipe(tmp_path, steps=6)), "--optimizer.kind", "adafactor",
+        "--checkpoint.force_resume", "true", "--checkpoint.overwrite_finished", "true",
+    )  # fmt: skip
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    assert "`optimizer.kind` the optimizer state in checkpoint" in result.err, result.err[-3000:]
+    assert "(saved with optimizer.kind = 'adamw') does not fit the optimizer the recipe builds" in result.err
+    assert "into the model" not in result.err
