@@ -116,6 +116,7 @@ def build_data(
                 if r.val is not None
                 else (None, 0)
             )
+            format_of(s.data).check_training_set(train, s.data, _key(s, "path"))
             trains.append(train)
             vals.append(val)
             skipped += unusable + unusable_val

@@ -123,8 +123,8 @@ class PreferenceLoss(LossCalculator):
             desirable,
             kl,
             global_examples=1,
-            global_desirable=max(int(desirable.sum()), 1),
-            global_undesirable=max(int((~desirable).sum()), 1),
+            global_desirable=int(desirable.sum()),  # 0: the kind's metrics are left out, not logged as 0.0
+            global_undesirable=int((~desirable).sum()),
             beta=cfg.beta,
             desirable_weight=cfg.desirable_weight,
             undesirable_weight=cfg.undesirable_weight,

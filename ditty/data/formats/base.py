@@ -89,6 +89,10 @@ class DataFormat:
     def check_labels_known(self, dataset: Any, data: "DataConfig", labels: "LabelSpace", what: str, key: str) -> None:
         """A RecipeError naming the first row of `dataset` (validation) whose label training never saw."""
 
+    def check_training_set(self, samples: Any, data: "DataConfig", key: str) -> None:
+        """A warning when the tokenized training samples as a whole cannot teach what the format is
+        for (KTO's examples of one label only); `key` names the data. Nothing by default."""
+
     def collator(self, tokenizer: "PreTrainedTokenizerBase", data: "DataConfig", **facts: Any) -> "Collator":
         """The collator of this format's samples; `facts`: what the model says (its decoder start
         token), `seed`: the data seed."""

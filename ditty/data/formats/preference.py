@@ -23,6 +23,7 @@ forward; the loss's denominator is the number of pairs. An unpaired sample adds 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
@@ -51,6 +52,7 @@ CHOSEN, REJECTED, LABEL = "chosen", "rejected", "label"
 """Fixed column names of the preference formats (TRL's and axolotl's); the prompt's is `data.prompt_column`,
 the unpaired completion's `data.completion_column`."""
 PAIRED_KEYS = ("rejected_input_ids", "rejected_labels")
+log = logging.getLogger("ditty.data")
 
 
 class PreferenceFormat(DataFormat):
@@ -109,6 +111,26 @@ class UnpairedPreferenceFormat(DataFormat):
             prompt_column=data.prompt_column,
             completion_column=data.completion_column,
             max_len=data.max_seq_len,
+        )
+
+    def check_training_set(self, samples: Any, data: "DataConfig", key: str) -> None:
+        desirable = sum(samples["label"])
+        if 0 < desirable < len(samples):
+            return
+        kind, term, metric = (
+            ("desirable (label true)", "undesirable", "rewards/rejected")
+            if desirable
+            else ("undesirable (label false)", "desirable", "rewards/chosen")
+        )
+        log.warning(
+            "all %d training examples are %s (%s): KTO weighs each kind against a shared baseline, so the %s "
+            "term never trains and %s is not logged; add %s examples",
+            len(samples),
+            kind,
+            key,
+            term,
+            metric,
+            term,
         )
 
     def collator(self, tokenizer: Any, data: "DataConfig", **facts: Any) -> "UnpairedCollator":
