@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ditty.config.loader import LoadedRecipe, from_config
@@ -17,6 +18,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     rl_rules,
     task_rules,
 )
+from ditty.recipe.first_stage import first_stage_command
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
@@ -49,7 +51,23 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
             if replaced and problem.key.startswith(replaced):
                 continue
             plan.problems.append(_locate(replace(problem, rule=problem.rule or rule.id), loaded))
+    plan.problems = [_with_first_stage(problem, loaded) for problem in plan.problems]
     return plan
+
+
+def _with_first_stage(problem, loaded: LoadedRecipe):
+    """A missing model.path that is a first stage's final/: the fix names the command that makes it
+    (ditty.recipe.first_stage), read from the recipe's header comment."""
+    if problem.key != "model.path" or "does not exist" not in problem.message or not loaded.source:
+        return problem
+    try:
+        text = Path(loaded.source).read_text(encoding="utf-8")
+    except OSError:
+        return problem
+    command = first_stage_command(text, loaded.config.model.path)
+    if command is None:
+        return problem
+    return replace(problem, fix=f"it is the final model of a first stage: make it with `{command}`, then this recipe")
 
 
 def _locate(problem, loaded: LoadedRecipe):
