@@ -34,6 +34,7 @@ import math
 import numbers
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
@@ -271,10 +272,11 @@ class _RewardTimedOut(BaseException):
 
 @contextlib.contextmanager
 def _deadline(timeout_s: Optional[float]) -> Iterator[None]:
-    """Raise _RewardTimedOut in the code inside once `timeout_s` seconds pass (SIGALRM: the function
-    keeps the main thread, so reward code that sets its own alarms, as math_verify does, still runs
-    there). The previous handler and timer are restored. Only the main thread receives signals;
-    elsewhere, and without a timeout, the code runs unbounded."""
+    """Raise _RewardTimedOut in the code inside once `timeout_s` seconds pass. SIGALRM rather than a
+    thread: the function keeps the main thread, where reward code that uses signals itself (sympy
+    checkers with their own alarm, as math_verify's) can run; such code replaces this deadline while
+    its own alarm is set. The previous handler and timer are restored. Only the main thread receives
+    signals; elsewhere, and without a timeout, the code runs unbounded."""
     usable = timeout_s and timeout_s > 0 and threading.current_thread() is threading.main_thread()
     if not usable:
         yield
@@ -283,6 +285,7 @@ def _deadline(timeout_s: Optional[float]) -> Iterator[None]:
     def expire(signum, frame):
         raise _RewardTimedOut()
 
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, expire)
     previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
@@ -290,8 +293,9 @@ def _deadline(timeout_s: Optional[float]) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if previous_timer[0] > 0:  # someone else's alarm: put it back (less the time spent here)
-            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+        if previous_timer[0] > 0:  # someone else's alarm: put back what is left of it
+            left = max(previous_timer[0] - (time.monotonic() - started), 1e-6)
+            signal.setitimer(signal.ITIMER_REAL, left, previous_timer[1])
 
 
 def _invoke(
