@@ -210,9 +210,9 @@ class ModelFactory:
         from ditty.models.quiet_io import model_bars_quiet
 
         with known_warnings_ignored(), model_bars_quiet():  # the libraries' noise, unless verbose
-            return self._build(device)
+            return self._build_ready(device)
 
-    def _build(self, device: Any) -> torch.nn.Module:
+    def _build_ready(self, device: Any) -> torch.nn.Module:
         overrides = self.recipe_overrides()  # every setting checked as for a Pipeline, before loading
         changes = self.converters() + self._adapter(overrides)
         if self.hub_path is not None:

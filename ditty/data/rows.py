@@ -35,6 +35,9 @@ class RowCheck:
 
     fields: Mapping[str, str]
     row: Optional[Callable[[dict], Optional[str]]] = None
+    optional: tuple[str, ...] = ()
+    """Columns `row` also reads where the data has them (the preference prompt, which TRL's
+    implicit-prompt pairs leave out)."""
 
 
 Checks = Union[RowCheck, Mapping[str, str]]

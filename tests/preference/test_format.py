@@ -186,6 +186,8 @@ def test_conversational_pairs_without_a_prompt_column_take_their_shared_turns_as
         data = DataConfig(source="file", path=_jsonl(tmp_path / f"{name}.jsonl", [row] * 2), format="preference")
         read[name] = build_data(replace(data, val_fraction=0), tokenizer, seed=0).train[0]
     assert read["implicit"] == read["explicit"]
+    given = DataConfig(format="preference", val_fraction=0)  # rows from Python (or parquet): checked as a table
+    assert build_data(given, tokenizer, seed=0, rows=[implicit] * 2).train[0] == read["explicit"]
     assert _scored(read["implicit"]["input_ids"], read["implicit"]["labels"], tokenizer).startswith("4<|im_end|>")
     no_shared = {"chosen": [_turn("user", "a"), _turn("assistant", "4")], "rejected": [_turn("user", "b")]}
     path = _jsonl(tmp_path / "no_shared.jsonl", [implicit, no_shared])

@@ -70,7 +70,7 @@ class PreferenceFormat(DataFormat):
 
     def row_check(self, data: "DataConfig") -> RowCheck:
         prompt = data.prompt_column
-        return RowCheck({CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt))
+        return RowCheck({CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt), optional=(prompt,))
 
     def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
         from ditty.data.task import Task
