@@ -48,6 +48,22 @@ def test_every_bundled_recipe_checks(capsys, recipe, tmp_path, monkeypatch, requ
     assert "ok: the recipe is valid" in out
 
 
+FIRST_STAGE_COMMANDS = {
+    "tiny_dpo": "ditty run tiny_sft --train.steps 430 --run.output_dir runs/tiny_sft_short",
+    "tiny_grpo": "ditty run tiny_sft --train.steps 400 --run.output_dir runs/tiny_sft_start",
+    "tiny_reward": "ditty run tiny_sft",
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(FIRST_STAGE_COMMANDS))
+def test_a_second_stage_checked_before_its_first_names_the_command_that_makes_it(capsys, recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a fresh clone: no runs/ yet
+    code, out, err = run_cli(capsys, "check", recipe)
+    assert code == 2, out + err
+    assert f"`model.path` local directory '{STARTS_FROM_A_RUN[recipe]}' does not exist" in err, err
+    assert f"it is the final model of a first stage: make it with `{FIRST_STAGE_COMMANDS[recipe]}`" in err, err
+
+
 def test_every_file_under_recipes_is_bundled():
     folder = Path(__file__).resolve().parents[1] / "recipes"
     assert {p.stem for p in folder.glob("*.toml")} == {r.name for r in bundled_recipes()}

@@ -4,6 +4,7 @@ name of the original used the way its README and docstrings use it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +231,30 @@ def test_from_huggingface_with_4bit_quantization_lora_and_a_tokenizer_factory(tm
     final = tmp_path / "run" / "final"
     assert (final / "adapter_config.json").exists() and (final / "tokenizer.json").exists()
     assert '"q_proj"' in (final / "adapter_config.json").read_text()
+
+
+def test_a_model_directory_without_a_tokenizer_trains_on_tensors_with_lora(tmp_path, tiny_llama_dir):
+    """The original library's usage: ModelFactory.from_huggingface(DIR) with LoRA, DIR holding the
+    weights and config only, the data already tensors. No tokenizer is needed: none is loaded."""
+    import shutil
+
+    from ditty import ModelFactory, PeftConfig, Pipeline
+
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (Path(tiny_llama_dir) / name).exists():
+            shutil.copy(Path(tiny_llama_dir) / name, weights_only / name)
+    ids = torch.arange(3, 35)
+    samples = [{"input_ids": ids.roll(i), "labels": ids.roll(i)} for i in range(8)]
+    factory = ModelFactory.from_huggingface(
+        str(weights_only), peft_config=PeftConfig(enabled=True, r=4, lora_alpha=8, target_modules=["q_proj"])
+    )
+    pipeline = Pipeline(
+        model_factory=factory, dataset=samples, output_dir=str(tmp_path / "run"), max_steps=2, batch_size=4, lr=1e-3
+    )
+    result = pipeline.run()
+    assert result.steps == 2
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").exists()
+    assert not (final / "tokenizer.json").exists()  # there was none to save

@@ -117,3 +117,53 @@ def test_the_harness_leaves_the_random_streams_of_training_alone(scored_run, tas
     assert SCORE in scores
     assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
     assert torch.equal(torch.get_rng_state(), before[2])
+
+
+HUB_TASK = """task: ditty_hub_only
+dataset_path: ditty-tests/never-downloaded
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: answer
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture
+def hub_task_dir(tmp_path):
+    (tmp_path / "hub_only.yaml").write_text(HUB_TASK)
+    return tmp_path
+
+
+def test_ditty_eval_offline_says_the_task_s_data_is_not_available(tiny_llama_dir, hub_task_dir, capsys):
+    import datasets.config
+    import huggingface_hub.constants
+
+    assert huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE  # conftest: offline
+    code = main(["eval", tiny_llama_dir, "--tasks", "ditty_hub_only", "--include-path", str(hub_task_dir)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert "the data of lm-eval task ditty_hub_only is not available offline" in out, out
+    assert "ditty-tests/never-downloaded" in out and "Traceback" not in out
+
+
+def test_ditty_eval_with_an_unreachable_hub_gives_up_at_once(tiny_llama_dir, hub_task_dir, capsys, monkeypatch):
+    import time
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    # A machine without network that was not told so: the Hub's address refuses connections.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    started = time.monotonic()
+    code = main(["eval", tiny_llama_dir, "--tasks", "ditty_hub_only", "--include-path", str(hub_task_dir)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert "the data of lm-eval task ditty_hub_only is not available offline" in out, out
+    assert "cannot reach the Hub at http://127.0.0.1:9" in out
+    assert time.monotonic() - started < 20  # huggingface_hub's own retries take 25-50 s
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # the switch is put back

@@ -7,6 +7,7 @@ so neither damaged bytes nor code from a file ever reach the process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -94,6 +95,8 @@ def load_checkpoint(
     try:
         dcp.load(tensors, storage_reader=SafeFileSystemReader(path), process_group=process_group)
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP wraps every rank's failure; say it in a line
+        if any(f"{name}.optim." in _condensed(error) for name in app_state):
+            raise _optimizer_misfit(path, doc, _condensed(error)) from error
         raise RecipeError.single(
             f"checkpoint {path} could not be loaded into the model the recipe builds: {_condensed(error)}",
             key="checkpoint.resume",
@@ -108,7 +111,12 @@ def load_checkpoint(
             value.load_state_dict(merged)
         elif isinstance(value, MutableMapping):
             value.update(merged)
-    unused = [k for k in extras if k not in used and any(k.startswith(f'["{name}"') for name in app_state)]
+    # A part the state leaves out on purpose (export loads the model without its optimizer) is no
+    # loss; a value missing inside a part that is loaded (a field an optimizer no longer has) is.
+    loaded_parts = {
+        (name, part) for name, template in templates.items() if isinstance(template, Mapping) for part in template
+    }
+    unused = [k for k in extras if k not in used and tuple(json.loads(k)[:2]) in loaded_parts]
     if unused:
         log.warning(
             "checkpoint %s holds values the current state has no place for (ignored): %s",
@@ -116,6 +124,24 @@ def load_checkpoint(
             ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""),
         )
     return doc
+
+
+def _optimizer_misfit(path: Path, doc: dict, what: str) -> RecipeError:
+    """The optimizer's saved state does not fit the optimizer being built (another optimizer.kind
+    under checkpoint.force_resume): the model is not the one to blame."""
+    import tomllib
+
+    try:
+        saved = tomllib.loads(doc.get("recipe_toml") or "").get("optimizer", {}).get("kind", "adamw")
+    except tomllib.TOMLDecodeError:
+        saved = None
+    with_kind = f" (saved with optimizer.kind = {saved!r})" if saved else ""
+    return RecipeError.single(
+        f"the optimizer state in checkpoint {path}{with_kind} does not fit the optimizer the recipe builds: {what}",
+        key="optimizer.kind",
+        fix="one optimizer's state cannot be loaded into another kind: resume with the optimizer.kind the "
+        "checkpoint was saved with, or start a new run.output_dir from its weights (ditty export, then model.path)",
+    )
 
 
 def _condensed(error: BaseException, limit: int = 400) -> str:

@@ -6,6 +6,7 @@ exit code 2, never a traceback. Exit code 1 is left for bugs and failed training
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
@@ -15,7 +16,7 @@ from typing import Callable
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
-from ditty._utils.quiet import VERBOSE_ENV, quiet_libraries
+from ditty._utils.quiet import VERBOSE_ENV, ignore_known_warnings, quiet_libraries
 from ditty.cli.options import take_option
 from ditty.cli.readers import cmd_eval, cmd_export, cmd_generate, cmd_push
 from ditty.cli.trust import TRUST_FLAG, import_path, imports_user_code, run_dir_recipe
@@ -30,6 +31,16 @@ from ditty.parallel.allocator import cpu_allocator_choice
 from ditty.recipe import Plan, compile_recipe
 
 LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
+MODEL_COMMANDS = ("run", "export", "generate", "eval", "push")
+"""Commands that load or save a model (and import transformers anyway): its bars are hidden there."""
+
+
+def _model_bars_quiet(command: str):
+    if command not in MODEL_COMMANDS:
+        return contextlib.nullcontext()
+    from ditty.models.quiet_io import model_bars_quiet
+
+    return model_bars_quiet()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove("--verbose")
         os.environ[VERBOSE_ENV] = "1"
     quiet_libraries()
+    ignore_known_warnings()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
@@ -58,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown command {command!r}",
                 fix=f"did you mean `ditty {close[0]}`?" if close else "see `ditty --help`",
             )
-        with import_path(user_code=imports_user_code(command, rest)):
+        with import_path(user_code=imports_user_code(command, rest)), _model_bars_quiet(command):
             return handler(rest)
     except RecipeError as error:
         record_user_error(error.format())  # a torchrun worker: the launcher shows this, exit 2

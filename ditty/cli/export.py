@@ -21,6 +21,9 @@ import torch
 
 from ditty.config.errors import RecipeError
 
+REWARDS = ("rl.reward",)
+"""The keys export leaves out of its compile: the reward functions, which it does not load."""
+
 
 def _check_output(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -74,11 +77,16 @@ def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
             )
         text, source = path.read_text(encoding="utf-8"), str(path)
     loaded = parse_run_recipe(text, source, trust_code=trust_code)
+    from dataclasses import replace
+
+    # Reward functions score rollouts; rebuilding the model needs none, so they are never imported
+    # (the run may have come without them), trusted or not. export() compiles without their rule.
+    loaded = replace(
+        loaded, config=replace(loaded.config, rl=replace(loaded.config.rl, rewards=[], reward_weights=None))
+    )
     if not trust_code:
         # Neither the trainer class nor the [pipeline] stages take part in rebuilding the model, so
         # they are left out (never imported); a factory, converter classes or remote code do.
-        from dataclasses import replace
-
         config = loaded.config
         stages = replace(config.pipeline, preprocessors=[], postprocessors=[], loss=[])
         loaded = replace(loaded, config=replace(config, pipeline=stages))
@@ -113,6 +121,7 @@ def export(
     from ditty.checkpoint import find_checkpoint, read_sidecar
     from ditty.models.converters import apply_converters
     from ditty.models.recipe_model import base_model_for, converters_for
+    from ditty.models.task_support import weights_from_checkpoint
     from ditty.parallel.runtime import seed_everything
     from ditty.recipe import compile_recipe
     from ditty.train.builders import tokenizer_for
@@ -127,7 +136,7 @@ def export(
     config = loaded.config
     # The compiler first, as for every entry: a recipe it refuses is not rebuilt (for the world size
     # that trained it, whose mesh rules the recipe was checked against).
-    compile_recipe(loaded, world_size=int(doc.get("world_size") or 1)).raise_for_errors()
+    compile_recipe(loaded, world_size=int(doc.get("world_size") or 1), replaced=REWARDS).raise_for_errors()
     adapter = config.peft.kind != "none"
     if merge_lora and not adapter:
         raise RecipeError.single(
@@ -137,7 +146,8 @@ def export(
     seed_everything(config.run.seed)  # a random-init base of an adapter run is rebuilt as it was trained
     tokenizer = tokenizer_for(config)
     labels = _labels(checkpoint, doc, config)
-    base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
+    with weights_from_checkpoint():  # a reward model's or classifier's head comes from the checkpoint too
+        base, _ = base_model_for(config, tokenizer, torch.device("cpu"), low_memory=False, labels=labels)
     model = apply_converters(base, converters_for(config))
     engine_class(config.parallel.kind, 1).load_for_export(model, checkpoint, adapter=adapter)
     model = unwrap(model).eval()

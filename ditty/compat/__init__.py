@@ -10,3 +10,9 @@ module names, `ditty.pipeline`, `ditty.model_factory`, ..., still work: ditty.MO
 Nothing outside this package imports it: the core does not depend on the compatibility layer
 (tests/test_layers.py holds that).
 """
+
+from ditty._utils.quiet import quiet_libraries
+
+# As the `ditty` commands do: the libraries' import-time noise (torchao's optional kernels, torch's
+# pytree notices), which this package's imports set off, stays hidden unless DITTY_VERBOSE=1.
+quiet_libraries()

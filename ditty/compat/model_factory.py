@@ -206,6 +206,13 @@ class ModelFactory:
         A given instance that a transform or an adapter would change is copied first: `model`
         itself stays as it was, so the factory can still hand it to a Pipeline, whose Trainer
         applies the same transform and adapter. Each call builds a new model."""
+        from ditty._utils.quiet import known_warnings_ignored
+        from ditty.models.quiet_io import model_bars_quiet
+
+        with known_warnings_ignored(), model_bars_quiet():  # the libraries' noise, unless verbose
+            return self._build_ready(device)
+
+    def _build_ready(self, device: Any) -> torch.nn.Module:
         overrides = self.recipe_overrides()  # every setting checked as for a Pipeline, before loading
         changes = self.converters() + self._adapter(overrides)
         if self.hub_path is not None:

@@ -371,10 +371,13 @@ class Pipeline:
         import torch.distributed as dist
 
         from ditty._utils.modules import unwrap as unwrap_model
+        from ditty._utils.quiet import known_warnings_ignored
+        from ditty.models.quiet_io import model_bars_quiet
         from ditty.parallel.runtime import process_group_for_run
 
         created_here = not (dist.is_available() and dist.is_initialized())
-        with process_group_for_run() if created_here else contextlib.nullcontext():
+        group = process_group_for_run() if created_here else contextlib.nullcontext()
+        with group, known_warnings_ignored(), model_bars_quiet():  # the libraries' noise, unless verbose
             self.trainer = self.build_trainer()
             result = self.trainer.train()
             if getattr(self.trainer, "model", None) is not None:

@@ -93,9 +93,10 @@ def _where(error: BaseException) -> str:
 
 def code_references(config: Any, trainer: str | None = None) -> list[str]:
     """Every piece of code a recipe makes ditty import or run, as `key = value` lines: its trainer,
-    each [pipeline] stage, `model.factory`, converter classes in `model.converters`, and
-    `model.trust_remote_code` (code shipped beside the model). Readers of someone else's run refuse
-    to go on while this is not empty, unless told to trust it."""
+    each [pipeline] stage, `model.factory`, converter classes in `model.converters`, reward
+    functions in `rl.rewards` (the compiler imports them to check their signature) other than
+    ditty's own, and `model.trust_remote_code` (code shipped beside the model). Readers of someone
+    else's run refuse to go on while this is not empty, unless told to trust it."""
     import dataclasses
 
     found = [f"trainer = {trainer!r}"] if trainer else []
@@ -111,6 +112,8 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
                         walk(entry, f"{key}[{index}].")
                     elif item.name == "converters" and isinstance(entry, str) and ":" in entry:
                         found.append(f"{key}[{index}] = {entry!r}")
+                    elif item.name == "rewards" and isinstance(entry, str) and not _ditty_own(entry):
+                        found.append(f"{key}[{index}] = {entry!r}")
             elif item.name in ("use", "factory") and isinstance(value, str) and value:
                 found.append(f"{key} = {value!r}")
             elif item.name == "trust_remote_code" and value is True:
@@ -118,3 +121,10 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
 
     walk(config, "")
     return found
+
+
+def _ditty_own(reference: str) -> bool:
+    """A reference into the installed ditty package (`ditty.objectives.builtin_rewards:exact_match`):
+    importing it runs nothing a run directory brought (readers drop the current directory from
+    sys.path, so a planted `ditty/` there is not what loads)."""
+    return reference.split(":", 1)[0].split(".", 1)[0] == "ditty"

@@ -54,6 +54,10 @@ class RLConfig:
     list[float] (TRL's signature); e.g. "ditty.objectives.builtin_rewards:exact_match"."""
     reward_weights: Optional[list[float]] = None
     """One weight per reward function; unset: every weight 1.0."""
+    reward_timeout_s: float = 600.0
+    """Seconds one reward function may take on one batch of completions; a function still running
+    then stops the run (exit code 2, the last checkpoint intact). 0: no limit. A function that calls
+    os._exit() ends the process at once: that cannot be caught in-process."""
     backend: Literal["transformers", "vllm"] = "transformers"
     """Rollout generation: transformers' `generate` with a KV cache on the live policy, or vLLM
     (needs vllm and a GPU)."""

@@ -162,7 +162,8 @@ def check_table(dataset: Any, fields: Checks, *, label: str) -> tuple[RowReport,
         return everything
     whole = check.row if len(present) == len(check.fields) else None  # the format's rule reads every field
     # A rule without named fields (chat: its layout is told from the row's keys) reads the whole row.
-    columns = dataset.select_columns(present) if check.fields else dataset
+    read = present + [name for name in check.optional if name in dataset.column_names and name not in present]
+    columns = dataset.select_columns(read) if check.fields else dataset
     missing, without_column = getattr(check.row, "missing_reason", None), 0
     for index, row in enumerate(_rows(columns)):
         problem = row_problem(row, RowCheck({name: check.fields[name] for name in present}, whole))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ditty.config.errors import RecipeError
 from ditty.data import builtin
-from ditty.data.formats import IMAGE_BUILTINS, data_format, format_of, tokenize
+from ditty.data.formats import IMAGE_BUILTINS, data_format, format_of, tokenize, tokenize_counted
 from ditty.data.labels import LabelSpace
 from ditty.data.mixture import MixtureData, ResolvedSource, resolve_sources
 from ditty.data.sources import load_checked_files, load_checked_hub_dataset, progress_bars_on_main_rank
@@ -106,17 +106,20 @@ def build_data(
         for s, r in zip(sources, read):  # every label problem before any tokenizing
             if labels is not None and r.val is not None:
                 fmt.check_labels_known(r.val, s.data, labels, r.val_what or s.key, r.val_key or s.key)
-        trains = [
-            tokenize(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
-            for s, r in zip(sources, read)
-        ]
-        vals = [
-            tokenize(r.val, tokenizer, s.data, source_key=r.val_key or _key(s, "val_fraction"), labels=labels)
-            if r.val is not None
-            else None
-            for s, r in zip(sources, read)
-        ]
-        skipped = sum(r.skipped for r in read)
+        trains, vals, skipped = [], [], sum(r.skipped for r in read)
+        for s, r in zip(sources, read):  # samples the cut to max_seq_len leaves unusable are bad rows too
+            train, unusable = tokenize_counted(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
+            val, unusable_val = (
+                tokenize_counted(
+                    r.val, tokenizer, s.data, source_key=r.val_key or _key(s, "val_fraction"), labels=labels
+                )
+                if r.val is not None
+                else (None, 0)
+            )
+            format_of(s.data).check_training_set(train, s.data, _key(s, "path"))
+            trains.append(train)
+            vals.append(val)
+            skipped += unusable + unusable_val
         common = dict(seed=seed, skipped_rows=skipped, collator=collator, labels=labels, format=fmt.name)
         if not (data.sources or data.eval.source != "none"):
             return DataBundle(train=trains[0], val=vals[0], task=read[0].task, hook=read[0].hook, **common)

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
+from ditty.data.rows import CHAT_ROLES
+
 if TYPE_CHECKING:
     from ditty.config.sections import DataConfig
 
 SHAREGPT_COLUMN = "conversations"
-ROLES = ("user", "assistant", "system")
+ROLES = CHAT_ROLES
 CHAT_KEY_NAMES = ("role", "content", *ROLES)
 """The keys `data.chat_keys` accepts: the message's two keys, then the role names of other layouts."""
 
@@ -103,8 +105,24 @@ class ChatLayout:
                     f"{column!r} message {index} has no text {keys.role!r} and {keys.content!r} "
                     f"(the row's first message is in the {keys.name} layout: {keys.role}/{keys.content})"
                 )
-            messages.append({"role": keys.role_names.get(role, role), "content": content})
+            role = keys.role_names.get(role, role)
+            if role not in ROLES:  # a chat template renders any role, and a typo then trains as no one's turn
+                return None, (
+                    f"{column!r} message {index} has the role {turn.get(keys.role)!r}, not user, assistant or "
+                    f"system{self._role_names_hint(keys)}; map other role names with data.chat_keys"
+                )
+            if not isinstance(content, str):  # null would render as "None", or train an empty reply
+                found = "null" if content is None else _kind(content)
+                return None, f"{column!r} message {index} ({role}) has {keys.content!r} {found}, not text"
+            messages.append({"role": role, "content": content})
         return messages, None
+
+    @staticmethod
+    def _role_names_hint(keys: MessageKeys) -> str:
+        if not keys.role_names:
+            return ""
+        names = ", ".join(f"{name!r}" for name in keys.role_names)
+        return f" (the {keys.name} layout's names {names} are read as those)"
 
     def _keys_of(self, first: Any, column: str) -> tuple[MessageKeys, Optional[str]]:
         if self.custom is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,8 @@ from ditty.data.rows import (
     as_check,
     row_problem,
 )
+
+log = logging.getLogger("ditty.data")
 
 # ---------------------------------------------------------------------------- reading lines
 
@@ -290,6 +293,28 @@ def rows_of(
     if suffix == ".json" and _starts_with_array(path):
         return _json_array_rows(path, label, fields, max_row_bytes)
     return _json_rows(path, label, fields, max_row_bytes)
+
+
+def is_json_lines(path: str | os.PathLike) -> bool:
+    """A .jsonl file, or a .json file that holds one object per line rather than one array."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    return suffix == ".jsonl" or (suffix == ".json" and not _starts_with_array(path))
+
+
+def good_json_rows(paths: list[str], max_row_bytes: int) -> Iterator[dict]:
+    """The rows of JSON lines files that parse as objects, in order; each line left out is logged
+    with its file and line (a streamed source, read with data.on_bad_rows = "skip")."""
+    for path in paths:
+        for row, problem, _ in _json_rows(Path(path), str(path), {}, max_row_bytes):
+            if problem is None and isinstance(row, dict):
+                yield row
+            elif problem is not None:
+                log.warning(
+                    'skipping a bad row while streaming (data.on_bad_rows = "skip"): %s: %s',
+                    problem.where(),
+                    problem.reason,
+                )
 
 
 def _starts_with_array(path: Path) -> bool:

@@ -24,6 +24,8 @@ TEXT = "text"
 MESSAGES = "messages"
 ANY = "any"
 """Field kinds: text (a string or a number), chat messages, or any value (present and not null)."""
+CHAT_ROLES = ("user", "assistant", "system")
+"""The roles of a chat message a chat template is written for."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class RowCheck:
 
     fields: Mapping[str, str]
     row: Optional[Callable[[dict], Optional[str]]] = None
+    optional: tuple[str, ...] = ()
+    """Columns `row` also reads where the data has them (the preference prompt, which TRL's
+    implicit-prompt pairs leave out)."""
 
 
 Checks = Union[RowCheck, Mapping[str, str]]
@@ -116,6 +121,11 @@ def _messages_problem(value: Any) -> Optional[str]:
             return f"message {index} has no text 'role'"
         if "content" not in message:
             return f"message {index} has no 'content'"
+        if message["role"] not in CHAT_ROLES:  # a chat template renders any role: a typo trains as no one's turn
+            return f"message {index} has the role {message['role']!r}, not {', '.join(CHAT_ROLES[:-1])} or system"
+        if not isinstance(message["content"], str):
+            content = message["content"]
+            return f"message {index} has 'content' {'null' if content is None else _a(_json_type(content))}, not text"
     return None
 
 

@@ -18,6 +18,7 @@ from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
 from ditty.data.fingerprint import files_fingerprint
+from ditty.data.row_files import good_json_rows, is_json_lines
 from ditty.data.rows import DEFAULT_MAX_ROW_BYTES, Checks
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ def load_checked_files(
     skipped = 0
     if not streaming:
         files, skipped = _checked_files(files, pattern, key, fields, on_bad_rows, max_row_bytes, cache_dir)
+    elif on_bad_rows == "skip" and all(is_json_lines(file) for file in files):
+        return _streamed_good_json_rows(files, max_row_bytes), 0
 
     from datasets import load_dataset
 
@@ -249,6 +252,16 @@ def _load_hub(name: str, *, split: str, cache_dir: Optional[str], streaming: boo
         raise RecipeError.single(
             f"cannot load hub dataset {name!r} (split {split!r}): {condensed(error)}", key="data.name", fix=fix
         ) from error
+
+
+def _streamed_good_json_rows(files: list[str], max_row_bytes: int) -> Any:
+    """JSON lines read by ditty's own line reader, lazily (one shard per file), leaving out lines
+    that do not parse. `datasets`' JSON reader parses a whole chunk at once and stops at a
+    malformed line, which `data.on_bad_rows = "skip"` asks to leave out, as the up-front check of
+    the whole-file path does. The readers check the rows' fields and skip those as well."""
+    from datasets import IterableDataset
+
+    return IterableDataset.from_generator(good_json_rows, gen_kwargs={"paths": files, "max_row_bytes": max_row_bytes})
 
 
 def _suffix(path: str) -> str:

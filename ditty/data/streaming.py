@@ -33,6 +33,7 @@ import torch
 
 from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
+from ditty.data.formats.base import CUT_PROBLEM
 from ditty.data.mixture import ResolvedSource, TokenMixer
 
 if TYPE_CHECKING:
@@ -75,7 +76,13 @@ def open_rows(source: ResolvedSource, cache_dir: Optional[str]):
     data = source.data
     if data.source == "file":
         return load_file_dataset(
-            data.path, key=f"{source.key}.path", cache_dir=cache_dir, streaming=True, reader_options=READ_AHEAD
+            data.path,
+            key=f"{source.key}.path",
+            cache_dir=cache_dir,
+            streaming=True,
+            reader_options=READ_AHEAD,
+            on_bad_rows=data.on_bad_rows,
+            max_row_bytes=data.max_row_bytes,
         )
     if data.source == "hub":
         return load_hub_dataset(data.name, split=data.split, cache_dir=cache_dir, streaming=True)
@@ -233,8 +240,16 @@ class SourceReader:
             )
         rows = self._checked(rows)
         encoded = self.encode(rows)
+        problems = encoded.pop(CUT_PROBLEM, None)
         names = list(encoded)
-        return [dict(zip(names, values)) for values in zip(*(encoded[name] for name in names))]
+        samples = [dict(zip(names, values)) for values in zip(*(encoded[name] for name in names))]
+        if problems and any(problems):  # the cut to max_seq_len left these unusable: bad rows
+            from ditty.data.formats import check_cut_problems
+
+            where = f"source {self.source.label!r} (window {self.window + 2} of reader {self.reader})"
+            check_cut_problems([p for p in problems if p], self.source.data, where, rows=len(problems))
+            samples = [sample for sample, problem in zip(samples, problems) if not problem]
+        return samples
 
     def _checked(self, rows: dict[str, list]) -> dict[str, list]:
         """The window's rows that the format can use. A stream is not scanned ahead, so a bad row

@@ -142,6 +142,17 @@ def _looks_like_hub_id(path: str) -> bool:
     return path.count("/") <= 1 and not path.startswith((".", "/", "~"))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
+
+
+def holds_no_tokenizer(path: str | None) -> bool:
+    """A local model directory without tokenizer files (a hub id cannot be known offline: False)."""
+    if not path or not os.path.isdir(os.path.expanduser(path)):
+        return False
+    directory = os.path.expanduser(path)
+    return not any(os.path.isfile(os.path.join(directory, name)) for name in TOKENIZER_FILES)
+
+
 def tokenizer_beside(model) -> "PreTrainedTokenizerBase | None":
     """The tokenizer saved with a transformers model's checkpoint (`model.name_or_path`, a local
     directory holding tokenizer files), with a pad token as `build_tokenizer` guarantees; None for
@@ -150,10 +161,7 @@ def tokenizer_beside(model) -> "PreTrainedTokenizerBase | None":
     if not path or not os.path.isdir(os.path.expanduser(str(path))):
         return None
     directory = os.path.expanduser(str(path))
-    if not any(
-        os.path.isfile(os.path.join(directory, name))
-        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
-    ):
+    if holds_no_tokenizer(directory):
         return None
     from transformers import AutoTokenizer
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
+from ditty.metrics.hub_offline import task_data_or_explain
 
 PREFIX = "harness/"
 
@@ -53,15 +54,16 @@ def harness_scores(
     saved = _random_states()
     try:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            task_manager=manager,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            log_samples=False,
-            bootstrap_iters=0,  # no bootstrapped stderr: minutes of resampling for a number not reported
-        )
+        with task_data_or_explain(tasks):  # no network: the cache, or exit 2 naming the tasks
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(tasks),
+                task_manager=manager,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                log_samples=False,
+                bootstrap_iters=0,  # no bootstrapped stderr: minutes of resampling for a number not reported
+            )
     finally:
         model.train(was_training)
         _restore_random_states(saved)

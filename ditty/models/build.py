@@ -138,7 +138,7 @@ def check_new_weights(loaded: "torch.nn.Module", info: dict, model: ModelConfig)
     """A pretrained load must bring every weight except the task head's: a new head (a classifier on a
     pretrained encoder) is reported; any other newly initialised weight means the checkpoint does not
     fit the task's architecture, and is an error (it would train from random values unnoticed)."""
-    from ditty.models.task_support import new_weight_problems
+    from ditty.models.task_support import new_head_is_news, new_weight_problems
 
     task = model_task(model.task)
     head, other = new_weight_problems(info, getattr(loaded, "base_model_prefix", ""), task)
@@ -151,7 +151,7 @@ def check_new_weights(loaded: "torch.nn.Module", info: dict, model: ModelConfig)
             fix=f"check model.task (now {task.name!r}) against what the checkpoint was trained for, or point "
             "model.path at a complete checkpoint",
         )
-    if head and is_main_process():
+    if head and is_main_process() and new_head_is_news():
         log.warning(
             "new task head for %s (randomly initialised, trained from here): %s",
             task.name,
@@ -323,6 +323,9 @@ def _check_override_keys(config: "PretrainedConfig", overrides: dict[str, Any]) 
     """Refuse `model.config` keys the config class does not have: config classes accept any keyword
     silently, so a misspelled key would otherwise be dropped."""
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    # Fields kept as properties (num_labels, the size of id2label) are left out of to_dict().
+    properties = {name: value for cls in type(config).__mro__ for name, value in vars(cls).items()}
+    known |= {name for name, value in properties.items() if isinstance(value, property) and value.fset is not None}
     if "rope_parameters" in known:  # transformers 5 folds the config.json keys of before into rope_parameters
         known |= LEGACY_ROPE_KEYS
     unknown = sorted(key for key in overrides if key not in known)

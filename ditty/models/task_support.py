@@ -17,12 +17,14 @@ for a classifier) from anything else (an error: the checkpoint does not fit the 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
 import json
 import os
 import re
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from ditty.models.source import known_architectures, read_model_config
 from ditty.models.tasks import TASKS, ModelTask
@@ -184,3 +186,22 @@ def _saved_label_count(directory: str) -> int:
         return 0
     with open(path, encoding="utf-8") as handle:
         return int(json.load(handle).get("num_labels") or 0)
+
+
+_NEW_HEAD_IS_NEWS: contextvars.ContextVar[bool] = contextvars.ContextVar("new_head_is_news", default=True)
+
+
+def new_head_is_news() -> bool:
+    """Whether a task head the pretrained weights lack starts random (and is announced as such)."""
+    return _NEW_HEAD_IS_NEWS.get()
+
+
+@contextlib.contextmanager
+def weights_from_checkpoint() -> Iterator[None]:
+    """Builds inside get every weight from a checkpoint afterwards (`ditty export`): a task head the
+    pretrained model lacks is then not "randomly initialised", so it is not announced."""
+    token = _NEW_HEAD_IS_NEWS.set(False)
+    try:
+        yield
+    finally:
+        _NEW_HEAD_IS_NEWS.reset(token)

@@ -12,11 +12,14 @@ How the trainer plugs it in (`[rl] rewards`, `reward_weights`):
 - the recipe compiler calls `resolve_reward_functions(cfg.rl.rewards, cfg.rl.reward_weights)` and
   reports the Problems with the rest (unresolvable reference, not callable, wrong signature,
   weights that do not match); the trainer calls `load_reward_functions` (a RecipeError if any);
-- after each rollout, `score_completions(functions, prompts, completions, columns)` with every
-  prompt and column repeated once per completion of its group; a function that raises, returns
-  the wrong number of values, None, NaN or infinity stops the run with a `RewardFunctionError`
-  (a RecipeError: exit 2, no traceback) naming the function and the prompt, before any update,
-  so the last checkpoint is untouched;
+- after each rollout, `score_completions(functions, prompts, completions, columns, timeout_s=...)`
+  with every prompt and column repeated once per completion of its group; each function gets its
+  own copy of them (one function's edits never reach the next). A function that raises, calls
+  sys.exit(), runs past `rl.reward_timeout_s`, returns the wrong number of values, None, NaN or
+  infinity, or whose weighted sum with the others overflows, stops the run with a
+  `RewardFunctionError` (a RecipeError: exit 2, no traceback) naming the function and the prompt,
+  before any update, so the last checkpoint is untouched. `os._exit()` ends the process at once and
+  cannot be caught in-process;
 - `reward_metrics` of the gathered per-function rewards gives rewards/NAME/mean and /std.
 
 Nothing here imports torch at module level: the compiler imports this module to check references.
@@ -24,12 +27,17 @@ Nothing here imports torch at module level: the compiler imports this module to 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import math
 import numbers
+import signal
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from ditty.config.errors import Problem, RecipeError
 from ditty.config.references import resolve_reference
@@ -160,8 +168,11 @@ def score_completions(
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: Optional[Mapping[str, Sequence[Any]]] = None,
+    *,
+    timeout_s: Optional[float] = None,
 ) -> RewardScores:
-    """Every function's rewards for the completions, checked, and their weighted sum."""
+    """Every function's rewards for the completions, checked, and their weighted sum. A function
+    that has not returned after `timeout_s` seconds (None or 0: no limit) is stopped."""
     import torch
 
     columns = dict(columns or {})
@@ -174,11 +185,22 @@ def score_completions(
     total = torch.zeros(count, dtype=torch.float64)
     per_function, details = {}, {}
     for function in functions:
-        values, extra = _call(function, prompts, completions, columns)
+        values, extra = _call(function, prompts, completions, columns, timeout_s)
         per_function[function.name] = torch.tensor(values, dtype=torch.float64)
         total += function.weight * per_function[function.name]
         for metric, metric_values in extra.items():
             details[f"rewards/{function.name}/{metric}"] = torch.tensor(metric_values, dtype=torch.float64)
+    overflow = (~torch.isfinite(total)).nonzero()
+    if len(overflow) and functions:  # each value is finite (checked), their weighted sum is not
+        index = int(overflow[0])
+        names = ", ".join(f.name for f in functions)
+        raise _failure(
+            RewardFunction(names, functions[0].function, key="rl.rewards"),
+            prompts[index],
+            f"is {float(total[index])} for a completion",
+            "keep rewards and rl.reward_weights within a few orders of magnitude of 1",
+            what_failed=f"the weighted sum of {names}",
+        )
     return RewardScores(total, per_function, details)
 
 
@@ -243,13 +265,81 @@ def _coerce_task_result(result: Any) -> tuple[Any, dict[str, float]]:
     return result, {}
 
 
+class _RewardTimedOut(BaseException):
+    """Raised inside a reward function that ran past its time. A BaseException, so that a function's
+    own `except Exception` cannot swallow it."""
+
+
+@contextlib.contextmanager
+def _deadline(timeout_s: Optional[float]) -> Iterator[None]:
+    """Raise _RewardTimedOut in the code inside once `timeout_s` seconds pass. SIGALRM rather than a
+    thread: the function keeps the main thread, where reward code that uses signals itself (sympy
+    checkers with their own alarm, as math_verify's) can run; such code replaces this deadline while
+    its own alarm is set. The previous handler and timer are restored. Only the main thread receives
+    signals; elsewhere, and without a timeout, the code runs unbounded."""
+    usable = timeout_s and timeout_s > 0 and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _RewardTimedOut()
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, expire)
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if previous_timer[0] > 0:  # someone else's alarm: put back what is left of it
+            left = max(previous_timer[0] - (time.monotonic() - started), 1e-6)
+            signal.setitimer(signal.ITIMER_REAL, left, previous_timer[1])
+
+
+def _invoke(
+    function: RewardFunction,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: Mapping[str, Sequence[Any]],
+    timeout_s: Optional[float],
+) -> Any:
+    """One call with its own copies of the arguments: a function that edits a column, a prompt or a
+    chat message in place does not change what the next function (or the trainer) sees. A deep copy
+    of a rollout's texts is small next to its generation."""
+    arguments = copy.deepcopy({"prompts": list(prompts), "completions": list(completions), **columns})
+    arguments = {name: list(values) for name, values in arguments.items()}
+    with _deadline(timeout_s):
+        return function.function(**arguments)
+
+
 def _call(
-    function: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]]
+    function: RewardFunction,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
+    timeout_s: Optional[float] = None,
 ) -> tuple[list[float], dict[str, list[float]]]:
     try:
-        result = function.function(prompts=list(prompts), completions=list(completions), **columns)
+        result = _invoke(function, prompts, completions, columns, timeout_s)
+    except _RewardTimedOut:
+        raise _failure(
+            function,
+            prompts[0],
+            f"did not return within rl.reward_timeout_s = {timeout_s:g} s",
+            "find why it hangs (a network call, a lock, an endless loop), or raise rl.reward_timeout_s",
+        ) from None
+    except SystemExit as error:  # a checker that exits is a failing reward, not the end of the run
+        culprit = _first_failing(function, prompts, completions, columns, timeout_s)
+        raise _failure(
+            function,
+            prompts[culprit],
+            f"called sys.exit({error.code!r})",
+            "return 0.0 where the function cannot score a completion instead of exiting",
+        ) from None
     except Exception as error:
-        culprit = _first_failing(function, prompts, completions, columns)
+        culprit = _first_failing(function, prompts, completions, columns, timeout_s)
         raise _failure(
             function,
             prompts[culprit],
@@ -295,27 +385,32 @@ def _call(
     return values, extra
 
 
-def _first_failing(function: RewardFunction, prompts, completions, columns) -> int:
-    """The index of the first completion that makes the function raise on its own (0 if none does:
-    then it failed on the batch as a whole)."""
+def _first_failing(function: RewardFunction, prompts, completions, columns, timeout_s=None) -> int:
+    """The index of the first completion that makes the function raise (or exit) on its own (0 if
+    none does: then it failed on the batch as a whole)."""
     for index in range(len(completions)):
         try:
-            function.function(
-                prompts=[prompts[index]],
-                completions=[completions[index]],
-                **{name: [values[index]] for name, values in columns.items()},
+            _invoke(
+                function,
+                [prompts[index]],
+                [completions[index]],
+                {name: [values[index]] for name, values in columns.items()},
+                timeout_s,
             )
-        except Exception:
+        except (Exception, SystemExit):
+            return index
+        except _RewardTimedOut:  # it hangs on this one: no need to wait on the others
             return index
     return 0
 
 
-def _failure(function: RewardFunction, prompt: Any, what: str, fix: str) -> RewardFunctionError:
+def _failure(
+    function: RewardFunction, prompt: Any, what: str, fix: str, *, what_failed: Optional[str] = None
+) -> RewardFunctionError:
     shown = repr(prompt)
     shown = shown if len(shown) <= 200 else shown[:197] + "..."
-    return RewardFunctionError(
-        [Problem(function.key, f"reward function {function.name} {what} (prompt {shown}); the run stopped", fix=fix)]
-    )
+    subject = what_failed or f"reward function {function.name}"
+    return RewardFunctionError([Problem(function.key, f"{subject} {what} (prompt {shown}); the run stopped", fix=fix)])
 
 
 def _callable_name(function: Callable[..., Any]) -> str:

@@ -13,6 +13,7 @@ expression searched in the parameter name.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
@@ -22,6 +23,8 @@ from ditty.config.sections import OptimizerConfig
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("ditty.optim")
 
 ROLE_WORDS = ("bias", "norm", "embedding", "head")
 """Patterns that name a role rather than a regular expression."""
@@ -106,6 +109,24 @@ def group_parameters(infos: Iterable[ParamInfo], opt: OptimizerConfig) -> list[G
     return list(groups.values())
 
 
+def unmatched_patterns(infos: Iterable[ParamInfo], opt: OptimizerConfig) -> list[str]:
+    """A warning for each regular expression in `no_decay` / `lr_multipliers` that matches no trainable
+    parameter: a typo ("nrom") would otherwise decay the norms silently. A role word with no tensor
+    of its role (Llama has no biases) is no mistake and is left out."""
+    infos = list(infos)
+    warnings = []
+    for key, patterns in (("optimizer.no_decay", opt.no_decay), ("optimizer.lr_multipliers", opt.lr_multipliers)):
+        for pattern in patterns:
+            if pattern in ROLE_WORDS or any(matches(pattern, info) for info in infos):
+                continue
+            names = ", ".join(info.name for info in infos[:2]) + (", ..." if len(infos) > 2 else "")
+            warnings.append(
+                f"{key} pattern {pattern!r} matches no trainable parameter, so it has no effect; a pattern is a "
+                f"role ({', '.join(ROLE_WORDS)}) or a regular expression searched in names such as {names}"
+            )
+    return warnings
+
+
 def check_patterns(opt: OptimizerConfig) -> list[Problem]:
     """Invalid regular expressions and factors in `no_decay` / `lr_multipliers` (compile time)."""
     problems = []
@@ -182,6 +203,8 @@ def torch_param_groups(model: "torch.nn.Module", opt: OptimizerConfig) -> list[d
             "some parameters trainable",
         )
     by_name = {info.name: parameter for info, parameter in pairs}
+    for warning in unmatched_patterns([info for info, _ in pairs], opt):
+        log.warning(warning)
     groups = []
     for group in group_parameters([info for info, _ in pairs], opt):
         muon = group.algorithm == "muon"

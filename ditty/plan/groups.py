@@ -12,19 +12,23 @@ import re
 from typing import Any
 
 from ditty.config.errors import RecipeError
-from ditty.optim.groups import Group, group_parameters
+from ditty.optim.groups import Group, ParamInfo, group_parameters, unmatched_patterns
 
 
 def planned_groups(config: Any) -> list[Group]:
     """The groups `config` builds; a RecipeError when the model's shape cannot be known offline."""
+    return group_parameters(trainable_tensors(config), config.optimizer)
+
+
+def trainable_tensors(config: Any) -> list[ParamInfo]:
+    """The tensors the trainer of `config` will train, from the model's config (no weights)."""
     from ditty.plan.parameters import held_tensors
     from ditty.plan.settings import Settings, Target
     from ditty.plan.source import model_shape
 
     shape = model_shape(config)
     settings = Settings.resolve(config, shape, Target(device="cpu"))
-    trainable = [t.param_info for t in held_tensors(shape, settings) if t.trainable]
-    return group_parameters(trainable, config.optimizer)
+    return [t.param_info for t in held_tensors(shape, settings) if t.trainable]
 
 
 def fold_layers(names: list[str]) -> list[str]:
@@ -38,7 +42,8 @@ def describe_groups(config: Any) -> str:
     if config.model.factory:  # a user's factory is not run by `ditty check` just to list its tensors
         return "optimizer groups: known once the custom model is built"
     try:
-        groups = planned_groups(config)
+        trainable = trainable_tensors(config)
+        groups = group_parameters(trainable, config.optimizer)
     except RecipeError as error:
         return f"optimizer groups: known once the model is built ({error.problems[0].message})"
     except Exception as error:  # noqa: BLE001 - an architecture the meta build cannot make: the check still passes
@@ -53,4 +58,5 @@ def describe_groups(config: Any) -> str:
             "  Muon takes no tensor: it updates the 2-D weights inside numbered blocks (model.layers.N...), "
             "and this model has none; everything trains with AdamW"
         )
+    lines += [f"  warning: {warning}" for warning in unmatched_patterns(trainable, config.optimizer)]
     return "\n".join(lines)

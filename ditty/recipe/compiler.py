@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ditty.config.loader import LoadedRecipe, from_config
@@ -15,6 +16,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     position_rules,
     task_rules,
 )
+from ditty.recipe.first_stage import first_stage_command
 from ditty.recipe.objective_rules import objective_problems
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
 from ditty.recipe.plan import Plan
@@ -48,7 +50,23 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
         if replaced and problem.key.startswith(replaced):
             continue
         plan.problems.append(_locate(problem, loaded))
+    plan.problems = [_with_first_stage(problem, loaded) for problem in plan.problems]
     return plan
+
+
+def _with_first_stage(problem, loaded: LoadedRecipe):
+    """A missing model.path that is a first stage's final/: the fix names the command that makes it
+    (ditty.recipe.first_stage), read from the recipe's header comment."""
+    if problem.key != "model.path" or "does not exist" not in problem.message or not loaded.source:
+        return problem
+    try:
+        text = Path(loaded.source).read_text(encoding="utf-8")
+    except OSError:
+        return problem
+    command = first_stage_command(text, loaded.config.model.path)
+    if command is None:
+        return problem
+    return replace(problem, fix=f"it is the final model of a first stage: make it with `{command}`, then this recipe")
 
 
 def _locate(problem, loaded: LoadedRecipe):

@@ -42,6 +42,7 @@ _NON_NEGATIVE = [
     "peft.dropout",
     "run.seed",
     "run.num_threads",
+    "rl.reward_timeout_s",
 ]
 
 

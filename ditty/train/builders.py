@@ -275,4 +275,9 @@ def tokenizer_for(config: Any, *, non_text_data: bool = False):
     non_text = non_text_data or not format_of(config.data).tokenized
     if non_text and config.tokenizer.kind == "auto" and not config.tokenizer.source(config.model):
         return None
+    if non_text and config.tokenizer.kind == "auto" and not config.tokenizer.path:
+        from ditty.data.tokenizer import holds_no_tokenizer
+
+        if holds_no_tokenizer(config.model.path):  # samples that are tensors need none; final/ gets none
+            return None
     return build_tokenizer(config.tokenizer, config.model)

@@ -8,6 +8,7 @@ built state.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Optional
 
@@ -19,7 +20,7 @@ from ditty.metrics.harness import score_final_model
 from ditty.train import checkpointing
 from ditty.train.final import write_final
 from ditty.train.push import push_checkpoint_snapshot, push_to_hub
-from ditty.train.state import TrainResult
+from ditty.train.state import NonFiniteLossError, TrainResult
 
 log = logging.getLogger("ditty.train")
 
@@ -41,6 +42,7 @@ class RunEnding:
         # The last checkpoint first, and final/ only once it is safe on disk: a failed final/ write then
         # loses nothing (a rerun resumes at the last step and writes final/ again). A last step skipped
         # as non-finite gets no checkpoint (its weights are the last finite step's, which final/ holds).
+        self.refuse_non_finite_end()
         self.checkpointer.save_if_due(self.run, True)
         self.checkpointer.wait()
         from ditty.optim.schedule_free import evaluation_weights
@@ -52,6 +54,37 @@ class RunEnding:
         if push in ("end", "checkpoints"):
             push_to_hub(self.run, path, message=f"ditty: final model, step {self.state.step}")
         return path
+
+    def refuse_non_finite_end(self) -> None:
+        """A run whose last steps were skipped as non-finite, or whose last evaluation is not finite,
+        diverged: final/ would hold a model that gives NaN, so none is written and the run fails
+        (exit code 1), even when its steps ran out before `train.max_skipped_steps` in a row."""
+        state, gate = self.state, self.checkpointer.finite
+        fix = (
+            'Try a lower optimizer.lr, gradient clipping (train.max_grad_norm), or train.precision = "fp32". '
+            f"Files already in {self.config.run.output_dir} are kept; no final model was written."
+        )
+        if state.consecutive_skips:
+            first = state.step - state.consecutive_skips + 1
+            steps = f"step {first}" if first == state.step else f"steps {first}-{state.step}"
+            raise NonFiniteLossError(
+                f"stopping: the run ended inside a streak of {state.consecutive_skips} non-finite steps ({steps}), "
+                f"so its weights are those of a diverging run. {gate.last_good(self.run_dir)}. {fix}"
+            )
+        if state.last_eval_step == state.step:
+            # The loss and the reward are the model's own numbers; a task metric (F1 of an absent class)
+            # may be NaN on a healthy model.
+            broken = {
+                k: v
+                for k, v in state.eval_metrics.items()
+                if (k == "val_loss" or k.startswith("val_reward")) and isinstance(v, float) and not math.isfinite(v)
+            }
+            if broken:
+                shown = ", ".join(f"{k} {v}" for k, v in broken.items())
+                raise NonFiniteLossError(
+                    f"stopping: the last evaluation (step {state.step}) is not finite ({shown}), so the model "
+                    f"diverged. {fix}"
+                )
 
     def save_clock_due(self) -> bool:
         """`checkpoint.every_minutes` passed since the last save (ditty.checkpoint.clock), read at log

@@ -83,9 +83,22 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
                 f'"auto" to continue the run {out} holds',
             )
     step = int(doc["step"])
+    steps = config.train.steps
+    target = steps if steps is not None else doc.get("total_steps")
+    final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
+    finished = ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target)
     saved = doc.get(SIDECAR_RECIPE)
     if isinstance(saved, dict):
         diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
+        if diffs and finished and not (ckpt_cfg.force_resume and ckpt_cfg.overwrite_finished):
+            raise RecipeError.single(
+                f"{out} holds a finished run (step {step}, final/), trained with a recipe that differs from this "
+                "one in keys that change training:\n    " + "\n    ".join(diffs),
+                key="run.output_dir",
+                fix="choose a new run.output_dir to train with the new values from the start; to continue the "
+                "finished run with them, raise train.steps and add --checkpoint.force_resume true "
+                "--checkpoint.overwrite_finished true (final/ is replaced)",
+            )
         if diffs and not ckpt_cfg.force_resume:
             raise RecipeError.single(
                 f"the recipe differs from the one checkpoint {found} was saved with, in keys that change "
@@ -100,16 +113,13 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
 
     # Before anything is built or written: a checkpoint resumes only with an engine that can read it.
     engine_class(config.parallel.kind, world_size).check_resumable(found, doc.get("world_size"), world_size)
-    steps = config.train.steps
     if steps is not None and step > steps:
         raise RecipeError.single(
             f"checkpoint {found} is at step {step}, past train.steps = {steps}",
             key="train.steps",
             fix=f"use train.steps >= {step}, or a new run.output_dir",
         )
-    target = steps if steps is not None else doc.get("total_steps")
-    final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
-    if ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target):
+    if finished:
         return ResumePlan(found, finished=True, step=step)
     _check_data_unchanged(doc, config, found)
     refuse_finished(config, f"resume {found} (step {step}) into it and train to step {target}")

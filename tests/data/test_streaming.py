@@ -215,3 +215,27 @@ def test_a_row_the_stream_cannot_parse_is_a_recipe_error_naming_the_source(corpu
     assert problem.key == "data.sources.1"
     assert "cannot read source 'code', " in problem.message and "code.jsonl while streaming" in problem.message
     assert "data.streaming = false" in problem.fix
+
+
+def test_a_malformed_json_line_is_skipped_with_on_bad_rows_skip_and_the_stream_resumes_exactly(corpus, caplog):
+    """As when the file is read whole: `on_bad_rows = "skip"` leaves a malformed line out (named by
+    file and line in a warning), and the rest of the file streams and resumes as before."""
+    lines = (corpus / "code.jsonl").read_text().splitlines()
+    lines[30] = '{"text": "cut off'
+    (corpus / "code.jsonl").write_text("\n".join(lines) + "\n")
+    data = _data(corpus, sources=[DataSourceConfig(path=str(corpus / "code.jsonl"))], on_bad_rows="skip")
+    resolved = resolve_sources(data)
+    spec = StreamingData(tuple(resolved), TOKENIZER, window=data.shuffle_buffer_size, on_bad_rows="skip")
+    reader = SourceReader(resolved[0], spec, reader=0, readers=1, seed=3)
+    states, texts = [], []
+    with caplog.at_level("WARNING", logger="ditty.data"):
+        for _ in range(130):  # 60 good rows a pass: past two pass boundaries
+            states.append(json.loads(json.dumps(reader.state_dict())))
+            texts.append(_text(reader.take()))
+    assert sorted(texts[:60]) == sorted(texts[60:120]) and len(set(texts[:60])) == 60
+    assert not any(text.startswith("code 30 ") for text in texts)
+    assert f"{corpus / 'code.jsonl'}:31: malformed JSON" in caplog.text
+    for start in (0, 9, 30, 59, 61, 125):
+        again = SourceReader(resolved[0], spec, reader=0, readers=1, seed=3)
+        again.load_state_dict(states[start])
+        assert [_text(again.take()) for _ in range(5)] == texts[start : start + 5], start

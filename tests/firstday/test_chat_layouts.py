@@ -250,3 +250,60 @@ def test_exact_match_on_validation_rows_from_a_file(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     scores = [r["val_exact_match"] for r in records if "val_exact_match" in r]
     assert scores and all(0.0 <= score <= 1.0 for score in scores)
+
+
+def test_a_null_content_or_an_unknown_role_is_a_bad_row_named_by_file_and_line(tmp_path):
+    null_reply = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None}]}
+    wizard = {"messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}]}
+    gpt_null = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": None}]}
+    rows = [openai_row(OPENAI[0]), null_reply, openai_row(OPENAI[1]), wizard, gpt_null, openai_row(OPENAI[2])]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    message = str(caught.value)
+    assert f"{path}:2" in message and "'messages' message 1 (assistant) has 'content' null, not text" in message
+    assert f"{path}:4" in message and "'messages' message 1 has the role 'wizard'" in message
+    assert "user, assistant or system" in message and "data.chat_keys" in message
+    assert f"{path}:5" in message and "'conversations' message 1 (assistant) has 'value' null" in message
+    assert len(samples(path, on_bad_rows="skip")) == 3  # the good rows only
+
+
+def _with_template(tmp_path, text: str):
+    from ditty.config.sections import ModelConfig, TokenizerConfig
+    from ditty.data.tokenizer import build_tokenizer
+
+    byte_tokenizer().save_pretrained(tmp_path / "tok")
+    jinja = tmp_path / "template.jinja"
+    jinja.write_text(text)
+    return build_tokenizer(TokenizerConfig(path=str(tmp_path / "tok"), chat_template=str(jinja)), ModelConfig())
+
+
+def test_a_chat_template_that_raises_on_every_conversation_is_blamed_not_the_data(tmp_path):
+    broken = "{% for m in messages %}{{ m['role'] | no_such_filter }}{% endfor %}"
+    tokenizer = _with_template(tmp_path, broken)
+    path = write_jsonl(tmp_path / "c.jsonl", [openai_row(t) for t in OPENAI])
+    data = DataConfig(source="file", path=path, format="chat", val_fraction=0.0, max_seq_len=64)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    (problem,) = caught.value.problems
+    assert problem.key == "tokenizer.chat_template", problem
+    assert "the chat template fails on any conversation" in problem.message and "no_such_filter" in problem.message
+    assert "each sample must be" not in str(caught.value)
+
+
+def test_a_chat_template_s_own_rule_is_named_as_the_template_s(tmp_path):
+    alternate = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+        "{{ m['role'] }}: {% generation %}{{ m['content'] }}{% endgeneration %}\n{% endfor %}"
+    )
+    tokenizer = _with_template(tmp_path, alternate)
+    path = write_jsonl(tmp_path / "c.jsonl", [openai_row(t) for t in OPENAI])  # row 1 starts with a system turn
+    data = DataConfig(source="file", path=path, format="chat", val_fraction=0.0, max_seq_len=64)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    (problem,) = caught.value.problems
+    assert problem.key == "tokenizer.chat_template", problem
+    assert "the chat template refused a conversation" in problem.message
+    assert "Conversation roles must alternate" in problem.message and "'be brief'" in problem.message
+    assert "follow the template's rule" in problem.fix

@@ -7,13 +7,44 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ditty._utils import quiet
 from ditty.cli import main
 
-NOISE = ("Failed to load", "_pytree", "Setting accelerator to CPU", "LOAD REPORT")
+NOISE = (
+    "Failed to load",  # torchao's optional kernels; bitsandbytes' "Failed to load CPU gemm_4bit_forward"
+    "_pytree",
+    "Setting accelerator to CPU",
+    "LOAD REPORT",
+    "Loading weights",
+    "Writing model shards",
+    "FutureWarning",
+    "has no place for",
+)
+API_RUN = """
+import os
+import sys
+
+import torch
+
+from ditty import ModelFactory, PeftConfig, Pipeline
+
+ids = torch.arange(3, 35)
+samples = [{"input_ids": ids.roll(i), "labels": ids.roll(i)} for i in range(8)]
+factory = ModelFactory.from_huggingface(
+    sys.argv[1], peft_config=PeftConfig(enabled=True, r=4, lora_alpha=8, target_modules=["q_proj"])
+)
+for output_dir in sys.argv[2:]:
+    Pipeline(
+        model_factory=factory, dataset=samples, output_dir=output_dir, max_steps=2, batch_size=4, lr=1e-3,
+        log_every=1, progress=False,
+    ).run()
+    print("=== verbose from here ===", file=sys.stderr, flush=True)
+    os.environ["DITTY_VERBOSE"] = "1"  # the second run, in the same process, asks for the noise
+"""
 
 
 def test_noisy_loggers_are_filtered_unless_verbose(monkeypatch, caplog):
@@ -22,6 +53,10 @@ def test_noisy_loggers_are_filtered_unless_verbose(monkeypatch, caplog):
     with caplog.at_level(logging.INFO):
         logging.getLogger("torchao").warning("Failed to load _C_mxfp8.so")
         logging.getLogger("DeepSpeed").warning("Setting accelerator to CPU.")
+        # Said only on CPUs with AVX-512 BF16 (not this one), when bitsandbytes is imported.
+        logging.getLogger("bitsandbytes.backends.cpu.ops").warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'"
+        )
         logging.getLogger("torchao").error("a real error")
     assert [r.getMessage() for r in caplog.records] == ["a real error"]
     for name in quiet.NOISY_LOGGERS:  # verbose: the filters come off in a process that asks for them
@@ -50,6 +85,22 @@ def test_a_run_shows_library_noise_only_with_verbose(tmp_path):
     except ImportError:
         return
     assert any(marker in loud.stdout + loud.stderr for marker in NOISE)
+
+
+@pytest.mark.slow  # a fresh process: torchao and peft print at import, which an in-process run has done already
+def test_a_python_api_run_shows_library_noise_only_with_verbose(tmp_path, tiny_llama_dir):
+    """The issue's Python API run: a pretrained model with LoRA through ditty.Pipeline. Quiet, it
+    prints none of the libraries' noise; with DITTY_VERBOSE=1 the same run shows it."""
+    script = tmp_path / "api_run.py"
+    script.write_text(API_RUN)
+    env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    runs = [sys.executable, str(script), tiny_llama_dir, str(tmp_path / "quiet"), str(tmp_path / "verbose")]
+    done = subprocess.run(runs, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain, loud = done.stderr.split("=== verbose from here ===")[:2]
+    assert not [marker for marker in NOISE if marker in plain], plain[-3000:]  # import time included
+    assert "Loading weights" in loud and "FutureWarning" in loud, loud[-3000:]  # the same calls, verbose
 
 
 def test_help_names_the_launch_flags(capsys):

@@ -42,3 +42,46 @@ def none_for_empty(prompts, completions, **columns):
 
 def returns_a_number(prompts, completions, **columns):
     return 1.0
+
+
+def strips_answers(prompts, completions, answer, **columns):
+    """A function that edits its arguments in place (a column, the prompts, a chat message)."""
+    answer[:] = [a.strip().upper() for a in answer]
+    prompts.clear()
+    for completion in completions:
+        if isinstance(completion, list):
+            completion[-1]["content"] = "changed"
+    return [0.0 for _ in completions]
+
+
+def sees_answers(prompts, completions, answer, **columns):
+    """1.0 where the column arrived as the data has it (the text ' x ' with its spaces)."""
+    return [float(a == " x ") for a in answer]
+
+
+def exits(prompts, completions, **columns):
+    import sys
+
+    sys.exit(3)
+
+
+def never_returns(prompts, completions, **columns):
+    import time
+
+    while True:
+        time.sleep(0.05)
+
+
+def catches_everything(prompts, completions, **columns):
+    """A function whose broad `except Exception` must not swallow the timeout."""
+    import time
+
+    while True:
+        try:
+            time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - what careless user code does
+            pass
+
+
+def huge(prompts, completions, **columns):
+    return [1e308 for _ in completions]

@@ -226,3 +226,43 @@ def test_the_compiler_can_check_references_without_importing_torch():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
     )
+
+
+def test_a_function_that_edits_a_column_does_not_change_what_the_next_one_sees():
+    functions = load_reward_functions([f"{SAMPLES}:strips_answers", f"{SAMPLES}:sees_answers"])
+    answers = [" x ", " x "]
+    chat = [[{"role": "assistant", "content": "y"}], [{"role": "assistant", "content": "z"}]]
+    scores = score_completions(functions, ["p", "q"], chat, {"answer": answers})
+    assert scores.per_function[f"{SAMPLES}:sees_answers"].tolist() == [1.0, 1.0]
+    assert answers == [" x ", " x "] and chat[0][0]["content"] == "y"  # the caller's rows are untouched
+
+
+def test_a_function_that_calls_sys_exit_is_a_failing_reward():
+    with pytest.raises(RewardFunctionError) as caught:
+        score_one(f"{SAMPLES}:exits", ["a", "b"], ["x", "y"])
+    message = str(caught.value)
+    assert f"reward function {SAMPLES}:exits called sys.exit(3)" in message and "prompt 'a'" in message
+
+
+@pytest.mark.parametrize("name", ["never_returns", "catches_everything"])
+def test_a_function_that_never_returns_is_stopped_after_the_timeout(name):
+    import signal
+    import time
+
+    functions = load_reward_functions([f"{SAMPLES}:{name}"])
+    started = time.monotonic()
+    with pytest.raises(RewardFunctionError) as caught:
+        score_completions(functions, ["a", "b"], ["x", "y"], timeout_s=0.3)
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert f"reward function {SAMPLES}:{name} did not return within rl.reward_timeout_s = 0.3 s" in message
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no alarm left behind
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+
+
+def test_rewards_that_overflow_together_are_refused():
+    functions = load_reward_functions([f"{SAMPLES}:huge", f"{SAMPLES}:huge"])
+    with pytest.raises(RewardFunctionError) as caught:
+        score_completions(functions, ["a"], ["x"])
+    message = str(caught.value)
+    assert f"the weighted sum of {SAMPLES}:huge, {SAMPLES}:huge is inf for a completion" in message

@@ -255,3 +255,23 @@ def test_a_tensor_outside_numbered_blocks_never_goes_to_muon():
     assert not takes_muon(ParamInfo(t5_bias, (32, 4), "embedding"))
     assert not takes_muon(ParamInfo("model.layers.0.experts.w1", (4, 8, 8), "other"))  # 3-D: AdamW
     assert not takes_muon(ParamInfo("classifier.weight", (3, 8), "linear"))
+
+
+def test_a_pattern_that_matches_no_parameter_is_warned_about_by_name(caplog):
+    model = tiny_llama()
+    opt = OptimizerConfig(weight_decay=0.1, no_decay=["bias", "nrom", "embedding"], lr_multipliers={"lora_b": 16.0})
+    with caplog.at_level("WARNING", logger="ditty.optim"):
+        build_optimizer(opt, model)
+    warned = [record.getMessage() for record in caplog.records if record.name == "ditty.optim"]
+    assert len(warned) == 2, warned  # "bias" is a role this model has no tensor of: not a typo, no warning
+    assert "optimizer.no_decay pattern 'nrom' matches no trainable parameter" in warned[0]
+    assert "optimizer.lr_multipliers pattern 'lora_b' matches no trainable parameter" in warned[1]
+    assert "model.embed_tokens.weight" in warned[0]  # names some parameters, so a fix is in reach
+
+
+def test_check_warns_about_a_pattern_that_matches_no_tensor(capsys):
+    from ditty.cli import main
+
+    assert main(["check", "tiny_sft", "--optimizer.no_decay", '["nrom", "embedding"]']) == 0
+    out = capsys.readouterr().out
+    assert "optimizer.no_decay pattern 'nrom' matches no trainable parameter" in out

@@ -5,6 +5,7 @@ sets and streams read pairs like any other format."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -135,3 +136,77 @@ def test_streamed_pairs_with_workers(tmp_path, tokenizer):
     stream = build_stream(bundle, data, global_batch_size=2, micro_batch_size=2, rank=0, world_size=1)
     (batch,) = stream.next_step()
     assert batch["input_ids"].shape[0] == 4 and int(bundle.collator.supervised_count(batch)) == 2
+
+
+def _chatml(tokenizer_factory=byte_tokenizer):
+    from ditty.data.chat_templates import CHATML
+
+    tokenizer = tokenizer_factory()
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def _turn(role, content):
+    return {"role": role, "content": content}
+
+
+CHAT_PAIR = {
+    "prompt": [_turn("user", "hi")],
+    "chosen": [_turn("assistant", "hello")],
+    "rejected": [_turn("assistant", "go")],
+}
+
+
+def test_a_bad_chat_pair_is_named_by_file_and_line_and_skipped_with_skip(tmp_path):
+    bad = [
+        ({**CHAT_PAIR, "chosen": [_turn("wizard", "abracadabra")]}, "has the role 'wizard'"),
+        ({**CHAT_PAIR, "rejected": [_turn("assistant", 5)]}, "'rejected' message 0 has 'content' a number, not text"),
+        ({**CHAT_PAIR, "chosen": [_turn("user", "q"), _turn("assistant", "a")]}, "'chosen' starts with a user turn"),
+    ]
+    rows = [CHAT_PAIR, bad[0][0], CHAT_PAIR, bad[1][0], bad[2][0], CHAT_PAIR]
+    path = _jsonl(tmp_path / "chat_pairs.jsonl", rows)
+    data = DataConfig(source="file", path=path, format="preference", val_fraction=0)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, _chatml(), seed=0)
+    message = str(caught.value)
+    for line, (_, reason) in zip((2, 4, 5), bad):
+        assert f"{path}:{line}: " in message and reason in message, (line, message)
+    skipped = build_data(DataConfig(**{**data.__dict__, "on_bad_rows": "skip"}), _chatml(), seed=0)
+    assert len(skipped.train) == 3 and skipped.skipped_rows == 3
+
+
+def test_conversational_pairs_without_a_prompt_column_take_their_shared_turns_as_the_prompt(tmp_path):
+    # TRL's implicit-prompt form: chosen and rejected are whole conversations that share their start.
+    start = [_turn("system", "be brief"), _turn("user", "2+2?")]
+    implicit = {"chosen": [*start, _turn("assistant", "4")], "rejected": [*start, _turn("assistant", "5")]}
+    explicit = {"prompt": start, "chosen": [_turn("assistant", "4")], "rejected": [_turn("assistant", "5")]}
+    tokenizer = _chatml()
+    read = {}
+    for name, row in (("implicit", implicit), ("explicit", explicit)):
+        data = DataConfig(source="file", path=_jsonl(tmp_path / f"{name}.jsonl", [row] * 2), format="preference")
+        read[name] = build_data(replace(data, val_fraction=0), tokenizer, seed=0).train[0]
+    assert read["implicit"] == read["explicit"]
+    given = DataConfig(format="preference", val_fraction=0)  # rows from Python (or parquet): checked as a table
+    assert build_data(given, tokenizer, seed=0, rows=[implicit] * 2).train[0] == read["explicit"]
+    assert _scored(read["implicit"]["input_ids"], read["implicit"]["labels"], tokenizer).startswith("4<|im_end|>")
+    no_shared = {"chosen": [_turn("user", "a"), _turn("assistant", "4")], "rejected": [_turn("user", "b")]}
+    path = _jsonl(tmp_path / "no_shared.jsonl", [implicit, no_shared])
+    with pytest.raises(RecipeError) as caught:
+        build_data(DataConfig(source="file", path=path, format="preference", val_fraction=0), tokenizer, seed=0)
+    assert f"{path}:2: " in str(caught.value) and "share no turn" in str(caught.value)
+
+
+def test_pairs_that_are_the_same_once_cut_to_max_seq_len_are_bad_rows(tmp_path, tokenizer):
+    # 29 prompt bytes and BOS, then 10 bytes both completions share: 40 tokens alike, then they differ.
+    long = {"prompt": "What is ten plus ten? Think: ", "chosen": "so twenty exactly", "rejected": "so twenty maybe"}
+    path = _jsonl(tmp_path / "p.jsonl", PAIRS[:5] + [long] + PAIRS[5:])
+    data = DataConfig(source="file", path=path, format="preference", val_fraction=0, max_seq_len=40)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    (problem,) = caught.value.problems
+    assert problem.key == "data.max_seq_len"
+    assert "1 of 21 samples of data.path cannot be used once cut to data.max_seq_len = 40 tokens" in problem.message
+    assert "the pair's two sides are the same ('What is ten plus ten?" in problem.message
+    skipped = build_data(replace(data, on_bad_rows="skip"), tokenizer, seed=0)
+    assert len(skipped.train) == 20 and skipped.skipped_rows == 1
+    assert all(s["input_ids"] != s["rejected_input_ids"] for s in skipped.train)

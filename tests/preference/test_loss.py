@@ -185,3 +185,18 @@ def test_dpo_with_sft_weight_adds_the_chosen_completions_mean_token_nll(tmp_path
     out = trainer.train_step([batch])
     assert out.loss == pytest.approx(float(expected), abs=1e-6)
     assert out.metrics["nll_loss"] == pytest.approx(float((-policy[:n] / lengths[:n]).mean()), abs=1e-6)
+
+
+def test_kto_with_one_label_class_warns_and_logs_nothing_for_the_other(tmp_path, tiny_llama_dir, caplog):
+    config = _config(tmp_path, tiny_llama_dir, "kto")
+    only_desirable = [dict(row, label=True) for row in UNPAIRED]
+    with open(config.data.path, "w") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in only_desirable))
+    with caplog.at_level("WARNING", logger="ditty.data"):
+        trainer = Trainer(config)
+    assert "all 8 training examples are desirable (label true)" in caplog.text, caplog.text
+    _, batch = _fixed_batch(trainer)
+    out = trainer.train_step([batch])
+    assert "rewards/chosen" in out.metrics
+    assert "rewards/rejected" not in out.metrics and "logps/rejected" not in out.metrics  # not a made-up 0.0
+    assert "rewards/margins" not in out.metrics

@@ -116,3 +116,15 @@ def same_final(a: Path, b: Path) -> bool:
     from tests.reliability.helpers import same_weights
 
     return same_weights(final_weights(a), final_weights(b))
+
+
+def test_a_finished_run_rerun_with_a_changed_value_says_it_is_finished(runs, tmp_path, trial):
+    trial.update(
+        fault="run dir: finished, run again (a changed value)", injected="--optimizer.lr changed, checkpoints kept"
+    )
+    recipe, run = _copy(runs, tmp_path)
+    before = _snapshot(run)
+    result = ditty("run", str(recipe), "--optimizer.lr", "1e-3")
+    trial.update(exit_code=result.code, lost_steps=0)
+    _refused(result, run, before, f"{run} holds a finished run (step 4, final/)", "optimizer.lr: 0.003 -> 0.001")
+    assert "choose a new run.output_dir" in result.err and "--checkpoint.overwrite_finished true" in result.err

@@ -182,3 +182,37 @@ def test_a_second_ctrl_c_during_a_save_is_exit_130_and_the_rerun_resumes(tmp_pat
     rerun = ditty("run", str(recipe))  # the same command line, in this process: no fault left to inject
     assert rerun.code == 0 and "resumed from step 2" in rerun.out, rerun.err[-3000:]
     assert complete_steps(run)[-1] == 6 and (run / "final" / "model.safetensors").is_file()
+
+
+def test_num_labels_in_model_config_is_not_called_unknown(tmp_path, trial):
+    trial.update(fault="model.config.num_labels under ditty check", injected="model.config.num_labels = 1")
+    recipe = write_recipe(tmp_path, steps=4)
+    recipe.write_text(recipe.read_text().replace("num_hidden_layers = 2", "num_hidden_layers = 2, num_labels = 1"))
+    checked = ditty("check", str(recipe))
+    trial.update(exit_code=checked.code, lost_steps=0)
+    assert checked.code == 0 and "unknown" not in checked.text, checked.text[-3000:]
+
+
+def test_export_does_not_warn_about_the_optimizer_it_leaves_out(finished_run, tmp_path, trial):
+    trial.update(fault="export warns about checkpoint values", injected="ditty export RUN -o DIR (model only)")
+    result = ditty("export", str(finished_run), "-o", str(tmp_path / "exported"))
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 0 and no_traceback(result), result.err[-3000:]
+    assert "has no place for" not in result.text, result.text[-3000:]
+
+
+def test_an_optimizer_kind_switch_under_force_resume_blames_the_optimizer(tmp_path, trial):
+    trial.update(
+        fault="force-resume after an optimizer-kind switch",
+        injected="optimizer.kind adamw -> adafactor, --checkpoint.force_resume true",
+    )
+    assert ditty("run", str(write_recipe(tmp_path, steps=4))).code == 0
+    result = ditty(
+        "run", str(write_recipe(tmp_path, steps=6)), "--optimizer.kind", "adafactor",
+        "--checkpoint.force_resume", "true", "--checkpoint.overwrite_finished", "true",
+    )  # fmt: skip
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    assert "`optimizer.kind` the optimizer state in checkpoint" in result.err, result.err[-3000:]
+    assert "(saved with optimizer.kind = 'adamw') does not fit the optimizer the recipe builds" in result.err
+    assert "into the model" not in result.err

@@ -82,3 +82,32 @@ def test_non_finite_numbers_in_a_recipe_are_refused_by_the_compiler(tmp_path, tr
             assert f"`optimizer.lr` is {float(value)}: a recipe number must be finite" in result.err
     trial.update(exit_code=2, lost_steps=0)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_ends_inside_a_streak_fails_and_writes_no_final(tmp_path, monkeypatch, trial):
+    trial.update(
+        fault="run ends inside a NaN streak",
+        injected="NaN logits at steps 5-6 of 6 (max_skipped_steps = 3): the streak is shorter than the limit",
+    )
+    recipe = _recipe(tmp_path, steps=6)
+    monkeypatch.setenv("DITTY_TEST_NAN_FROM", "4")  # 0-based: steps 5 and 6 are non-finite, the last two
+    result = ditty("run", str(recipe))
+    trial.update(exit_code=result.code, lost_steps=6 - 4)
+    assert result.code == 1 and no_traceback(result), result.err[-3000:]
+    run = tmp_path / "run"
+    assert "the run ended inside a streak of 2 non-finite steps (steps 5-6)" in result.err, result.err[-3000:]
+    assert f"{run / 'checkpoints' / 'step-4'}" in result.err
+    assert not (run / "final").exists()
+    assert complete_steps(run) == [4]  # the save due at step 6 fell inside the streak
+
+
+def test_lr_1e30_for_fewer_steps_than_the_limit_writes_no_final(tmp_path, trial):
+    # tiny_sft with lr 1e30 ended at exit 0 with val_loss nan and a final/: its steps ran out before
+    # train.max_skipped_steps skipped steps in a row.
+    trial.update(fault="divergence (lr = 1e30), fewer steps than the limit", injected="--optimizer.lr 1e30, 3 steps")
+    recipe = _recipe(tmp_path, steps=3)
+    result = ditty("run", str(recipe), "--optimizer.lr", "1e30", "--train.eval_every", "3")
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 1 and no_traceback(result), result.err[-3000:]
+    assert "non-finite" in result.err and "no final model was written" in result.err
+    assert not (tmp_path / "run" / "final").exists()

@@ -173,3 +173,58 @@ def test_every_reader_of_final_refuses_a_damaged_file(damaged, finished, tasks_d
     assert exported.code == 0, exported.err[-2000:]
     assert same_weights(_load(tmp_path / "exported"), final_weights(finished))
     trial.update(exit_code=results["eval"].code, lost_steps=0)
+
+
+def test_a_grpo_run_s_reward_module_is_never_imported_by_its_readers(tmp_path, monkeypatch, trial):
+    trial.update(
+        fault="run dir: reward module named by rl.rewards",
+        injected="rl.rewards names a module that writes a marker when imported; then the module is deleted",
+    )
+    from ditty.config.writer import recipe_to_toml
+    from tests.rl.helpers import grpo_config, with_rl
+
+    module = f"grpo_rewards_{uuid.uuid4().hex[:8]}"  # fresh for sys.modules
+    code_dir, marker = tmp_path / "code", tmp_path / "REWARD_MODULE_IMPORTED"
+    code_dir.mkdir()
+    (code_dir / f"{module}.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n\n"
+        "def score(prompts, completions, **columns):\n    return [float(len(c)) for c in completions]\n"
+    )
+    config = grpo_config(tmp_path, train=dict(steps=2), checkpoint=dict(every=2))
+    recipe = tmp_path / "grpo.toml"
+    recipe.write_text(recipe_to_toml(with_rl(config, rewards=[f"{module}:score"])))
+    monkeypatch.syspath_prepend(str(code_dir))
+    trained = ditty("run", str(recipe))
+    assert trained.code == 0, trained.err[-3000:]
+    run = tmp_path / "run"
+
+    # The module is still importable: the readers must not import it.
+    marker.unlink()
+    sys.modules.pop(module, None)
+    checked = ditty("check", str(run))
+    assert checked.code == 2 and no_traceback(checked), checked.err[-3000:]
+    assert f"rl.rewards[0] = '{module}:score'" in checked.err and "--trust-run-code" in checked.err
+    exported = ditty("export", str(run), "-o", str(tmp_path / "exported"))
+    assert exported.code == 0 and no_traceback(exported), exported.err[-3000:]
+    assert not marker.exists() and module not in sys.modules
+    assert same_weights(final_weights(run), _load(tmp_path / "exported"))
+
+    # Gone altogether (the run downloaded elsewhere): export needs no reward, even when trusted.
+    shutil.rmtree(code_dir)
+    exported = ditty("export", str(run), "-o", str(tmp_path / "exported-trusted"), "--trust-run-code")
+    trial.update(exit_code=exported.code, lost_steps=0)
+    assert exported.code == 0 and no_traceback(exported), exported.err[-3000:]
+    # A check that trusts the run imports its rewards as a run would, and says the module is gone.
+    trusted = ditty("check", str(run), "--trust-run-code")
+    assert trusted.code == 2 and f"cannot import module '{module}'" in trusted.err, trusted.err[-3000:]
+
+
+def test_ditty_s_own_reward_functions_are_no_code_to_trust():
+    from ditty.config.references import code_references
+    from ditty.config.rl import RLConfig
+    from tests.rl.helpers import grpo_config
+
+    config = grpo_config(Path("/nonexistent"))
+    assert code_references(config) == []  # ditty.objectives.builtin_rewards:exact_match
+    foreign = __import__("dataclasses").replace(config, rl=RLConfig(kind="grpo", rewards=["mine:score"]))
+    assert code_references(foreign) == ["rl.rewards[0] = 'mine:score'"]

@@ -157,3 +157,14 @@ def test_two_ranks_give_the_losses_of_one_process(capsys, tmp_path, parallel):
     assert losses == pytest.approx([r["loss"] for r in single if "loss" in r], abs=1e-6)
     assert last["val_accuracy"] == pytest.approx(single[-1]["val_accuracy"], abs=1e-9)
     assert last["val_loss"] == pytest.approx(single[-1]["val_loss"], abs=1e-6)
+
+
+def test_export_of_a_reward_model_does_not_call_its_trained_head_random(capsys, caplog, tmp_path, sft_dir):
+    with caplog.at_level("WARNING", logger="ditty.models"):
+        code, out = run(capsys, "run", reward_recipe(tmp_path, model_dir=sft_dir, steps=1))
+        assert code == 0, out
+        assert "new task head for reward-model (randomly initialised" in caplog.text  # true while training
+        caplog.clear()
+        code, out = run(capsys, "export", tmp_path / "run", "-o", tmp_path / "exported")
+    assert code == 0, out
+    assert "randomly initialised" not in caplog.text + out  # the head comes from the checkpoint

@@ -49,3 +49,23 @@ def fails_later(prompts, completions, **columns):
     if CALLS["count"] >= FAIL_FROM_CALL["value"]:
         raise ZeroDivisionError("division by zero in the checker")
     return [float(len(c)) for c in completions]
+
+
+def exits_three(prompts, completions, **columns):
+    import sys
+
+    sys.exit(3)
+
+
+def hangs_later(prompts, completions, **columns):
+    """Scores normally for the first rollouts, then never returns (a checker stuck on a lock)."""
+    import time
+
+    CALLS["count"] += 1
+    while CALLS["count"] >= FAIL_FROM_CALL["value"]:
+        time.sleep(0.05)
+    return [float(len(c)) for c in completions]
+
+
+def huge(prompts, completions, **columns):
+    return [1e308 for _ in completions]

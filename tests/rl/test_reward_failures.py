@@ -53,3 +53,43 @@ def test_the_last_checkpoint_stays_intact_when_a_reward_function_fails(tmp_path,
     assert saved == ["step-2"], saved
     assert checkpoint_problems(checkpoints / "step-2") == []
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_reward_function_that_calls_sys_exit_is_exit_2_naming_it(tmp_path, capsys):
+    code, out = run(tmp_path, capsys, "tests.rl.rewards_for_tests:exits_three")
+    assert code == 2, out  # not 3, outside ditty's codes, nor 0 with no final/
+    assert "reward function tests.rl.rewards_for_tests:exits_three called sys.exit(3)" in out, out
+    assert "Traceback" not in out and not (tmp_path / "run" / "final").exists()
+
+
+def test_rewards_whose_weighted_sum_overflows_stop_the_run(tmp_path, capsys):
+    # Two rewards of 1e308 each: finite alone, inf summed (the run used to end at exit 0 with val_reward inf).
+    huge = "tests.rl.rewards_for_tests:huge"
+    config = with_rl(grpo_config(tmp_path, train=dict(steps=2)), rewards=[huge, huge])
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert f"the weighted sum of {huge}, {huge} is inf for a completion" in out, out
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_reward_function_that_never_returns_stops_at_the_timeout_with_the_checkpoint_intact(tmp_path, capsys):
+    rewards_for_tests.CALLS["count"] = 0
+    rewards_for_tests.FAIL_FROM_CALL["value"] = 3  # steps 1 and 2 score, step 3 hangs
+    config = with_rl(
+        grpo_config(tmp_path, train=dict(steps=4), checkpoint=dict(every=2)),
+        rewards=["tests.rl.rewards_for_tests:hangs_later"],
+        reward_timeout_s=1.0,
+    )
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert "hangs_later did not return within rl.reward_timeout_s = 1 s" in out, out
+    checkpoints = Path(tmp_path / "run" / "checkpoints")
+    assert sorted(n for n in os.listdir(checkpoints) if n.startswith("step-")) == ["step-2"]
+    assert checkpoint_problems(checkpoints / "step-2") == []
+    assert not (tmp_path / "run" / "final").exists()

@@ -176,3 +176,28 @@ def test_a_model_given_in_python_is_its_own_kl_reference(tmp_path):
     rows = [_json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     kl = [row["kl"] for row in rows if "kl" in row and "step" in row]
     assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0  # the copy is the start; the policy moves away
+
+
+def test_a_prompt_longer_than_max_seq_len_is_a_bad_row_not_cut(tmp_path):
+    """Cut at its start a prompt loses BOS and its question; cut at its end, the generation prompt. So
+    a longer one is refused, or left out and counted with data.on_bad_rows = "skip"."""
+    from ditty.config.errors import RecipeError
+    from ditty.config.sections import DataConfig
+    from ditty.data.build import build_data
+    from ditty.data.tokenizer import byte_tokenizer
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(10)]
+    rows[4]["prompt"] = "Please add these two numbers and answer with the sum only: 4+1="
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = DataConfig(source="file", path=str(path), format="prompt", max_seq_len=16, val_fraction=0.0)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, byte_tokenizer(), seed=0)
+    (problem,) = caught.value.problems
+    assert problem.key == "data.max_seq_len"
+    assert "1 of 10 samples of data.path cannot be used once cut to data.max_seq_len = 16 tokens" in problem.message
+    assert "a prompt of 64 tokens ('Please add these" in problem.message and 'on_bad_rows = "skip"' in problem.fix
+    skipped = build_data(DataConfig(**{**data.__dict__, "on_bad_rows": "skip"}), byte_tokenizer(), seed=0)
+    assert len(skipped.train) == 9 and skipped.skipped_rows == 1
+    kept = [byte_tokenizer().decode(sample["input_ids"]) for sample in skipped.train]
+    assert all(text.startswith("<s>") for text in kept)  # every prompt whole, from its first token

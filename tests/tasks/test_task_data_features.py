@@ -88,3 +88,14 @@ def test_a_malformed_line_of_a_classification_file_is_skipped_and_reported(tmp_p
     steps = [r for r in records(tmp_path / "run") if "loss" in r]
     assert steps and all(r["skipped_rows"] == 1 for r in steps)
     assert result.steps == 2
+
+
+def test_a_malformed_line_of_a_streamed_classification_file_is_skipped(tmp_path, task_models, task_files, caplog):
+    # The case: skipped when read whole, exit 2 ("Failed to load JSON ... ArrowInvalid") when streamed.
+    path = _write(tmp_path / "train.jsonl", classification_rows(24), malformed_at=5)
+    config = task_config(tmp_path / "run", CLASSIFIER, task_models, task_files, steps=2)
+    data = replace(config.data, path=path, on_bad_rows="skip", streaming=True, val_fraction=0.0)
+    with caplog.at_level("WARNING", logger="ditty.data"):
+        result = Trainer(replace(config, data=data)).train()
+    assert result.steps == 2
+    assert f"{path}:6: malformed JSON" in caplog.text  # named where it was left out

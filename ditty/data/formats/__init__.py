@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.data.formats.base import DataFormat
+from ditty.data.formats.base import CUT_PROBLEM, DataFormat
 from ditty.data.formats.classification import ClassificationFormat
 from ditty.data.formats.images import BUILTINS as IMAGE_BUILTINS
 from ditty.data.formats.images import ImagesFormat
@@ -74,12 +74,26 @@ def tokenize(
     description: str = "the data",
     labels: Optional["LabelSpace"] = None,
 ) -> "Dataset":
-    """The samples of checked rows in `data.format` (the raw columns are dropped); a RecipeError for
-    no rows, a missing column, a tokenizer the format cannot use, or no sample left after truncation.
-    `source_key`: the recipe key that named the data, for messages."""
+    """The samples of checked rows in `data.format` (`tokenize_counted` without its count)."""
+    return tokenize_counted(dataset, tokenizer, data, source_key=source_key, description=description, labels=labels)[0]
+
+
+def tokenize_counted(
+    dataset: "Dataset",
+    tokenizer: Any,
+    data: "DataConfig",
+    *,
+    source_key: str,
+    description: str = "the data",
+    labels: Optional["LabelSpace"] = None,
+) -> tuple["Dataset", int]:
+    """The samples of checked rows in `data.format` (the raw columns are dropped), and how many the
+    cut to max_seq_len made unusable and `data.on_bad_rows = "skip"` left out; a RecipeError for no
+    rows, a missing column, a tokenizer the format cannot use, such samples (unless skipped), or no
+    sample left after truncation. `source_key`: the recipe key that named the data, for messages."""
     fmt = format_of(data)
     if not fmt.tokenized:
-        return dataset
+        return dataset, 0
     require_columns(dataset, fmt.columns_found(data, dataset.column_names), description, source_key)
     fmt.check_tokenizer(tokenizer, data)
     tokenized = dataset.map(
@@ -88,7 +102,8 @@ def tokenize(
         remove_columns=dataset.column_names,
         desc=f"tokenizing ({data.format})",
     )
-    dropped = len(dataset) - len(tokenized)
+    tokenized, unusable = _without_cut_problems(tokenized, data, source_key, rows=len(dataset))
+    dropped = len(dataset) - len(tokenized) - unusable
     if len(tokenized) == 0:
         raise RecipeError.single(
             f"none of the {len(dataset)} samples has a token to learn once cut to max_seq_len = {data.max_seq_len} "
@@ -98,4 +113,35 @@ def tokenize(
         )
     if dropped:
         log.warning("dropped %d of %d samples with no token to learn (%s)", dropped, len(dataset), source_key)
-    return tokenized
+    return tokenized, unusable
+
+
+def _without_cut_problems(tokenized: "Dataset", data: "DataConfig", source_key: str, *, rows: int):
+    """(the samples without a CUT_PROBLEM, how many had one); a RecipeError for them unless skipped."""
+    if CUT_PROBLEM not in tokenized.column_names:
+        return tokenized, 0
+    problems = tokenized[CUT_PROBLEM]
+    tokenized = tokenized.remove_columns(CUT_PROBLEM)
+    bad = [index for index, problem in enumerate(problems) if problem]
+    if not bad:
+        return tokenized, 0
+    check_cut_problems([problems[i] for i in bad], data, source_key, rows=rows)
+    keep = set(bad)
+    return tokenized.select([i for i in range(len(problems)) if i not in keep]), len(bad)
+
+
+def check_cut_problems(problems: list[str], data: "DataConfig", where: str, *, rows: int) -> None:
+    """Samples the cut to max_seq_len made unusable: a RecipeError, or (data.on_bad_rows = "skip") a
+    warning; they are bad rows either way (streamed ones included)."""
+    what = (
+        f"{len(problems)} of {rows} samples of {where} cannot be used once cut to data.max_seq_len = "
+        f"{data.max_seq_len} tokens"
+    )
+    if data.on_bad_rows != "skip":
+        raise RecipeError.single(
+            f"{what}; the first: {problems[0]}",
+            key="data.max_seq_len",
+            fix='raise data.max_seq_len to fit them, or set data.on_bad_rows = "skip" to train without them '
+            "(counted as skipped_rows)",
+        )
+    log.warning('skipping %s (data.on_bad_rows = "skip"); the first: %s', what, problems[0])

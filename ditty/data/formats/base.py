@@ -89,6 +89,10 @@ class DataFormat:
     def check_labels_known(self, dataset: Any, data: "DataConfig", labels: "LabelSpace", what: str, key: str) -> None:
         """A RecipeError naming the first row of `dataset` (validation) whose label training never saw."""
 
+    def check_training_set(self, samples: Any, data: "DataConfig", key: str) -> None:
+        """A warning when the tokenized training samples as a whole cannot teach what the format is
+        for (KTO's examples of one label only); `key` names the data. Nothing by default."""
+
     def collator(self, tokenizer: "PreTrainedTokenizerBase", data: "DataConfig", **facts: Any) -> "Collator":
         """The collator of this format's samples; `facts`: what the model says (its decoder start
         token), `seed`: the data seed."""
@@ -157,6 +161,18 @@ class PaddingCollator(Collator):
         # Packed rows have no attention mask: their padding is pad ids at the end of each row.
         mask = batch.get("attention_mask")
         return mask.sum() if mask is not None else (batch["input_ids"] != self.pad_token_id).sum()
+
+
+CUT_PROBLEM = "cut_problem"
+"""A column an encoder may add: why the cut to `data.max_seq_len` leaves a sample unusable ("" when it
+does not), such as a pair whose two sides become the same. `tokenize` refuses such samples or, with
+`data.on_bad_rows = "skip"`, leaves them out and counts them as bad rows."""
+
+
+def cut_problem_text(what: str, text: Any) -> str:
+    """`what` and the start of the row's text, so that the sample can be found in the data."""
+    shown = repr(text if isinstance(text, str) else str(text))
+    return f"{what} ({shown if len(shown) <= 60 else shown[:57] + '...'})"
 
 
 def bound(function: Callable, **arguments: Any) -> Callable[[Batch], Batch]:

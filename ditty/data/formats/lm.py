@@ -188,13 +188,37 @@ def encode_chat(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", layout: C
             else:
                 ids, supervised = _assistant_tokens_from_prefixes(tokenizer, messages)
         except (TemplateError, TypeError, KeyError) as error:
-            raise RecipeError.single(
-                f"a conversation could not be rendered with the chat template: {error}",
-                key="data.messages_column",
-                fix="each sample must be a list of {role, content} messages",
-            ) from error
+            raise _template_failure(tokenizer, messages, error) from error
         _append_sample(out, ids, supervised, max_len)
     return out
+
+
+SIMPLEST_CONVERSATION = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+def _template_failure(tokenizer: "PreTrainedTokenizerBase", messages: list, error: Exception) -> RecipeError:
+    """The error for a conversation the chat template raised on. Every row has passed the row check
+    (text roles and contents), so the template is to blame: it is broken when it fails on the
+    simplest conversation too; otherwise the row breaks a rule of the template's own (roles that
+    must alternate, no system turn), which the template's message names."""
+    try:
+        tokenizer.apply_chat_template(SIMPLEST_CONVERSATION, tokenize=False)
+    except Exception:  # noqa: BLE001 - whatever a broken template raises, it raises here as well
+        return RecipeError.single(
+            f"the chat template fails on any conversation, even one user and one assistant turn: {error}",
+            key="tokenizer.chat_template",
+            fix="fix the template (tokenizer.chat_template names a Jinja file or chatml/plain), "
+            "or choose one that renders",
+        )
+    first = repr(messages[0]["content"]) if messages else "none"
+    shown = first if len(first) <= 60 else first[:57] + "..."
+    roles = ", ".join(m["role"] for m in messages)
+    return RecipeError.single(
+        f"the chat template refused a conversation ({len(messages)} turns: {roles}; first {shown}): {error}",
+        key="tokenizer.chat_template",
+        fix="the rows are well formed, so this is the template's own rule: make the rows follow the "
+        "template's rule, or choose a template that accepts them with tokenizer.chat_template",
+    )
 
 
 def _assistant_tokens_from_markers(

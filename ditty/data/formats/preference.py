@@ -3,13 +3,16 @@ family and reward models) and "unpaired_preference" (a prompt, one completion an
 for KTO).
 
 Columns hold plain strings or chat messages (TRL's conversational form: `prompt` a list of messages
-ending with the user's turn, `chosen`/`rejected` a list holding the assistant's turn). Messages are
+ending with the user's turn, `chosen`/`rejected` a list holding the assistant's turn; or, without a
+prompt column, TRL's implicit prompt: `chosen`/`rejected` whole conversations whose shared first
+turns are the prompt). Messages are
 rendered with the tokenizer's chat template: the prompt with the generation prompt, the completion
 as what the whole conversation adds to it. A string prompt paired with message completions (or the
 reverse) is read as one user turn (one assistant turn).
 
 Only completion tokens are scored, and each completion ends with the end-of-sequence token, as
-"prompt_completion" does. A sample keeps its first `data.max_seq_len` tokens per side.
+"prompt_completion" does. A sample keeps its first `data.max_seq_len` tokens per side; a pair whose
+two sides that cut makes the same is a bad row.
 
 A preference sample holds the chosen side under the causal-LM keys (`input_ids`, `labels`: length
 grouping, mixtures and streams read those) and the rejected side as `rejected_input_ids`,
@@ -20,13 +23,23 @@ forward; the loss's denominator is the number of pairs. An unpaired sample adds 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
-from ditty.data.formats.base import Batch, Collator, DataFormat, as_text, bound, text_problem
+from ditty.data.formats.base import (
+    CUT_PROBLEM,
+    Batch,
+    Collator,
+    DataFormat,
+    as_text,
+    bound,
+    cut_problem_text,
+    text_problem,
+)
 from ditty.data.formats.lm import _append_sample, _with_eos
 from ditty.data.rows import ANY, RowCheck, _messages_problem
 
@@ -39,6 +52,7 @@ CHOSEN, REJECTED, LABEL = "chosen", "rejected", "label"
 """Fixed column names of the preference formats (TRL's and axolotl's); the prompt's is `data.prompt_column`,
 the unpaired completion's `data.completion_column`."""
 PAIRED_KEYS = ("rejected_input_ids", "rejected_labels")
+log = logging.getLogger("ditty.data")
 
 
 class PreferenceFormat(DataFormat):
@@ -50,15 +64,19 @@ class PreferenceFormat(DataFormat):
 
     def columns_found(self, data: "DataConfig", found: Sequence[str]) -> dict[str, str]:
         missing = [column for column in (CHOSEN, REJECTED) if column not in found]
+        if not missing and data.prompt_column not in found:  # TRL's implicit prompt: each row is checked
+            return {"data.format": CHOSEN}
         return {"data.prompt_column": data.prompt_column, "data.format": (missing or [CHOSEN])[0]}
 
     def row_check(self, data: "DataConfig") -> RowCheck:
         prompt = data.prompt_column
-        return RowCheck({prompt: ANY, CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt))
+        return RowCheck({CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt), optional=(prompt,))
 
     def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
         from ditty.data.task import Task
 
+        if data.prompt_column not in dataset.column_names:
+            return None  # conversations with an implicit prompt: no single answer string to match
         if any(isinstance(v, list) for v in dataset[data.prompt_column][:1] + dataset[CHOSEN][:1]):
             return None  # conversations: no single answer string to match
         prompts, answers = as_text(dataset[data.prompt_column]), as_text(dataset[CHOSEN])
@@ -95,6 +113,26 @@ class UnpairedPreferenceFormat(DataFormat):
             max_len=data.max_seq_len,
         )
 
+    def check_training_set(self, samples: Any, data: "DataConfig", key: str) -> None:
+        desirable = sum(samples["label"])
+        if 0 < desirable < len(samples):
+            return
+        kind, term, metric = (
+            ("desirable (label true)", "undesirable", "rewards/rejected")
+            if desirable
+            else ("undesirable (label false)", "desirable", "rewards/chosen")
+        )
+        log.warning(
+            "all %d training examples are %s (%s): KTO weighs each kind against a shared baseline, so the %s "
+            "term never trains and %s is not logged; add %s examples",
+            len(samples),
+            kind,
+            key,
+            term,
+            metric,
+            term,
+        )
+
     def collator(self, tokenizer: Any, data: "DataConfig", **facts: Any) -> "UnpairedCollator":
         return UnpairedCollator(pad_token_id=tokenizer.pad_token_id)
 
@@ -115,13 +153,61 @@ def _value_problem(value: Any, column: str) -> Optional[str]:
 
 
 def _pair_problem(row: dict, *, prompt: str) -> Optional[str]:
+    if row.get(prompt) is None:
+        return _implicit_pair_problem(row, prompt)
     for column in (prompt, CHOSEN, REJECTED):
         problem = _value_problem(row[column], column)
         if problem:
             return problem
     if row[CHOSEN] == row[REJECTED]:
         return "'chosen' equals 'rejected': the pair prefers nothing"
+    return _completion_turns_problem(row[CHOSEN], CHOSEN) or _completion_turns_problem(row[REJECTED], REJECTED)
+
+
+def _completion_turns_problem(value: Any, column: str) -> Optional[str]:
+    """A completion of messages continues the prompt with the assistant's turn: one that starts with
+    another role cannot be told apart from the prompt once rendered."""
+    if isinstance(value, list) and value[0]["role"] != "assistant":
+        return (
+            f"{column!r} starts with a {value[0]['role']} turn; a completion continues the prompt with the "
+            "assistant's turn (move the other turns into the prompt)"
+        )
     return None
+
+
+def _implicit_pair_problem(row: dict, prompt: str) -> Optional[str]:
+    """A pair without a prompt: TRL's implicit-prompt form, chosen and rejected as whole
+    conversations whose shared first turns are the prompt."""
+    chosen, rejected = row[CHOSEN], row[REJECTED]
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        return (
+            f"{prompt!r} is {'null' if prompt in row else 'missing'}; a pair without a prompt must be chat "
+            "conversations (chosen and rejected) that share their first turns, TRL's implicit prompt"
+        )
+    for column in (CHOSEN, REJECTED):
+        problem = _value_problem(row[column], column)
+        if problem:
+            return problem
+    if chosen == rejected:
+        return "'chosen' equals 'rejected': the pair prefers nothing"
+    shared, chosen_rest, rejected_rest = split_implicit_prompt(chosen, rejected)
+    if not shared:
+        return (
+            f"'chosen' and 'rejected' share no turn and there is no {prompt!r}: the prompt of a pair without "
+            "one is the turns both conversations start with"
+        )
+    for column, rest in ((CHOSEN, chosen_rest), (REJECTED, rejected_rest)):
+        if not rest:
+            return f"{column!r} has no turn after those it shares with the other side"
+    return _completion_turns_problem(chosen_rest, CHOSEN) or _completion_turns_problem(rejected_rest, REJECTED)
+
+
+def split_implicit_prompt(chosen: list, rejected: list) -> tuple[list, list, list]:
+    """(the turns both start with, the rest of chosen, the rest of rejected): TRL's extract_prompt."""
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    return chosen[:shared], chosen[shared:], rejected[shared:]
 
 
 def _unpaired_problem(row: dict, *, prompt: str, completion: str) -> Optional[str]:
@@ -191,15 +277,23 @@ def render_all(tokenizer: "PreTrainedTokenizerBase", prompts: list, completions:
 
 def encode_preference(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, max_len: int) -> Batch:
     """Pairs -> samples (see the module doc); a pair whose either side keeps no completion token once
-    cut to `max_len` is dropped (ditty.data.formats.tokenize counts it)."""
-    out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": []}
-    prompts = list(batch[prompt_column])
-    chosen_sides = render_all(tokenizer, prompts, list(batch[CHOSEN]))
-    rejected_sides = render_all(tokenizer, prompts, list(batch[REJECTED]))
-    for chosen_side, rejected_side in zip(chosen_sides, rejected_sides):
+    cut to `max_len` is dropped (ditty.data.formats.tokenize counts it), and one whose two sides the
+    cut makes the same is marked in CUT_PROBLEM (a bad row)."""
+    out: Batch = {"input_ids": [], "labels": [], "rejected_input_ids": [], "rejected_labels": [], CUT_PROBLEM: []}
+    chosen, rejected = list(batch[CHOSEN]), list(batch[REJECTED])
+    prompts = list(batch[prompt_column]) if prompt_column in batch else [None] * len(chosen)
+    for index, prompt in enumerate(prompts):
+        if prompt is None:  # TRL's implicit prompt (the row check made sure there is one)
+            prompts[index], chosen[index], rejected[index] = split_implicit_prompt(chosen[index], rejected[index])
+    chosen_sides = render_all(tokenizer, prompts, chosen)
+    rejected_sides = render_all(tokenizer, prompts, rejected)
+    for prompt, chosen_side, rejected_side in zip(prompts, chosen_sides, rejected_sides):
         chosen, rejected = _sample(*chosen_side, max_len), _sample(*rejected_side, max_len)
         if chosen is None or rejected is None:
             continue
+        # Different completions that agree on every token kept: margin 0, a pair that teaches nothing.
+        same = chosen == rejected
+        out[CUT_PROBLEM].append(cut_problem_text("the pair's two sides are the same", prompt) if same else "")
         out["input_ids"].append(chosen[0])
         out["labels"].append(chosen[1])
         out["rejected_input_ids"].append(rejected[0])

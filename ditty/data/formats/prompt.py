@@ -17,7 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
-from ditty.data.formats.base import Batch, Collator, DataFormat, bound
+from ditty.data.formats.base import CUT_PROBLEM, Batch, Collator, DataFormat, bound, cut_problem_text
 from ditty.data.rows import ANY, RowCheck
 
 if TYPE_CHECKING:
@@ -76,10 +76,11 @@ def prompt_text(value: Any) -> Any:
 
 
 def encode_prompts(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt_column: str, max_len: int) -> Batch:
-    """Prompt tokens (cut to their LAST `max_len` tokens: the end of a prompt is what the model
-    continues), the prompt and the other columns as JSON."""
+    """Prompt tokens, the prompt and the other columns as JSON. A prompt longer than `max_len` is
+    marked in CUT_PROBLEM (a bad row), not cut: without its start it loses BOS and the question,
+    without its end the generation prompt the completion continues."""
     names = [name for name in batch if name != prompt_column]
-    out: Batch = {"input_ids": [], "prompt": [], "columns": []}
+    out: Batch = {"input_ids": [], "prompt": [], "columns": [], CUT_PROBLEM: []}
     for index, prompt in enumerate(batch[prompt_column]):
         if isinstance(prompt, str):
             ids = tokenizer(prompt)["input_ids"]
@@ -92,7 +93,9 @@ def encode_prompts(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", prompt
                 )
             text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        out["input_ids"].append(ids[-max_len:])
+        too_long = len(ids) > max_len
+        out[CUT_PROBLEM].append(cut_problem_text(f"a prompt of {len(ids)} tokens", prompt) if too_long else "")
+        out["input_ids"].append(ids[:max_len])
         out["prompt"].append(json.dumps(prompt))
         out["columns"].append(json.dumps({name: batch[name][index] for name in names}, default=str))
     return out

@@ -17,12 +17,13 @@ from ditty.objectives.rl.batch import RolloutBatch
 class RewardEnvironment:
     """One turn: the reward functions (TRL's signature) score each completion with its prompt row's columns."""
 
-    def __init__(self, functions: Sequence[RewardFunction]) -> None:
+    def __init__(self, functions: Sequence[RewardFunction], timeout_s: float = 0.0) -> None:
         self.functions = list(functions)
+        self.timeout_s = timeout_s  # rl.reward_timeout_s: a function that runs longer stops the run (exit 2)
 
     def score(self, rollouts: RolloutBatch, prompts: Sequence[Any], columns: Mapping[str, Sequence[Any]]) -> None:
         """`prompts` and `columns` hold one entry per row of `rollouts` (a group's prompt repeated)."""
-        scores = score_completions(self.functions, prompts, rollouts.texts, columns)
+        scores = score_completions(self.functions, prompts, rollouts.texts, columns, timeout_s=self.timeout_s)
         rollouts.rewards = scores.total
         rollouts.rewards_per_function = scores.per_function
         rollouts.reward_details = scores.details

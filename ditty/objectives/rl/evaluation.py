@@ -18,11 +18,13 @@ from ditty.objectives.rewards import RewardFunction, score_completions
 
 
 class RolloutEvaluation:
-    def __init__(self, bundle: Any, functions: Sequence[RewardFunction], tokenizer: Any, rl: Any) -> None:
+    def __init__(
+        self, bundle: Any, functions: Sequence[RewardFunction], tokenizer: Any, max_new_tokens: int, timeout_s: float
+    ) -> None:
         self.bundle = bundle
         self.functions = list(functions)
         self.tokenizer = tokenizer
-        self.rl = rl
+        self.max_new_tokens, self.timeout_s = max_new_tokens, timeout_s
 
     @torch.no_grad()
     def evaluate(self, request: Any) -> dict[str, Any]:
@@ -44,11 +46,13 @@ class RolloutEvaluation:
             batch = bundle.collator([val[i] for i in chunk])
             with request.autocast():
                 texts = greedy_generate_ids(
-                    request.model, self.tokenizer, batch["prompt_ids"], request.device, self.rl.max_new_tokens
+                    request.model, self.tokenizer, batch["prompt_ids"], request.device, self.max_new_tokens
                 )
             if not indices[start : start + size]:
                 continue
-            scores = score_completions(self.functions, batch["prompts"], texts, batch["columns"])
+            scores = score_completions(
+                self.functions, batch["prompts"], texts, batch["columns"], timeout_s=self.timeout_s
+            )
             totals[0] += scores.total.sum()
             for index, function in enumerate(self.functions):
                 totals[1 + index] += scores.per_function[function.name].sum()

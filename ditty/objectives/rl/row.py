@@ -61,7 +61,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     stream = RolloutStream(
         prompts,
         sampler=GenerateSampler(policy, rl, run.tokenizer, runtime.device, config.run.seed),
-        environment=RewardEnvironment(functions),
+        environment=RewardEnvironment(functions, rl.reward_timeout_s),
         advantage=(advantage or GroupAdvantage)(rl),
         assembler=assembler,
         rl=rl,
@@ -71,7 +71,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     return ObjectiveParts(
         loss=GRPOLoss(rl, chunks=chunks),
         stream=stream,
-        evaluation=RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl),
+        evaluation=RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s),
         reference=reference,
         step_metrics=stream.step_metrics,
     )
