@@ -15,6 +15,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     position_rules,
     preference_rules,
     rl_rules,
+    scale_rules,
     task_rules,
 )
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
