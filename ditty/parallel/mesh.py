@@ -4,9 +4,9 @@
 share of the model before anything heavy is loaded. `build_mesh` makes the one torch DeviceMesh of
 a run, with named dimensions: ("dp",) for ddp, fsdp and deepspeed; ("replicate", "shard") for hsdp;
 ("dp", "cp", "tp") when `parallel.tp` or `parallel.cp` is above 1 (kind "fsdp"), tensor parallel
-innermost so its ranks are neighbours (one node's GPUs), and "dp_cp" flattened from the first two:
-FSDP shards over it, since context-parallel ranks hold different tokens of the same rows and their
-gradients add up like data-parallel ones.
+innermost so its ranks are neighbours (one node's GPUs); `batch_mesh` flattens the first two into
+"dp_cp": FSDP shards over it, since context-parallel ranks hold different tokens of the same rows
+and their gradients add up like data-parallel ones.
 """
 
 from __future__ import annotations
@@ -246,8 +246,7 @@ def _model_parallel_shape(parallel: "ParallelConfig", world_size: int) -> Union[
 
 
 def build_mesh(parallel: "ParallelConfig", info: "Runtime") -> "DeviceMesh | None":
-    """The DeviceMesh for this run (None on one process or for kind "none"). With tp or cp, the
-    ("dp", "cp") dimensions are also flattened into DATA_CONTEXT."""
+    """The DeviceMesh for this run (None on one process or for kind "none")."""
     shape = mesh_shape(parallel, info.world_size)
     if isinstance(shape, list):
         raise RecipeError(shape)
@@ -255,18 +254,17 @@ def build_mesh(parallel: "ParallelConfig", info: "Runtime") -> "DeviceMesh | Non
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(info.device.type, shape.sizes, mesh_dim_names=shape.dim_names)
-    if shape.model_parallel:
-        mesh["dp", "cp"]._flatten(DATA_CONTEXT)
-    return mesh
+    return init_device_mesh(info.device.type, shape.sizes, mesh_dim_names=shape.dim_names)
 
 
-def data_mesh(mesh: "Optional[DeviceMesh]") -> "Optional[DeviceMesh]":
-    """The (sub)mesh FSDP2 or DDP shards or replicates over: DATA_CONTEXT on a tensor/context-parallel
-    mesh, else the whole mesh."""
+def batch_mesh(mesh: "Optional[DeviceMesh]") -> "Optional[DeviceMesh]":
+    """The (sub)mesh of the ranks that hold different tokens, which FSDP2 or DDP shard or replicate
+    over: ("dp", "cp") flattened into DATA_CONTEXT on a tensor/context-parallel mesh, else the whole
+    mesh. Call once per mesh and keep the result (torch asks callers to keep flattened meshes rather
+    than slice them from the root again)."""
     if mesh is None or "tp" not in (mesh.mesh_dim_names or ()):
         return mesh
-    return mesh[DATA_CONTEXT]
+    return mesh["dp", "cp"]._flatten(DATA_CONTEXT)
 
 
 def sub_mesh(mesh: "Optional[DeviceMesh]", name: str) -> "Optional[DeviceMesh]":

@@ -200,6 +200,10 @@ def token_cross_entropy(
     """
     import torch.nn.functional as F
 
+    from ditty.stages.vocab_parallel import is_vocab_sharded, sharded_cross_entropy
+
+    if is_vocab_sharded(logits, -1):  # tensor parallel: each rank holds a share of the vocabulary
+        return sharded_cross_entropy(logits, target, ignore_index)
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()
     flat_target = target.reshape(-1).to(flat_logits.device)
     total = F.cross_entropy(flat_logits, flat_target, ignore_index=ignore_index, reduction="sum")

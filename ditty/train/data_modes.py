@@ -80,8 +80,9 @@ class DataMode:
         geometry = dict(
             global_batch_size=t.global_batch_size,
             micro_batch_size=t.micro_batch_size,
-            rank=self.runtime.rank,
-            world_size=self.runtime.world_size,
+            # Tensor- and context-parallel ranks share rows: the data splits over the data-parallel ranks.
+            rank=self.runtime.data_rank,
+            world_size=self.runtime.data_world_size,
         )
         if isinstance(self.bundle.train, torch.utils.data.DataLoader):
             return LoaderStream(self.bundle.train, accumulation_steps=accumulation_steps)

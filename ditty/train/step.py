@@ -19,11 +19,12 @@ import torch.distributed as dist
 from ditty.data.generic import batch_samples
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum across data-parallel ranks (a no-op on one process). Cost: one collective, no host sync."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+def all_reduce_sum(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum across ranks (a no-op on one process): the whole world, or `group` (under tensor parallel,
+    the ranks that hold different tokens: `Runtime.batch_group`). Cost: one collective, no host sync."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t
 
 
@@ -33,6 +34,9 @@ class LossNormaliser:
 
     `world_size` undoes the mean that DDP/FSDP apply when they reduce gradients: every rank backwards
     `local_sum * world / global_tokens`, their average is `sum_over_ranks(local_sum) / global_tokens`.
+    Under tensor parallel the ranks of a tensor-parallel group hold the same tokens: `world_size` and
+    the count's `group` are then the ranks that hold different ones (`Runtime.batch_ranks`,
+    `Runtime.batch_group`), over which FSDP2 averages.
     """
 
     global_tokens: torch.Tensor
@@ -42,10 +46,10 @@ class LossNormaliser:
     world_size: int = 1
 
     @classmethod
-    def for_step(cls, micro_batches: list[dict], count_fn, world_size: int = 1) -> "LossNormaliser":
+    def for_step(cls, micro_batches: list[dict], count_fn, world_size: int = 1, group: Any = None) -> "LossNormaliser":
         local = torch.stack([torch.as_tensor(count_fn(mb)) for mb in micro_batches]).sum()
         # Summing the counts on the host would be one sync per micro-batch; stay on the device.
-        global_tokens = all_reduce_sum(local.to(torch.float64)).clamp_min(1)
+        global_tokens = all_reduce_sum(local.to(torch.float64), group).clamp_min(1)
         local_samples = sum(batch_samples(mb) for mb in micro_batches)
         return cls(global_tokens=global_tokens, local_samples=local_samples, world_size=world_size)
 

@@ -50,6 +50,7 @@ from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
 
 # The model types the chunked loss is verified for: one table in ditty.stages.verified (packing uses it too).
 from ditty.stages.verified import VERIFIED_MODEL_TYPES
+from ditty.stages.vocab_parallel import sharded_linear_cross_entropy, tensor_parallel_rows
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -138,8 +139,20 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
             target = target.masked_fill(~mask.bool().to(target.device), self.ignore_index)
         if self.shift:
             target = shifted(target, self.ignore_index)
-        backend = resolve_backend(self.backend, hidden.device.type, half_precision=half_dtype(hidden) is not None)
         projection = self.projection(model_output, ctx)
+        if tensor_parallel_rows(projection.weight):  # the head is split by vocabulary rows (tensor parallel)
+            total, count = sharded_linear_cross_entropy(
+                hidden,
+                projection.weight,
+                projection.bias,
+                target,
+                scale=projection.scale,
+                softcap=projection.softcap,
+                ignore_index=self.ignore_index,
+                chunks=self.chunks,
+            )
+            return LossOutput(loss=total, num_tokens=count)
+        backend = resolve_backend(self.backend, hidden.device.type, half_precision=half_dtype(hidden) is not None)
         total, count = fused_linear_cross_entropy(
             hidden, projection, target, ignore_index=self.ignore_index, chunks=self.chunks, backend=backend
         )
@@ -173,7 +186,7 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
             return Projection(replicated(weight), replicated(bias))
         if model is None:
             raise KeyError(f"{type(self).__name__}: no 'model' in the context to take the output head from")
-        return head_projection(output_head(model), model_config(model))
+        return head_projection(output_head(model), model_config(model), keep_vocab_shards=True)
 
     def _pick(self, output: Any, model: Any, index: Any, path: Optional[str], optional: bool = False) -> Any:
         if index is not None:

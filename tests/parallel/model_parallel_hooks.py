@@ -1,0 +1,71 @@
+"""A Trainer that also writes each step's gradients (whole tensors, before clipping) on rank 0, for
+the tensor/context-parallel parity tests; and the recipes those tests run."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ditty.config import TrainerConfig
+from ditty.config.sections import (
+    DataConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    RunConfig,
+    SchedulerConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
+from ditty.train import Trainer
+
+
+class GradientRecorder(Trainer):
+    """`grads-N.pt` in the run directory: step N's gradients by parameter name (collective: under FSDP2
+    and tensor parallel each is gathered from its shards)."""
+
+    def optimizer_step(self, totals, metrics):
+        from torch.distributed.tensor import DTensor
+
+        from ditty._utils.dist import is_main_process
+        from ditty.parallel.materialize import clean_name
+
+        grads = {}
+        for name, param in self.engine.unwrap(self.model).named_parameters():
+            if param.grad is not None:
+                grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+                grads[clean_name(name)] = grad.detach().clone()
+        if is_main_process():
+            torch.save(grads, os.path.join(self.config.run.output_dir, f"grads-{self.state.step + 1}.pt"))
+        return super().optimizer_step(totals, metrics)
+
+
+def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, steps: int = 3, **changes):
+    """A tiny run on the built-in addition data: fp32, no dropout, global batch 8, clipping at 1.0.
+    `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}} fields over these
+    defaults."""
+    train = dict(steps=steps, global_batch_size=8, micro_batch_size=micro, max_grad_norm=1.0, log_every=1)
+    train.update(eval_every=0, eval_samples=0)
+    train.update(changes.get("train", {}))
+    data = dict(source="builtin", name="addition", format="prompt_completion", max_seq_len=32, num_samples=200)
+    data.update(val_fraction=0.05)
+    data.update(changes.get("data", {}))
+    return TrainerConfig(
+        run=RunConfig(name="mp", output_dir=out, seed=0, device="cpu"),
+        model=ModelConfig(path=model_dir),
+        tokenizer=TokenizerConfig(kind="byte"),
+        data=DataConfig(**data),
+        train=TrainConfig(**train),
+        optimizer=OptimizerConfig(**{"lr": 3e-3, **changes.get("optimizer", {})}),
+        scheduler=SchedulerConfig(kind="constant"),
+        parallel=ParallelConfig(kind=kind, **changes.get("parallel", {})),
+        logging=LoggingConfig(progress=False),
+    )
+
+
+def train_all(rank: int, world: int, configs: list, recorder: list) -> None:
+    """One spawn, several runs in turn (each run's own Trainer, recording gradients where asked)."""
+    for config, record in zip(configs, recorder):
+        (GradientRecorder if record else Trainer)(config).train()
