@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
-from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -119,6 +119,12 @@ class LossCalculator(ABC):
         return _lookup(ctx, self.mask_key) if self.mask_key else None
 
 
+def shifted_labels(ctx: Mapping) -> "Optional[Tensor]":
+    """The batch's SHIFTED_LABELS: present on a context-parallel rank's slice of rows, whose labels were
+    shifted over the whole rows before the cut (ditty.data.context_shard)."""
+    return _lookup(ctx, SHIFTED_LABELS)
+
+
 def _lookup(ctx: Mapping, key: str) -> Any:
     if key in ctx:
         return ctx[key]
@@ -180,6 +186,10 @@ class CausalLMLoss(CrossEntropyLoss):
         )
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        shifted = shifted_labels(ctx)
+        if shifted is not None:
+            total, count = token_cross_entropy(self.get_prediction(model_output), shifted, self.ignore_index)
+            return LossOutput(loss=total, num_tokens=count)
         logits = self.get_prediction(model_output)[..., :-1, :]
         labels = self.get_target(ctx)[..., 1:]
         total, count = token_cross_entropy(logits, labels, self.ignore_index)
@@ -187,6 +197,8 @@ class CausalLMLoss(CrossEntropyLoss):
 
     def count_tokens(self, batch: Mapping) -> "Tensor":
         """Supervised tokens of a batch before its forward (the trainer's global-batch denominator)."""
+        if SHIFTED_LABELS in batch:
+            return (batch[SHIFTED_LABELS] != self.ignore_index).sum()
         return (batch[self.target_key][..., 1:] != self.ignore_index).sum()
 
 

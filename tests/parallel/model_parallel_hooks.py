@@ -42,6 +42,36 @@ class GradientRecorder(Trainer):
         return super().optimizer_step(totals, metrics)
 
 
+class ActivationMeter(Trainer):
+    """`activations-rank-R.jsonl` in the run directory: per training micro-batch, the bytes autograd
+    saved for the backward during the forward and the loss (each storage once; the 0.4 MB of weights
+    the layers save are in it too), and the tokens of the micro-batch on this rank."""
+
+    def forward(self, batch, ctx):
+        if not ctx.get("training"):
+            return super().forward(batch, ctx)
+        import json
+
+        import torch
+
+        from ditty._utils.dist import rank
+
+        storages: dict[int, int] = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = super().forward(batch, ctx)
+        record = {"saved_bytes": sum(storages.values()), "tokens": int(batch["input_ids"].numel())}
+        path = os.path.join(self.config.run.output_dir, f"activations-rank-{rank()}.jsonl")
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return out
+
+
 def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, steps: int = 3, **changes):
     """A tiny run on the built-in addition data: fp32, no dropout, global batch 8, clipping at 1.0.
     `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}} fields over these
@@ -65,7 +95,10 @@ def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, step
     )
 
 
-def train_all(rank: int, world: int, configs: list, recorder: list) -> None:
-    """One spawn, several runs in turn (each run's own Trainer, recording gradients where asked)."""
-    for config, record in zip(configs, recorder):
-        (GradientRecorder if record else Trainer)(config).train()
+TRAINERS = {"plain": Trainer, "gradients": GradientRecorder, "activations": ActivationMeter}
+
+
+def train_all(rank: int, world: int, configs: list, trainers: list) -> None:
+    """One spawn, several runs in turn, each with its Trainer class (a TRAINERS name)."""
+    for config, trainer in zip(configs, trainers):
+        TRAINERS[trainer](config).train()

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from ditty._utils.labels import SHIFTED_LABELS
 from ditty.stages.fused_loss.head import (
     Projection,
     emit_head_input,
@@ -46,7 +47,7 @@ from ditty.stages.fused_loss.kernels import (
     half_dtype,
     resolve_backend,
 )
-from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
+from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput, shifted_labels
 
 # The model types the chunked loss is verified for: one table in ditty.stages.verified (packing uses it too).
 from ditty.stages.verified import VERIFIED_MODEL_TYPES
@@ -133,11 +134,12 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         hidden = self.hidden_states(model_output, ctx)
-        target = self.get_target(ctx)
+        already_shifted = self.shift and shifted_labels(ctx) is not None
+        target = shifted_labels(ctx) if already_shifted else self.get_target(ctx)
         mask = self.get_mask(ctx)
         if mask is not None:
             target = target.masked_fill(~mask.bool().to(target.device), self.ignore_index)
-        if self.shift:
+        if self.shift and not already_shifted:
             target = shifted(target, self.ignore_index)
         projection = self.projection(model_output, ctx)
         if tensor_parallel_rows(projection.weight):  # the head is split by vocabulary rows (tensor parallel)
@@ -160,6 +162,11 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
 
     def count_tokens(self, batch: Mapping) -> "Tensor":
         """Supervised tokens of a batch before its forward (the trainer's global-batch denominator)."""
+        if self.shift and SHIFTED_LABELS in batch:
+            target = batch[SHIFTED_LABELS]
+            if self.mask_key and self.mask_key in batch:
+                target = target.masked_fill(~batch[self.mask_key].bool(), self.ignore_index)
+            return (target != self.ignore_index).sum()
         target = batch[self.target_key]
         if self.mask_key and self.mask_key in batch:
             target = target.masked_fill(~batch[self.mask_key].bool(), self.ignore_index)

@@ -34,11 +34,9 @@ class ModelParallelEngine(FSDPEngine):
         if tp_mesh is not None:
             apply_tensor_parallel(model, tp_mesh)
         if sub_mesh(mesh, "cp") is not None:
-            from ditty.config.errors import RecipeError
+            from ditty.models.ulysses import use_ulysses_attention
 
-            raise RecipeError.single(
-                "context parallel is not built into this engine yet", key="parallel.cp", fix="use cp = 1"
-            )
+            use_ulysses_attention(model)
         data = self.runtime.batch_mesh
         if data.size() > 1:
             model = shard_fsdp(model, self.config.parallel, data, precision=self.config.train.precision)
@@ -49,9 +47,15 @@ class ModelParallelEngine(FSDPEngine):
         return model
 
     def micro_batch(self, model: nn.Module, index: int, count: int) -> ContextManager:
+        from ditty.parallel.mesh import sub_mesh
         from ditty.stages.vocab_parallel import vocab_parallel
 
         stack = contextlib.ExitStack()
         stack.enter_context(super().micro_batch(model, index, count))  # FSDP2's gradient sync, when it wraps
         stack.enter_context(vocab_parallel())
+        cp_mesh = sub_mesh(self.runtime.mesh, "cp")
+        if cp_mesh is not None:
+            from ditty.models.ulysses import context_parallel
+
+            stack.enter_context(context_parallel(cp_mesh))
         return stack
