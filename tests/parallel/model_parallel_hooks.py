@@ -14,6 +14,7 @@ from ditty.config.sections import (
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
+    PeftConfig,
     RunConfig,
     SchedulerConfig,
     TokenizerConfig,
@@ -74,8 +75,8 @@ class ActivationMeter(Trainer):
 
 def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, steps: int = 3, **changes):
     """A tiny run on the built-in addition data: fp32, no dropout, global batch 8, clipping at 1.0.
-    `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}} fields over these
-    defaults."""
+    `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}, "peft": {...}}
+    fields over these defaults."""
     train = dict(steps=steps, global_batch_size=8, micro_batch_size=micro, max_grad_norm=1.0, log_every=1)
     train.update(eval_every=0, eval_samples=0)
     train.update(changes.get("train", {}))
@@ -91,6 +92,7 @@ def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, step
         optimizer=OptimizerConfig(**{"lr": 3e-3, **changes.get("optimizer", {})}),
         scheduler=SchedulerConfig(kind="constant"),
         parallel=ParallelConfig(kind=kind, **changes.get("parallel", {})),
+        peft=PeftConfig(**changes.get("peft", {})),
         logging=LoggingConfig(progress=False),
     )
 

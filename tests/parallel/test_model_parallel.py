@@ -50,6 +50,8 @@ SCENARIOS = {
     # Ulysses on packed rows of 256 tokens (many samples each: their boundaries must hold across ranks);
     # the reference isolates them with its dense block mask, the 4 ranks with per-sample SDPA
     "cp-packed-256": ("llama", {"parallel": {"cp": 2}, "data": {"packing": True, "max_seq_len": 256}}, 2, "gradients"),
+    # an adapter under context parallel (the support table's fix for LoRA with tp)
+    "lora-cp": ("llama", {"parallel": {"cp": 2}, "peft": {"kind": "lora", "r": 4}}, 2, "plain"),
     # both: rows padded to a multiple of cp, heads split over tp then cp, 2 key/value heads repeated
     "tp-cp": ("llama", {"parallel": {"tp": 2, "cp": 2}}, 4, "gradients"),
     # one step of two packed rows of 16,384 tokens: autograd's saved bytes per micro-batch
@@ -161,6 +163,11 @@ def test_cp_on_packed_rows_of_256_tokens_matches_one_process(runs):
     assert_same_gradients(runs["four"]["cp-packed-256"], runs["one"]["cp-packed-256"])
     widths = [r["tokens"] for r in records(runs["four"]["cp-packed-256"]) if "loss" in r]
     assert widths[0] > 8 * 200  # eight packed rows of up to 256 tokens per step, not eight samples
+
+
+def test_lora_under_cp_matches_one_process(runs):
+    assert_same_losses(runs["four"]["lora-cp"], runs["one"]["lora-cp"])
+    assert os.path.exists(os.path.join(runs["four"]["lora-cp"], "final", "adapter_config.json"))
 
 
 def test_tp_and_cp_together_match_one_process(runs):
