@@ -8,13 +8,16 @@ import os
 import torch
 
 from ditty.config import TrainerConfig
+from ditty.config.outputs import CheckpointConfig
 from ditty.config.sections import (
+    ComponentSpec,
     DataConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
     PeftConfig,
+    PipelineConfig,
     RunConfig,
     SchedulerConfig,
     TokenizerConfig,
@@ -75,8 +78,8 @@ class ActivationMeter(Trainer):
 
 def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, steps: int = 3, **changes):
     """A tiny run on the built-in addition data: fp32, no dropout, global batch 8, clipping at 1.0.
-    `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}, "peft": {...}}
-    fields over these defaults."""
+    `changes`: {"train": {...}, "parallel": {...}, "data": {...}, "optimizer": {...}, "peft": {...},
+    "checkpoint": {...}} fields over these defaults, and "preprocessors": ["module:Class", ...]."""
     train = dict(steps=steps, global_batch_size=8, micro_batch_size=micro, max_grad_norm=1.0, log_every=1)
     train.update(eval_every=0, eval_samples=0)
     train.update(changes.get("train", {}))
@@ -93,6 +96,8 @@ def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, step
         scheduler=SchedulerConfig(kind="constant"),
         parallel=ParallelConfig(kind=kind, **changes.get("parallel", {})),
         peft=PeftConfig(**changes.get("peft", {})),
+        checkpoint=CheckpointConfig(**changes.get("checkpoint", {})),
+        pipeline=PipelineConfig(preprocessors=[ComponentSpec(use=use) for use in changes.get("preprocessors", [])]),
         logging=LoggingConfig(progress=False),
     )
 
@@ -100,7 +105,21 @@ def recipe(out: str, model_dir: str, *, kind: str = "none", micro: int = 4, step
 TRAINERS = {"plain": Trainer, "gradients": GradientRecorder, "activations": ActivationMeter}
 
 
-def train_all(rank: int, world: int, configs: list, trainers: list) -> None:
-    """One spawn, several runs in turn, each with its Trainer class (a TRAINERS name)."""
+def train_all(rank: int, world: int, configs: list, trainers: list) -> list[int]:
+    """One spawn, several runs in turn, each with its Trainer class (a TRAINERS name); returns the step
+    each run resumed from (0: a fresh start)."""
+    resumed = []
     for config, trainer in zip(configs, trainers):
-        TRAINERS[trainer](config).train()
+        run = TRAINERS[trainer](config)
+        resumed.append(run.resume.step)
+        run.train()
+    return resumed
+
+
+def train_killed_at(rank: int, world: int, config, at: str) -> None:
+    """Train with tests.train.resume_hooks:SignalAt armed: every rank kills itself (SIGKILL) at `at`
+    ("STEP:MICRO:KILL"), the way a kill -9 of the job would end it."""
+    from tests.train.resume_hooks import ENV
+
+    os.environ[ENV] = at
+    Trainer(config).train()

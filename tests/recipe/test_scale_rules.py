@@ -162,3 +162,12 @@ def test_world_size_must_be_a_multiple_of_tp_times_cp():
     assert "tp x cp = 2 x 2 = 4 does not divide the world size 6" in errors["parallel.tp"]
     one = _errors("", 1)  # `ditty check` without --nproc-per-node: one process cannot hold tp = 2
     assert "does not divide the world size 1" in one["parallel.tp"]
+
+
+def test_a_checkpoint_resumes_on_another_mesh_without_force_resume():
+    from ditty.checkpoint.resume_diff import recipe_differences
+
+    saved = {"parallel.tp": 2, "parallel.cp": 1, "parallel.kind": "fsdp", "optimizer.lr": 0.001}
+    moved = {"parallel.tp": 1, "parallel.cp": 4, "parallel.kind": "none", "optimizer.lr": 0.001}
+    assert recipe_differences(saved, moved, step=2) == []  # the layout, not the training
+    assert recipe_differences(saved, {**moved, "optimizer.lr": 0.002}, step=2)  # a real change still counts
