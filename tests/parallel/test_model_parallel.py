@@ -195,3 +195,24 @@ def test_a_16k_row_keeps_at_most_six_tenths_of_its_activations_per_rank_under_cp
     )
     assert ratio <= 0.6
     assert_same_losses(runs["four"]["cp-16k"], runs["one"]["cp-16k"], steps=1)
+
+
+def test_the_plan_counts_each_rank_tensor_parallel_shard_exactly(runs):
+    """`ditty check --plan` for the (dp 2, tp 2) run: its per-rank parameter and optimizer-state bytes
+    are the ones the run measured in its local tensors (env.json, the largest rank)."""
+    from ditty.plan import Target, make_plan
+    from ditty.plan.memory import local_parameter_bytes
+    from ditty.plan.parameters import rank_state
+
+    config = recipe(runs["four"]["tp-llama"], runs["models"]["llama"], kind="fsdp", micro=2, parallel={"tp": 2})
+    plan = make_plan(config, Target(device="cpu", gpus_per_node=4), with_knobs=False)
+    with open(os.path.join(runs["four"]["tp-llama"], "env.json"), encoding="utf-8") as handle:
+        measured = json.load(handle)["memory"]
+    params = max(local_parameter_bytes(plan.memory.held, plan.settings, rank) for rank in range(4))
+    optimizer = max(rank_state(plan.memory.held, plan.settings, rank).optimizer for rank in range(4))
+    print(
+        f"per rank: parameters {params} planned, {measured['parameter_bytes_per_rank']} measured; "
+        f"optimizer state {optimizer} planned, {measured['optimizer_state_bytes_per_rank']} measured"
+    )
+    assert params == measured["parameter_bytes_per_rank"]
+    assert optimizer == measured["optimizer_state_bytes_per_rank"]
