@@ -158,8 +158,16 @@ def test_tp_final_model_is_an_ordinary_hugging_face_model(runs):
     assert relative_error(got, want) < TOLERANCE
 
 
+def assert_same_val_loss(run: str, reference: str) -> None:
+    """Evaluation runs whole rows on every context rank (Ulysses only trains): the same val_loss."""
+    final = [r for r in records(run) if "val_loss" in r][-1]
+    want = [r for r in records(reference) if "val_loss" in r][-1]
+    assert final["val_loss"] == pytest.approx(want["val_loss"], rel=TOLERANCE)
+
+
 def test_cp_on_packed_rows_of_256_tokens_matches_one_process(runs):
     assert_same_losses(runs["four"]["cp-packed-256"], runs["one"]["cp-packed-256"])
+    assert_same_val_loss(runs["four"]["cp-packed-256"], runs["one"]["cp-packed-256"])
     assert_same_gradients(runs["four"]["cp-packed-256"], runs["one"]["cp-packed-256"])
     widths = [r["tokens"] for r in records(runs["four"]["cp-packed-256"]) if "loss" in r]
     assert widths[0] > 8 * 200  # eight packed rows of up to 256 tokens per step, not eight samples
@@ -172,6 +180,7 @@ def test_lora_under_cp_matches_one_process(runs):
 
 def test_tp_and_cp_together_match_one_process(runs):
     assert_same_losses(runs["four"]["tp-cp"], runs["one"]["tp-cp"])
+    assert_same_val_loss(runs["four"]["tp-cp"], runs["one"]["tp-cp"])
     assert_same_gradients(runs["four"]["tp-cp"], runs["one"]["tp-cp"])
 
 
