@@ -42,6 +42,25 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
+# --- ranks that read the same batches -----------------------------------------------------------
+# The ranks of one tensor-parallel group compute each forward together, so they must be given the
+# same batches; evaluation splits its sets over the world divided into such groups. The runtime
+# (ditty.parallel.runtime) sets the group size when it builds the mesh, and resets it at teardown.
+_BATCH_REPLICAS = [1]
+
+
+def set_batch_replicas(size: int) -> None:
+    _BATCH_REPLICAS[0] = max(1, int(size))
+
+
+def batch_shard() -> tuple[int, int]:
+    """(this rank's index, how many) among the groups of ranks that read different batches:
+    (rank, world size) unless tensor parallel groups ranks (consecutive ranks, the innermost mesh
+    dimension)."""
+    replicas = _BATCH_REPLICAS[0]
+    return rank() // replicas, max(1, world_size() // replicas)
+
+
 # --- errors in launched workers -----------------------------------------------------------------
 # torchrun reports a worker that exits 2 as a generic failure (exit 1, its own traceback), and when
 # one rank crashes its peers fail too (a collective loses its peer), so which rank started it is
@@ -151,11 +170,12 @@ def raise_on_every_rank(error: Optional[BaseException], what: str) -> None:
         raise RuntimeError(f"rank {failed_rank} failed while {what}: {failure}")
 
 
-def all_reduce_sum(t: "torch.Tensor") -> "torch.Tensor":
-    """Sum across data-parallel ranks (a no-op on one process). Cost: one collective, no host sync."""
+def all_reduce_sum(t: "torch.Tensor", group: Any = None) -> "torch.Tensor":
+    """Sum across ranks (a no-op on one process): the whole world, or `group` (under tensor parallel,
+    the ranks that hold different tokens: `Runtime.batch_group`). Cost: one collective, no host sync."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t

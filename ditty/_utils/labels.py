@@ -6,3 +6,8 @@ reads it from here.
 """
 
 IGNORE_INDEX = -100
+
+SHIFTED_LABELS = "shift_labels"
+"""Batch key of labels already shifted (position t scored on label t + 1), under transformers' name:
+a context-parallel rank's slice of a row (ditty.data.context_shard) carries these instead of
+`labels`, since the next token of its last position lies in the next rank's slice."""

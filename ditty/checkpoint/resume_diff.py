@@ -97,6 +97,8 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
             continue  # more steps: allowed, the schedule is rebuilt for the new total
         if key == "parallel.kind" and "deepspeed" not in (old, new):
             continue  # the same steps on any engine; DCP reshards the files (DeepSpeed's: check_resumable)
+        if key in ("parallel.tp", "parallel.cp"):
+            continue  # the same steps on another mesh: DCP reshards the 2-D shards into any other layout
         # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
         lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
     return lines

@@ -1,5 +1,5 @@
 """The recipe sections for what trains and how it spreads over devices: adapters (`[peft]`),
-quantized bases (`[quant]`), data parallelism (`[parallel]`) and FP8 (`[fp8]`).
+quantized bases (`[quant]`), data, tensor and context parallelism (`[parallel]`) and FP8 (`[fp8]`).
 
 Like every section (see ditty/config/sections.py), each field's attribute docstring is its help text.
 """
@@ -48,6 +48,13 @@ SHARDED_KINDS = ("fsdp", "hsdp")
 class ParallelConfig:
     kind: Literal["none", "ddp", "fsdp", "hsdp", "deepspeed"] = "none"
     """Data parallelism: none, DDP, FSDP2, HSDP (replicate x shard) or DeepSpeed ZeRO."""
+    tp: int = 1
+    """Tensor-parallel degree: each block's linear layers split over this many ranks, with sequence
+    parallel for the norms and the loss on vocabulary-sharded logits (needs kind "fsdp"). The
+    data-parallel degree is what is left: world size / (tp x cp)."""
+    cp: int = 1
+    """Context-parallel degree: each row's tokens split over this many ranks (Ulysses: an all-to-all
+    over attention heads around attention; packed documents stay apart). Needs kind "fsdp"."""
     replicate_size: int = 1
     """hsdp: size of the replicate dimension of the mesh."""
     shard_size: int = -1

@@ -132,10 +132,9 @@ def eval_batches(dataset: Any, micro_batch_size: int, collator: Any) -> Iterator
     sample with every label ignored, which adds nothing to any metric. Samples are handed their index
     as their position (masked LM: the same masks at every evaluation).
     """
-    from ditty._utils.dist import rank as get_rank
-    from ditty._utils.dist import world_size as get_world_size
+    from ditty._utils.dist import batch_shard
 
-    rank, world = get_rank(), get_world_size()
+    rank, world = batch_shard()  # a tensor-parallel group reads the same batches
     indices = list(range(rank, len(dataset), world))
     per_rank = -(-len(dataset) // world)  # the largest share
     for number in range(-(-per_rank // micro_batch_size)):

@@ -5,7 +5,8 @@ cumulative sample lengths over the flattened rows, `cu_seq_lens_q/k` with `max_l
 (transformers' names, as its DataCollatorWithFlattening writes them). `packed_inputs` turns that
 into the forward's arguments for the model's attention kernel:
 
-- flash_attention_2/3 (CUDA): the cumulative lengths go to the varlen kernel as they are.
+- flash_attention_2/3 (CUDA): the cumulative lengths go to the varlen kernel as they are; so do they
+  to ditty's context-parallel attention (ULYSSES, ditty.models.ulysses), over the whole rows.
 - flex_attention: position ids and no mask; transformers derives a block-sparse BlockMask from
   where the positions restart (O((T/128)^2) blocks, not T^2 elements).
 - "auto" on CUDA, for the model types in MASK_FREE_MODEL_TYPES: the model is built with
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from ditty.models.ulysses import ULYSSES
 from ditty.stages.verified import VERIFIED_MODEL_TYPES
 
 if TYPE_CHECKING:
@@ -54,7 +56,8 @@ decoder layer does not hand the cumulative lengths on to its attention (packed l
 
 PACKED_SDPA = "ditty_packed_sdpa"
 """The attention implementation name registered by `register_packed_attention`."""
-VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3", PACKED_SDPA)
+VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3", PACKED_SDPA, ULYSSES)
+"""Kernels handed the cumulative sample lengths (ULYSSES: context parallel, ditty.models.ulysses)."""
 MASK_TAKING_ATTENTION = (None, "sdpa", "eager")
 """Kernels that take the dense 4D mask as is (None: transformers' default, sdpa)."""
 PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -128,7 +131,7 @@ def isolation_path(
     path for wider rows (the mask grows with T^2: 1 GiB per row at 16,384)."""
     if model_type not in MASK_FREE_MODEL_TYPES:
         return "dense"
-    if kernel in ("flash_attention_2", "flash_attention_3", "flex_attention"):
+    if kernel in ("flash_attention_2", "flash_attention_3", "flex_attention", ULYSSES):
         return "kernel"
     if choice != "auto":
         return choice
@@ -186,7 +189,7 @@ def packed_inputs(model: "torch.nn.Module", batch: dict, choice: Optional[str] =
         kwargs["attention_mask"] = dense_block_mask(batch["cu_seq_lens_q"], *ids.shape).to(ids.device)
     elif config._attn_implementation in VARLEN_KERNELS:
         kwargs.update({key: batch[key] for key in PACKED_KEYS})
-        if config._attn_implementation == PACKED_SDPA:
+        if config._attn_implementation in (PACKED_SDPA, ULYSSES):
             # An all-ones 2D mask stops transformers from building its own [B, 1, T, T] packed mask
             # from the position ids; sdpa's mask function then returns None (plain causal).
             kwargs["attention_mask"] = torch.ones_like(ids)

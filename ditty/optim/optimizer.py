@@ -73,7 +73,16 @@ def _torch_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.o
 def _torch_sgd(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
     import torch
 
-    return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, **_kernel_choice(groups))
+    # torch 2.13 has no DTensor sharding rule for `_fused_sgd_` (AdamW's fused kernel has one): SGD on
+    # FSDP2 or tensor-parallel parameters takes torch's default (foreach) instead of failing at the step.
+    sharded = any(_is_dtensor(p) for group in groups for p in group["params"])
+    return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, **({} if sharded else _kernel_choice(groups)))
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 def _torchao_adamw8bit(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":

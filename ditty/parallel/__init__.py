@@ -1,10 +1,14 @@
-"""Data parallelism on torch.distributed: launch, process group, mesh, wrapping, sharded loading.
+"""Parallelism on torch.distributed: launch, process group, mesh, wrapping (data, tensor parallel),
+sharded loading.
 
 One job per module:
 - `launch`: start `python -m ditty ...` on N ranks through torch.distributed.run; exit codes 0/2/1.
 - `env`: `init_distributed(device)` joins torchrun's process group -> `Runtime` (rank, device;
   `runtime.start_runtime` adds the mesh).
-- `mesh`: `mesh_shape(parallel, world_size)` (pure, for the compiler) and `build_mesh`.
+- `mesh`: `mesh_shape(parallel, world_size)` (pure, for the compiler), `build_mesh` and `batch_mesh`:
+  one DeviceMesh with named dimensions ("dp", "cp", "tp" under tensor or context parallel).
+- `tp_table`: the families ditty splits with tensor and context parallel, and what must divide what (pure).
+- `tensor`: `apply_tensor_parallel(model, tp_mesh)`, the plan applied with DTensor (sequence parallel norms).
 - `wrap`: `apply_parallelism(model, parallel, mesh, precision=..., block_classes=...)`: DDP or FSDP2.
 - `accumulation`: `no_sync_context` and `grad_average_correction` for micro-batches and ranks.
 - `materialize`: meta-device build, then each rank loads only its shard.

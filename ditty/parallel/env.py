@@ -28,10 +28,47 @@ class Runtime:
     device: torch.device
     mesh: Optional[Any] = None
     """The DeviceMesh of ddp/fsdp/hsdp on several processes; None on one process and for DeepSpeed."""
+    shape: Optional[Any] = None
+    """The mesh's MeshShape (ditty.parallel.mesh): its dimensions and sizes, without torch."""
+    batch_mesh: Optional[Any] = None
+    """The mesh of the ranks that hold different tokens (ditty.parallel.mesh.batch_mesh): the whole
+    mesh, or its flattened ("dp", "cp") dimensions under tensor or context parallel."""
 
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def model_parallel(self) -> bool:
+        """Tensor or context parallel: some ranks share rows of the batch (the ("dp", "cp", "tp") mesh)."""
+        return self.shape is not None and self.shape.model_parallel
+
+    def coordinate(self, name: str) -> int:
+        """This rank's index along mesh dimension `name` (0 without such a dimension)."""
+        return self.shape.coordinates(self.rank).get(name, 0) if self.model_parallel else 0
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's index among the ranks that take different rows of the batch."""
+        return self.coordinate("dp") if self.model_parallel else self.rank
+
+    @property
+    def data_world_size(self) -> int:
+        """Ranks that take different rows of the batch (the data-parallel degree)."""
+        return self.shape.data_parallel_size if self.model_parallel else self.world_size
+
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks that hold different tokens (data x context parallel): what the loss sums over and the
+        gradient reduction averages over."""
+        return self.shape.batch_ranks if self.model_parallel else self.world_size
+
+    @property
+    def batch_group(self) -> Optional[Any]:
+        """The process group of those ranks; None when they are the whole world."""
+        if not self.model_parallel or self.shape.tp == 1:
+            return None
+        return self.batch_mesh.get_group()
 
     @property
     def is_main(self) -> bool:

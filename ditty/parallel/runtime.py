@@ -20,18 +20,23 @@ from ditty.parallel.env import Runtime
 
 def start_runtime(config: Any) -> Runtime:
     """Pick the device, join torchrun's process group (a no-op on one process), build the mesh."""
+    from ditty._utils.dist import set_batch_replicas
     from ditty.parallel import build_mesh, init_distributed
+    from ditty.parallel.mesh import batch_mesh, mesh_shape
 
     device = _device(config.run.device)
     apply_allocator_policy(config, device)
     info = init_distributed(device)
-    mesh = build_mesh(config.parallel, info) if info.is_distributed else None
+    mesh = build_mesh(config.parallel, info) if info.is_distributed else None  # raises on a bad shape
+    shape = mesh_shape(config.parallel, info.world_size) if mesh is not None else None
     if info.is_distributed:
         separate_compile_caches(info.rank, info.world_size)
+    # A tensor-parallel group computes one forward together: its ranks must read the same batches.
+    set_batch_replicas(shape.tp if shape is not None else 1)
     threads = config.run.num_threads
     if threads and device.type == "cpu":  # tiny models train several times faster on one thread
         torch.set_num_threads(threads)
-    return replace(info, mesh=mesh)
+    return replace(info, mesh=mesh, shape=shape, batch_mesh=batch_mesh(mesh))
 
 
 def _device(want: str) -> torch.device:
@@ -93,8 +98,10 @@ def separate_compile_caches(rank: int, world_size: int) -> None:
 
 def teardown() -> None:
     """Leave the process group at the end of a run (a no-op on one process)."""
+    from ditty._utils.dist import set_batch_replicas
     from ditty.parallel import destroy_distributed
 
+    set_batch_replicas(1)
     destroy_distributed()
 
 

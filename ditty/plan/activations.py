@@ -71,6 +71,14 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
     a = s.activation_bytes
     w = _norm_bytes(s, held)
     h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
+    # Tensor parallel with sequence parallel (ditty.parallel.tensor): norms and the residual stream hold
+    # 1/tp of the tokens, attention and the MLP 1/tp of the heads and width; the inputs the q/k/v,
+    # gate/up and head projections keep are the gathered sequence, whole.
+    t = s.tp
+
+    def split(x: int) -> int:
+        return -(-x // t)
+
     # A mask reaches attention with padding (micro-batches of several rows) or packed rows on the
     # dense block mask; packed rows of a mask-free type attend within each sample (no mask), and
     # packed rows carry no padding.
@@ -82,7 +90,7 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
 
     def norm() -> list[int]:
         # fp32 input, fp32 reciprocal RMS per token, and the normalised input for the weight's gradient
-        return [FP32 * h, FP32] + ([w * h] if norm_trains else [])
+        return [split(FP32 * h), split(FP32)] + ([split(w * h)] if norm_trains else [])
 
     def group(x_bytes: int, dim: int, consumers: list[str], already_saved: bool = False) -> list[int]:
         """Inputs the linear layers reading one tensor keep (see the module docstring)."""
@@ -105,23 +113,24 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
 
     lora_out = [(a if s.autocast else FP32) * s.lora_r for m in _block_linears() if m in adapted]
     # q, k, v, the output and the log-sum-exp per head; a mask is [B, 1, T, T] (T bytes x a per token)
-    attention = [a * q, a * kv_saved, a * kv_saved, FP32 * shape.num_heads, a * q] + ([a * s.seq_len] if masked else [])
+    attention = [split(a * q), split(a * kv_saved), split(a * kv_saved), split(FP32 * shape.num_heads), split(a * q)]
+    attention += [a * s.seq_len] if masked else []
     if s.packed_attention == "per-sample":
         # samples of several lengths: the output is gathered back into row order (o_proj's input is
         # its own copy) through an int64 index per token. Counted always (rows of one sample length
         # skip the gather): an upper bound.
-        attention += [a * q, 8]
+        attention += [split(a * q), 8]
     # bitsandbytes' 4-bit layers return their input's dtype, not autocast's: with an fp32 residual
     # stream (a one-process QLoRA upcasts the norms) the MLP's gate, activation and up stay fp32.
     m = w if s.quant == "bnb-4bit" else a
-    mlp = [m * i] * 3
+    mlp = [split(m * i)] * 3
     block = (
         norm()
         + norm()
         + group(w, h, ["q_proj", "k_proj", "v_proj"])
-        + group(a, q, ["o_proj"], already_saved=True)
+        + group(a, split(q), ["o_proj"], already_saved=True)
         + group(w, h, ["gate_proj", "up_proj"])
-        + group(m, i, ["down_proj"])
+        + group(m, split(i), ["down_proj"])
         + attention
         + mlp
         + lora_out
@@ -130,16 +139,20 @@ def plan_activations(shape: ModelShape, s: Settings, held: list[HeldTensor], ac:
         block = _generic_block(shape, a)
     head_trains = trains_base or "lm_head" in s.modules_to_save
     # ids, labels, mask, positions (int64); the final norm
-    outside = [8] * 4 + [FP32 * h, FP32] + ([w * h] if norm_trains else [])
+    outside = [8] * 4 + [split(FP32 * h), split(FP32)] + ([split(w * h)] if norm_trains else [])
     if head_trains:
         outside.append(a * h if (s.autocast and w != a) else w * h)
     weight_copies = _autocast_weight_copies(s, held) if ac == "none" else 0
-    resid = [w * h]  # the block input a checkpoint keeps
+    resid = [split(w * h)]  # the block input a checkpoint keeps
     if ac == "full":
         kept = resid
         detail = f"{shape.num_layers} block inputs + 1 block recomputed in the backward"
     elif ac == "selective":
-        kept = resid + _matmul_outputs(shape, s, adapted) + [a * q, FP32 * shape.num_heads]
+        kept = (
+            resid
+            + [split(x) for x in _matmul_outputs(shape, s, adapted)]
+            + [split(a * q), split(FP32 * shape.num_heads)]
+        )
         detail = f"{shape.num_layers} blocks' matrix-product outputs + 1 block recomputed"
     else:
         kept = block
@@ -222,7 +235,7 @@ def plan_loss(shape: ModelShape, s: Settings, chunks: int | None = None, head_tr
     """
     chunks = s.loss_chunks if chunks is None else chunks
     a = s.activation_bytes
-    tokens, vocab = s.tokens, shape.vocab_size
+    tokens, vocab = s.tokens, -(-shape.vocab_size // s.tp)  # tensor parallel: each rank's vocabulary shard
     if s.task in CLASSIFIER_TASKS:
         # No vocabulary head: a score per label, per sample (or per token when tagging). The label count
         # is the data's, unknown offline; CLASSIFIER_LABELS bounds it for the plan.

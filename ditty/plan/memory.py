@@ -18,6 +18,7 @@ from ditty.plan.activations import Activations, LossMemory, plan_activations, pl
 from ditty.plan.architecture import ModelShape
 from ditty.plan.parameters import HeldTensor, StateBytes, held_tensors, local_numel, rank_state
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, GiB, Settings
+from ditty.plan.tensor_parallel import tp_local
 
 # Device memory a process holds before any tensor: the CUDA context with PyTorch's kernels and
 # the cuBLAS/cuDNN workspaces; NCCL's communication buffers when there are several processes.
@@ -97,7 +98,10 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
     checkpointing = activation_checkpointing or s.activation_checkpointing
     shared_rows = [
         Row(
-            f"activations ({s.micro_batch} x {s.seq_len} tokens, checkpointing {checkpointing})",
+            f"activations ({s.micro_batch} x {s.seq_len} tokens"
+            + (f" / cp {s.cp}" if s.cp > 1 else "")
+            + (f", tp {s.tp}" if s.tp > 1 else "")
+            + f", checkpointing {checkpointing})",
             activations.total,
             activations.detail,
             "activations",
@@ -234,8 +238,9 @@ def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Ro
     gather = s.gather_dtype
 
     def gathered(tensors: list[HeldTensor]) -> int:
+        """Bytes of the tensors gathered whole over FSDP2's ranks: a tensor-parallel rank's piece of each."""
         return sum(
-            t.numel * DTYPE_BYTES[gather]
+            _tp_numel(t, s.tp) * DTYPE_BYTES[gather]
             if t.dtype not in ("uint8", "int8") and t.group != "4-bit weights"
             else t.bytes
             for t in tensors
@@ -247,13 +252,20 @@ def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Ro
             by_block.setdefault(tensor.block, []).append(tensor)
     blocks = [gathered(tensors) for tensors in by_block.values()]
     largest = max(blocks, default=0)
-    trainable = max((sum(t.numel for t in tensors if t.trainable) for tensors in by_block.values()), default=0)
+    trainable = max(
+        (sum(_tp_numel(t, s.tp) for t in tensors if t.trainable) for tensors in by_block.values()), default=0
+    )
     grad_bytes = DTYPE_BYTES[gather] + (4 if DTYPE_BYTES[gather] != 4 else 0)  # reduce-scatter in fp32
     resident = sum(blocks) if s.reshard_after_forward is False else 2 * largest
     outside = gathered([t for t in held if t.block is None and not t.name.startswith("model.embed_tokens")])
     total = resident + 2 * trainable * grad_bytes + outside
     note = "every block (reshard_after_forward = false)" if s.reshard_after_forward is False else "2 blocks"
     return Row("FSDP gathered parameters", total, f"{note}, the head and root, 2 blocks' gradients", "transient")
+
+
+def _tp_numel(tensor: HeldTensor, tp: int) -> int:
+    rows, per_row = tp_local(tensor.name, tensor.rows, tensor.numel // max(tensor.rows, 1), tp)
+    return rows * per_row
 
 
 def _block_bytes(held: list[HeldTensor], dtype: str) -> int:

@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 from ditty.optim.groups import ParamInfo, takes_muon
 from ditty.plan.architecture import ModelShape, TensorSpec
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, Settings
+from ditty.plan.tensor_parallel import tp_local
 
 # bitsandbytes: 4-bit weights quantize in blocks of 64 values, the nested (double) quantization
 # of their absmax in blocks of 256; the 4-bit code book has 16 fp32 entries, the nested one 256.
@@ -234,11 +235,14 @@ def local_rows(rows: int, shards: int, index: int) -> int:
 
 
 def local_numel(tensor: HeldTensor, s: Settings, rank: int) -> int:
-    """Stored elements of `tensor` on `rank`."""
+    """Stored elements of `tensor` on `rank`: its tensor-parallel piece (ditty.plan.tensor_parallel),
+    then FSDP2's chunk of that piece's rows."""
     if s.parallel in SHARDED:
-        index = rank % s.shard_size  # hsdp: the shard dimension is the inner one of the mesh
-        per_row = tensor.storage_numel // max(tensor.rows, 1)
-        return local_rows(tensor.rows, s.shard_size, index) * per_row
+        # hsdp: the shard dimension is the inner one of the mesh; with tp, "tp" is innermost and FSDP2
+        # shards over the ("dp", "cp") ranks outside it
+        index = (rank // s.tp) % s.shard_size
+        rows, per_row = tp_local(tensor.name, tensor.rows, tensor.storage_numel // max(tensor.rows, 1), s.tp)
+        return local_rows(rows, s.shard_size, index) * per_row
     if s.parallel == "deepspeed" and s.zero_stage == 3:
         return math.ceil(tensor.storage_numel / s.world_size)
     return tensor.storage_numel

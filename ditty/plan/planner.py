@@ -2,7 +2,8 @@
 
 A knob is one recipe change (or a few together) that lowers the peak: activation checkpointing,
 chunked loss, a smaller micro-batch (the global batch stays, accumulation grows), 8-bit AdamW,
-FSDP sharding, a 4-bit base, FSDP CPU offload. Each is planned like the recipe itself; the caller
+FSDP sharding, tensor parallel inside a node, context parallel for long rows, a 4-bit base, FSDP
+CPU offload. Each is planned like the recipe itself; the caller
 may pass `is_valid` (the recipe compiler, from the command line) so a knob the compiler would
 refuse is never suggested.
 """
@@ -139,10 +140,32 @@ def candidate_changes(config: Any, target: Target) -> list[Changes]:
             storage = config.model.dtype if config.model.dtype != "auto" else "bfloat16"
             fsdp.update({"model.dtype": storage, "quant.storage_dtype": storage})
         out.append(fsdp)
+    out += _model_parallel_changes(config, target)
     if config.peft.kind != "none" and config.quant.kind == "none":
         out.append({"quant.kind": "bnb-4bit"})
     if parallel.kind in ("fsdp", "hsdp") and not parallel.cpu_offload and config.optimizer.kind != "adamw8bit":
         out.append({"parallel.cpu_offload": True})
+    return out
+
+
+LONG_ROWS = 8192
+"""Rows from this length on make context parallel a knob (below, activations rarely dominate)."""
+
+
+def _model_parallel_changes(config: Any, target: Target) -> list[Changes]:
+    """Tensor-parallel degrees inside one node, and context-parallel degrees for long rows, on the
+    FSDP2 mesh; the compiler (`is_valid`) drops those the model's sizes or the world do not divide."""
+    parallel, world = config.parallel, target.world_size
+    if world <= 1 or parallel.kind not in ("none", "ddp", "fsdp"):
+        return []
+    out: list[Changes] = []
+    for tp in (2, 4, 8):
+        if tp > parallel.tp and tp <= target.gpus_per_node and world % (tp * parallel.cp) == 0:
+            out.append({"parallel.kind": "fsdp", "parallel.tp": tp})
+    if config.data.max_seq_len >= LONG_ROWS:
+        for cp in (2, 4, 8):
+            if cp > parallel.cp and world % (parallel.tp * cp) == 0:
+                out.append({"parallel.kind": "fsdp", "parallel.cp": cp})
     return out
 
 

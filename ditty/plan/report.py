@@ -12,6 +12,7 @@ from typing import Optional
 from ditty.plan.activations import plan_loss
 from ditty.plan.planner import TrainingPlan
 from ditty.plan.settings import GiB
+from ditty.plan.tensor_parallel import traffic
 
 LOGITS_SHARE_WORTH_CHUNKING = 0.05
 
@@ -38,6 +39,9 @@ def header(plan: TrainingPlan) -> list[str]:
         if s.parallel == "none"
         else f"{s.parallel} over {s.shard_size if s.shard_size > 1 else s.world_size} rank(s)"
     )
+    if s.tp > 1 or s.cp > 1:  # the mesh ("dp", "cp", "tp"): FSDP2 shards over dp x cp
+        dp = s.world_size // (s.tp * s.cp)
+        parallel = f"{s.parallel} over dp {dp} x cp {s.cp} = {s.shard_size} rank(s), tensor parallel {s.tp}"
     lines = [
         f"plan: {shape.parameter_count / 1e9:.3g}B-parameter {shape.model_type} ({shape.source})",
         f"  on {where}; weights {s.weight_dtype}, compute {s.compute_dtype or s.weight_dtype}, parallel {parallel}"
@@ -153,12 +157,37 @@ def time_lines(plan: TrainingPlan) -> list[str]:
         if t.steps is not None
         else "  steps               ? (counted once the data is read)"
     )
+    lines += _traffic_lines(plan)
     if t.seconds_per_step is not None:
         lines.append(f"  time per step       {_duration(t.seconds_per_step)} ({t.basis})")
         if t.total_seconds is not None:
             lines.append(f"  estimated total     {_duration(t.total_seconds)}")
     else:
         lines.append(f"  time                {t.basis}")
+    return lines
+
+
+def _traffic_lines(plan: TrainingPlan) -> list[str]:
+    """Tensor- and context-parallel collectives per rank and step (ditty.plan.tensor_parallel), and a
+    warning when their groups span nodes."""
+    s, target = plan.settings, plan.target
+    if s.tp == 1 and s.cp == 1:
+        return []
+    moved = traffic(plan.shape, s)
+    parts = []
+    if s.tp > 1:
+        parts.append(f"tp {gib(moved.tensor_parallel)}")
+    if s.cp > 1:
+        parts.append(f"cp {gib(moved.context_parallel)}")
+    lines = [
+        f"  tp/cp traffic       {gib(moved.tensor_parallel + moved.context_parallel)} GiB per rank per step "
+        f"({', '.join(parts)}); {_duration(moved.seconds_at_nvlink)} at NVLink's 450 GB/s if none overlaps compute"
+    ]
+    if target.device == "cuda" and s.tp * s.cp > target.gpus_per_node:
+        lines.append(
+            f"  warning: tp x cp = {s.tp * s.cp} ranks span nodes ({target.gpus_per_node} GPUs per node): their "
+            "collectives, every layer, cross the network; keep tp x cp within a node"
+        )
     return lines
 
 

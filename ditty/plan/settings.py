@@ -99,13 +99,18 @@ class Settings:
     """fsdp/hsdp from a local directory: rank 0 streams (or quantizes) and the others build on meta."""
     task: str = "causal-lm"
     """`model.task`: a classifier's logits are label scores, not a vocabulary per token."""
+    tp: int = 1
+    """Tensor-parallel degree: block linears, the embedding and the head split tp ways (ditty.plan.tensor_parallel)."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds 1/cp of every row's tokens."""
     objective: Any = None
     """What the objective adds (ditty.objectives.reference.Footprint): the reference, the rollouts."""
 
     @property
     def tokens(self) -> int:
-        """Tokens of one micro-batch on one rank (padded or packed to at most max_seq_len)."""
-        return self.micro_batch * self.seq_len
+        """Tokens of one micro-batch on one rank (padded or packed to at most max_seq_len; under
+        context parallel the rank's slice of every row)."""
+        return self.micro_batch * -(-self.seq_len // self.cp)
 
     @property
     def autocast(self) -> bool:
@@ -124,15 +129,17 @@ class Settings:
         world = target.world_size
         weight_dtype = _weight_dtype(config, shape, target)
         compute = PRECISION_DTYPE[train.precision]
+        tp, cp = max(1, getattr(parallel, "tp", 1)), max(1, getattr(parallel, "cp", 1))
         if parallel.kind in SHARDED:
-            shard = world if parallel.kind == "fsdp" else _hsdp_shard(parallel, world)
+            # FSDP2 shards over the ranks that tensor parallel leaves (data x context parallel).
+            shard = world // tp if parallel.kind == "fsdp" else _hsdp_shard(parallel, world)
             gather = parallel.param_dtype or compute or weight_dtype
         else:
             shard = world if parallel.kind == "deepspeed" else 1
             gather = weight_dtype
         if parallel.kind == "deepspeed" and compute:
             weight_dtype = gather = compute  # the engine casts the module to its 16-bit dtype
-        dp = world
+        dp = max(1, world // (tp * cp))  # ranks that take different rows
         accumulation = max(1, train.global_batch_size // max(1, train.micro_batch_size * dp))
         backend = config.optimizer.backend
         if backend == "default":
@@ -187,6 +194,8 @@ class Settings:
             ),
             task=getattr(config.model, "task", "causal-lm"),
             objective=objective,
+            tp=tp,
+            cp=cp,
         )
 
 

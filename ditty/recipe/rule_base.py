@@ -19,8 +19,15 @@ class Context:
 
     @property
     def data_parallel_size(self) -> int:
-        # Every parallel kind ditty offers is data parallel; the whole world shares the batch.
-        return self.world_size
+        """Ranks that take different rows of the batch: the world, less its tensor- and context-parallel
+        groups (whose ranks share rows). A world that tp x cp does not divide is the mesh rule's to report."""
+        parallel = self.config.parallel
+        degree = max(1, parallel.tp) * max(1, parallel.cp)
+        return (
+            self.world_size // degree
+            if self.world_size % degree == 0 and self.world_size >= degree
+            else self.world_size
+        )
 
     def is_set(self, path: str) -> bool:
         """Whether the user gave this value (TOML or flag) and it differs from the default.

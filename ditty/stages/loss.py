@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
-from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -128,6 +128,12 @@ class LossCalculator(ABC):
         return _lookup(ctx, self.mask_key) if self.mask_key else None
 
 
+def shifted_labels(ctx: Mapping) -> "Optional[Tensor]":
+    """The batch's SHIFTED_LABELS: present on a context-parallel rank's slice of rows, whose labels were
+    shifted over the whole rows before the cut (ditty.data.context_shard)."""
+    return _lookup(ctx, SHIFTED_LABELS)
+
+
 def _lookup(ctx: Mapping, key: str) -> Any:
     if key in ctx:
         return ctx[key]
@@ -189,6 +195,10 @@ class CausalLMLoss(CrossEntropyLoss):
         )
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        shifted = shifted_labels(ctx)
+        if shifted is not None:
+            total, count = token_cross_entropy(self.get_prediction(model_output), shifted, self.ignore_index)
+            return LossOutput(loss=total, num_tokens=count)
         logits = self.get_prediction(model_output)[..., :-1, :]
         labels = self.get_target(ctx)[..., 1:]
         total, count = token_cross_entropy(logits, labels, self.ignore_index)
@@ -196,6 +206,8 @@ class CausalLMLoss(CrossEntropyLoss):
 
     def count_tokens(self, batch: Mapping) -> "Tensor":
         """Supervised tokens of a batch before its forward (the trainer's global-batch denominator)."""
+        if SHIFTED_LABELS in batch:
+            return (batch[SHIFTED_LABELS] != self.ignore_index).sum()
         return (batch[self.target_key][..., 1:] != self.ignore_index).sum()
 
 
@@ -209,6 +221,10 @@ def token_cross_entropy(
     """
     import torch.nn.functional as F
 
+    from ditty.stages.vocab_parallel import is_vocab_sharded, sharded_cross_entropy
+
+    if is_vocab_sharded(logits, -1):  # tensor parallel: each rank holds a share of the vocabulary
+        return sharded_cross_entropy(logits, target, ignore_index)
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()
     flat_target = target.reshape(-1).to(flat_logits.device)
     total = F.cross_entropy(flat_logits, flat_target, ignore_index=ignore_index, reduction="sum")

@@ -71,7 +71,18 @@ class DataMode:
 
     def stream(self, accumulation_steps: int) -> Any:
         """The one global order (`build_stream`: one source, a mixture, a stream, with data.num_workers);
-        a user's DataLoader keeps its own order, an iterable dataset is read as a stream."""
+        a user's DataLoader keeps its own order, an iterable dataset is read as a stream. Under context
+        parallel each rank then keeps its slice of every row (`ContextShardStream`)."""
+        stream = self._global_stream(accumulation_steps)
+        shape = getattr(self.runtime, "shape", None)
+        if shape is not None and shape.cp > 1:
+            pad = getattr(self.bundle.collator, "pad_token_id", None)
+            if pad is None:
+                pad = getattr(self.tokenizer, "pad_token_id", None) or 0
+            return ContextShardStream(stream, self.runtime.coordinate("cp"), shape.cp, pad)
+        return stream
+
+    def _global_stream(self, accumulation_steps: int) -> Any:
         from ditty.data.build import build_stream
         from ditty.data.generic import LoaderStream
         from ditty.data.iterable import IterableStream, is_iterable_only
@@ -80,8 +91,9 @@ class DataMode:
         geometry = dict(
             global_batch_size=t.global_batch_size,
             micro_batch_size=t.micro_batch_size,
-            rank=self.runtime.rank,
-            world_size=self.runtime.world_size,
+            # Tensor- and context-parallel ranks share rows: the data splits over the data-parallel ranks.
+            rank=self.runtime.data_rank,
+            world_size=self.runtime.data_world_size,
         )
         if isinstance(self.bundle.train, torch.utils.data.DataLoader):
             return LoaderStream(self.bundle.train, accumulation_steps=accumulation_steps)
@@ -139,6 +151,22 @@ class DataMode:
         task = model_task(self.config.model.task)
         count = lambda batch: self.supervised_count(batch, request.pipeline.loss)  # noqa: E731
         return evaluate_tokens(request, self.bundle, task, self.tokenizer, count)
+
+
+class ContextShardStream:
+    """A stream whose micro-batches are cut to this context-parallel rank's slice of every row
+    (ditty.data.context_shard); position, state and everything else are the wrapped stream's."""
+
+    def __init__(self, stream: Any, rank: int, size: int, pad_token_id: int) -> None:
+        self.stream, self.rank, self.size, self.pad_token_id = stream, rank, size, pad_token_id
+
+    def next_step(self) -> list:
+        from ditty.data.context_shard import shard_batch
+
+        return [shard_batch(batch, self.rank, self.size, self.pad_token_id) for batch in self.stream.next_step()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["stream"], name)
 
 
 def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) -> DataMode:

@@ -26,9 +26,11 @@ class LossNormaliser:
 
     `world_size` undoes the mean that DDP/FSDP apply when they reduce gradients: every rank backwards
     `local_sum * world / global_tokens`, their average is `sum_over_ranks(local_sum) / global_tokens`.
-    A loss over global counts (ditty.stages.loss) declares its units instead of a token count: each
-    is summed over the whole global batch here (`global_units`, handed to the loss), and its share
-    only needs the `world_size` factor.
+    Under tensor parallel the ranks of a tensor-parallel group hold the same tokens: `world_size` and
+    the count's `group` are then the ranks that hold different ones (`Runtime.batch_ranks`,
+    `Runtime.batch_group`), over which FSDP2 averages. A loss over global counts (ditty.stages.loss)
+    declares its units instead of a token count: each is summed over the whole global batch here
+    (`global_units`, handed to the loss), and its share only needs the `world_size` factor.
     """
 
     global_tokens: torch.Tensor
@@ -41,7 +43,7 @@ class LossNormaliser:
     """{unit: count of the whole global batch} of a loss that declares units (count_units), else empty."""
 
     @classmethod
-    def for_step(cls, micro_batches: list[dict], count_fn, world_size: int = 1) -> "LossNormaliser":
+    def for_step(cls, micro_batches: list[dict], count_fn, world_size: int = 1, group: Any = None) -> "LossNormaliser":
         counts = [count_fn(mb) for mb in micro_batches]
         local_samples = sum(batch_samples(mb) for mb in micro_batches)
         # Summing the counts on the host would be one sync per micro-batch; stay on the device, and
@@ -49,11 +51,11 @@ class LossNormaliser:
         if counts and isinstance(counts[0], dict):
             names = list(counts[0])
             local = torch.stack([torch.stack([torch.as_tensor(c[n]) for n in names]) for c in counts]).sum(0)
-            totals = all_reduce_sum(local.to(torch.float64))
+            totals = all_reduce_sum(local.to(torch.float64), group)
             units = dict(zip(names, totals.unbind()))
             return cls(totals[0].clamp_min(1), local_samples, world_size, units)
         local = torch.stack([torch.as_tensor(c) for c in counts]).sum()
-        global_tokens = all_reduce_sum(local.to(torch.float64)).clamp_min(1)
+        global_tokens = all_reduce_sum(local.to(torch.float64), group).clamp_min(1)
         return cls(global_tokens=global_tokens, local_samples=local_samples, world_size=world_size)
 
     def scale(self, out: Any, micro_samples: int) -> torch.Tensor:

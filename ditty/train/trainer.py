@@ -152,8 +152,8 @@ class Trainer(Builders, StepRecords, RunEnding):
         final weight.
         """
         count = lambda batch: self.data.supervised_count(batch, self.pipeline.loss)  # noqa: E731
-        world = self.runtime.world_size
-        norm = LossNormaliser.for_step(micro_batches, count, world)
+        world, group = self.runtime.batch_ranks, self.runtime.batch_group  # the world unless tensor parallel
+        norm = LossNormaliser.for_step(micro_batches, count, world, group)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
         tokens = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
         metrics = StepMetrics(len(micro_batches))
@@ -165,7 +165,7 @@ class Trainer(Builders, StepRecords, RunEnding):
             tokens += self.data.input_count(batch).to(self.runtime.device, torch.float64)
             metrics.add(out)
         # One collective for both; every rank scaled by world_size, so the sum / world is the loss.
-        totals = all_reduce_sum(torch.stack([loss_sum, tokens]))
+        totals = all_reduce_sum(torch.stack([loss_sum, tokens]), group)
         step_totals = torch.stack([totals[0] / world, totals[1], norm.global_tokens.to(totals.device)])
         return self.optimizer_step(step_totals, metrics.across_ranks() | self.objective.step_metrics())
 

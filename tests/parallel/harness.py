@@ -109,6 +109,44 @@ def run_ranks(
     return [out[r] for r in range(world_size)]
 
 
+def run_ranks_until_killed(fn, world_size: int, *args, timeout: float = 300.0) -> list[int]:
+    """Run `fn` on `world_size` ranks that are expected to kill themselves (SIGKILL, as a kill -9 from
+    outside would); returns each rank's exit code once every rank has ended. A rank that returns
+    instead, or fails, fails the test."""
+    import signal
+    import time
+
+    from tests.train import forked
+
+    ctx = forked.context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.exitcode is None for p in procs):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ranks still running after {timeout:.0f} s")
+            try:
+                rank, status, value = results.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            raise AssertionError(f"rank {rank} ended with {status!r} instead of being killed:\n{value}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
+    assert all(code == -signal.SIGKILL for code in codes), codes
+    return codes
+
+
 # --- a tiny model with blocks (uneven widths, so FSDP pads its shards) ---------------------------
 
 

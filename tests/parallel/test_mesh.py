@@ -82,3 +82,37 @@ def test_mesh_shape_imports_no_torch():
         "deepspeed_problems; import ditty.parallel; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ tensor and context parallel
+
+
+def test_tp_and_cp_make_one_named_mesh_with_tensor_parallel_innermost():
+    s = shape(8, kind="fsdp", tp=2, cp=2)
+    assert (s.dim_names, s.sizes) == (("dp", "cp", "tp"), (2, 2, 2))
+    assert (s.tp, s.cp, s.data_parallel_size, s.batch_ranks, s.shard_size) == (2, 2, 2, 4, 4)
+    # DeviceMesh's row-major layout: rank = (dp * cp + cp_index) * tp + tp_index
+    assert s.coordinates(5) == {"dp": 1, "cp": 0, "tp": 1}
+    assert s.coordinates(6) == {"dp": 1, "cp": 1, "tp": 0}
+    assert shape(4, kind="fsdp", tp=4).sizes == (1, 1, 4)  # "1 x 4": no data parallel left
+
+
+def test_the_plan_says_the_mesh_and_each_rank_share():
+    text = shape(4, kind="fsdp", tp=2).describe()
+    assert text.startswith("fsdp mesh (dp 2 x tp 2): each rank holds 1/4 of parameters, gradients and optimizer state")
+    assert "tensor parallel over 2 ranks" in text and "the batch splits over 2 data-parallel rank(s)" in text
+    assert "context parallel over 2 ranks" in shape(4, kind="fsdp", cp=2).describe()
+
+
+def test_tp_and_cp_must_divide_the_world_and_take_fsdp():
+    assert problems(6, kind="fsdp", tp=4) == [("parallel.tp", "tp x cp = 4 x 1 = 4 does not divide the world size 6")]
+    assert problems(4, kind="fsdp", cp=0)[0][0] == "parallel.cp"
+    for kind in ("none", "ddp", "hsdp", "deepspeed"):
+        found = mesh_shape(ParallelConfig(kind=kind, tp=2, replicate_size=2), 4)
+        assert isinstance(found, list) and found[0].rule == f"scale.kind-{kind}" and 'kind = "fsdp"' in found[0].fix
+    assert problems(4, kind="fsdp", tp=2, reshard_after_forward=2)[0][0] == "parallel.reshard_after_forward"
+
+
+def test_data_parallel_kinds_keep_their_mesh_names():
+    assert shape(4, kind="fsdp", tp=1, cp=1).dim_names == ("dp",)
+    assert not shape(4, kind="fsdp").model_parallel

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
 import torch
 
-from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 from ditty.data.rows import RowCheck
 
 if TYPE_CHECKING:
@@ -154,6 +154,8 @@ class PaddingCollator(Collator):
         return pack_rows([self._pairs(row) for row in rows], self.pad_token_id)
 
     def supervised_count(self, batch: dict) -> torch.Tensor:
+        if SHIFTED_LABELS in batch:  # a context-parallel slice (ditty.data.context_shard)
+            return (batch[SHIFTED_LABELS] != IGNORE_INDEX).sum()
         # Labels are unshifted, so position 0 never takes loss (CausalLMLoss shifts the same way).
         return (batch["labels"][..., 1:] != IGNORE_INDEX).sum()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from ditty._utils.labels import SHIFTED_LABELS
 from ditty.stages.fused_loss.head import (
     Projection,
     emit_head_input,
@@ -46,10 +47,11 @@ from ditty.stages.fused_loss.kernels import (
     half_dtype,
     resolve_backend,
 )
-from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput
+from ditty.stages.loss import IGNORE_INDEX, LossCalculator, LossOutput, shifted_labels
 
 # The model types the chunked loss is verified for: one table in ditty.stages.verified (packing uses it too).
 from ditty.stages.verified import VERIFIED_MODEL_TYPES
+from ditty.stages.vocab_parallel import sharded_linear_cross_entropy, tensor_parallel_rows
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -132,14 +134,27 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         hidden = self.hidden_states(model_output, ctx)
-        target = self.get_target(ctx)
+        already_shifted = self.shift and shifted_labels(ctx) is not None
+        target = shifted_labels(ctx) if already_shifted else self.get_target(ctx)
         mask = self.get_mask(ctx)
         if mask is not None:
             target = target.masked_fill(~mask.bool().to(target.device), self.ignore_index)
-        if self.shift:
+        if self.shift and not already_shifted:
             target = shifted(target, self.ignore_index)
-        backend = resolve_backend(self.backend, hidden.device.type, half_precision=half_dtype(hidden) is not None)
         projection = self.projection(model_output, ctx)
+        if tensor_parallel_rows(projection.weight):  # the head is split by vocabulary rows (tensor parallel)
+            total, count = sharded_linear_cross_entropy(
+                hidden,
+                projection.weight,
+                projection.bias,
+                target,
+                scale=projection.scale,
+                softcap=projection.softcap,
+                ignore_index=self.ignore_index,
+                chunks=self.chunks,
+            )
+            return LossOutput(loss=total, num_tokens=count)
+        backend = resolve_backend(self.backend, hidden.device.type, half_precision=half_dtype(hidden) is not None)
         total, count = fused_linear_cross_entropy(
             hidden, projection, target, ignore_index=self.ignore_index, chunks=self.chunks, backend=backend
         )
@@ -147,6 +162,11 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
 
     def count_tokens(self, batch: Mapping) -> "Tensor":
         """Supervised tokens of a batch before its forward (the trainer's global-batch denominator)."""
+        if self.shift and SHIFTED_LABELS in batch:
+            target = batch[SHIFTED_LABELS]
+            if self.mask_key and self.mask_key in batch:
+                target = target.masked_fill(~batch[self.mask_key].bool(), self.ignore_index)
+            return (target != self.ignore_index).sum()
         target = batch[self.target_key]
         if self.mask_key and self.mask_key in batch:
             target = target.masked_fill(~batch[self.mask_key].bool(), self.ignore_index)
@@ -173,7 +193,7 @@ class FusedLinearCrossEntropyLoss(LossCalculator):
             return Projection(replicated(weight), replicated(bias))
         if model is None:
             raise KeyError(f"{type(self).__name__}: no 'model' in the context to take the output head from")
-        return head_projection(output_head(model), model_config(model))
+        return head_projection(output_head(model), model_config(model), keep_vocab_shards=True)
 
     def _pick(self, output: Any, model: Any, index: Any, path: Optional[str], optional: bool = False) -> Any:
         if index is not None:

@@ -47,10 +47,11 @@ def model_config(model: "nn.Module") -> Any:
     return getattr(get_base() if callable(get_base) else base, "config", None)
 
 
-def head_projection(head: "nn.Module", config: Any = None) -> Projection:
+def head_projection(head: "nn.Module", config: Any = None, *, keep_vocab_shards: bool = False) -> Projection:
     """Weight, bias and logit transform of an output head: nn.Linear (also FSDP2's unsharded one), a
     PEFT LoRA layer (base weight plus the merged low-rank update, so the adapter gets gradients), or
-    PEFT's ModulesToSaveWrapper (the trained copy). A DTensor weight is gathered differentiably."""
+    PEFT's ModulesToSaveWrapper (the trained copy). A DTensor weight is gathered differentiably, unless
+    `keep_vocab_shards` and it is a tensor-parallel head's vocabulary shard (ditty.stages.vocab_parallel)."""
     weight, bias = _linear_parts(head)
     scale, softcap = 1.0, None
     if config is not None:
@@ -59,6 +60,11 @@ def head_projection(head: "nn.Module", config: Any = None) -> Projection:
         if getattr(config, "logits_scaling", None) is not None:  # granite, granitemoe
             scale = 1.0 / float(config.logits_scaling)
         softcap = getattr(config, "final_logit_softcapping", None)  # gemma2, gemma3
+    if keep_vocab_shards:
+        from ditty.stages.vocab_parallel import tensor_parallel_rows
+
+        if tensor_parallel_rows(weight):
+            return Projection(weight, bias, scale, softcap)
     return Projection(replicated(weight), replicated(bias), scale, softcap)
 
 
