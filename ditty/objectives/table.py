@@ -107,13 +107,13 @@ def _pairs_row(kind: str, summary: str, data_format: str = "preference") -> Obje
     )
 
 
-def _rl_row(name: str, summary: str) -> Objective:
+def _rl_row(name: str, summary: str, build: Callable[[Any], Any]) -> Objective:
     return Objective(
         name=name,
         summary=summary,
         data_formats=("prompt",),
         sections=("rl",),
-        build=_lazy("ditty.objectives.rl.row", "build_rl"),
+        build=build,
         rules=_lazy("ditty.objectives.rl.rules", "rl_rules"),
         describe=_lazy("ditty.objectives.rl.row", "describe_rl"),
         footprint=_lazy("ditty.objectives.rl.row", "rl_footprint"),
@@ -131,7 +131,16 @@ OBJECTIVES: dict[str, Objective] = {
         _pairs_row("simpo", "SimPO on preference pairs, reference-free (Meng et al. 2024)"),
         _pairs_row("orpo", "ORPO on preference pairs, reference-free (Hong et al. 2024)"),
         _pairs_row("kto", "KTO on unpaired examples (Ethayarajh et al. 2024)", "unpaired_preference"),
-        _rl_row("grpo", "GRPO: sampled groups of completions, rewards, group-normalised advantages"),
+        _rl_row(
+            "grpo",
+            "GRPO: sampled groups of completions, rewards, group-normalised advantages",
+            _lazy("ditty.objectives.rl.row", "build_rl"),
+        ),
+        _rl_row(
+            "rloo",
+            'RLOO: GRPO\'s rollouts and policy loss with a leave-one-out baseline (rl.advantage = "rloo")',
+            _lazy("ditty.objectives.rloo", "build_rloo"),
+        ),
     )
 }
 
