@@ -141,6 +141,17 @@ OBJECTIVES: dict[str, Objective] = {
             'RLOO: GRPO\'s rollouts and policy loss with a leave-one-out baseline (rl.advantage = "rloo")',
             _lazy("ditty.objectives.rloo", "build_rloo"),
         ),
+        Objective(
+            name="gkd",
+            summary="on-policy distillation from a teacher: the generalised JSD on the student's own samples",
+            data_formats=("prompt_completion", "chat"),
+            sections=("distill",),
+            build=_lazy("ditty.objectives.distill", "build_distill"),
+            rules=_lazy("ditty.objectives.distill", "distill_rules"),
+            describe=_lazy("ditty.objectives.distill", "describe_distill"),
+            footprint=_lazy("ditty.objectives.distill", "distill_footprint"),
+            card=_lazy("ditty.objectives.distill", "distill_card"),
+        ),
     )
 }
 

@@ -1,0 +1,313 @@
+"""The on-policy distillation row (`[distill] kind = "gkd"`): GKD (Agarwal et al. 2024, TRL's GKDTrainer).
+
+The student (`[model]`) learns the teacher's (`distill.teacher`) token distributions on the completion
+tokens of SFT data, through the generalised Jensen-Shannon divergence with interpolation `beta`:
+
+    JSD_beta(P_teacher || P_student) = beta KL(P_teacher || M) + (1 - beta) KL(P_student || M),
+    M = beta P_teacher + (1 - beta) P_student,
+
+which is the forward KL(teacher || student) at beta = 0 and the reverse KL(student || teacher) at
+beta = 1 (TRL's convention), both distributions at `distill.temperature`. A share `lmbda` of the steps
+trains on completions the student samples itself from the batch's prompts (on-policy: the student
+learns where it actually goes), the rest on the data's completions; the coin and the samples are
+seeded by the step and the samples' global positions, so a resume draws the same.
+
+Memory: the divergence is summed over the scored tokens in chunks, each chunk's logits of both models
+made from their hidden states (the output heads' inputs) and recomputed in the backward
+(`torch.utils.checkpoint`), so no [batch, length, vocab] logits of either model exist at once. The
+teacher is a frozen model loaded like a reference (ditty.objectives.reference: sharded like the
+student under fsdp/hsdp), run without gradients on the student's batch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.config.errors import Problem, RecipeError, error
+from ditty.models.inputs import model_inputs
+from ditty.objectives.footprint import Footprint, reference_footprint
+from ditty.objectives.parts import ObjectiveParts, no_step_metrics
+from ditty.stages.fused_loss import HEAD_INPUT, Projection, emit_head_input, head_projection, output_head, shifted
+from ditty.stages.fused_loss.head import model_config
+from ditty.stages.loss import LossCalculator, LossOutput
+
+# ---------------------------------------------------------------------------------------- the math
+
+
+def jsd_per_token(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float = 1.0) -> Tensor:
+    """The generalised JSD of every row of [tokens, vocab] logits, as TRL's generalized_jsd_loss computes
+    it before reducing (in fp32; fp64 for fp64 logits, the exact checks)."""
+    dtype = torch.float64 if student_logits.dtype == torch.float64 else torch.float32
+    student = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits.to(dtype) / temperature, dim=-1)
+    if beta == 0:
+        return _kl(teacher, student)
+    if beta == 1:
+        return _kl(student, teacher)
+    mixture = torch.logsumexp(torch.stack([student + math.log(1 - beta), teacher + math.log(beta)]), dim=0)
+    return beta * _kl(teacher, mixture) + (1 - beta) * _kl(student, mixture)
+
+
+def _kl(p_log: Tensor, q_log: Tensor) -> Tensor:
+    """KL(P || Q) per row, from log-probabilities."""
+    return (p_log.exp() * (p_log - q_log)).sum(-1)
+
+
+def chunked_jsd(
+    student_hidden: Tensor,
+    student_head: Projection,
+    teacher_hidden: Tensor,
+    teacher_head: Projection,
+    labels: Tensor,
+    *,
+    beta: float,
+    temperature: float = 1.0,
+    chunks: int = 8,
+) -> tuple[Tensor, Tensor]:
+    """(the sum of the per-token generalised JSD over the scored tokens, their count). `labels` [B, T]
+    follow Hugging Face's convention (position t's hidden state predicts label t + 1); hidden states
+    are the output heads' inputs [B, T, H]. Gradients reach the student's hidden states and head only."""
+    target = shifted(labels.to(student_hidden.device)).reshape(-1)
+    rows = (target != IGNORE_INDEX).nonzero().squeeze(1)  # one host sync, as the fused loss
+    student = student_hidden.reshape(-1, student_hidden.shape[-1]).index_select(0, rows)
+    teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).index_select(0, rows).detach()
+    dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
+    total = student.new_zeros((), dtype=dtype) + 0.0 * student_head.weight.sum()
+    if rows.numel():
+        size = max(1, math.ceil(rows.numel() / chunks))
+        for start in range(0, rows.numel(), size):
+            piece = slice(start, start + size)
+            total = total + checkpoint(
+                _chunk, student[piece], teacher[piece], student_head, teacher_head, beta, temperature,
+                use_reentrant=False,
+            )  # fmt: skip
+    return total, torch.as_tensor(rows.numel())
+
+
+def _chunk(student: Tensor, teacher: Tensor, student_head: Projection, teacher_head: Projection, beta, temperature):
+    with torch.no_grad():
+        teacher_logits = _logits(teacher, teacher_head)
+    return jsd_per_token(_logits(student, student_head), teacher_logits, beta, temperature).sum()
+
+
+def _logits(hidden: Tensor, head: Projection) -> Tensor:
+    logits = torch.nn.functional.linear(hidden * head.scale if head.scale != 1.0 else hidden, head.weight, head.bias)
+    if head.softcap:
+        logits = torch.tanh(logits / head.softcap) * head.softcap
+    return logits
+
+
+# ---------------------------------------------------------------------------------------- the loss stage
+
+
+class GKDLoss(LossCalculator):
+    """The generalised JSD to the teacher, summed over the completion tokens of a micro-batch (the
+    trainer divides by the completion tokens of the whole global batch). `teacher`: a frozen model
+    (ditty.objectives.reference.Reference) whose `scoring()` yields it."""
+
+    uses_head_input = True
+
+    def __init__(self, distill: Any, teacher: Any) -> None:
+        super().__init__(output_index=0, target_key="labels", mask_key=None, name="gkd")
+        self.distill, self.teacher = distill, teacher
+
+    def count_tokens(self, batch: Mapping) -> Tensor:
+        return (batch["labels"][..., 1:] != IGNORE_INDEX).sum()
+
+    def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        batch, model = ctx["batch"], ctx["model"]
+        with torch.no_grad(), self.teacher.scoring() as teacher:
+            with emit_head_input(teacher) as head:  # the student's inputs as they are (packed rows included)
+                teacher(**model_inputs(teacher, batch))
+            teacher_head = head_projection(output_head(teacher), model_config(teacher))
+        total, count = chunked_jsd(
+            ctx[HEAD_INPUT],
+            head_projection(output_head(model), model_config(model)),
+            head.hidden,
+            teacher_head,
+            batch["labels"],
+            beta=self.distill.beta,
+            temperature=self.distill.temperature,
+            chunks=self.distill.chunks,
+        )
+        return LossOutput(total, num_tokens=count)
+
+
+# ---------------------------------------------------------------------------------------- on-policy batches
+
+
+class OnPolicyStream:
+    """The data's micro-batches; on a share `lmbda` of the steps, their completions replaced by the
+    student's own samples from the same prompts (a prompt is a row's tokens before its first label)."""
+
+    def __init__(self, inner: Any, sampler: Any, distill: Any, seed: int, pad_token_id: int) -> None:
+        self.inner, self.sampler, self.distill = inner, sampler, distill
+        self.seed, self.pad_token_id = seed, pad_token_id
+        self.steps = 0
+        self.on_policy_steps = 0
+
+    @property
+    def cursor(self) -> int:
+        return self.inner.cursor
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.inner.accumulation_steps
+
+    def next_step(self) -> list[dict]:
+        first = self.inner.cursor  # the global position of the step's first sample: it seeds the sampling
+        batches = self.inner.next_step()
+        on_policy = random.Random(self.seed * 1_000_003 + self.steps).random() < self.distill.lmbda
+        self.steps += 1
+        if not on_policy:
+            return batches
+        self.on_policy_steps += 1
+        return [self.sampled(batch, first + index * 1_000) for index, batch in enumerate(batches)]
+
+    def sampled(self, batch: dict, position: int) -> dict:
+        from ditty.data.collate import pad_samples
+
+        prompts = [prompt_of(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"])]
+        rollouts = self.sampler.sample(prompts, position)
+        samples = [(p + c, [IGNORE_INDEX] * len(p) + c) for p, c in zip(rollouts.prompt_ids, rollouts.completion_ids)]
+        out = pad_samples(samples, self.pad_token_id)
+        del out["position_ids"]
+        return out
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"distill/on_policy_share": self.on_policy_steps / max(self.steps, 1)}
+
+    def source_tokens(self) -> dict[str, int]:
+        return self.inner.source_tokens()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def state_dict(self) -> dict:
+        return {"data": self.inner.state_dict(), "steps": self.steps, "on_policy_steps": self.on_policy_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["data"])
+        self.steps, self.on_policy_steps = int(state["steps"]), int(state["on_policy_steps"])
+
+
+def prompt_of(input_ids: Tensor, labels: Tensor) -> list[int]:
+    """A collated row's prompt: its tokens before the first scored label."""
+    scored = (labels != IGNORE_INDEX).nonzero()
+    end = int(scored[0]) if len(scored) else int((input_ids != IGNORE_INDEX).sum())
+    return input_ids[:end].tolist()
+
+
+# ---------------------------------------------------------------------------------------- the row
+
+
+def build_distill(run: Any) -> ObjectiveParts:
+    from ditty.objectives.reference import build_reference
+    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+
+    config = run.config
+    distill = config.distill
+    teacher = build_reference(run, distill.teacher, chunks=distill.chunks, key="distill.teacher")
+    check_vocabulary(run.engine.unwrap(run.model), teacher.model, distill.teacher)
+    stream: Optional[OnPolicyStream] = None
+    if distill.lmbda > 0:
+        data = run.data.stream(run.plan.accumulation_steps)
+        policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
+        settings = SamplerSettings(1, distill.temperature, 1.0, distill.max_new_tokens)  # one completion per prompt
+        sampler = GenerateSampler(policy, settings, run.tokenizer, run.runtime.device, config.run.seed)
+        pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+        stream = OnPolicyStream(data, sampler, distill, config.run.seed, pad)
+    return ObjectiveParts(
+        loss=GKDLoss(distill, teacher),
+        stream=stream,
+        reference=teacher,
+        step_metrics=stream.step_metrics if stream is not None else no_step_metrics,
+    )
+
+
+def check_vocabulary(student: torch.nn.Module, teacher: torch.nn.Module, path: str) -> None:
+    """The divergence compares distributions over one vocabulary: the teacher's head must have the student's."""
+    mine, theirs = output_head(student).weight.shape[0], output_head(teacher).weight.shape[0]
+    if mine != theirs:
+        raise RecipeError.single(
+            f"the teacher {path} scores {theirs} tokens and the student {mine}: distillation compares "
+            "distributions over one vocabulary",
+            key="distill.teacher",
+            fix="use a teacher trained with the student's tokenizer (the same vocabulary)",
+        )
+
+
+def distill_rules(ctx: Any) -> Iterator[Problem]:
+    cfg = ctx.config
+    distill = cfg.distill
+    if not distill.teacher:
+        yield error("distill.teacher", "names no teacher", 'set distill.teacher = "runs/tiny_sft/final" (a model path)')
+    else:
+        import dataclasses
+
+        from ditty.models.source import _check_path
+
+        for problem in _check_path(distill.teacher):
+            yield dataclasses.replace(problem, key="distill.teacher")
+    checks = [
+        ("beta", 0.0 <= distill.beta <= 1.0, "in [0, 1] (0: forward KL, 1: reverse KL)"),
+        ("lmbda", 0.0 <= distill.lmbda <= 1.0, "in [0, 1] (the share of on-policy steps)"),
+        ("temperature", distill.temperature > 0, "above 0"),
+        ("max_new_tokens", distill.max_new_tokens >= 1, "at least 1"),
+        ("chunks", distill.chunks >= 1, "at least 1"),
+    ]
+    for key, ok, wanted in checks:
+        if not ok:
+            yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
+    if cfg.model.task != "causal-lm":
+        yield error("distill.kind", f'distils a causal LM, and model.task is "{cfg.model.task}"', "remove [distill]")
+    if cfg.data.format not in ("prompt_completion", "chat"):
+        yield error(
+            "data.format",
+            f'distillation reads prompts and completions (data.format "prompt_completion" or "chat"), not '
+            f'"{cfg.data.format}"',
+            'set data.format = "prompt_completion"',
+        )
+    if cfg.data.packing and distill.lmbda > 0:
+        yield error(
+            "data.packing",
+            "on-policy distillation samples a completion for each row's prompt, and packed rows hold several",
+            "set data.packing = false, or distill.lmbda = 0 (the data's completions only)",
+        )
+    if cfg.pipeline.loss:
+        yield error("pipeline.loss", "[distill] brings its own loss", "remove [[pipeline.loss]] (or [distill])")
+
+
+def describe_distill(config: Any) -> list[tuple[str, str]]:
+    d = config.distill
+    text = (
+        f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
+        f"{d.lmbda:g} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
+    )
+    return [("distill", text)]
+
+
+def distill_footprint(config: Any, world_size: int) -> Footprint:
+    d = config.distill
+    prompts = max(1, config.train.micro_batch_size)
+    return reference_footprint(
+        config,
+        d.teacher or "none",
+        method="gkd",
+        rollout_sequences=prompts if d.lmbda > 0 else 0,
+        rollout_tokens=config.data.max_seq_len + d.max_new_tokens,
+        chunks=d.chunks,
+    )
+
+
+def distill_card(config: Any) -> str:
+    d = config.distill
+    return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, on-policy share {d.lmbda:g})"

@@ -1,0 +1,154 @@
+"""The distillation row (`[distill] kind = "gkd"`): the chunked generalised JSD equals TRL's dense one,
+its gradient too; a student trains from a teacher on its own samples; bad settings are exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ditty.cli import main
+from ditty.objectives.distill import chunked_jsd
+from ditty.stages.fused_loss import Projection
+
+VOCAB, HIDDEN = 37, 16
+
+
+def dense_reference(student_logits, teacher_logits, labels, beta, temperature):
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.gkd.gkd_trainer import GKDTrainer
+
+    return GKDTrainer.generalized_jsd_loss(
+        student_logits[:, :-1], teacher_logits[:, :-1], labels[:, 1:], beta=beta, temperature=temperature
+    )
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_divergence_equals_trls_dense_one(beta, temperature):
+    g = torch.Generator().manual_seed(0)
+    student_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64)
+    student_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, VOCAB, (3, 9), generator=g)
+    labels[:, :3] = -100  # the prompt
+    labels[2, 6:] = -100  # padding
+
+    total, count = chunked_jsd(
+        student_hidden, Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels,
+        beta=beta, temperature=temperature, chunks=3,
+    )  # fmt: skip
+    ours = total / count
+    ours.backward()
+    got = (student_hidden.grad.clone(), student_weight.grad.clone())
+    student_hidden.grad = student_weight.grad = None
+
+    dense = dense_reference(
+        student_hidden @ student_weight.T, teacher_hidden @ teacher_weight.T, labels, beta, temperature
+    )
+    dense.backward()
+    assert float(ours.detach()) == pytest.approx(float(dense.detach()), abs=1e-6, rel=0)
+    torch.testing.assert_close(got[0], student_hidden.grad, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[1], student_weight.grad, atol=1e-6, rtol=0)
+    assert int(count) == int((labels[:, 1:] != -100).sum())
+
+
+def test_forward_and_reverse_kl_at_the_ends():
+    """beta 0 is KL(teacher || student), beta 1 is KL(student || teacher)."""
+    from ditty.objectives.distill import jsd_per_token
+
+    student, teacher = torch.randn(4, VOCAB, dtype=torch.float64), torch.randn(4, VOCAB, dtype=torch.float64)
+    p, q = teacher.softmax(-1), student.softmax(-1)
+    forward = (p * (p.log() - q.log())).sum(-1)
+    torch.testing.assert_close(jsd_per_token(student, teacher, 0.0).double(), forward, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        jsd_per_token(student, teacher, 1.0).double(), (q * (q.log() - p.log())).sum(-1), atol=1e-6, rtol=0
+    )
+
+
+STUDENT = (
+    '[model]\ninit = "random"\narchitecture = "llama"\n'
+    "config = { hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2, "
+    "num_key_value_heads = 2, max_position_embeddings = 64, tie_word_embeddings = false }\n"
+    '[tokenizer]\nkind = "byte"\n'
+)
+
+
+def distill_recipe(tmp_path, teacher, extra=""):
+    recipe = tmp_path / "distill.toml"
+    recipe.write_text(
+        f"""
+[run]
+output_dir = "{tmp_path / "run"}"
+device = "cpu"
+seed = 0
+{STUDENT}
+[data]
+source = "builtin"
+name = "addition"
+format = "prompt_completion"
+max_seq_len = 32
+num_samples = 300
+[train]
+steps = 3
+global_batch_size = 8
+micro_batch_size = 4
+log_every = 1
+eval_samples = 16
+precision = "fp32"
+[logging]
+progress = false
+[distill]
+kind = "gkd"
+teacher = "{teacher}"
+lmbda = 0.5
+max_new_tokens = 4
+{extra}
+"""
+    )
+    return recipe
+
+
+def test_a_student_trains_from_a_teacher_on_its_own_samples(tmp_path, tiny_llama_dir, capsys):
+    assert main(["run", str(distill_recipe(tmp_path, tiny_llama_dir, "beta = 0.5"))]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 3 and all(r["loss"] > 0 for r in steps)
+    assert 0 < steps[-1]["distill/on_policy_share"] < 1  # some steps on the student's samples, some on the data's
+    assert "val_exact_match" in records[-1]
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "distilled from" in card
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--distill.beta", "1.5"], "distill.beta", "in [0, 1]"),
+        (["--distill.lmbda", "-0.1"], "distill.lmbda", "in [0, 1]"),
+        (["--data.format", "text"], "data.format", "reads prompts and completions"),
+        (["--data.packing", "true"], "data.packing", "packed rows hold several"),
+    ],
+)
+def test_bad_distill_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags, key, words):
+    code = main(["check", str(distill_recipe(tmp_path, tiny_llama_dir)), *flags])
+    out = capsys.readouterr()
+    assert code == 2 and f"`{key}`" in out.err + out.out and words in out.err + out.out
+
+
+def test_a_missing_teacher_is_exit_2(tmp_path, capsys):
+    code = main(["check", str(distill_recipe(tmp_path, tmp_path / "no_such_teacher"))])
+    out = capsys.readouterr()
+    assert code == 2 and "`distill.teacher`" in out.err + out.out
+
+
+def test_a_teacher_of_another_vocabulary_is_exit_2(tmp_path, capsys):
+    from tests.conftest import _save_tiny
+
+    teacher = _save_tiny(tmp_path / "other", "llama", vocab_size=300)
+    code = main(["run", str(distill_recipe(tmp_path, teacher))])
+    out = capsys.readouterr()
+    assert code == 2 and "one vocabulary" in out.err + out.out
