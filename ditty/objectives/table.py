@@ -142,6 +142,17 @@ OBJECTIVES: dict[str, Objective] = {
             _lazy("ditty.objectives.rloo", "build_rloo"),
         ),
         Objective(
+            name="online-pairs",
+            summary="preference optimisation on pairs the policy samples: the best and worst of each group",
+            data_formats=("prompt", "preference"),
+            sections=("preference", "rl"),
+            build=_lazy("ditty.objectives.online_pairs", "build_online_pairs"),
+            rules=_lazy("ditty.objectives.online_pairs", "online_rules"),
+            describe=_lazy("ditty.objectives.online_pairs", "describe_online"),
+            footprint=_lazy("ditty.objectives.online_pairs", "online_footprint"),
+            card=_lazy("ditty.objectives.online_pairs", "online_card"),
+        ),
+        Objective(
             name="gkd",
             summary="on-policy distillation from a teacher: the generalised JSD on the student's own samples",
             data_formats=("prompt_completion", "chat"),

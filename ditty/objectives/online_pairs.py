@@ -1,0 +1,311 @@
+"""The online-pairs row (`[preference] pairs = "online"`): preference optimisation on pairs the policy
+samples itself, judged by reward functions.
+
+Every `refresh_every` steps, the live policy samples `rl.group_size` completions of each prompt of the
+next `refresh_every` steps (the RL sampler, with the [rl] sampler settings), the reward functions score
+them (`rl.rewards`), and the best and the worst completion of each group become a pair (a group whose
+completions all scored alike is dropped: it prefers nothing). The pairs train the `[preference] kind`
+loss with its reference, as pairs read from a file do. So the rejected answers are the policy's own
+mistakes, which is where preference training has the most to teach.
+
+The prompts are the data's: rows of data.format = "prompt" (their other columns go to the reward
+functions), or the prompts of data.format = "preference" pairs, whose chosen completion is then the
+`answer` column the reward functions see (the default reward, without `rl.rewards`, is exact match
+against it: "ditty.objectives.builtin_rewards:exact_match"). A completion is sampled up to
+`rl.max_new_tokens` and at most `data.max_seq_len` tokens; a pair is cut to `data.max_seq_len` like any.
+
+Each rank samples its own prompts; every step serves the same number of micro-batches on every rank,
+filled up with pairs that score nothing (the loss counts only scored pairs). The sampling is seeded by
+the prompts' global positions, and the sampled pairs not yet trained on are part of the checkpoint,
+so a resume after kill -9 continues exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Iterator, Optional, Sequence
+
+from ditty._utils.labels import IGNORE_INDEX
+from ditty.config.errors import Problem, error
+from ditty.objectives.footprint import Footprint
+from ditty.objectives.parts import ObjectiveParts
+from ditty.objectives.rl.stream import decode_state, encode_state
+
+DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
+
+
+class PromptsOfPairs:
+    """A collator of preference samples into prompt batches: each pair's prompt (its tokens before the
+    first scored label), and its chosen completion as the `answer` column."""
+
+    tokenized = True
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, samples: Sequence[dict], positions: Optional[Sequence[int]] = None) -> dict[str, Any]:
+        prompt_ids, prompts, answers = [], [], []
+        eos = self.tokenizer.eos_token_id
+        for sample in samples:
+            ids, labels = list(sample["input_ids"]), list(sample["labels"])
+            start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
+            answer = [t for t in ids[start:] if t != eos]
+            prompt_ids.append(ids[:start])
+            prompts.append(self.tokenizer.decode(ids[:start], skip_special_tokens=True))
+            answers.append(self.tokenizer.decode(answer, skip_special_tokens=True))
+        return {"prompt_ids": prompt_ids, "prompts": prompts, "columns": {"answer": answers}}
+
+
+class OnlinePairStream:
+    """See the module doc. `sampler`, `environment`: the RL parts (ditty.objectives.rl)."""
+
+    def __init__(
+        self,
+        prompts: Any,
+        *,
+        sampler: Any,
+        environment: Any,
+        collator: Any,
+        group_size: int,
+        refresh_every: int,
+        micro_batches_per_step: int,
+        micro_batch_size: int,
+        max_seq_len: int,
+        rank: int,
+    ) -> None:
+        self.prompts, self.sampler, self.environment, self.collator = prompts, sampler, environment, collator
+        self.group_size, self.refresh_every = group_size, refresh_every
+        self.micro_batches_per_step = micro_batches_per_step
+        self.micro_batch_size, self.max_seq_len, self.rank = micro_batch_size, max_seq_len, rank
+        self.pending: list[list[dict]] = []  # the pair samples of the steps still to serve
+        self.metrics: dict[str, float] = {}
+
+    @property
+    def cursor(self) -> int:
+        return self.prompts.cursor
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.micro_batches_per_step
+
+    def next_step(self) -> list[dict]:
+        if not self.pending:
+            self.pending, self.metrics = self.refresh()
+        pairs = self.pending.pop(0)
+        size = self.micro_batch_size
+        filler = _filler(self.collator)
+        batches = []
+        for index in range(self.micro_batches_per_step):
+            chunk = pairs[index * size : (index + 1) * size]
+            batches.append(self.collator(chunk + [filler] * (size - len(chunk))))
+        return batches
+
+    def refresh(self) -> tuple[list[list[dict]], dict[str, float]]:
+        """Sample the pairs of the next `refresh_every` steps from the live policy."""
+        start = self.prompts.cursor
+        (batch,) = self.prompts.next_step()
+        first = start + self.rank * len(batch["prompt_ids"])
+        rollouts = self.sampler.sample(batch["prompt_ids"], first)
+        group = self.group_size
+        repeat = lambda values: [v for v in values for _ in range(group)]  # noqa: E731
+        columns = {name: repeat(values) for name, values in batch["columns"].items()}
+        self.environment.score(rollouts, repeat(batch["prompts"]), columns)
+        per_step = max(1, len(batch["prompt_ids"]) // self.refresh_every)  # this rank's prompts of one step
+        steps: list[list[dict]] = [[] for _ in range(self.refresh_every)]
+        tied = 0
+        for index in range(len(batch["prompt_ids"])):
+            rows = range(index * group, (index + 1) * group)
+            rewards = rollouts.rewards[index * group : (index + 1) * group]
+            if bool((rewards == rewards[0]).all()):
+                tied += 1
+                continue
+            best, worst = rows[int(rewards.argmax())], rows[int(rewards.argmin())]
+            pair = self.pair(rollouts.prompt_ids[best], rollouts.completion_ids[best], rollouts.completion_ids[worst])
+            if pair is not None:
+                steps[min(index // per_step, self.refresh_every - 1)].append(pair)
+        prompts = max(len(batch["prompt_ids"]), 1)
+        metrics = {
+            "online/pairs": sum(len(pairs) for pairs in steps) / prompts,
+            "online/tied_groups": tied / prompts,
+            "online/reward": float(rollouts.rewards.mean()),
+        }
+        return steps, metrics
+
+    def pair(self, prompt: list[int], chosen: list[int], rejected: list[int]) -> Optional[dict]:
+        """A preference sample (both sides cut to data.max_seq_len), or None when a side keeps no completion token."""
+        sides = []
+        for completion in (chosen, rejected):
+            ids = (prompt + completion)[: self.max_seq_len]
+            labels = ([IGNORE_INDEX] * len(prompt) + completion)[: self.max_seq_len]
+            if all(label == IGNORE_INDEX for label in labels[1:]):
+                return None
+            sides.append((ids, labels))
+        (ids, labels), (rejected_ids, rejected_labels) = sides
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "rejected_input_ids": rejected_ids,
+            "rejected_labels": rejected_labels,
+        }
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.prompts, "close", None)
+        if close is not None:
+            close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "prompts": self.prompts.state_dict(),
+            "pending": encode_state({"pairs": self.pending, "metrics": self.metrics}),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        saved = decode_state(state["pending"])
+        self.pending, self.metrics = saved["pairs"], saved["metrics"]
+
+
+def _filler(collator: Any) -> dict:
+    """A pair that scores nothing (one token each side, no label): it fills a short micro-batch."""
+    return {"input_ids": [0], "labels": [IGNORE_INDEX], "rejected_input_ids": [0], "rejected_labels": [IGNORE_INDEX]}
+
+
+def sampler_settings(rl: Any, max_seq_len: int) -> Any:
+    """The [rl] sampler settings, with the completions capped at data.max_seq_len tokens."""
+    from ditty.objectives.rl.sampling import SamplerSettings
+
+    return SamplerSettings(
+        rl.group_size, rl.temperature, rl.top_p, min(rl.max_new_tokens, max_seq_len), rl.generation_batch_size
+    )
+
+
+def build_online_pairs(run: Any) -> ObjectiveParts:
+    from ditty.data.build import build_stream
+    from ditty.data.formats.preference import PairCollator
+    from ditty.objectives.pairs import build_pairs
+    from ditty.objectives.rewards import load_reward_functions
+    from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.sampling import GenerateSampler
+
+    config, runtime = run.config, run.runtime
+    rl, pref, train, data = config.rl, config.preference, config.train, config.data
+    pairs = build_pairs(run)  # the preference kind's loss and reference
+    functions = load_reward_functions(list(rl.rewards) or [DEFAULT_REWARD], rl.reward_weights)
+    bundle = run.data.bundle
+    if data.format == "preference":
+        bundle = replace(bundle, collator=PromptsOfPairs(run.tokenizer))
+    prompts_per_refresh = train.global_batch_size * pref.refresh_every
+    prompts = build_stream(
+        bundle,
+        data,
+        global_batch_size=prompts_per_refresh,
+        micro_batch_size=prompts_per_refresh // runtime.world_size,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+    )
+    policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    stream = OnlinePairStream(
+        prompts,
+        sampler=GenerateSampler(
+            policy, sampler_settings(rl, data.max_seq_len), run.tokenizer, runtime.device, config.run.seed
+        ),
+        environment=RewardEnvironment(functions, rl.reward_timeout_s),
+        collator=PairCollator(pad),
+        group_size=rl.group_size,
+        refresh_every=pref.refresh_every,
+        micro_batches_per_step=run.plan.accumulation_steps,
+        micro_batch_size=train.micro_batch_size,
+        max_seq_len=data.max_seq_len,
+        rank=runtime.rank,
+    )
+    evaluation = None
+    if data.format == "prompt":  # prompts have no pairs to validate on: the greedy reward, as RL's
+        from ditty.objectives.rl.evaluation import RolloutEvaluation
+
+        settings = sampler_settings(rl, data.max_seq_len)
+        evaluation = RolloutEvaluation(
+            run.data.bundle, functions, run.tokenizer, settings.max_new_tokens, rl.reward_timeout_s
+        )
+    return replace(pairs, stream=stream, evaluation=evaluation, step_metrics=stream.step_metrics)
+
+
+def online_rules(ctx: Any) -> Iterator[Problem]:
+    from ditty.objectives.pairs import pair_values, reference_rules
+    from ditty.objectives.rl.rules import rewards_resolve
+
+    cfg = ctx.config
+    pref, rl = cfg.preference, cfg.rl
+    if cfg.data.format not in ("prompt", "preference"):
+        yield error(
+            "data.format",
+            f'pairs = "online" samples its pairs from prompts: data.format "prompt" (or the prompts of "preference" '
+            f'pairs), not "{cfg.data.format}"',
+            'set data.format = "prompt"',
+        )
+    if pref.kind == "kto":
+        yield error(
+            "preference.kind", 'pairs = "online" makes pairs, and kto reads unpaired examples', 'use kind = "dpo"'
+        )
+    if pref.refresh_every < 1:
+        yield error("preference.refresh_every", f"must be at least 1, got {pref.refresh_every}", "use 1")
+    if rl.group_size < 2:
+        yield error("rl.group_size", f"must be at least 2 to make a pair, got {rl.group_size}", "use 4 to 16")
+    if pref.reference == "precompute":
+        yield error(
+            "preference.reference",
+            '"precompute" scores the training samples before training, and online pairs are sampled during it',
+            'use reference = "auto"',
+        )
+    if not rl.rewards and cfg.data.format == "prompt":
+        yield error(
+            "rl.rewards",
+            'pairs = "online" on prompts needs reward functions to judge the samples',
+            f'e.g. ["{DEFAULT_REWARD}"]',
+        )
+    elif rl.rewards:
+        yield from rewards_resolve(ctx)
+    if cfg.train.steps is None:
+        yield error("train.steps", 'is needed with pairs = "online": a step samples its own pairs', "set train.steps")
+    if cfg.data.packing:
+        yield error("data.packing", "preference samples are not packed", "set data.packing = false")
+    yield from pair_values(ctx)
+    if pref.reference not in ("precompute",):
+        yield from reference_rules(ctx)
+
+
+def describe_online(config: Any) -> list[tuple[str, str]]:
+    from ditty.objectives.pairs import describe_pairs
+
+    pref, rl = config.preference, config.rl
+    rewards = ", ".join(r.rsplit(":", 1)[-1] for r in rl.rewards) or "exact match against the chosen answer"
+    sampling = (
+        f"pairs sampled online every {pref.refresh_every} step(s): {rl.group_size} completions per prompt "
+        f"(temperature {rl.temperature:g}), best vs worst by {rewards}"
+    )
+    return describe_pairs(config) + [("pairs", sampling)]
+
+
+def online_footprint(config: Any, world_size: int) -> Footprint:
+    from ditty.objectives.pairs import pairs_footprint
+
+    rl, pref = config.rl, config.preference
+    prompts = max(1, config.train.global_batch_size * pref.refresh_every // max(1, world_size))
+    in_flight = min(rl.generation_batch_size or prompts, prompts) * rl.group_size
+    return replace(
+        pairs_footprint(config, world_size),
+        rollout_sequences=in_flight,
+        rollout_tokens=config.data.max_seq_len + min(rl.max_new_tokens, config.data.max_seq_len),
+    )
+
+
+def online_card(config: Any) -> str:
+    from ditty.objectives.pairs import pairs_card
+
+    return pairs_card(config) + f", on pairs sampled online (best vs worst of {config.rl.group_size})"

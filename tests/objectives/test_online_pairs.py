@@ -1,0 +1,155 @@
+"""The online-pairs row (`[preference] pairs = "online"`): pairs are the best and the worst of each group
+the live policy samples, judged by the reward functions (ties dropped), and train the preference loss;
+from prompt rows or from the prompts of preference pairs (their chosen answer judges)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ditty.cli import main
+from ditty.objectives.online_pairs import OnlinePairStream, PromptsOfPairs
+from ditty.objectives.rl.batch import RolloutBatch
+
+
+def recipe(tmp_path, model_dir, data_format="preference", extra=""):
+    path = tmp_path / "online.toml"
+    path.write_text(
+        f"""
+[run]
+output_dir = "{tmp_path / "run"}"
+device = "cpu"
+seed = 0
+[model]
+path = "{model_dir}"
+[data]
+source = "builtin"
+name = "addition"
+format = "{data_format}"
+max_seq_len = 32
+num_samples = 300
+[train]
+steps = 3
+global_batch_size = 8
+micro_batch_size = 4
+log_every = 1
+eval_samples = 16
+precision = "fp32"
+[peft]
+kind = "lora"
+r = 4
+alpha = 8
+[preference]
+kind = "dpo"
+pairs = "online"
+[rl]
+group_size = 4
+max_new_tokens = 4
+{extra}
+[logging]
+progress = false
+"""
+    )
+    return path
+
+
+class FixedSampler:
+    """Completions given by hand, four per prompt, for the pairing rule."""
+
+    def __init__(self, completions):
+        self.completions = completions
+
+    def sample(self, prompt_ids, first):
+        rows = [(p, c) for p in prompt_ids for c in self.completions[:4]]
+        return RolloutBatch([p for p, _ in rows], [c for _, c in rows], [str(c) for _, c in rows], [False] * len(rows))
+
+
+class LengthRewards:
+    def score(self, rollouts, prompts, columns):
+        rollouts.rewards = torch.tensor([float(len(c)) for c in rollouts.completion_ids], dtype=torch.float64)
+
+
+class OnePromptBatch:
+    def __init__(self, prompts):
+        self.prompts, self.cursor = prompts, 0
+
+    def next_step(self):
+        self.cursor += len(self.prompts)
+        return [{"prompt_ids": self.prompts, "prompts": ["p"] * len(self.prompts), "columns": {}}]
+
+
+def stream_over(completions) -> OnlinePairStream:
+    """Two prompts, each answered by the same four `completions`, scored by their length."""
+    from ditty.data.formats.preference import PairCollator
+
+    return OnlinePairStream(
+        OnePromptBatch([[1, 2], [3]]),
+        sampler=FixedSampler(completions),
+        environment=LengthRewards(),
+        collator=PairCollator(0),
+        group_size=4,
+        refresh_every=1,
+        micro_batches_per_step=1,
+        micro_batch_size=2,
+        max_seq_len=32,
+        rank=0,
+    )
+
+
+def test_the_best_and_the_worst_of_a_group_become_a_pair_and_ties_are_dropped():
+    stream = stream_over([[5, 6, 7], [5], [5, 6], [9]])  # lengths 3, 1, 2, 1: best the first, worst the second
+    (batch,) = stream.next_step()
+    # two prompts, two pairs: chosen rows first, then rejected (ditty.data.formats.preference)
+    assert batch["input_ids"][0, :5].tolist() == [1, 2, 5, 6, 7] and batch["input_ids"][2, :3].tolist() == [1, 2, 5]
+    assert stream.step_metrics()["online/pairs"] == 1.0 and stream.step_metrics()["online/tied_groups"] == 0.0
+
+    tied = stream_over([[5], [6], [7], [8]])  # all alike: no preference, no pair
+    (batch,) = tied.next_step()
+    assert bool((batch["labels"] == -100).all())  # filler pairs only: they score nothing
+    assert tied.step_metrics()["online/tied_groups"] == 1.0
+
+
+def test_the_prompts_of_pairs_keep_their_chosen_answer_for_the_rewards():
+    from ditty.data.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    prompt = tokenizer("12+3=")["input_ids"]
+    answer = tokenizer("15", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    sample = {"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}
+    batch = PromptsOfPairs(tokenizer)([sample])
+    assert batch["prompt_ids"] == [prompt] and batch["columns"] == {"answer": ["15"]}
+
+
+@pytest.mark.parametrize("data_format", ["preference", "prompt"])
+def test_online_pairs_train_from_prompts_or_pairs(tmp_path, tiny_llama_dir, capsys, data_format):
+    # random completions of a random model: their hashes differ, so every group makes a pair
+    extra = 'rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]'
+    assert main(["run", str(recipe(tmp_path, tiny_llama_dir, data_format, extra))]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 3
+    assert all("online/pairs" in r and "rewards/margins" in r for r in steps)
+    assert steps[0]["online/pairs"] == 1.0 and all(r["loss"] > 0 for r in steps)
+    if data_format == "prompt":  # the held-out reward, as RL's
+        assert "val_reward" in records[-1]
+    else:
+        assert "val_exact_match" in records[-1] and "val_rewards/accuracies" in records[-1]
+    assert "pairs sampled online" in (tmp_path / "run" / "final" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--preference.kind", "kto"], "preference.kind", "unpaired"),
+        (["--preference.reference", "precompute"], "preference.reference", "sampled during"),
+        (["--data.format", "prompt"], "rl.rewards", "needs reward functions"),
+        (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
+    ],
+)
+def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags, key, words):
+    code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
+    out = capsys.readouterr()
+    text = out.err + out.out
+    assert code == 2 and f"`{key}`" in text and words in text, text
