@@ -1,0 +1,129 @@
+"""A run of each new objective row killed with SIGKILL resumes bitwise: RLOO (the rollout stream), GKD
+(the data cursor, the on-policy coin and the student's samples) and online pairs (the prompt cursor
+and, mid-refresh, the pairs not yet trained on). The kill comes from a test-only preprocessor at a
+fixed step (tests.train.resume_hooks:SignalAt) after the checkpoint of step 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.train.test_resume import complete_steps, ditty
+
+pytestmark = pytest.mark.slow
+
+COMMON = """
+[run]
+output_dir = "{out}"
+device = "cpu"
+seed = 0
+[train]
+steps = 5
+global_batch_size = 8
+micro_batch_size = 4
+log_every = 1
+eval_every = 0
+eval_samples = 8
+precision = "fp32"
+[checkpoint]
+every = 2
+every_minutes = 0.0
+[[pipeline.preprocessors]]
+use = "tests.train.resume_hooks:SignalAt"
+[logging]
+progress = false
+"""
+
+ROWS = {
+    "rloo": """
+[model]
+path = "{model}"
+[data]
+source = "builtin"
+name = "addition"
+format = "prompt"
+max_seq_len = 32
+num_samples = 200
+[rl]
+kind = "grpo"
+advantage = "rloo"
+group_size = 4
+max_new_tokens = 4
+rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]
+""",
+    "gkd": """
+[model]
+init = "random"
+architecture = "llama"
+
+[model.config]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 64
+tie_word_embeddings = false
+[tokenizer]
+kind = "byte"
+[data]
+source = "builtin"
+name = "addition"
+format = "prompt_completion"
+max_seq_len = 32
+num_samples = 200
+[distill]
+kind = "gkd"
+teacher = "{model}"
+lmbda = 0.5
+max_new_tokens = 4
+""",
+    "online-pairs": """
+[model]
+path = "{model}"
+[data]
+source = "builtin"
+name = "addition"
+format = "preference"
+max_seq_len = 32
+num_samples = 200
+[preference]
+pairs = "online"
+refresh_every = 3
+[rl]
+group_size = 4
+max_new_tokens = 4
+rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]
+""",
+}
+
+
+def records(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    drop = ("tokens_per_s", "elapsed_s", "mfu", "hfu", "peak_mem_mb", "rollout/generate_s", "rollout/tokens_per_s")
+    return [{k: v for k, v in r.items() if k not in drop and not k.startswith("rollout/generation")} for r in rows]
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_a_killed_run_of_the_row_resumes_bitwise(tmp_path, tiny_llama_dir, row):
+    def write(name: str) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        path = out / "recipe.toml"
+        path.write_text(COMMON.format(out=out / "run") + ROWS[row].format(model=tiny_llama_dir))
+        return path
+
+    done = ditty("run", str(write("a")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = records(tmp_path / "a" / "run")
+    assert len([r for r in expected if "loss" in r]) == 5
+
+    recipe = write("b")
+    killed = ditty("run", str(recipe), env={"DITTY_TEST_SIGNAL_AT": "3:1:KILL"})  # during step 4, after step-2
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    resumed = ditty("run", str(recipe))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records(tmp_path / "b" / "run") == expected  # bitwise
