@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ditty.data.collate import pad_samples
+from ditty.stages.loss import LossOutput
 from ditty.train import Trainer
 from ditty.train.step import LossNormaliser
 from tests.train.helpers import small_config, with_train, write_prompt_completion
@@ -74,5 +75,13 @@ def test_normaliser_weights_mean_losses_by_samples():
     batches = [{"input_ids": torch.zeros(3, 4, dtype=torch.long)}, {"input_ids": torch.zeros(1, 4, dtype=torch.long)}]
     norm = LossNormaliser.for_step(batches, lambda b: torch.tensor(5), world_size=1)
     assert norm.global_tokens.item() == 10
-    assert norm.scale(torch.tensor(2.0), None, 3).item() == pytest.approx(1.5)
-    assert norm.scale(torch.tensor(20.0), 10, 3).item() == pytest.approx(2.0)
+    assert norm.scale(LossOutput(torch.tensor(2.0)), 3).item() == pytest.approx(1.5)
+    assert norm.scale(LossOutput(torch.tensor(20.0), num_tokens=10), 3).item() == pytest.approx(2.0)
+
+
+def test_a_share_of_the_global_loss_is_only_scaled_by_the_world():
+    """A loss over global counts returns its share already: the normaliser undoes DDP's mean, nothing more."""
+    batches = [{"input_ids": torch.zeros(2, 4, dtype=torch.long)}]
+    norm = LossNormaliser.for_step(batches, lambda b: {"pairs": torch.tensor(2), "tokens": torch.tensor(7)}, 3)
+    assert [float(v) for v in norm.global_units.values()] == [2.0, 7.0] and norm.global_tokens.item() == 2
+    assert norm.scale(LossOutput(torch.tensor(0.25), share=True), 2).item() == pytest.approx(0.75)

@@ -41,7 +41,7 @@ def _loss_and_grads(model, micro_batches, world_size):
     total = torch.zeros((), dtype=torch.float64)
     for batch in micro_batches:
         out = loss_fn(model(batch["input_ids"]), {"batch": batch})
-        scaled = norm.scale(out.loss, out.num_tokens, batch["input_ids"].shape[0])
+        scaled = norm.scale(out, batch["input_ids"].shape[0])
         scaled.backward()
         total += scaled.detach().double()
     for p in model.parameters():  # what DDP does to gradients: the mean over ranks
