@@ -55,9 +55,11 @@ def test_digits_recipe_learns_to_draw_digits(tmp_path, capsys):
     from ditty.models.denoiser import digits_denoiser
 
     out = tmp_path / "run"
-    started = time.perf_counter()
+    # CPU seconds of this process (the run is in-process): what the recipe costs, whatever else the
+    # shared machine runs; wall time under load measured the neighbours (190 s at load 9 on 2 cores).
+    started = time.process_time()
     assert main(["run", RECIPE, "--run.output_dir", str(out)]) == 0
-    seconds = time.perf_counter() - started
+    seconds = time.process_time() - started
     assert seconds < 180
     assert (out / "samples.png").exists()
 
