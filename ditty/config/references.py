@@ -9,6 +9,7 @@ something) and call it themselves. A dotted name after the colon reaches nested 
 from __future__ import annotations
 
 import importlib
+import os
 import traceback
 from typing import Any
 
@@ -112,7 +113,12 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
                         walk(entry, f"{key}[{index}].")
                     elif item.name == "converters" and isinstance(entry, str) and ":" in entry:
                         found.append(f"{key}[{index}] = {entry!r}")
-                    elif item.name == "rewards" and isinstance(entry, str) and not _ditty_own(entry):
+                    elif (
+                        item.name == "rewards"
+                        and isinstance(entry, str)
+                        and is_code_reference(entry)
+                        and not _ditty_own(entry)
+                    ):
                         found.append(f"{key}[{index}] = {entry!r}")
             elif item.name in ("use", "factory") and isinstance(value, str) and value:
                 found.append(f"{key} = {value!r}")
@@ -121,6 +127,12 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
 
     walk(config, "")
     return found
+
+
+def is_code_reference(reference: str) -> bool:
+    """ "package.module:name" (code to import), not a path or hub id (`rl.rewards` also takes reward models)."""
+    module, colon, name = reference.partition(":")
+    return bool(colon and name) and "/" not in module and os.sep not in module
 
 
 def _ditty_own(reference: str) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from ditty.config.errors import Problem, RecipeError
-from ditty.config.references import resolve_reference
+from ditty.config.references import is_code_reference, resolve_reference
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -103,6 +103,14 @@ def resolve_reward_functions(
         item_key = f"{key}[{index}]"
         if callable(reference) and not isinstance(reference, str):
             function, name = reference, _callable_name(reference)
+        elif not is_code_reference(str(reference)):  # a reward model's directory (TRL's reward_funcs take one)
+            from ditty.objectives.reward_scorer import RewardModelScorer, reward_model_problems
+
+            found = reward_model_problems(str(reference), item_key)
+            problems += found
+            if found:
+                continue
+            function, name = RewardModelScorer(str(reference)), str(reference)
         else:
             function, found = resolve_reference(reference, key=item_key)
             problems += found
