@@ -177,6 +177,34 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not Path(name).exists()
 
 
+SCORING = """import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+model = AutoModelForSequenceClassification.from_pretrained(REPO_ID).eval()
+tokenizer = AutoTokenizer.from_pretrained(REPO_ID)
+
+
+def score(prompt, reply):
+    \"\"\"The reward of `reply` to `prompt` (both strings, or chat messages), rendered as in training:
+    the prompt as the chat template ends it for generation, the reply through its first eos.\"\"\"
+    if isinstance(prompt, str) and isinstance(reply, str):
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    else:
+        turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        answer = reply if isinstance(reply, list) else [{"role": "assistant", "content": reply}]
+        head = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(turns + answer, tokenize=False)
+        prompt_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+        reply_ids = tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    reply_ids = reply_ids[: reply_ids.index(eos) + 1] if eos in reply_ids else reply_ids + [eos]
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt_ids + reply_ids])).logits[0, 0].item()"""
+"""How a reward model's card says to score text in plain transformers: the rendering ditty trains it on
+(ditty.data.conversation), so the card's scores are the ones validation reported."""
+
+
 def model_card_text(
     folder: str | os.PathLike,
     *,
@@ -260,6 +288,18 @@ def model_card_text(
             f"# or the adapter on its base:\n{adapter_way}"
         )
     body += ["## Usage", "", "```python", loader, "```", ""]
+    if task == "reward-model":  # a score is only comparable to training's when the text is rendered alike
+        where = "final/merged" if adapter and (folder / "merged" / "config.json").is_file() else "REPO_ID"
+        body += [
+            "## Scoring",
+            "",
+            f"Scores text as training did (`REPO_ID`: {where}):",
+            "",
+            "```python",
+            SCORING,
+            "```",
+            "",
+        ]
     fence = _fence(recipe_text)
     body += [
         "## Training recipe",

@@ -242,10 +242,12 @@ class DataConfig:
     """Fraction of the data held out for validation when no `val_path` is given (0 disables)."""
     val_path: Optional[str] = None
     """A separate validation file, in the same format as the training data."""
-    val_exact_match: bool = False
-    """Score validation rows from files or hub data by exact match too (format = "prompt_completion"):
-    greedy answers to the first `train.eval_samples` prompts against their completions, as
-    `val_exact_match`. Built-in data is always scored so."""
+    val_exact_match: Optional[bool] = None
+    """Score validation rows from files or hub data by greedy exact match too, as `val_exact_match`:
+    the first `train.eval_samples` prompts answered greedily against their reference answer (the
+    completion; a chat's last assistant turn; a pair's chosen answer; a prompt row's `answer` column).
+    Unset: on for the objectives after SFT (preference, RL, distillation), where a generation metric is
+    the one that shows harm, off for SFT itself. Built-in data is always scored so."""
     shuffle_seed: Optional[int] = None
     """Seed of the data order; defaults to `run.seed`."""
     cache_dir: Optional[str] = None
@@ -293,6 +295,9 @@ class TrainConfig:
     """Log metrics every this many steps."""
     eval_every: int = 0
     """Evaluate every this many steps (0: only at the end)."""
+    eval_at_start: Optional[bool] = None
+    """Evaluate before the first step too (step 0: the baseline a gain is read against). Unset: for the
+    objectives after SFT (preference, reward models, RL, distillation) when `eval_every` > 0."""
     eval_samples: int = 256
     """Validation samples used for the task metric (exact match by greedy generation)."""
     max_skipped_steps: int = 10

@@ -79,12 +79,15 @@ def build_data(
     decoder_start_token_id: Optional[int] = None,
     rows: Any = None,
     val_rows: Any = None,
+    exact_match: Optional[bool] = None,
 ) -> DataBundle:
     """Load, check, label, split and tokenize the data the recipe names (or the Python API's `rows`,
     a list of dicts or a `datasets.Dataset`, and `val_rows`).
 
     `label_hint`: a pretrained classifier's label names (kept when they cover the data);
-    `decoder_start_token_id`: the seq2seq model's (the collator shifts labels behind it).
+    `decoder_start_token_id`: the seq2seq model's (the collator shifts labels behind it);
+    `exact_match`: score held-out rows by greedy exact match against their answers (the caller's
+    resolution of `data.val_exact_match`; None reads it as given, unset meaning no).
     """
     seed = data.shuffle_seed if data.shuffle_seed is not None else seed
     fmt = format_of(data)
@@ -97,8 +100,9 @@ def build_data(
             read = [_given_rows(data, seed, rows, val_rows)]
         else:
             read = [read_source(source, seed) for source in sources]
-        if read[0].task is None and data.val_exact_match and read[0].val is not None and not data.sources:
-            read[0] = replace(read[0], task=fmt.exact_match_task(read[0].val, data))
+        wanted = bool(data.val_exact_match) if exact_match is None else exact_match
+        if read[0].task is None and wanted and read[0].val is not None and not data.sources:
+            read[0] = replace(read[0], task=fmt.exact_match_task(read[0].val, data, tokenizer))
         if read[0].task is not None:  # greedy decoding generates the longest answer and its eos
             answers = tokenizer(list(read[0].task.answers), add_special_tokens=False)["input_ids"]
             read[0] = replace(read[0], task=replace(read[0].task, max_new_tokens=max(map(len, answers)) + 1))

@@ -33,6 +33,9 @@ class Task:
     max_new_tokens: int
     """Tokens generated for every prompt: the longest reference answer plus its end-of-sequence token."""
     batch_size: int = 64
+    add_special_tokens: bool = True
+    """Encode the prompts with the tokenizer's special tokens (plain text); False for prompts a chat
+    template rendered with its own (ditty.data.conversation)."""
 
     def evaluate(
         self,
@@ -49,7 +52,9 @@ class Task:
         predictions: list[str] = []
         for start in range(0, count, self.batch_size):
             batch = list(prompts[start : start + self.batch_size])
-            predictions += greedy_generate(model, tokenizer, batch, device, self.max_new_tokens)
+            predictions += greedy_generate(
+                model, tokenizer, batch, device, self.max_new_tokens, add_special_tokens=self.add_special_tokens
+            )
         return {"exact_match": exact_match(predictions, answers)}
 
 

@@ -69,6 +69,9 @@ class Objective:
     given_loss: bool = False
     """A loss the recipe or the Python API names ([[pipeline.loss]], loss_calculator=) takes the place of
     the row's loss, and the row builds nothing else; False: such a loss is refused."""
+    post_training: bool = True
+    """A stage after SFT, read against where it started: by default it is evaluated at step 0
+    (`train.eval_at_start`) and by greedy exact match where its data has answers (`data.val_exact_match`)."""
 
 
 SUPERVISED = Objective(
@@ -79,6 +82,7 @@ SUPERVISED = Objective(
     build=_lazy("ditty.objectives.supervised", "build_supervised"),
     rules=_lazy("ditty.objectives.supervised", "supervised_rules"),
     given_loss=True,
+    post_training=False,
 )
 
 REWARD_MODEL = Objective(

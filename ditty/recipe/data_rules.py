@@ -283,6 +283,29 @@ def eval_source(ctx: Context) -> Iterator[Problem]:
         yield warning("data.eval.dataset", f"hub dataset {spec.dataset!r} cannot be verified offline")
 
 
+@rule("data.val_exact_match")
+def exact_match_has_answers(ctx: Context) -> Iterator[Problem]:
+    """Greedy exact match needs one reference answer per held-out row, from one source."""
+    data = ctx.config.data
+    if not data.val_exact_match or data.source == "builtin":
+        return
+    from ditty.data.formats import format_of
+
+    if not format_of(data).answers:
+        yield warning(
+            "data.val_exact_match",
+            f'has no effect: data.format = "{data.format}" holds no reference answer per row',
+            'score rows with answers: "prompt_completion", "chat" (its last assistant turn), "preference" '
+            '(the chosen answer) or "prompt" (an `answer` column); or remove it',
+        )
+    elif data.sources:
+        yield warning(
+            "data.val_exact_match",
+            "has no effect with [[data.sources]]: each source is held out on its own, by val_loss/NAME",
+            "remove it, or train on one source",
+        )
+
+
 @rule("data.chat_keys")
 def chat_keys(ctx: Context) -> Iterator[Problem]:
     """data.chat_keys names only message keys and roles, as text."""

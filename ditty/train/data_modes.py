@@ -200,6 +200,9 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
         )
     label_hint, start = model_facts(config.model, components.model, tokenizer)
     given = components.has_data
+    from ditty.objectives.table import objective_for
+
+    exact_match = config.data.val_exact_match  # unset: on after SFT, where a generation metric shows harm
     bundle = build_data(
         config.data,
         tokenizer,
@@ -208,6 +211,7 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
         decoder_start_token_id=start,
         rows=components.dataset if given else None,
         val_rows=components.val_dataset if given else None,
+        exact_match=exact_match if exact_match is not None else objective_for(config).post_training,
     )
     if components.task is not None:  # the Python API's task= (an evaluation hook)
         bundle = replace(bundle, hook=components.task)

@@ -110,6 +110,8 @@ class Trainer(Builders, StepRecords, RunEnding):
         self.model.train()
         train_mode(self.optimizer)  # schedule-free AdamW trains at its interpolated weights
         try:
+            if self.state.step == 0 and self.evaluates_at_start():  # the baseline a gain is read against
+                self.log({"step": 0, **self.evaluate()})
             while not self.should_stop():
                 out = self.advance(self.train_step(self.stream.next_step()))
                 due = self.cadence.at(self.state.step, last=self.should_stop(), skipped=out.skipped)
@@ -127,6 +129,17 @@ class Trainer(Builders, StepRecords, RunEnding):
         result = self.result(final_dir)
         self.report(result)
         return result
+
+    def evaluates_at_start(self) -> bool:
+        """`train.eval_at_start`; unset: for the objectives after SFT that evaluate during the run."""
+        from ditty.objectives.table import objective_for
+
+        t = self.config.train
+        return (
+            t.eval_at_start
+            if t.eval_at_start is not None
+            else t.eval_every > 0 and objective_for(self.config).post_training
+        )
 
     def advance(self, out: StepOutput) -> StepOutput:
         """Count the step just taken (step, tokens, the interval's means, the progress bar)."""

@@ -28,7 +28,8 @@ def test_lora_dpo_run_logs_trl_metrics_and_names_the_method(capsys, tmp_path, ti
     )
     assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert all(name in records[0] for name in TRL_METRICS)
+    assert records[0]["step"] == 0 and all(f"val_{name}" in records[0] for name in TRL_METRICS)  # the baseline
+    assert all(name in [r for r in records if "loss" in r][0] for name in TRL_METRICS)
     assert all(f"val_{name}" in records[-1] for name in TRL_METRICS)
     assert 0.0 <= records[-1]["val_rewards/accuracies"] <= 1.0 and "val_perplexity" not in records[-1]
     card = (tmp_path / "run" / "final" / "README.md").read_text()

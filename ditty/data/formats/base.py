@@ -77,10 +77,13 @@ class DataFormat:
         with `functools.partial`, which `datasets` can hash as the tokenization cache key (required)."""
         raise NotImplementedError
 
-    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Optional["Task"]:
+    def exact_match_task(self, dataset: Any, data: "DataConfig", tokenizer: Any = None) -> Optional["Task"]:
         """Checked validation rows as prompts and reference answers (`data.val_exact_match`), or None
-        for formats without one answer per row."""
+        for formats without one answer per row. `tokenizer` renders chat prompts (its chat template)."""
         return None
+
+    answers: ClassVar[bool] = False
+    """Rows hold one reference answer each, so `exact_match_task` scores them (`data.val_exact_match`)."""
 
     def label_values(self, dataset: Any, data: "DataConfig") -> set:
         """The label values of checked rows (formats with `labels`)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import RecipeError
 from ditty.data.chat_layouts import ChatLayout
+from ditty.data.conversation import ended
 from ditty.data.formats.base import Batch, DataFormat, RowCheck, as_text, bound
 from ditty.data.formats.templates import PromptTemplate, prompt_template
 from ditty.data.rows import TEXT
@@ -67,7 +68,9 @@ class PromptCompletionFormat(DataFormat):
             return RowCheck({column: TEXT for column in template.required})
         return RowCheck({data.prompt_column: TEXT, data.completion_column: TEXT})
 
-    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+    answers = True
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig", tokenizer: Any = None) -> Any:
         from ditty.data.task import Task
 
         template = prompt_template(data.template)
@@ -115,6 +118,27 @@ class ChatFormat(DataFormat):
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
         return bound(encode_chat, tokenizer=tokenizer, layout=ChatLayout.of(data), max_len=data.max_seq_len)
+
+    answers = True
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig", tokenizer: Any = None) -> Any:
+        """Each held-out conversation up to its last assistant turn, rendered with the chat template's
+        generation prompt (ditty.data.conversation), against that turn's text."""
+        from ditty.data.conversation import render_prompt
+        from ditty.data.task import Task
+
+        layout = ChatLayout.of(data)
+        prompts, answers = [], []
+        for row in dataset:
+            messages, _ = layout.conversation(row)
+            last = max((i for i, m in enumerate(messages or []) if m["role"] == "assistant"), default=None)
+            if last is None:
+                continue
+            prompts.append(render_prompt(tokenizer, messages[:last]))
+            answers.append(str(messages[last]["content"]))
+        if not prompts:
+            return None
+        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1, add_special_tokens=False)
 
 
 def encode_text(batch: Batch, *, tokenizer: "PreTrainedTokenizerBase", column: str, max_len: int) -> Batch:
@@ -251,7 +275,10 @@ def _assistant_tokens_from_prefixes(
                 key="data.format",
                 fix='use a chat template with {% generation %} markers, or data.format = "prompt_completion"',
             )
-        supervised[start : len(through_turn)] = [True] * (len(through_turn) - start)
+        # The turn as it is generated: through its first end-of-sequence token (ditty.data.conversation).
+        end = start + len(ended(through_turn[start:], tokenizer.eos_token_id))
+        end = min(end, len(through_turn))
+        supervised[start:end] = [True] * (end - start)
     return ids, supervised
 
 

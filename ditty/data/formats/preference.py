@@ -40,7 +40,7 @@ from ditty.data.formats.base import (
     cut_problem_text,
     text_problem,
 )
-from ditty.data.formats.lm import _append_sample, _with_eos
+from ditty.data.formats.lm import _append_sample
 from ditty.data.rows import ANY, RowCheck, _messages_problem
 
 if TYPE_CHECKING:
@@ -72,15 +72,31 @@ class PreferenceFormat(DataFormat):
         prompt = data.prompt_column
         return RowCheck({CHOSEN: ANY, REJECTED: ANY}, bound(_pair_problem, prompt=prompt), optional=(prompt,))
 
-    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+    answers = True
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig", tokenizer: Any = None) -> Any:
+        """Each held-out pair's prompt against its chosen answer; chat pairs rendered with the chat
+        template's generation prompt (ditty.data.conversation), their chosen reply's text the answer."""
+        from ditty.data.conversation import as_turns, render_prompt, reply_text
         from ditty.data.task import Task
 
-        if data.prompt_column not in dataset.column_names:
-            return None  # conversations with an implicit prompt: no single answer string to match
-        if any(isinstance(v, list) for v in dataset[data.prompt_column][:1] + dataset[CHOSEN][:1]):
-            return None  # conversations: no single answer string to match
-        prompts, answers = as_text(dataset[data.prompt_column]), as_text(dataset[CHOSEN])
-        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1)
+        column = data.prompt_column
+        rows = list(dataset)
+        chats = bool(rows) and any(isinstance(rows[0].get(c), list) for c in (column, CHOSEN))
+        if not chats:
+            prompts, answers = as_text([r[column] for r in rows]), as_text([r[CHOSEN] for r in rows])
+            return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1)
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            return None
+        prompts, answers = [], []
+        for row in rows:
+            if row.get(column) is None:  # TRL's implicit prompt: the turns both sides share
+                turns, chosen, _ = split_implicit_prompt(row[CHOSEN], row[REJECTED])
+            else:
+                turns, chosen = as_turns(row[column], "user"), row[CHOSEN]
+            prompts.append(render_prompt(tokenizer, turns))
+            answers.append(reply_text(chosen))
+        return Task("file", tuple(prompts), tuple(answers), max_new_tokens=1, add_special_tokens=False)
 
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
         return bound(encode_preference, tokenizer=tokenizer, prompt_column=data.prompt_column, max_len=data.max_seq_len)
@@ -225,30 +241,19 @@ def _unpaired_problem(row: dict, *, prompt: str, completion: str) -> Optional[st
 
 def render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
     """(prompt ids, completion ids ending with eos) of one prompt and completion, strings or messages."""
+    from ditty.data.conversation import as_turns, ended, render_reply
+
     if not isinstance(prompt, list) and not isinstance(completion, list):
         prompt_ids = tokenizer(str(prompt))["input_ids"]
         completion_ids = tokenizer(str(completion), add_special_tokens=False)["input_ids"]
-        return prompt_ids, _with_eos(completion_ids, tokenizer)
+        return prompt_ids, ended(completion_ids, tokenizer.eos_token_id)
     if not getattr(tokenizer, "chat_template", None):
         raise RecipeError.single(
             "preference rows hold chat messages, and the tokenizer has no chat template to render them",
             key="data.format",
             fix='set tokenizer.chat_template = "chatml" (or a Jinja file\'s path), or give plain strings',
         )
-    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-    answer = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
-    prompt_text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-    full_text = tokenizer.apply_chat_template(turns + answer, tokenize=False)
-    if not full_text.startswith(prompt_text):
-        raise RecipeError.single(
-            "the chat template renders the prompt differently once the completion follows, so the completion "
-            "cannot be located",
-            key="data.format",
-            fix="use a chat template whose rendering of a conversation extends that of its prompt",
-        )
-    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
-    return prompt_ids, _with_eos(completion_ids, tokenizer)
+    return render_reply(tokenizer, as_turns(prompt, "user"), as_turns(completion, "assistant"))
 
 
 def _sample(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Optional[tuple[list, list]]:
@@ -263,12 +268,16 @@ def render_all(tokenizer: "PreTrainedTokenizerBase", prompts: list, completions:
     plain = [
         i for i, (p, c) in enumerate(zip(prompts, completions)) if not isinstance(p, list) and not isinstance(c, list)
     ]
+    if plain and getattr(tokenizer, "chat_template", None):
+        _warn_plain_pairs_once()
+    from ditty.data.conversation import ended
+
     out: list = [None] * len(prompts)
     if plain:
         prompt_ids = tokenizer([str(prompts[i]) for i in plain])["input_ids"]
         completion_ids = tokenizer([str(completions[i]) for i in plain], add_special_tokens=False)["input_ids"]
         for i, p, c in zip(plain, prompt_ids, completion_ids):
-            out[i] = (p, _with_eos(c, tokenizer))
+            out[i] = (p, ended(c, tokenizer.eos_token_id))
     for i, value in enumerate(out):
         if value is None:
             out[i] = render(tokenizer, prompts[i], completions[i])
@@ -360,3 +369,21 @@ class UnpairedCollator(Collator):
 
     def supervised_count(self, batch: dict) -> torch.Tensor:
         return scored_rows(batch["labels"]).sum()
+
+
+_WARNED: list = []
+
+
+def _warn_plain_pairs_once() -> None:
+    """Plain-string pairs are not rendered with a chat template the tokenizer has: a model trained on
+    chats sees its template at generation, so say so once."""
+    if _WARNED:
+        return
+    _WARNED.append(True)
+    import logging
+
+    logging.getLogger("ditty.data").warning(
+        "the pairs are plain strings and the tokenizer has a chat template: they are tokenized as plain text "
+        "(prompt, then completion and eos), not rendered with the template; if the model was trained on "
+        "chats, give the pairs as chat messages ([{role, content}]) so they are rendered as it generates"
+    )

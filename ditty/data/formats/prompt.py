@@ -42,7 +42,9 @@ class PromptFormat(DataFormat):
     def encoder(self, tokenizer: Any, data: "DataConfig", labels: Any = None) -> Any:
         return bound(encode_prompts, tokenizer=tokenizer, prompt_column=data.prompt_column, max_len=data.max_seq_len)
 
-    def exact_match_task(self, dataset: Any, data: "DataConfig") -> Any:
+    answers = True
+
+    def exact_match_task(self, dataset: Any, data: "DataConfig", tokenizer: Any = None) -> Any:
         """Greedy exact match against an `answer` (else `completion`) column, when the rows have one."""
         from ditty.data.formats.base import as_text
         from ditty.data.task import Task
