@@ -3,7 +3,7 @@
 A page asks for a command's help with a marker line, `<!-- ditty-help: run -->` (`<!-- ditty-help: -->`
 for `ditty --help`); the hook replaces it with the text in a code block. The texts come from one
 child process that calls `ditty.cli.main([COMMAND, "--help"])` for every command, so the page shows
-exactly what a user's terminal does (at 100 columns), and the build's own logging is untouched by
+exactly what a user's terminal does (at 80 columns), and the build's own logging is untouched by
 the command line's set-up (which quiets some libraries' loggers).
 
 `python tools/docs_cli_help.py` prints the texts, for a look without building the site.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!--\s*ditty-help:\s*([\w-]*)\s*-->\s*$", re.M)
-COLUMNS = "100"
+COLUMNS = "80"
 
 # Runs in the child: the commands come from the CLI's own table, so a new command gets a page check.
 _CHILD = """
