@@ -1,7 +1,7 @@
 """ditty: train and finetune PyTorch and Hugging Face models from declarative TOML recipes.
 
 Heavy names (torch, transformers) load on first use, so `ditty check` and `ditty ls` stay fast.
-The names below include the original Ditty library's public API (README "Coming from Ditty").
+The names below include the original Ditty library's public API (docs/python-api/coming-from-ditty.md).
 The package root holds no other module: see docs/ARCHITECTURE.md for the packages and their layers.
 """
 
@@ -29,7 +29,7 @@ _LAZY = {
     "TrainerConfig": "ditty.config",
     "RecipeError": "ditty.config",
     "Trainer": "ditty.train",
-    # The Python API (ditty.compat.pipeline) and its building blocks, as the README's examples import them.
+    # The Python API (ditty.compat.pipeline) and its building blocks, as the docs' examples import them.
     "Pipeline": "ditty.compat.pipeline",
     "Data": "ditty.compat.pipeline",
     "ModelFactory": "ditty.compat.model_factory",

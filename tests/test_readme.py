@@ -1,8 +1,12 @@
-"""The README's code blocks, run as a new user runs them (in the manner of litgpt's test_readme).
+"""The code blocks of the README and of the documentation site, run as a new user runs them (in the
+manner of litgpt's test_readme).
 
-Every fenced block of README.md is one test, named by its line. Blocks run in one working
+Every fenced block of README.md and of the pages under docs/ is one test, named by its file and line
+(the dated result files under docs/benchmarks/ are records of what was run, with commands that take
+minutes to hours: not run). A block whose text, language and markers repeat an earlier one (the
+README shows the pages' examples) runs once, under its first place. Blocks run in one working
 directory that looks like a fresh clone (`recipes/` and the `Makefile` beside it) plus the files the
-README's examples name (`my.toml`, `my.jsonl`, `data/reviews.jsonl`, `models/my-bert`, ...):
+examples name (`my.toml`, `my.jsonl`, `data/reviews.jsonl`, `models/my-bert`, ...):
 
 - shell blocks (`bash`, `sh`, `console`): each `ditty ...` line (also `.venv/bin/ditty`, `python -m
   ditty`) runs in-process through `ditty.cli.main` and must exit 0; `make TARGET` runs the ditty
@@ -20,7 +24,7 @@ are marked slow without it). A block in any other language
 fails until it is given one of those.
 
 Two results are shared, each made once, when a block first needs it: the demo run (`make demo`,
-shortened) in `runs/tiny_sft`, and the README's classifier recipe trained into
+shortened) in `runs/tiny_sft`, and the docs' classifier recipe trained into
 `runs/my-classifier`.
 """
 
@@ -38,17 +42,27 @@ from tests.firstday.test_classifier_final import ROWS as TOPIC_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+NOT_RUN_DOCS = DOCS / "benchmarks"  # dated records of runs; their commands take minutes to hours
 
-# `ditty run` of a README block trains this long (the flags come after the user's, so they win).
+
+def doc_files() -> list[Path]:
+    """README.md, then every page of the site (less the benchmark records), in a stable order."""
+    pages = sorted(p for p in DOCS.rglob("*.md") if NOT_RUN_DOCS not in p.parents)
+    return [README, *pages]
+
+
+# `ditty run` of a block trains this long (the flags come after the user's, so they win).
 SHORT_RUN = ("--train.steps", "3", "--train.eval_every", "3", "--train.eval_samples", "8")
 SHORT_RUN += ("--train.log_every", "1", "--scheduler.warmup_steps", "1", "--logging.progress", "false")
 SHORT_BUILTIN = ("--data.num_samples", "400")  # built-in data sets: fewer generated rows
 
-# Makefile targets a README block names that the test does not run, and why.
+# Makefile targets a block names that the test does not run, and why.
 MAKE_TARGETS_NOT_RUN = {
     "test": "the whole test suite, which holds this test",
     "test-quick": "the test suite without slow tests, which holds this test",
     "lint": "ruff over the repository, which CI runs on its own",
+    "docs": "the site's build, which tests/test_docs_site.py runs",
 }
 SHELL = {"bash", "sh", "shell", "console"}
 NOT_CODE = {"text", "yaml"}  # listings, and files of other tools (an lm-eval task) that ditty reads
@@ -63,13 +77,18 @@ class Block:
     skip: str | None = None  # why it never runs
     flags: tuple[str, ...] = ()
     slow: bool = False
+    source: str = "README.md"  # the file, relative to the repository root
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang or 'plain'}"
+        return f"{self.source}:L{self.line}-{self.lang or 'plain'}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
     """The fenced blocks of a Markdown text, with the readme-test markers of the lines above each."""
     lines = text.splitlines()
     blocks: list[Block] = []
@@ -98,9 +117,23 @@ def readme_blocks(text: str) -> list[Block]:
                 skip=markers.get("skip") or None,
                 flags=tuple(shlex.split(markers.get("flags", ""))),
                 slow="slow" in markers,
+                source=source,
             )
         )
         index = end + 1
+    return blocks
+
+
+def doc_blocks() -> list[Block]:
+    """The blocks of README.md and the docs pages; a repeat of an earlier block (same language,
+    text and markers) is left out, so each example runs once."""
+    blocks, seen = [], set()
+    for path in doc_files():
+        for block in readme_blocks(path.read_text(), str(path.relative_to(ROOT))):
+            key = (block.lang, block.text, block.skip, block.flags, block.slow)
+            if key not in seen:
+                seen.add(key)
+                blocks.append(block)
     return blocks
 
 
@@ -168,7 +201,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def save_bert_base_shape(path: Path) -> None:
     """A BERT with bert-base's 512 positions and vocabulary layout, 2 layers and 32 wide (a stand-in
-    for a user's local bert-base: the README's classifier recipe keeps data.max_seq_len's default)."""
+    for a user's local bert-base: the docs' classifier recipe keeps data.max_seq_len's default)."""
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
@@ -183,7 +216,7 @@ def save_bert_base_shape(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """A fresh clone's directory, with the files the README's examples name."""
+    """A fresh clone's directory, with the files the examples name."""
     root = tmp_path_factory.mktemp("readme")
     (root / "recipes").symlink_to(ROOT / "recipes")
     (root / "Makefile").symlink_to(ROOT / "Makefile")
@@ -221,13 +254,13 @@ def demo_run(workdir: Path, results: dict, capsys) -> Path:
 
 
 def classifier_run(workdir: Path, results: dict, capsys) -> Path:
-    """The README's classifier recipe (the toml block with task "seq-classification"), trained."""
+    """The docs' classifier recipe (the toml block with task "seq-classification"), trained."""
     if "classifier" not in results:
-        recipe = next(b for b in readme_blocks(README.read_text()) if 'task = "seq-classification"' in b.text)
-        path = workdir / f"README-L{recipe.line}.toml"
+        recipe = next(b for b in doc_blocks() if 'task = "seq-classification"' in b.text)
+        path = workdir / f"{recipe.id}.toml".replace("/", "_").replace(":", "_")
         path.write_text(recipe.text + "\n")
         args = ["run", str(path), "--run.output_dir", "runs/my-classifier"]
-        run_ditty(shortened(args), capsys, f"README.md:{recipe.line}")
+        run_ditty(shortened(args), capsys, recipe.where)
         results["classifier"] = workdir / "runs" / "my-classifier"
     return results["classifier"]
 
@@ -243,8 +276,20 @@ def test_the_readme_has_blocks_of_each_kind():
     blocks = readme_blocks(README.read_text())
     langs = {block.lang for block in blocks}
     assert {"bash", "toml", "python"} <= langs, langs
-    unknown = [b.id for b in blocks if not b.skip and b.lang not in SHELL | NOT_CODE | {"toml", "python"}]
+    every = [block for path in doc_files() for block in readme_blocks(path.read_text(), str(path.relative_to(ROOT)))]
+    unknown = [b.id for b in every if not b.skip and b.lang not in SHELL | NOT_CODE | {"toml", "python"}]
     assert not unknown, f"blocks without a language the test runs; tag them or add a skip marker: {unknown}"
+
+
+def test_the_docs_pages_are_read_and_repeats_run_once():
+    """The pages' blocks are collected beside the README's (the moved examples still run), and a block
+    the README repeats from a page is one test, not two."""
+    sources = {block.source for block in doc_blocks()}
+    assert "README.md" in sources and "docs/objectives/rl.md" in sources, sorted(sources)
+    assert not any(source.startswith("docs/benchmarks/") for source in sources)
+    text = "```bash\nditty ls\n```\n"
+    first, again = readme_blocks(text, "a.md") + readme_blocks(text, "b.md")
+    assert (first.id, again.id) == ("a.md:L1-bash", "b.md:L1-bash") and first.text == again.text
 
 
 def test_markers_are_read():
@@ -267,12 +312,12 @@ def trains(block: Block) -> bool:
 
 def _params():
     params = []
-    for block in readme_blocks(README.read_text()):
+    for block in doc_blocks():
         marks = []
         if block.skip:
-            marks.append(pytest.mark.skip(reason=f"README.md:{block.line}: {block.skip}"))
+            marks.append(pytest.mark.skip(reason=f"{block.where}: {block.skip}"))
         elif block.lang in NOT_CODE:
-            marks.append(pytest.mark.skip(reason=f"README.md:{block.line}: a {block.lang} block, not run"))
+            marks.append(pytest.mark.skip(reason=f"{block.where}: a {block.lang} block, not run"))
         if block.slow or trains(block):
             marks.append(pytest.mark.slow)
         params.append(pytest.param(block, id=block.id, marks=marks))
@@ -283,13 +328,13 @@ def _params():
 @pytest.mark.parametrize("block", _params())
 def test_readme_block(block: Block, workdir, results, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
-    where = f"README.md:{block.line}"
+    where = block.where
     for path, make in SHARED_RUNS.items():
         if path in block.text and not (block.lang in SHELL and "make demo" in block.text):
             assert (make(workdir, results, capsys) / "final").is_dir()
 
     if block.lang == "toml":
-        path = workdir / f"README-L{block.line}.toml"
+        path = workdir / f"{block.id}.toml".replace("/", "_").replace(":", "_")
         path.write_text(block.text + "\n")
         out = run_ditty(["check", path.name, *block.flags], capsys, where)
         assert "ok: the recipe is valid" in out

@@ -3,7 +3,7 @@
 `FSDPConfig` -> [parallel], `QuantConfig` -> [quant], `PeftConfig` -> [peft] (see
 `ditty.compat.model_factory`, which takes them, also as dicts); `TokenizerFactory` builds a Hugging Face
 tokenizer for the run; `ModelTransform` is the original's name for a model converter
-(ditty.models.converters). Defaults are ditty's (README, "Coming from Ditty").
+(ditty.models.converters). Defaults are ditty's (docs/python-api/coming-from-ditty.md).
 """
 
 from __future__ import annotations

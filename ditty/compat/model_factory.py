@@ -15,7 +15,7 @@ before the adapter, as the original applied it. `build()` gives the model withou
 original's did: loaded, quantized, transformed and with its adapter, through the same builders
 (ditty.models.build_model, ditty.models.adapters.LoraConverter). Each config also accepts a dict; an unknown key
 or a value ditty cannot honour is a RecipeError that names it and says what to use instead.
-Defaults are ditty's (README, "Coming from Ditty"), not the original's. The config objects live
+Defaults are ditty's (docs/python-api/coming-from-ditty.md), not the original's. The config objects live
 in ditty.compat.model_configs and are re-exported here, where the original kept them.
 """
 

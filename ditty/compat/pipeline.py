@@ -21,7 +21,7 @@ too), so a misfit stops before any training; warnings are logged and kept in `wa
 Code written for the original Ditty runs as is: its keywords (`use_bfloat16`, `max_steps`,
 `tokenizer_factory`, `optimizer`, `metrics_logger`, `push_to_hub`, `hf_hub_token`, ...) are
 accepted, and those ditty cannot honour are refused with what to use instead. Defaults are
-ditty's own; README "Coming from Ditty" lists where they differ from the original's.
+ditty's own; docs/python-api/coming-from-ditty.md lists where they differ from the original's.
 
 The older style still works: subclass `Pipeline` and override `dataset()` to return a DataLoader.
 `extra_config` takes `{section: {field: value}}` for any recipe field without a keyword here

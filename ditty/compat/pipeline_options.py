@@ -1,10 +1,11 @@
 """The Pipeline's keyword arguments as a Trainer.Config, and the problems some of them raise.
 
-`build_config` maps every keyword onto a recipe section (the table in README "Coming from
-Ditty" lists the original Ditty's keywords and defaults); `keyword_problems` finds what cannot be
-honoured or has no effect, and `slot_problems` objects of the wrong kind, before anything is built.
-The original's keywords that ditty does not implement are refused with what to use instead
-(`REFUSED`), and an unknown keyword gets the closest known one: never a TypeError.
+`build_config` maps every keyword onto a recipe section (the table in
+docs/python-api/coming-from-ditty.md lists the original Ditty's keywords and defaults);
+`keyword_problems` finds what cannot be honoured or has no effect, and `slot_problems` objects
+of the wrong kind, before anything is built. The original's keywords that ditty does not implement
+are refused with what to use instead (`REFUSED`), and an unknown keyword gets the closest known
+one: never a TypeError.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The resume decision, made before anything is written or loaded, and what a resume rewrites.
 
-The policy (also in README, "Checkpoints and resume"):
+The policy (also in docs/checkpoints.md):
 
 - `checkpoint.resume = "auto"`: the newest complete `checkpoints/step-N` of `run.output_dir` is
   resumed when the recipe matches the one it was saved with (keys in `IGNORED` never count; world

@@ -1,5 +1,5 @@
-"""A LoRA sequence classifier's final/ loads the way the README shows, with the label names, and
-carries ditty's model card instead of peft's template."""
+"""A LoRA sequence classifier's final/ loads the way the docs show (docs/objectives/model-tasks.md),
+with the label names, and carries ditty's model card instead of peft's template."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from ditty.cli import main
 from tests.tasks.models import save_encoder
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "objectives" / "model-tasks.md"
 ROWS = [
     ("the team scored a goal", "sport"),
     ("the coach and the player", "sport"),
@@ -23,7 +23,7 @@ ROWS = [
 
 
 def readme_block(needle: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     return next(block for block in blocks if needle in block)
 
 
@@ -47,7 +47,7 @@ def test_lora_classifier_loads_with_pipeline_as_the_readme_shows(tmp_path, capsy
 
     code = readme_block('pipeline("text-classification"').replace("runs/my-classifier", str(run))
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # the README's lines, as a user runs them
+    exec(compile(code, str(PAGE), "exec"), namespace)  # the page's lines, as a user runs them
     printed = capsys.readouterr().out
     assert re.search(r"'label': '(sport|food|weather)'", printed), printed
 

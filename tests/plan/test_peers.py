@@ -1,5 +1,5 @@
 """Published memory figures of other projects, reproduced by the plan of the equivalent ditty recipe
-(README, "Know before you run"). `python -m tests.plan.test_peers` prints the README's table.
+(docs/scale/memory.md). `python -m tests.plan.test_peers` prints the table there.
 
 Each row names its source and what the figure measures. Unsloth's tables give, for Hugging Face
 Transformers with FlashAttention 2, the longest sequence that fit a GPU of each size (QLoRA on all

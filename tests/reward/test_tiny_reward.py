@@ -1,6 +1,6 @@
 """A reward model's final/ loads with transformers alone (AutoModelForSequenceClassification, num_labels 1)
-and, scored on the held-out addition pairs there, gives the val_accuracy training reported; the README's
-lines run on it."""
+and, scored on the held-out addition pairs there, gives the val_accuracy training reported; the lines of
+docs/objectives/reward-models.md run on it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from ditty.cli import main
 from tests.reward.helpers import records
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "objectives" / "reward-models.md"
 
 
 def held_out_pairs(num_samples: int, fraction: float) -> list[tuple[str, str, str]]:
@@ -57,11 +57,11 @@ def held_out_accuracy(run_dir: Path, num_samples: int, fraction: float) -> float
 
 
 def readme_scores(run_dir: Path, capsys) -> list[float]:
-    """What the README's example prints for a run's final/ (the scores of a correct and a wrong sum)."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """What the page's example prints for a run's final/ (the scores of a correct and a wrong sum)."""
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     code_text = next(b for b in blocks if "runs/tiny_reward/final" in b).replace("runs/tiny_reward", str(run_dir))
     capsys.readouterr()
-    exec(compile(code_text, "README.md", "exec"), {})  # the README's lines, as a user runs them
+    exec(compile(code_text, str(PAGE), "exec"), {})  # the page's lines, as a user runs them
     return [float(v) for v in re.findall(r"-?\d+\.\d+", capsys.readouterr().out)]
 
 
