@@ -9,10 +9,13 @@ loss with its reference, as pairs read from a file do. So the rejected answers a
 mistakes, which is where preference training has the most to teach.
 
 The prompts are the data's: rows of data.format = "prompt" (their other columns go to the reward
-functions), or the prompts of data.format = "preference" pairs, whose chosen completion is then the
-`answer` column the reward functions see (the default reward, without `rl.rewards`, is exact match
-against it: "ditty.objectives.builtin_rewards:exact_match"). A completion is sampled up to
-`rl.max_new_tokens` and at most `data.max_seq_len` tokens; a pair is cut to `data.max_seq_len` like any.
+functions), or the prompts of data.format = "preference" pairs. A pair's chosen completion then joins
+its prompt's group as one more candidate, and is the `answer` column the reward functions see (the
+default reward, without `rl.rewards`, is exact match against it:
+"ditty.objectives.builtin_rewards:exact_match"): a prompt the policy never answers right still makes a
+pair, the chosen answer against the policy's own worst mistake, and samples are cut one token past the
+longest chosen answer of the batch. A completion is sampled up to `rl.max_new_tokens` and at most
+`data.max_seq_len` tokens; a pair is cut to `data.max_seq_len` like any.
 
 Each rank samples its own prompts; every step serves the same number of micro-batches on every rank,
 filled up with pairs that score nothing (the loss counts only scored pairs). The sampling is seeded by
@@ -44,16 +47,16 @@ class PromptsOfPairs:
         self.tokenizer = tokenizer
 
     def __call__(self, samples: Sequence[dict], positions: Optional[Sequence[int]] = None) -> dict[str, Any]:
-        prompt_ids, prompts, answers = [], [], []
+        prompt_ids, prompts, answers, answer_ids = [], [], [], []
         eos = self.tokenizer.eos_token_id
         for sample in samples:
             ids, labels = list(sample["input_ids"]), list(sample["labels"])
             start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
-            answer = [t for t in ids[start:] if t != eos]
             prompt_ids.append(ids[:start])
+            answer_ids.append(ids[start:])  # the chosen completion as it trains: through its eos
             prompts.append(self.tokenizer.decode(ids[:start], skip_special_tokens=True))
-            answers.append(self.tokenizer.decode(answer, skip_special_tokens=True))
-        return {"prompt_ids": prompt_ids, "prompts": prompts, "columns": {"answer": answers}}
+            answers.append(self.tokenizer.decode([t for t in ids[start:] if t != eos], skip_special_tokens=True))
+        return {"prompt_ids": prompt_ids, "prompts": prompts, "columns": {"answer": answers}, "answer_ids": answer_ids}
 
 
 class OnlinePairStream:
@@ -105,8 +108,11 @@ class OnlinePairStream:
         start = self.prompts.cursor
         (batch,) = self.prompts.next_step()
         first = start + self.rank * len(batch["prompt_ids"])
-        rollouts = self.sampler.sample(batch["prompt_ids"], first)
-        group = self.group_size
+        answers = batch.get("answer_ids")
+        # A sample longer than any reference answer of the batch (and a token) is cut there: it is wrong.
+        cap = max(len(ids) for ids in answers) + 1 if answers else None
+        rollouts = with_references(self.sampler.sample(batch["prompt_ids"], first, cap), batch, self.group_size)
+        group = self.group_size + (1 if answers else 0)
         repeat = lambda values: [v for v in values for _ in range(group)]  # noqa: E731
         columns = {name: repeat(values) for name, values in batch["columns"].items()}
         self.environment.score(rollouts, repeat(batch["prompts"]), columns)
@@ -169,6 +175,25 @@ class OnlinePairStream:
         self.prompts.load_state_dict(state["prompts"])
         saved = decode_state(state["pending"])
         self.pending, self.metrics = saved["pairs"], saved["metrics"]
+
+
+def with_references(rollouts: Any, batch: dict, group: int) -> Any:
+    """The sampled groups, each with its prompt's reference answer (preference data's chosen
+    completion) as one more candidate: a prompt the policy never answers right still makes a pair,
+    its chosen answer against the policy's own worst mistake."""
+    if not batch.get("answer_ids"):
+        return rollouts
+    from ditty.objectives.rl.batch import RolloutBatch
+
+    out = RolloutBatch([], [], [], [])
+    for index, (answer, text) in enumerate(zip(batch["answer_ids"], batch["columns"]["answer"])):
+        rows = range(index * group, (index + 1) * group)
+        prompt = rollouts.prompt_ids[rows[0]]
+        out.prompt_ids += [rollouts.prompt_ids[i] for i in rows] + [prompt]
+        out.completion_ids += [rollouts.completion_ids[i] for i in rows] + [list(answer)]
+        out.texts += [rollouts.texts[i] for i in rows] + [text]
+        out.truncated += [rollouts.truncated[i] for i in rows] + [False]
+    return out
 
 
 def _filler(collator: Any) -> dict:

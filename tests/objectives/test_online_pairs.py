@@ -61,7 +61,8 @@ class FixedSampler:
     def __init__(self, completions):
         self.completions = completions
 
-    def sample(self, prompt_ids, first):
+    def sample(self, prompt_ids, first, max_new_tokens=None):
+        self.cap = max_new_tokens
         rows = [(p, c) for p in prompt_ids for c in self.completions[:4]]
         return RolloutBatch([p for p, _ in rows], [c for _, c in rows], [str(c) for _, c in rows], [False] * len(rows))
 
@@ -72,22 +73,33 @@ class LengthRewards:
 
 
 class OnePromptBatch:
-    def __init__(self, prompts):
-        self.prompts, self.cursor = prompts, 0
+    def __init__(self, prompts, answers=None):
+        self.prompts, self.answers, self.cursor = prompts, answers, 0
 
     def next_step(self):
         self.cursor += len(self.prompts)
-        return [{"prompt_ids": self.prompts, "prompts": ["p"] * len(self.prompts), "columns": {}}]
+        batch = {"prompt_ids": self.prompts, "prompts": ["p"] * len(self.prompts), "columns": {}}
+        if self.answers:  # preference data: each prompt's chosen completion (PromptsOfPairs)
+            batch["answer_ids"] = self.answers
+            batch["columns"] = {"answer": [str(a) for a in self.answers]}
+        return [batch]
 
 
-def stream_over(completions) -> OnlinePairStream:
+class AnswerRewards:
+    """1 for the reference answer's text, 0 for anything else (exact match against `answer`)."""
+
+    def score(self, rollouts, prompts, columns):
+        rollouts.rewards = torch.tensor([float(t == a) for t, a in zip(rollouts.texts, columns["answer"])])
+
+
+def stream_over(completions, answers=None, environment=None) -> OnlinePairStream:
     """Two prompts, each answered by the same four `completions`, scored by their length."""
     from ditty.data.formats.preference import PairCollator
 
     return OnlinePairStream(
-        OnePromptBatch([[1, 2], [3]]),
+        OnePromptBatch([[1, 2], [3]], answers),
         sampler=FixedSampler(completions),
-        environment=LengthRewards(),
+        environment=environment or LengthRewards(),
         collator=PairCollator(0),
         group_size=4,
         refresh_every=1,
@@ -111,6 +123,14 @@ def test_the_best_and_the_worst_of_a_group_become_a_pair_and_ties_are_dropped():
     assert tied.step_metrics()["online/tied_groups"] == 1.0
 
 
+def test_a_pairs_chosen_answer_joins_its_group_so_a_prompt_never_answered_right_still_pairs():
+    stream = stream_over([[5], [6], [7], [8]], answers=[[9, 2], [4, 2]], environment=AnswerRewards())
+    (batch,) = stream.next_step()
+    # every sample wrong: the chosen answer (the extra candidate) against the first, worst sample
+    assert batch["input_ids"][0, :4].tolist() == [1, 2, 9, 2] and batch["input_ids"][2, :3].tolist() == [1, 2, 5]
+    assert stream.sampler.cap == 3  # one token past the longest chosen answer
+
+
 def test_the_prompts_of_pairs_keep_their_chosen_answer_for_the_rewards():
     from ditty.data.tokenizer import byte_tokenizer
 
@@ -120,6 +140,7 @@ def test_the_prompts_of_pairs_keep_their_chosen_answer_for_the_rewards():
     sample = {"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}
     batch = PromptsOfPairs(tokenizer)([sample])
     assert batch["prompt_ids"] == [prompt] and batch["columns"] == {"answer": ["15"]}
+    assert batch["answer_ids"] == [answer]
 
 
 @pytest.mark.parametrize("data_format", ["preference", "prompt"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,11 +44,15 @@ class GenerateSampler:
         self.policy, self.rl, self.tokenizer, self.device, self.seed = policy, rl, tokenizer, device, seed
 
     @torch.no_grad()
-    def sample(self, prompt_ids: list[list[int]], first_position: int = 0) -> RolloutBatch:
+    def sample(
+        self, prompt_ids: list[list[int]], first_position: int = 0, max_new_tokens: Optional[int] = None
+    ) -> RolloutBatch:
+        """`max_new_tokens`: a tighter cap than the settings' for this call."""
         eos = self.tokenizer.eos_token_id
         out = RolloutBatch([], [], [], [])
+        settings = self.rl if max_new_tokens is None else replace(self.rl, max_new_tokens=max_new_tokens)
         groups = generate_groups(
-            self.policy(), prompt_ids, self.rl, self.tokenizer, self.device, self.seed, first_position
+            self.policy(), prompt_ids, settings, self.tokenizer, self.device, self.seed, first_position
         )
         for prompts, generated in groups:
             for ids, row in zip([ids for ids in prompts for _ in range(self.rl.group_size)], generated):
