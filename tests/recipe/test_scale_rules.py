@@ -98,7 +98,9 @@ def test_ditty_check_exits_2_with_the_fix(row, tmp_path, capsys):
 
 def test_readme_shows_the_support_table():
     page = (Path(__file__).resolve().parents[2] / "docs" / "scale" / "parallel.md").read_text()
-    assert support_table_markdown() in page, "regenerate the table in docs/scale/parallel.md: python -m ditty.recipe.scale_rules"
+    assert support_table_markdown() in page, (
+        "regenerate the table in docs/scale/parallel.md: python -m ditty.recipe.scale_rules"
+    )
 
 
 def test_the_byte_tokenizer_size_is_what_the_rules_assume():
