@@ -149,7 +149,10 @@ def test_with_accumulation_a_step_is_all_its_micro_batches(two_cores):
 @pytest.mark.slow  # a 100-step run of a shrunken demo: ~10 s
 def test_a_long_run_without_a_thread_setting_times_both_and_records_the_choice(tmp_path, capsys, two_cores):
     out = tmp_path / "run"
-    small = '{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 2, max_position_embeddings = 64, tie_word_embeddings = false }'  # noqa: E501
+    small = (
+        "{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2, "
+        "num_key_value_heads = 2, max_position_embeddings = 64, tie_word_embeddings = false }"
+    )
     args = ["--run.num_threads", "0", "--run.output_dir", str(out), "--model.config", small]
     args += ["--train.steps", str(TRIAL_MIN_STEPS), "--train.global_batch_size", "4", "--train.micro_batch_size", "4"]
     args += ["--data.num_samples", "1000", "--train.eval_every", "0", "--train.eval_samples", "8"]
