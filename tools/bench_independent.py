@@ -4,6 +4,7 @@
     python tools/bench_independent.py                      # 8 x 128 and 2 x 2,048, 3 interleaved repeats, 2 threads
     python tools/bench_independent.py --shapes 8x128 --reps 5 --threads 1
     python tools/bench_independent.py --profile /tmp/prof  # plus a cProfile of one run of each, by phase
+    python tools/bench_independent.py --baseline main      # and ditty as of git ref main, interleaved (before/after)
     python tools/bench.py --only independent
 
 The bare loop shares no code with ditty (its worker never imports it; the run fails if ditty turns
@@ -300,14 +301,15 @@ def _phases(profiler, a: dict, phases: dict, steps: int) -> dict:
 WORKERS = {"bare": bare_loop, "ditty": ditty_run}
 
 
-def run_worker(kind: str, args: dict, threads: int, timeout: float = 1200) -> dict:
+def run_worker(kind: str, args: dict, threads: int, source: Path = ROOT, timeout: float = 1200) -> dict:
+    """One run in its own process; a ditty worker imports ditty from `source`."""
     env = dict(
         os.environ,
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONPATH=str(source) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", kind, json.dumps(dict(args, threads=threads))],
@@ -322,43 +324,56 @@ def run_worker(kind: str, args: dict, threads: int, timeout: float = 1200) -> di
     return json.loads(lines[-1][len("BENCH_RESULT ") :])
 
 
-def compare(shapes: list[str], reps: int, threads: int, tmp: Path, log, profile: str = "") -> list[dict]:
-    """Per shape: bare and ditty alternating `reps` times; one row per shape with the medians."""
+def baseline_source(ref: str, tmp: Path) -> Path:
+    """ditty as of git `ref` (its ditty/ package only), exported under `tmp`."""
+    target = tmp / f"ditty-at-{ref.replace('/', '_')}"
+    target.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "ditty"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target
+
+
+def compare(
+    shapes: list[str], reps: int, threads: int, tmp: Path, log, profile: str = "", baseline: str = ""
+) -> list[dict]:
+    """Per shape: the bare loop, ditty (and ditty at git ref `baseline`) alternating `reps` times;
+    one row per shape with the medians."""
     data = tmp / "addition.jsonl"
     if not data.exists():
         write_rows(data)
+    contenders = {"bare": ("bare", ROOT), "ditty": ("ditty", ROOT)}
+    if baseline:
+        contenders[f"ditty at {baseline}"] = ("ditty", baseline_source(baseline, tmp))
     results = []
     for shape in shapes:
         rows, width = SHAPES[shape]
         warmup, timed = STEPS[width]
         base = dict(tmp=str(tmp), data=str(data), rows=rows, width=width, warmup=warmup, timed=timed)
-        runs: dict[str, list[dict]] = {"bare": [], "ditty": []}
+        runs: dict[str, list[dict]] = {name: [] for name in contenders}
         for rep in range(reps):
-            for kind in runs:
+            for name, (kind, source) in contenders.items():
                 load = os.getloadavg()[0]
-                r = run_worker(kind, dict(base, name=f"{kind}-{shape}-{rep}"), threads)
+                label = name.replace(" ", "-").replace("/", "_")
+                r = run_worker(kind, dict(base, name=f"{label}-{shape}-{rep}"), threads, source)
                 r["load"] = load
-                runs[kind].append(r)
+                runs[name].append(r)
                 log(
-                    f"  {shape} {kind} rep {rep}: {r['tok_per_s']:,.0f} tok/s wall, {r['tok_per_cpu_s']:,.0f} "
+                    f"  {shape} {name} rep {rep}: {r['tok_per_s']:,.0f} tok/s wall, {r['tok_per_cpu_s']:,.0f} "
                     f"tok/CPU-s (load {load:.2f})"
                 )
-        ratios = [d["tok_per_s"] / b["tok_per_s"] for b, d in zip(runs["bare"], runs["ditty"])]
-        row = dict(
-            shape=shape,
-            threads=threads,
-            bare=statistics.median(r["tok_per_s"] for r in runs["bare"]),
-            ditty=statistics.median(r["tok_per_s"] for r in runs["ditty"]),
-            bare_cpu=statistics.median(r["tok_per_cpu_s"] for r in runs["bare"]),
-            ditty_cpu=statistics.median(r["tok_per_cpu_s"] for r in runs["ditty"]),
-            pair_ratios=ratios,
-            loads=[r["load"] for rs in runs.values() for r in rs],
-        )
+        row = dict(shape=shape, threads=threads, loads=[r["load"] for rs in runs.values() for r in rs], runs={})
+        for name, rs in runs.items():
+            row["runs"][name] = dict(
+                wall=statistics.median(r["tok_per_s"] for r in rs),
+                cpu=statistics.median(r["tok_per_cpu_s"] for r in rs),
+                pairs=[r["tok_per_s"] / b["tok_per_s"] for b, r in zip(runs["bare"], rs)],
+            )
         if profile:
-            for kind in runs:
-                r = run_worker(kind, dict(base, name=f"{kind}-{shape}-profile", profile=profile), threads)
-                row[f"{kind}_phases"] = r["phases"]
-                row[f"{kind}_profiled_ms"] = r["profiled_ms_per_step"]
+            row["profiles"] = {}
+            for name, (kind, source) in contenders.items():
+                label = name.replace(" ", "-").replace("/", "_")
+                r = run_worker(kind, dict(base, name=f"{label}-{shape}-profile", profile=profile), threads, source)
+                row["profiles"][name] = (r["profiled_ms_per_step"], r["phases"])
         results.append(row)
     return results
 
@@ -367,26 +382,26 @@ def render(results: list[dict], command: str) -> str:
     out = [
         f"Command: `{command}`",
         "",
-        "| shape | threads | bare loop tok/s (wall) | ditty tok/s (wall) | ditty / bare (median) | pairs | "
-        "bare tok/CPU-s | ditty tok/CPU-s | ditty / bare (CPU) | load average |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | threads | contender | tok/s (wall, median) | / bare loop | per repeat / bare loop "
+        "| tok per CPU-s | / bare loop (CPU) | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        pairs = ", ".join(f"{x:.3f}" for x in r["pair_ratios"])
+        bare = r["runs"]["bare"]
         loads = f"{min(r['loads']):.1f}-{max(r['loads']):.1f}"
-        out.append(
-            f"| {r['shape']} | {r['threads']} | {r['bare']:,.0f} | {r['ditty']:,.0f} | "
-            f"{r['ditty'] / r['bare']:.3f} | {pairs} | {r['bare_cpu']:,.0f} | {r['ditty_cpu']:,.0f} | "
-            f"{r['ditty_cpu'] / r['bare_cpu']:.3f} | {loads} |"
-        )
+        for name, x in r["runs"].items():
+            pairs = ", ".join(f"{p:.3f}" for p in x["pairs"])
+            out.append(
+                f"| {r['shape']} | {r['threads']} | {name} | {x['wall']:,.0f} | {x['wall'] / bare['wall']:.3f} | "
+                f"{pairs} | {x['cpu']:,.0f} | {x['cpu'] / bare['cpu']:.3f} | {loads} |"
+            )
     for r in results:
-        if "bare_phases" not in r:
+        if "profiles" not in r:
             continue
         out += ["", f"Profile at {r['shape']} (cProfile on CPU time, all threads; ms per step, share of the step):", ""]
-        for kind in ("bare", "ditty"):
-            step = r[f"{kind}_profiled_ms"]
-            parts = ", ".join(f"{k} {v:.1f} ({100 * v / step:.1f}%)" for k, v in r[f"{kind}_phases"].items())
-            out.append(f"- {kind}, {step:.1f} ms per step: {parts}")
+        for name, (step, phases) in r["profiles"].items():
+            parts = ", ".join(f"{k} {v:.1f} ({100 * v / step:.1f}%)" for k, v in phases.items())
+            out.append(f"- {name}, {step:.1f} ms per step: {parts}")
     return "\n".join(out)
 
 
@@ -396,6 +411,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", default="", help="also profile one run of each per shape; .prof files here")
+    parser.add_argument("--baseline", default="", help="also run ditty as of this git ref (e.g. main), interleaved")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -409,7 +425,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="ditty-independent-") as tmp:
-        results = compare(shapes, opts.reps, opts.threads, Path(tmp), log, opts.profile)
+        results = compare(shapes, opts.reps, opts.threads, Path(tmp), log, opts.profile, opts.baseline)
     print(render(results, "python tools/bench_independent.py " + " ".join(argv if argv is not None else sys.argv[1:])))
     return 0
 
