@@ -338,6 +338,7 @@ def compare(
 ) -> list[dict]:
     """Per shape: the bare loop, ditty (and ditty at git ref `baseline`) alternating `reps` times;
     one row per shape with the medians."""
+    tmp.mkdir(parents=True, exist_ok=True)
     data = tmp / "addition.jsonl"
     if not data.exists():
         write_rows(data)
