@@ -38,8 +38,21 @@ def ns_dtype(device: torch.device, choice: str = "auto") -> torch.dtype:
     if device.type != "cpu":
         return torch.bfloat16
     if "cpu" not in _CHOSEN:
-        _CHOSEN["cpu"] = probe_cpu_dtype()
+        _CHOSEN["cpu"] = _agreed(probe_cpu_dtype())
     return _CHOSEN["cpu"]
+
+
+def _agreed(dtype: torch.dtype) -> torch.dtype:
+    """The same dtype on every rank: bfloat16 only where every rank measured it faster. DDP keeps
+    replicas equal by applying the same update everywhere; ranks orthogonalising in different
+    dtypes would drift apart silently. One all-reduce of one number, once per process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return dtype
+    vote = torch.tensor([1 if dtype == torch.bfloat16 else 0])
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    return torch.bfloat16 if int(vote) else torch.float32
 
 
 def probe_cpu_dtype(size: int = PROBE_SIZE, repeats: int = 3) -> torch.dtype:

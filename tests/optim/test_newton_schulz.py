@@ -128,3 +128,17 @@ def test_a_bad_ns_dtype_is_a_recipe_error_and_an_unused_one_a_warning(capsys):
     assert main(["check", "tiny_sft", "--optimizer.ns_dtype", "float32"]) == 0
     out = capsys.readouterr()
     assert "optimizer.ns_dtype" in out.out + out.err
+
+
+def _vote(rank: int, world_size: int) -> str:
+    from ditty.optim.newton_schulz import _agreed
+
+    return str(_agreed(torch.bfloat16 if rank == 0 else torch.float32))
+
+
+@pytest.mark.slow  # two gloo ranks
+def test_ddp_ranks_agree_on_one_dtype():
+    """Replicas must apply the same update: bfloat16 only where every rank measured it faster."""
+    from tests.parallel.harness import run_ranks
+
+    assert run_ranks(_vote, 2) == ["torch.float32", "torch.float32"]
