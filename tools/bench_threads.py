@@ -2,11 +2,11 @@
 `--run.num_threads` must run within 10% of the faster fixed count, alone and beside a 2-thread job.
 
     python tools/bench_threads.py                       # both models, alone and beside a 2-thread job, 3 repeats
-    python tools/bench_threads.py --models wide --conditions alone --reps 5 --steps 300
+    python tools/bench_threads.py --models wide --conditions alone --reps 5 --steps 1000
 
 Each run is `ditty run tiny_sft` in its own process with evaluation and the progress bar off, for
 `--steps` steps, at `--run.num_threads 1`, `2` and `0` (ditty's choice: the rule, then for a run of
-100 steps or more the timed first steps of ditty.parallel.threads), the three in rotating order
+500 steps or more the timed first steps of ditty.parallel.threads), the three in rotating order
 within each repeat. Throughput is the run's own record of its last step: tokens / elapsed_s, from the
 start of the loop (so ditty's timing steps are inside it), not counting start-up. "beside" runs a
 2-thread job (fp32 products of 1024 x 1024 matrices in a loop) for the whole of each run. Models:
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TRIAL_MIN_STEPS = 500  # ditty.parallel.threads.TRIAL_MIN_STEPS; only the runs import ditty
 WIDE = (
     "{ hidden_size = 256, intermediate_size = 768, num_hidden_layers = 4, num_attention_heads = 4, "
     "num_key_value_heads = 4, max_position_embeddings = 64, tie_word_embeddings = false }"
@@ -134,8 +135,10 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="tiny,wide")
     parser.add_argument("--conditions", default="alone,beside")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=600)
     opts = parser.parse_args(argv)
+    if opts.steps < TRIAL_MIN_STEPS:
+        parser.error(f"--steps {opts.steps}: ditty times threads only in runs of {TRIAL_MIN_STEPS} steps or more")
     models, conditions = opts.models.split(","), opts.conditions.split(",")
     if set(models) - set(MODELS) or set(conditions) - {"alone", "beside"}:
         parser.error(f"models from {sorted(MODELS)}, conditions from ['alone', 'beside']")

@@ -34,7 +34,7 @@ class RunConfig:
     """Where to train: "auto" takes CUDA when available, else the CPU."""
     num_threads: int = 0
     """CPU threads for torch; 0 lets ditty choose: a rule to start (1 for a model under 20M parameters,
-    else the cores other work leaves free, per local process), then a single-process run of 100
+    else the cores other work leaves free, per local process), then a single-process run of 500
     steps or more times its first steps on all cores and on 1 and keeps the faster."""
 
 
