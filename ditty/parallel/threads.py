@@ -43,7 +43,8 @@ TRIAL_MIN_STEPS = 500
 """Fewer planned steps than this keep the rule's count: the trial's 8 steps, some of them on the
 slower count, are at most 1.6% of a run this long (tests and smoke runs are shorter)."""
 TRIAL_WARMUP = 2
-"""Steps on the starting count before timing: the first carries allocations and lazy set-up."""
+"""Steps on the starting count before timing: the first carries allocations and lazy set-up; with
+`train.compile` two more, where compiling (and a recompile) happens."""
 TRIAL_ROUNDS = 3
 """Timed steps per candidate count; the medians are compared."""
 CLEAR_LOSS_S = 1.0
@@ -138,7 +139,12 @@ def apply_cpu_threads(
     torch.set_num_threads(choice.threads)
     if model is not None and trial_applies(config.run.num_threads, planned_steps):
         trial = ThreadTrial(
-            model, cores=available_cores(), accumulation=accumulation, announce=announce, run_dir=config.run.output_dir
+            model,
+            cores=available_cores(),
+            accumulation=accumulation,
+            announce=announce,
+            run_dir=config.run.output_dir,
+            warmup=TRIAL_WARMUP + (2 if config.train.compile else 0),
         )
         if announce:
             print(
@@ -170,7 +176,10 @@ class ThreadTrial:
         announce: bool = True,
         run_dir: str = "",
         clock: Callable[[], float] = time.perf_counter,
+        warmup: int = TRIAL_WARMUP,
     ) -> None:
+        import torch
+
         self.clock = clock
         """Wall time: a step's time is what the user waits for, other jobs' share of the cores included."""
         self.cores = cores
@@ -178,6 +187,7 @@ class ThreadTrial:
         self.announce = announce
         self.run_dir = run_dir
         """Where env.json gets the choice ("" for none)."""
+        self.warmup = warmup
         self.schedule = [cores, 1] * TRIAL_ROUNDS
         self.times: dict[int, list[float]] = {cores: [], 1: []}
         self.forwards = 0
@@ -187,7 +197,9 @@ class ThreadTrial:
         self.started_at: Optional[float] = None
         self.interrupted = False
         self.result: Optional[ThreadChoice] = None
-        self.handle = model.register_forward_pre_hook(self._on_forward)
+        # Eager even where the model is compiled whole (compile_scope = "model"): the hook reads a clock
+        # and sets the thread count, which a compiled graph cannot hold (dynamo would break the graph).
+        self.handle = model.register_forward_pre_hook(torch.compiler.disable(self._on_forward))
 
     def _on_forward(self, module: Any, args: Any) -> None:
         import torch
@@ -207,7 +219,7 @@ class ThreadTrial:
                 self.schedule.append(self.running)
         self.started_at, self.interrupted = now, False
         self.steps_started += 1
-        if self.steps_started <= TRIAL_WARMUP:
+        if self.steps_started <= self.warmup:
             return
         winner = self._clear_winner()
         if winner is None and self.schedule:
