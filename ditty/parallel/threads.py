@@ -188,6 +188,7 @@ class ThreadTrial:
         self.run_dir = run_dir
         """Where env.json gets the choice ("" for none)."""
         self.warmup = warmup
+        self.start = torch.get_num_threads()
         self.schedule = [cores, 1] * TRIAL_ROUNDS
         self.times: dict[int, list[float]] = {cores: [], 1: []}
         self.forwards = 0
@@ -243,9 +244,11 @@ class ThreadTrial:
         many, one = self.times[self.cores], self.times[1]
         if winner is None and many and one:
             winner = self.cores if statistics.median(many) <= statistics.median(one) else 1
-        if winner is None:  # every timed step was interrupted: keep what the run started on
+        if winner is None:  # every timed step of a count was interrupted: keep what the run started on
             self.result = ThreadChoice(
-                torch.get_num_threads(), "CPU threads: no training step could be timed alone; kept the starting count"
+                self.start,
+                f"CPU threads: {self.start}, the starting count: no training step could be timed alone on both "
+                "counts (evaluations or generation in every step; set run.num_threads to choose)",
             )
         else:
             timed = ", ".join(f"{_ms(self.times[n])} on {n}" for n in sorted(self.times, reverse=True) if self.times[n])

@@ -136,6 +136,17 @@ def test_a_step_with_an_evaluation_in_it_is_timed_again(two_cores):
     assert trial.result.threads == 2
 
 
+def test_steps_that_always_generate_keep_the_starting_count(two_cores):
+    """RL-like steps (a no-grad forward in every one) cannot be timed: after the retries, the start stays."""
+    torch.set_num_threads(1)
+    clock = StepClock({1: [0.1] * 20, 2: [0.1] * 20})
+    module, trial = trial_on(clock)
+    while trial.result is None:
+        clock.step(module, torch.ones(1, 4), evaluate=True)
+    assert trial.times == {2: [], 1: []} and trial.result.threads == 1 == torch.get_num_threads()
+    assert "the starting count" in trial.result.reason
+
+
 def test_with_accumulation_a_step_is_all_its_micro_batches(two_cores):
     torch.set_num_threads(1)
     clock = StepClock({1: [0.5, 0.5, 0.4, 0.4, 0.4], 2: [0.5, 0.5, 0.5]})
