@@ -37,6 +37,9 @@ Comparisons:
   pre-tokenized path, and peak memory over 1x/10x/100x corpora; see tools/bench_streaming.py.
 - allocator (only with `--only allocator`, never in --quick): host memory and step time of fsdp on 2
   CPU ranks under each host allocator policy; see tools/bench_allocator.py.
+- independent (only with `--only independent`): ditty on packed rows against a bare loop that shares
+  no code with ditty (its own model build, packing, loss and optimizer step), both on 2 threads, at
+  8 x 128 and 2 x 2,048 tokens; see tools/bench_independent.py (also --baseline and --profile there).
 - dpo, grpo (tools/bench_post.py; only when named with --only, never in the default or --quick set):
   ditty's Trainer against TRL's DPOTrainer (pairs per CPU-second) and GRPOTrainer (completions per
   CPU-second and the share of step time spent generating) on the same tiny Llama, data and settings
@@ -619,7 +622,7 @@ def main(argv=None) -> int:
         default=None,
         help="comma-separated sections: overhead,packed,packing,memory,compile,scale (default: all; --quick leaves"
         " out packed and scale),"
-        " streaming, allocator, dpo, grpo (only when named);"
+        " streaming, allocator, dpo, grpo, independent (only when named);"
         " with --gpu, variants: eager,compile,fp8,chunked,liger,cce,all,padded,packed,packed-sdpa",
     )
     parser.add_argument(
@@ -830,6 +833,12 @@ def main(argv=None) -> int:
         from bench_allocator import main as allocator_benchmark
 
         print(allocator_benchmark(rounds=opts.reps or 3, log=log))
+    if "independent" in sections:
+        import bench_independent
+
+        shapes = ["8x128"] if quick else list(bench_independent.SHAPES)
+        found = bench_independent.compare(shapes, reps, 2, tmp / "independent", log)
+        print(bench_independent.render(found, "python tools/bench.py " + " ".join(argv or sys.argv[1:])))
     return 0
 
 

@@ -33,8 +33,9 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: "auto" takes CUDA when available, else the CPU."""
     num_threads: int = 0
-    """CPU threads for torch; 0 keeps the default (one per available core and local process).
-    Tiny models train faster on 1."""
+    """CPU threads for torch; 0 lets ditty choose: a rule to start (1 for a model under 20M parameters,
+    else the cores other work leaves free, per local process), then a single-process run of 500
+    steps or more times its first steps on all cores and on 1 and keeps the faster."""
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,10 @@ class OptimizerConfig:
     adjust_lr_fn: Literal["original", "match_rms_adamw"] = "original"
     """muon: how the update is scaled per matrix shape: "original" (Keller Jordan's sqrt(max(1, rows/cols)))
     or "match_rms_adamw" (Moonshot's 0.2 sqrt(max(rows, cols)): the AdamW lr then suits muon_lr too)."""
+    ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """muon: dtype of the Newton-Schulz products. "auto": bfloat16 on GPUs (torch.optim.Muon's choice),
+    and on the CPU whichever a measured product finds faster (float32 on CPUs without bfloat16 units,
+    where bfloat16 products run 20-40x slower); the update agrees with bfloat16's to its precision."""
 
 
 @dataclass(frozen=True)

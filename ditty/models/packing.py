@@ -221,10 +221,8 @@ def dense_block_mask(cu_seq_lens: "torch.Tensor", rows: int, width: int) -> "tor
 
     lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).long().cpu()
     segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths).view(rows, width)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (segment[:, :, None] == segment[:, None, :]) & causal
-    mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, BLOCKED)
-    return mask[:, None, :, :]
+    allowed = (segment[:, :, None] == segment[:, None, :]).tril_()  # same sample, and causal
+    return torch.where(allowed, 0.0, BLOCKED)[:, None, :, :]
 
 
 # ---------------------------------------------------------------------------------- PACKED_SDPA

@@ -1,5 +1,6 @@
 """`MuonWithAdamW`: torch.optim.Muon on the hidden 2-D weights and torch.optim.AdamW on the rest,
-as one optimizer (imports torch: load it only to build one).
+as one optimizer (imports torch: load it only to build one). The Muon part iterates Newton-Schulz
+in the dtype that is fast on the device (ditty.optim.newton_schulz).
 
 One object, so everything that takes "the optimizer" works unchanged: one `state_dict` (DCP names
 its state by parameter), one learning-rate schedule over all groups, one `zero_grad`, step hooks.
@@ -18,14 +19,16 @@ from typing import Any
 import torch
 
 from ditty.config.errors import RecipeError
+from ditty.optim.newton_schulz import Muon
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """Param groups carry "algorithm": "muon" (torch.optim.Muon's keys) or "adamw" (AdamW's)."""
+    """Param groups carry "algorithm": "muon" (torch.optim.Muon's keys) or "adamw" (AdamW's); `muon`
+    may name the Newton-Schulz dtype as "ns_dtype" (default bfloat16, torch's)."""
 
     def __init__(self, groups: list[dict[str, Any]], *, muon: dict[str, Any], adamw: dict[str, Any]) -> None:
         options = {"muon": muon, "adamw": adamw}
-        classes = {"muon": torch.optim.Muon, "adamw": torch.optim.AdamW}
+        classes = {"muon": Muon, "adamw": torch.optim.AdamW}
         self._parts: dict[str, torch.optim.Optimizer] = {}
         for algorithm in ("muon", "adamw"):
             own = [group for group in groups if group["algorithm"] == algorithm]

@@ -102,11 +102,16 @@ def _bnb_adamw8bit(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch
 
 def _muon(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
     from ditty.optim.muon import MuonWithAdamW
+    from ditty.optim.newton_schulz import ns_dtype
 
     adamw_groups = [group for group in groups if group["algorithm"] == "adamw"]
+    devices = [p.device for group in groups if group["algorithm"] == "muon" for p in group["params"]]
+    muon = dict(momentum=opt.muon_momentum, nesterov=True, ns_steps=opt.ns_steps, adjust_lr_fn=opt.adjust_lr_fn)
+    if devices:
+        muon["ns_dtype"] = ns_dtype(devices[0], opt.ns_dtype)
     return MuonWithAdamW(
         groups,
-        muon=dict(momentum=opt.muon_momentum, nesterov=True, ns_steps=opt.ns_steps, adjust_lr_fn=opt.adjust_lr_fn),
+        muon=muon,
         adamw=dict(betas=tuple(opt.betas), eps=opt.eps, **_kernel_choice(adamw_groups)),
     )
 

@@ -177,7 +177,7 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit", "muon", "adamw_schedulefree"}),
     **{
         f"optimizer.{name}": ("optimizer.kind", {"muon"})
-        for name in ("muon_lr", "muon_weight_decay", "muon_momentum", "ns_steps", "adjust_lr_fn")
+        for name in ("muon_lr", "muon_weight_decay", "muon_momentum", "ns_steps", "adjust_lr_fn", "ns_dtype")
     },
     "scheduler.decay_fraction": ("scheduler.kind", {"wsd"}),
     "scheduler.min_lr_ratio": ("scheduler.kind", {"linear", "cosine", "wsd"}),

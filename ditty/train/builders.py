@@ -97,10 +97,21 @@ class Builders:
         trainable, total = trainable_parameter_counts(model)
         if is_main_process():
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.2f}%)")
-        if self.runtime.device.type == "cpu":  # one thread for a small model or busy cores (ditty.parallel.threads)
+        if self.runtime.device.type == "cpu":  # a rule; a long run times 1 thread against all (ditty.parallel.threads)
+            from ditty.metrics.peak import device_peak_flops
             from ditty.parallel.threads import apply_cpu_threads
 
-            apply_cpu_threads(self.config, total, announce=is_main_process())
+            plan = self.plan
+            apply_cpu_threads(
+                self.config,
+                total,
+                announce=is_main_process(),
+                model=model,
+                planned_steps=plan.steps,
+                accumulation=plan.accumulation_steps or 1,
+            )
+            # mfu's CPU peak is measured once per process (~0.3 s of products); here, not in the first logged step
+            device_peak_flops(self.runtime.device, override_tflops=self.config.logging.peak_tflops)
         return BuiltModel(model, converters, pending)
 
     def build_converters(self) -> list:

@@ -82,10 +82,14 @@ def test_muon_with_lora_takes_the_adapter_matrices():
 
 
 def test_muon_part_equals_torch_muon_and_adamw_part_equals_torch_adamw():
-    """Three steps with the same gradients: the composite against torch's two optimizers, 1e-6."""
+    """Three steps with the same gradients: the composite against torch's two optimizers, 1e-6. In
+    bfloat16, torch's own Newton-Schulz; the float32 one "auto" takes on this CPU is checked against it
+    in tests/optim/test_newton_schulz.py."""
     model = tiny_llama()
     reference = copy.deepcopy(model)
-    opt = OptimizerConfig(kind="muon", lr=1e-3, weight_decay=0.1, muon_lr=0.05, muon_momentum=0.9, ns_steps=4)
+    opt = OptimizerConfig(
+        kind="muon", lr=1e-3, weight_decay=0.1, muon_lr=0.05, muon_momentum=0.9, ns_steps=4, ns_dtype="bfloat16"
+    )
     optimizer = build_optimizer(opt, model)
     matrix = "model.layers.1.mlp.down_proj.weight"
     ref = dict(reference.named_parameters())
