@@ -28,6 +28,7 @@ STARTS_FROM_A_RUN = {
     "tiny_dpo": "runs/tiny_sft_short/final",
     "tiny_grpo": "runs/tiny_sft_start/final",
     "tiny_reward": "runs/tiny_sft/final",
+    "tiny_distill": "runs/tiny_sft/final",
 }
 
 
