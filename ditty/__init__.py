@@ -91,7 +91,7 @@ MOVED_MODULES = {
     "ditty.fused_loss": "ditty.stages.fused_loss",
     "ditty.diffusion": "ditty.stages.diffusion",
     "ditty.evaluation": "ditty.metrics.harness",
-    "ditty.cli_plan": "ditty.cli.plan",
+    "ditty.cli_plan": "ditty.cli.memory_plan",
     "ditty.data.digits": "ditty.data.formats.images",
     "ditty.train.runtime": "ditty.parallel.runtime",
     "ditty.train.export": "ditty.cli.export",
@@ -100,6 +100,12 @@ MOVED_MODULES = {
     "ditty.train.loss_parameters": "ditty.stages.loss_parameters",
     "ditty.train.preference_loss": "ditty.objectives.preference_loss",
     "ditty.train.preference": "ditty.objectives.reference",
+    "ditty.objectives.preference": "ditty.objectives.dpo_family",
+    "ditty.objectives.distill": "ditty.objectives.gkd",
+    "ditty.data.formats.preference": "ditty.data.formats.preference_rows",
+    "ditty.recipe.compat": "ditty.recipe.compatibility_rules",
+    "ditty.recipe.plan": "ditty.recipe.compiled",
+    "ditty.cli.plan": "ditty.cli.memory_plan",
 }
 """Module names users import (the original Ditty's, and ditty's own before its root was tidied)
 -> where the module lives now. `import ditty.loss` gives the module `ditty.stages.loss` itself (one

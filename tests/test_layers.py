@@ -186,3 +186,35 @@ def test_the_checker_sees_an_upward_import(tmp_path):
         assert (2, "ditty.train") in imported_modules(sample)
     finally:
         sample.unlink()
+
+
+# Words that say nothing of a module's role on their own: a module named by one of them lives in
+# one package only, so `preference.py` is the [preference] section and `compat` the original
+# library's API, never also a loss, a data format or a set of rules.
+ROLE_BLIND_WORDS = {"preference", "plan", "compat", "distill", "reward", "rules", "task"}
+# tests/ mirrors the package: its root holds the fixtures and the tests of the whole tree only.
+TESTS_ROOT_FILES = {
+    "__init__.py",
+    "conftest.py",
+    "test_layers.py",
+    "test_readme.py",
+    "test_snapshots.py",
+    "test_suite_tiers.py",
+}
+
+
+def test_a_role_blind_name_names_one_module_or_package():
+    owners: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*"):
+        if path.name == "__init__.py" or "__pycache__" in path.parts:
+            continue
+        if path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").exists()):
+            owners.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE.parent)))
+    shared = {word: sorted(owners[word]) for word in ROLE_BLIND_WORDS if len(owners.get(word, [])) > 1}
+    assert not shared, f"name these by their role (and keep the old import path in ditty.MOVED_MODULES): {shared}"
+
+
+def test_the_tests_root_holds_only_the_cross_cutting_tests():
+    root = PACKAGE.parent / "tests"
+    stray = sorted(p.name for p in root.glob("*.py") if p.name not in TESTS_ROOT_FILES)
+    assert not stray, f"move these into the tests/ folder of the part of ditty they test: {stray}"

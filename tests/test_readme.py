@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.firstday.test_classifier_final import ROWS as TOPIC_ROWS
+from tests.tasks.test_classifier_final import ROWS as TOPIC_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -62,7 +62,7 @@ MAKE_TARGETS_NOT_RUN = {
     "test": "the whole test suite, which holds this test",
     "test-quick": "the test suite without slow tests, which holds this test",
     "lint": "ruff over the repository, which CI runs on its own",
-    "docs": "the site's build, which tests/test_docs_site.py runs",
+    "docs": "the site's build, which tests/docs/test_docs_site.py runs",
 }
 SHELL = {"bash", "sh", "shell", "console"}
 NOT_CODE = {"text", "yaml"}  # listings, and files of other tools (an lm-eval task) that ditty reads

@@ -221,7 +221,7 @@ def cmd_check(args: list[str]) -> int:
     else:
         loaded = _load(ref, flags)
     cpu_allocator_choice()  # the environment a run would start with (ditty.parallel.allocator)
-    from ditty.cli import plan as cli_plan
+    from ditty.cli import memory_plan as cli_plan
 
     target = cli_plan.plan_target(plan_options, launch, loaded.config) if plan_options else None
     plan = compile_recipe(loaded, world_size=target.world_size if target else _world_size(launch))
@@ -295,7 +295,7 @@ def cmd_init(args: list[str]) -> int:
         if value is not None:
             intent[flag.lstrip("-")] = value
     if intent:
-        from ditty.cli import plan as cli_plan
+        from ditty.cli import memory_plan as cli_plan
 
         return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)

@@ -6,7 +6,7 @@ Quantized *random* init is refused: fresh random weights quantized to 4 bits and
 train nothing useful (only an adapter would learn, on top of noise).
 
 Which combinations work (8-bit under FSDP, DoRA on 8-bit, merging) is the recipe compiler's table
-(ditty/recipe/compat.py); this module assumes a recipe that passed it.
+(ditty/recipe/compatibility_rules.py); this module assumes a recipe that passed it.
 """
 
 from __future__ import annotations

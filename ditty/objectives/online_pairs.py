@@ -212,7 +212,7 @@ def sampler_settings(rl: Any, max_seq_len: int) -> Any:
 
 def build_online_pairs(run: Any) -> ObjectiveParts:
     from ditty.data.build import build_stream
-    from ditty.data.formats.preference import PairCollator
+    from ditty.data.formats.preference_rows import PairCollator
     from ditty.objectives.pairs import build_pairs
     from ditty.objectives.rewards import load_reward_functions
     from ditty.objectives.rl.environment import RewardEnvironment
@@ -263,7 +263,7 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
 
 def online_rules(ctx: Any) -> Iterator[Problem]:
     from ditty.objectives.pairs import pair_values, reference_rules
-    from ditty.objectives.rl.rules import rewards_resolve
+    from ditty.objectives.rl.rl_rules import rewards_resolve
 
     cfg = ctx.config
     pref, rl = cfg.preference, cfg.rl

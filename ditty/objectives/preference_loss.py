@@ -1,14 +1,14 @@
 """`PreferenceLoss`: the DPO family's loss stage (DPO, IPO, SimPO, ORPO, KTO), the last stage of the step's pipeline.
 
 A batch of the "preference" format holds 2N rows, the N chosen completions then the N rejected ones
-(ditty.data.formats.preference), which went through ONE forward. The loss takes the output head's
+(ditty.data.formats.preference_rows), which went through ONE forward. The loss takes the output head's
 input (the trainer runs the model under `emit_head_input` for a loss with `uses_head_input`) and
 scores the completion tokens through the head in chunks (ditty.objectives.logprobs), so no
 `[rows, tokens, vocab]` logits are made. The reference's per-sequence log-probabilities come from a
 reference (ditty.objectives.reference): the model with its adapter disabled, a frozen copy, a
 separate model, or a table computed before training; or from a function of one's own.
 
-It runs the tested functions of ditty.objectives.preference with the counts of the whole global
+It runs the tested functions of ditty.objectives.dpo_family with the counts of the whole global
 batch: `count_units` declares them (pairs; KTO: examples, and the desirable and undesirable ones),
 the trainer sums them over every micro-batch and rank before the first forward and hands them over
 as `ctx["global_units"]`, and the loss and its metrics (TRL's names) are this micro-batch's shares,
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from ditty.config.preference import REFERENCE_FREE, PreferenceConfig
-from ditty.data.formats.preference import scored_rows
-from ditty.objectives import preference as objectives
+from ditty.data.formats.preference_rows import scored_rows
+from ditty.objectives import dpo_family as objectives
 from ditty.objectives.logprobs import sequence_logps, split_pairs, token_logps
 from ditty.objectives.output import share
 from ditty.stages.fused_loss import HEAD_INPUT, head_projection, model_config, output_head

@@ -5,7 +5,7 @@ the derived numbers (accumulation, tokens per step, steps), what will be built, 
 found. It reads config classes and declared capabilities only; it never loads weights or data.
 """
 
+from ditty.recipe.compiled import Plan
 from ditty.recipe.compiler import compile_config, compile_recipe
-from ditty.recipe.plan import Plan
 
 __all__ = ["compile_config", "compile_recipe", "Plan"]

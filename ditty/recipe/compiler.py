@@ -17,10 +17,10 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     scale_rules,
     task_rules,
 )
+from ditty.recipe.compiled import Plan
 from ditty.recipe.first_stage import first_stage_command
 from ditty.recipe.objective_rules import objective_problems
 from ditty.recipe.pipeline_rules import IMAGE_BUILTINS
-from ditty.recipe.plan import Plan
 from ditty.recipe.rules import ALL_RULES, Context
 
 

@@ -1,7 +1,7 @@
 """Compiler rules for the chunked cross-entropy (`[train] loss_chunks`, `loss_backend`).
 
 Registered after the core rules (imported by ditty/recipe/compiler.py). The backends' availability
-and hardware are rows of the compatibility table (ditty/recipe/compat.py: compat.liger-missing,
+and hardware are rows of the compatibility table (ditty/recipe/compatibility_rules.py: compat.liger-missing,
 compat.cce-missing, compat.loss-kernel-cuda); here: where the chunked loss applies at all.
 """
 

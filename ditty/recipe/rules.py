@@ -300,8 +300,8 @@ def _show(value: Any) -> str:
 
 @rule("compat")
 def compatibility(ctx: Context) -> Iterator[Problem]:
-    """Every row of the compatibility table in ditty/recipe/compat.py."""
-    from ditty.recipe.compat import COMPAT_RULES
+    """Every row of the compatibility table in ditty/recipe/compatibility_rules.py."""
+    from ditty.recipe.compatibility_rules import COMPAT_RULES
 
     for row in COMPAT_RULES:
         if row.when(ctx.config):

@@ -20,7 +20,7 @@ from ditty.config.errors import Problem
 from ditty.objectives.table import objective_name
 from ditty.parallel.mesh import KIND_REFUSAL_FIX, KIND_REFUSALS, kind_refusal_rule
 from ditty.parallel.tp_table import TP_MODEL_TYPES, ModelDims, divisibility
-from ditty.recipe.compat import CompatRule
+from ditty.recipe.compatibility_rules import CompatRule
 from ditty.recipe.rules import Context, error, rule
 
 CP_ATTENTION = ("auto", "sdpa")

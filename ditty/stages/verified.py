@@ -2,7 +2,7 @@
 architecture: packed samples stay isolated under the block-diagonal mask (ditty/models/packing.py,
 PACKED_MASK_MODEL_TYPES; checked by tests/models/test_packing.py), and the chunked loss and its
 gradients match the full-logits loss, because the logits are the output head's projection, at most
-scaled or softcapped (ditty/stages/fused_loss; checked by tests/test_fused_loss.py). Each test runs a
+scaled or softcapped (ditty/stages/fused_loss; checked by tests/stages/test_fused_loss.py). Each test runs a
 2-layer, 64-wide random model of every type here, so a type added here is checked for both.
 
 Importing this module is cheap (no torch): the recipe compiler reads it.

@@ -115,7 +115,7 @@ class TrainRun:
     components: Any = None
     """The Python objects that replace config sections (ditty.train.components.RuntimeComponents)."""
     plan: Any = None
-    """The compiled recipe (ditty.recipe.plan.Plan): accumulation steps, warnings."""
+    """The compiled recipe (ditty.recipe.compiled.Plan): accumulation steps, warnings."""
     runtime: Any = None
     resume: Any = None
     """The resume decision (ditty.train.resume.ResumePlan)."""

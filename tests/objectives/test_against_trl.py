@@ -16,8 +16,8 @@ pytest.importorskip("trl")
 # Importing TRL's trainers (transformers, accelerate, datasets) takes about 45 s of wall time here.
 pytestmark = pytest.mark.slow
 
+from ditty.objectives.dpo_family import dpo_loss, ipo_loss, orpo_loss, simpo_loss  # noqa: E402
 from ditty.objectives.grpo import grpo_loss  # noqa: E402
-from ditty.objectives.preference import dpo_loss, ipo_loss, orpo_loss, simpo_loss  # noqa: E402
 
 TOL = 1e-6
 
@@ -221,7 +221,7 @@ def test_grpo_matches_trl(loss, importance, beta, clip_high):
 def test_kto_matches_trl():
     from trl.trainer.kto_trainer import KTOTrainer
 
-    from ditty.objectives.preference import kto_kl, kto_kl_share, kto_loss
+    from ditty.objectives.dpo_family import kto_kl, kto_kl_share, kto_loss
 
     examples, width = 6, 8
     generator = torch.Generator().manual_seed(5)

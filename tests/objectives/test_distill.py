@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ditty.cli import main
-from ditty.objectives.distill import chunked_jsd
+from ditty.objectives.gkd import chunked_jsd
 from ditty.stages.fused_loss import Projection
 
 VOCAB, HIDDEN = 37, 16
@@ -59,7 +59,7 @@ def test_the_chunked_divergence_equals_trls_dense_one(beta, temperature):
 
 def test_forward_and_reverse_kl_at_the_ends():
     """beta 0 is KL(teacher || student), beta 1 is KL(student || teacher)."""
-    from ditty.objectives.distill import jsd_per_token
+    from ditty.objectives.gkd import jsd_per_token
 
     student, teacher = torch.randn(4, VOCAB, dtype=torch.float64), torch.randn(4, VOCAB, dtype=torch.float64)
     p, q = teacher.softmax(-1), student.softmax(-1)

@@ -94,7 +94,7 @@ class AnswerRewards:
 
 def stream_over(completions, answers=None, environment=None) -> OnlinePairStream:
     """Two prompts, each answered by the same four `completions`, scored by their length."""
-    from ditty.data.formats.preference import PairCollator
+    from ditty.data.formats.preference_rows import PairCollator
 
     return OnlinePairStream(
         OnePromptBatch([[1, 2], [3]], answers),
@@ -113,7 +113,7 @@ def stream_over(completions, answers=None, environment=None) -> OnlinePairStream
 def test_the_best_and_the_worst_of_a_group_become_a_pair_and_ties_are_dropped():
     stream = stream_over([[5, 6, 7], [5], [5, 6], [9]])  # lengths 3, 1, 2, 1: best the first, worst the second
     (batch,) = stream.next_step()
-    # two prompts, two pairs: chosen rows first, then rejected (ditty.data.formats.preference)
+    # two prompts, two pairs: chosen rows first, then rejected (ditty.data.formats.preference_rows)
     assert batch["input_ids"][0, :5].tolist() == [1, 2, 5, 6, 7] and batch["input_ids"][2, :3].tolist() == [1, 2, 5]
     assert stream.step_metrics()["online/pairs"] == 1.0 and stream.step_metrics()["online/tied_groups"] == 0.0
 

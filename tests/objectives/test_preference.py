@@ -1,4 +1,4 @@
-"""Preference losses (ditty.objectives.preference, reward_model): one step on fixed log-probabilities
+"""Preference losses (ditty.objectives.dpo_family, reward_model): one step on fixed log-probabilities
 equals each paper's formula, written here independently with Python's math module, pair by pair;
 any split of the pairs with the global count gives the same loss, metrics and gradients."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from ditty.objectives.preference import dpo_loss, ipo_loss, kto_kl, kto_kl_share, kto_loss, orpo_loss, simpo_loss
+from ditty.objectives.dpo_family import dpo_loss, ipo_loss, kto_kl, kto_kl_share, kto_loss, orpo_loss, simpo_loss
 from ditty.objectives.reward_model import bradley_terry_loss
 
 # Six pairs: summed completion log-probabilities of a policy and of a DIFFERENT reference model.

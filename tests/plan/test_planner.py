@@ -33,7 +33,7 @@ def state(plan, rank=0):
 
 @pytest.mark.parametrize("recipe", bundled_recipes(), ids=lambda r: r.name)
 def test_every_bundled_recipe_plans(recipe, tmp_path, monkeypatch, request):
-    from tests.test_cli import stand_in_first_stage
+    from tests.cli.test_cli import stand_in_first_stage
 
     stand_in_first_stage(recipe.name, tmp_path, monkeypatch, request)
     plan = make_plan(load_any(recipe.name).config, Target(memory=parse_memory("80GB")))

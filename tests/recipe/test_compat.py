@@ -8,7 +8,7 @@ import pytest
 
 from ditty.config.loader import parse_recipe
 from ditty.recipe import compile_recipe
-from ditty.recipe.compat import COMPAT_RULES, compat_table_markdown
+from ditty.recipe.compatibility_rules import COMPAT_RULES, compat_table_markdown
 
 BASE = """
 [model]
@@ -97,7 +97,7 @@ def test_rule_trips_on_its_recipe_and_not_on_the_base(rule, monkeypatch):
         "compat.schedulefree-missing": "schedulefree",
     }.get(rule.id)
     if optional and _has(optional):  # installed here (the dev set-up has deepspeed): pretend it is not
-        from ditty.recipe import compat
+        from ditty.recipe import compatibility_rules as compat
 
         real_missing = compat._missing
         monkeypatch.setattr(compat, "_missing", lambda module: module == optional or real_missing(module))
@@ -117,7 +117,9 @@ def _has(module: str) -> bool:
 
 def test_the_docs_show_the_table():
     page = (Path(__file__).resolve().parents[2] / "docs" / "recipes" / "compiler.md").read_text()
-    assert compat_table_markdown() in page, "regenerate docs/recipes/compiler.md's table: python -m ditty.recipe.compat"
+    assert compat_table_markdown() in page, (
+        "regenerate docs/recipes/compiler.md's table: python -m ditty.recipe.compatibility_rules"
+    )
 
 
 def test_bnb_fsdp_check_exits_2_and_suggests_torchao(capsys):

@@ -1,5 +1,5 @@
 """Training paths only a CUDA GPU runs, end to end through the Trainer (marker `gpu`: skipped, and
-counted, without one). What the kernel tests (tests/test_fused_loss.py, tests/models/test_packing.py)
+counted, without one). What the kernel tests (tests/stages/test_fused_loss.py, tests/models/test_packing.py)
 check in isolation, here through a whole run: packed rows built with flex_attention ("auto") and
 validated by generation, FP8 with compile, the liger and cce loss backends, QLoRA, and the default
 recipe reaching its CPU result on the GPU. They were written after the first GPU session

@@ -17,7 +17,7 @@ from ditty.data.formats.images import BUILTINS as IMAGE_BUILTINS
 from ditty.data.formats.images import ImagesFormat
 from ditty.data.formats.lm import ChatFormat, PromptCompletionFormat, TextFormat
 from ditty.data.formats.masked_lm import MaskedLMFormat
-from ditty.data.formats.preference import PreferenceFormat, UnpairedPreferenceFormat
+from ditty.data.formats.preference_rows import PreferenceFormat, UnpairedPreferenceFormat
 from ditty.data.formats.prompt import PromptFormat
 from ditty.data.formats.seq2seq import Seq2SeqFormat
 from ditty.data.formats.token_classification import TokenClassificationFormat

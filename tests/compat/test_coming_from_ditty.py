@@ -16,7 +16,7 @@ from ditty import (
     RecipeError,
     TrainerState,
 )
-from tests import ported_script
+from tests.compat import ported_script
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +142,7 @@ def test_hf_hub_token_reaches_the_hub_and_is_written_nowhere(tmp_path):
 
     hub = FakeHub().start()
     try:
-        repo = Path(__file__).resolve().parents[1]
+        repo = Path(__file__).resolve().parents[2]
         run = tmp_path / "run"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
         env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf-home"))

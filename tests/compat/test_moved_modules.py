@@ -14,7 +14,7 @@ import pytest
 import ditty
 from ditty import MOVED_MODULES, moved_to
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_MODULES))

@@ -241,7 +241,7 @@ def test_from_huggingface_loads_through_the_recipe(tmp_path, tiny_llama_dir):
     with pytest.raises(RecipeError, match="Hugging Face models loaded by path"):
         ModelFactory(model=Regressor(), quant_config={"enabled": True}).recipe_overrides()
     with pytest.raises(RecipeError, match="loaded when it is built or run"):
-        factory.base_model()  # build() loads it (tests/test_coming_from_ditty.py)
+        factory.base_model()  # build() loads it (tests/compat/test_coming_from_ditty.py)
 
 
 def test_from_checkpoint_and_the_constructor(tmp_path):

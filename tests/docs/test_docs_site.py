@@ -23,7 +23,7 @@ import pytest
 # One worker builds the site once for every test here (make test runs `--dist loadgroup`).
 pytestmark = pytest.mark.xdist_group("docs_site")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What `make docs` runs (the Makefile's docs target is checked to say the same), with this Python.
 BUILD = [sys.executable, "-m", "mkdocs", "build", "--strict"]
 BUILD_ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

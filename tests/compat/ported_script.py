@@ -4,7 +4,7 @@ It uses the original's names as its README and docstrings do: ModelFactory with 
 (disabled here, one process; its transformer_layers say which blocks activation checkpointing
 wraps), pre/postprocessors with contracts in both `|` placements, a composite loss whose weights
 are learned (UncertaintyWeightedLoss), a MetricsLogger, a TokenizerFactory, checkpoints every
-`checkpoint_every` steps, `max_steps`, and `print_pipeline`. tests/test_coming_from_ditty.py runs it.
+`checkpoint_every` steps, `max_steps`, and `print_pipeline`. tests/compat/test_coming_from_ditty.py runs it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 
 from ditty.cli import main
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "digits_diffusion.toml")
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "digits_diffusion.toml")
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 One table: each row is a rule id, the condition under which a recipe breaks (or a setting does
 nothing), the message and the fix. `ditty check` evaluates every row; the compatibility table of
-docs/recipes/compiler.md is generated from it (`python -m ditty.recipe.compat`) and a test keeps
+docs/recipes/compiler.md is generated from it (`python -m ditty.recipe.compatibility_rules`) and a test keeps
 the two in step. Each row has a test with a failing recipe in tests/recipe/test_compat.py.
 
 The conditions read only the config (and, for hardware rows, what is importable or present),

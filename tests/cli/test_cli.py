@@ -10,7 +10,7 @@ from ditty.cli import main
 from ditty.config.bundled import bundled_recipes
 from ditty.config.loader import load_recipe
 
-BAD = Path(__file__).parent / "config" / "bad_recipes"
+BAD = Path(__file__).resolve().parents[1] / "config" / "bad_recipes"
 
 
 def run_cli(capsys, *args):
@@ -66,7 +66,7 @@ def test_a_second_stage_checked_before_its_first_names_the_command_that_makes_it
 
 
 def test_every_file_under_recipes_is_bundled():
-    folder = Path(__file__).resolve().parents[1] / "recipes"
+    folder = Path(__file__).resolve().parents[2] / "recipes"
     assert {p.stem for p in folder.glob("*.toml")} == {r.name for r in bundled_recipes()}
 
 
