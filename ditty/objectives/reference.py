@@ -12,8 +12,15 @@ reference is always "auto").
 - a path ("path"): that model, loaded once, frozen, sharded like the policy under fsdp/hsdp;
 - "precompute": the starting model's log-probabilities of every training and held-out sample, computed
   once before training into `run_dir/reference_logps.pt` (keyed by the sample's tokens, so mixtures,
-  repeats and any order find them); a resumed run reads the file back. Sequence sums only: sampled
-  completions (RL) are new at every step and cannot be looked up.
+  repeats and any order find them). The file also holds the starting model's fingerprint (a hash of
+  the weights the reference scores with): a rerun reads it back only when the model it starts from
+  is the same, and scores then the samples the file lacks (data changed under force_resume); a
+  file from another model is computed again. Sequence sums only: sampled completions (RL) are new at
+  every step and cannot be looked up.
+
+A reference given by path must share the policy's tokenizer: it scores the policy's token ids, so
+another vocabulary (or a table too short for the ids, which loading would grow with random rows) is
+refused before anything is loaded.
 
 Every reference answers `sequence_logps(batch)` (per-row sums over the scored tokens, the DPO family's
 input) and, but "precompute", `token_logps(batch, temperature)` (per token, aligned with the labels:
@@ -61,6 +68,7 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
     if kind == "precompute":
         return Precomputed.for_run(run, policy, chunks)
     config = run.config
+    refuse_another_tokenizer(run.tokenizer, setting, key, trust_remote_code=config.model.trust_remote_code)
     other = replace(config, model=loaded_as_is(config.model, setting))
     if sharded:
         return FrozenModel(sharded_like_policy(run, other), chunks)
@@ -68,6 +76,58 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
 
     separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
     return FrozenModel(frozen(separate), chunks)
+
+
+def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remote_code: bool = False) -> None:
+    """A RecipeError when the model at `path` was trained with another tokenizer than the policy's
+    `tokenizer`: it would score the policy's ids as its own, other, tokens. A directory without
+    tokenizer files is held to its embedding table, which must have a row for every id (loading grows a
+    shorter one with random rows); a hub id that cannot be read offline is not checked."""
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return
+    from ditty.config.errors import RecipeError
+    from ditty.data.tokenizer import holds_no_tokenizer
+
+    local = os.path.expanduser(path)
+    fix = "use a model trained with the policy's tokenizer (such as the checkpoint the policy starts from)"
+    if os.path.isdir(local) and holds_no_tokenizer(local):
+        from transformers import AutoConfig
+
+        try:
+            rows = AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code).get_text_config().vocab_size
+        except (OSError, ValueError, AttributeError):
+            return  # not a model directory: loading it says why
+        if rows is not None and rows < len(tokenizer):
+            raise RecipeError.single(
+                f"{path!r} has {rows} token embeddings and the policy's tokenizer {len(tokenizer)} ids: "
+                "the ids beyond its table would get random rows, and it holds no tokenizer to show it is the "
+                "policy's",
+                key=key,
+                fix=fix,
+            )
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        source = local if os.path.isdir(local) else path
+        theirs = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return  # a hub id offline, or no tokenizer: loading the model says what is wrong
+    ours_vocab, their_vocab = tokenizer.get_vocab(), theirs.get_vocab()
+    if ours_vocab == their_vocab:
+        return
+    if len(their_vocab) != len(ours_vocab):
+        what = f"{len(their_vocab)} ids against the policy's {len(ours_vocab)}"
+    else:
+        token = next(t for t in sorted(ours_vocab, key=ours_vocab.get) if their_vocab.get(t) != ours_vocab[t])
+        what = f"the same {len(ours_vocab)} ids for other tokens: {token!r} is {ours_vocab[token]} to the policy, "
+        what += f"{their_vocab.get(token)} to it"
+    raise RecipeError.single(
+        f"{path!r} has another tokenizer than the policy's ({what}): it would score the policy's "
+        "token ids as its own tokens",
+        key=key,
+        fix=fix,
+    )
 
 
 class Reference:
@@ -197,16 +257,33 @@ class Precomputed(Reference):
         from ditty._utils.dist import is_main_process, on_every_rank
 
         path = os.path.join(run.config.run.output_dir, REFERENCE_FILE)
-        # A resumed run reads the same starting model's figures back. Every rank decides alike: under
-        # fsdp the scoring forwards are collectives, and a node-local output_dir may lack the file.
+        fingerprint = model_fingerprint(model)  # the policy has not stepped yet: the starting model
+        table: dict[str, float] = {}
+        # Every rank decides alike: under fsdp the scoring forwards are collectives, and a node-local
+        # output_dir may lack the file.
         if on_every_rank(os.path.exists(path)):
-            return cls(torch.load(path, weights_only=True))
+            saved = torch.load(path, weights_only=True)
+            if on_every_rank(isinstance(saved, dict) and saved.get("fingerprint") == fingerprint):
+                table = dict(saved["table"])
+            else:
+                log.warning(
+                    "%s was computed from another starting model than this run's (model.path or its weights "
+                    "changed): computing it again",
+                    path,
+                )
+        known = len(table)
         bundle = run.data.bundle
-        table = compute_table(model, reference_datasets(bundle), bundle.collator, chunks)
-        if is_main_process():  # written whole, then renamed: a killed run leaves no half file
-            torch.save(table, path + ".partial")
+        table = compute_table(model, reference_datasets(bundle), bundle.collator, chunks, known=table)
+        if known and len(table) > known:
+            log.warning(
+                "%d sequences of the data were not in %s (the data changed): scored now by the starting model",
+                len(table) - known,
+                path,
+            )
+        if len(table) > known and is_main_process():  # written whole, then renamed: a killed run leaves no half file
+            torch.save({"fingerprint": fingerprint, "table": table}, path + ".partial")
             os.replace(path + ".partial", path)
-        log.info("reference log-probabilities of %d sequences precomputed into %s", len(table), path)
+            log.info("reference log-probabilities of %d sequences precomputed into %s", len(table), path)
         return cls(table)
 
     def token_logps(self, batch: Mapping[str, Tensor], temperature: float = 1.0) -> Tensor:
@@ -215,8 +292,8 @@ class Precomputed(Reference):
     def sequence_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
         keys = row_keys(batch)
         missing = [k for k in keys if k is not None and k not in self.table]
-        if missing:
-            raise KeyError(f"{len(missing)} sequences have no precomputed reference log-probability")
+        if missing:  # for_run scores every sample of the run's data: a row from elsewhere
+            raise RuntimeError(f"{len(missing)} sequences have no precomputed reference log-probability")
         return torch.tensor([self.table.get(k, 0.0) if k else 0.0 for k in keys], dtype=torch.float64)
 
 
@@ -241,22 +318,59 @@ def reference_datasets(bundle: Any) -> list:
     return sets
 
 
-def compute_table(model: torch.nn.Module, datasets: list, collator: Any, chunks: int, batch_size: int = 16) -> dict:
-    """{row key: reference log-probability sum} of every sample of `datasets` (the adapter off)."""
+def compute_table(
+    model: torch.nn.Module,
+    datasets: list,
+    collator: Any,
+    chunks: int,
+    batch_size: int = 16,
+    known: Optional[dict] = None,
+) -> dict:
+    """{row key: reference log-probability sum} of every sample of `datasets` (the adapter off): the
+    entries of `known`, and the rest computed (a batch whose every row is known is not run)."""
+    from ditty._utils.dist import on_every_rank
     from ditty.data.collate import fetch_rows
 
     device = next(model.parameters()).device
     scorer: Reference = AdapterDisabled(model, chunks) if is_peft_model(model) else FrozenModel(model, chunks)
-    table: dict[str, float] = {}
+    table: dict[str, float] = dict(known or {})
     was_training = model.training
     model.eval()
     for dataset in datasets:
         for start in range(0, len(dataset), batch_size):
             batch = collator(fetch_rows(dataset, list(range(start, min(start + batch_size, len(dataset))))))
+            keys = row_keys(batch)
+            if on_every_rank(all(key is None or key in table for key in keys)):
+                continue
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             values = scorer.sequence_logps(batch).double().cpu().tolist()
-            for key, value in zip(row_keys(batch), values):
+            for key, value in zip(keys, values):
                 if key is not None:
                     table[key] = value
     model.train(was_training)
     return table
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A hash of the weights a reference scores with: every parameter's name, shape, dtype and values
+    (an adapter's own, trainable, parameters left out: the reference runs with it off). Under a
+    sharded engine each rank hashes its shards and the ranks' hashes are joined."""
+    import torch.distributed as dist
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    adapter = is_peft_model(model)
+    for name, parameter in model.named_parameters():
+        if adapter and parameter.requires_grad:
+            continue
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        tensor = local.detach()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        if tensor.numel() and not tensor.is_meta:
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    mine = digest.hexdigest()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        return xxhash.xxh3_64_hexdigest(",".join(every))
+    return mine

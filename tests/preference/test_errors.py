@@ -69,3 +69,73 @@ def test_deepspeed_zero3_is_refused_with_the_reason(capsys, tmp_path, tiny_llama
     assert code == 2, out
     assert "parallel.zero_stage" in out and "ZeRO-3" in out and "zero_stage = 2" in out
     assert "Traceback" not in out
+
+
+def _reference_with_another_tokenizer(path, added: int) -> str:
+    """A tiny Llama whose tokenizer is the byte tokenizer with `added` more tokens."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ditty.data.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.add_tokens([f"<extra{i}>" for i in range(added)])
+    config = AutoConfig.for_model(
+        "llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_a_reference_with_another_tokenizer_is_refused(capsys, tmp_path, tiny_llama_dir):
+    other = _reference_with_another_tokenizer(tmp_path / "other", added=37)  # 296 ids against the policy's 259
+    extra = f'[preference]\nreference = "{other}"'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "run", recipe)
+    assert code == 2 and "Traceback" not in out, out
+    assert "preference.reference" in out and "has another tokenizer than the policy's (296 ids against" in out, out
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_reference_without_a_tokenizer_and_too_few_embeddings_is_refused(capsys, tmp_path, tiny_llama_dir):
+    import shutil
+
+    short = _reference_with_another_tokenizer(tmp_path / "short", added=0)
+    for name in os.listdir(short):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            os.remove(os.path.join(short, name))
+    shutil.copytree(short, tmp_path / "same")  # 259 rows: the policy's ids fit, so it is taken
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    small = AutoConfig.from_pretrained(short)
+    small.vocab_size = 46
+    AutoModelForCausalLM.from_config(small).save_pretrained(short)
+    extra = f'[preference]\nreference = "{short}"'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "run", recipe)
+    assert code == 2 and "has 46 token embeddings and the policy's tokenizer 259 ids" in out, out
+    recipe = preference_recipe(
+        tmp_path,
+        tiny_llama_dir,
+        write_pairs(tmp_path / "p.jsonl"),
+        extra=f'[preference]\nreference = "{tmp_path / "same"}"',
+    )
+    code, out = run_cli(capsys, "run", recipe)
+    assert code == 0, out
+
+
+def test_sft_weight_with_simpo_says_simpo_takes_no_nll_term(capsys, tmp_path, tiny_llama_dir):
+    extra = '[preference]\nkind = "simpo"\nsft_weight = 1.0'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 0, out
+    assert '`preference.sft_weight` has no effect with kind = "simpo" (SIMPO takes no NLL term)' in out, out
+    assert "ORPO" not in out
+
+
+def test_a_preference_kind_on_a_supervised_recipe_has_no_effect(capsys):
+    code, out = run_cli(capsys, "check", "tiny_sft", "--preference.kind", "dpo")
+    assert code == 0, out
+    assert '`preference.kind` has no effect: this recipe trains "supervised"' in out, out
+    assert "does not read [preference] (set by --preference.kind)" in out, out
