@@ -216,3 +216,17 @@ def test_an_optimizer_kind_switch_under_force_resume_blames_the_optimizer(tmp_pa
     assert "`optimizer.kind` the optimizer state in checkpoint" in result.err, result.err[-3000:]
     assert "(saved with optimizer.kind = 'adamw') does not fit the optimizer the recipe builds" in result.err
     assert "into the model" not in result.err
+
+
+def test_export_with_merge_lora_is_quiet_about_the_checkpoint(tmp_path, tiny_llama_dir):
+    import re
+
+    recipe = write_recipe(tmp_path, steps=4, extra='[peft]\nkind = "lora"\nr = 4\nalpha = 8')
+    text = re.sub(r"\[model\]\n.*?\n\n", f'[model]\npath = "{tiny_llama_dir}"\n\n', recipe.read_text(), flags=re.S)
+    recipe.write_text(text)
+    assert ditty("run", str(recipe)).code == 0
+    result = ditty("export", str(tmp_path / "run"), "--merge-lora", "-o", str(tmp_path / "merged"))
+    assert result.code == 0 and no_traceback(result), result.err[-3000:]
+    assert "adapter merged into the base" in result.text, result.text[-3000:]
+    assert "has no place for" not in result.text and "warning" not in result.text.lower(), result.text[-3000:]
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
