@@ -159,7 +159,7 @@ def export(
 
                 save_merged(model, str(partial), tokenizer)
             else:
-                save_model_files(model, tokenizer, str(partial))
+                save_model_files(model, tokenizer, str(partial), shown_as=str(out))
     print(
         f"exported {checkpoint} (step {doc['step']}) to {out}"
         + (" (adapter merged into the base)" if merge_lora else " (adapter)" if adapter else "")

@@ -59,7 +59,7 @@ class RLConfig:
     then stops the run (exit code 2, the last checkpoint intact). 0: no limit. A function that calls
     os._exit() ends the process at once: that cannot be caught in-process."""
     backend: Literal["transformers", "vllm"] = "transformers"
-    """Rollout generation: transformers' `generate` with a KV cache on the live policy, or vLLM
-    (needs vllm and a GPU)."""
+    """Rollout generation: transformers' `generate` with a KV cache on the live policy. "vllm" is a
+    name kept for recipes from TRL: no vLLM backend is built, and the compiler refuses it."""
     generation_batch_size: int = 0
     """Prompts per `generate` call on each rank; 0: all of the rank's prompts of a step at once."""

@@ -71,11 +71,17 @@ def write_recipe(run_dir: str, config: Any, trainer_ref: Optional[str]) -> Optio
 
 
 def save_model_files(
-    model: torch.nn.Module, tokenizer: Any, directory: str, *, state_dict: Optional[dict[str, torch.Tensor]] = None
+    model: torch.nn.Module,
+    tokenizer: Any,
+    directory: str,
+    *,
+    state_dict: Optional[dict[str, torch.Tensor]] = None,
+    shown_as: Optional[str] = None,
 ) -> None:
     """The model in Hugging Face format (`save_pretrained`: config and safetensors), or for a custom
     nn.Module its weights as model.safetensors; then the tokenizer's files. `state_dict`: the full
-    weights gathered from a sharded model, saved instead of the module's own (which hold one shard)."""
+    weights gathered from a sharded model, saved instead of the module's own (which hold one shard).
+    `shown_as`: the directory's name in messages (the place it is renamed to, not the one written)."""
     model = unwrap(model)
     pretrained = hasattr(model, "save_pretrained")  # a transformers or peft model
     if pretrained:
@@ -95,7 +101,7 @@ def save_model_files(
         log.warning(
             "%s has no tokenizer (none was given or found beside the model): pass tokenizer= to the Pipeline, or "
             "set [tokenizer] path",
-            directory,
+            shown_as or directory,
         )
     if is_peft_model(model):
         save_label_maps(model, directory)
@@ -153,7 +159,7 @@ def save_final(
 
     final = os.path.join(run_dir, FINAL_DIR)
     with atomic_directory(final, replace=True) as partial:
-        save_model_files(model, tokenizer, str(partial), state_dict=state_dict)
+        save_model_files(model, tokenizer, str(partial), state_dict=state_dict, shown_as=final)
         model = unwrap(model)
         if merged and is_peft_model(model):
             from transformers import PreTrainedModel

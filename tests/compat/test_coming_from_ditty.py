@@ -233,7 +233,7 @@ def test_from_huggingface_with_4bit_quantization_lora_and_a_tokenizer_factory(tm
     assert '"q_proj"' in (final / "adapter_config.json").read_text()
 
 
-def test_a_model_directory_without_a_tokenizer_trains_on_tensors_with_lora(tmp_path, tiny_llama_dir):
+def test_a_model_directory_without_a_tokenizer_trains_on_tensors_with_lora(tmp_path, tiny_llama_dir, caplog):
     """The original library's usage: ModelFactory.from_huggingface(DIR) with LoRA, DIR holding the
     weights and config only, the data already tensors. No tokenizer is needed: none is loaded."""
     import shutil
@@ -258,3 +258,4 @@ def test_a_model_directory_without_a_tokenizer_trains_on_tensors_with_lora(tmp_p
     final = tmp_path / "run" / "final"
     assert (final / "adapter_config.json").exists()
     assert not (final / "tokenizer.json").exists()  # there was none to save
+    assert f"{final} has no tokenizer" in caplog.text and "partial" not in caplog.text, caplog.text
