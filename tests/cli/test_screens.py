@@ -68,7 +68,7 @@ def test_noisy_loggers_are_filtered_unless_verbose(monkeypatch, caplog):
     quiet.quiet_libraries()
 
 
-@pytest.mark.slow  # two short runs of the demo recipe in fresh processes (the noise comes at import)
+@pytest.mark.slow  # short runs of the demo recipes in fresh processes (the noise comes at import)
 def test_a_run_shows_library_noise_only_with_verbose(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
     args = [sys.executable, "-m", "ditty", "run", "tiny_sft", "--train.steps", "2", "--data.num_samples", "500"]
@@ -76,6 +76,12 @@ def test_a_run_shows_library_noise_only_with_verbose(tmp_path):
     plain = subprocess.run([*args, "--run.output_dir", str(tmp_path / "a")], capture_output=True, text=True, env=env)
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert not [marker for marker in NOISE if marker in plain.stdout + plain.stderr]
+    grpo = [sys.executable, "-m", "ditty", "run", "tiny_grpo", "--model.path", str(tmp_path / "a" / "final")]
+    grpo += ["--train.steps", "2", "--data.num_samples", "200", "--train.eval_samples", "4"]
+    grpo += ["--train.global_batch_size", "16", "--train.micro_batch_size", "16", "--logging.progress", "false"]
+    rl = subprocess.run([*grpo, "--run.output_dir", str(tmp_path / "rl")], capture_output=True, text=True, env=env)
+    assert rl.returncode == 0, rl.stderr[-2000:]
+    assert not [marker for marker in NOISE if marker in rl.stdout + rl.stderr], rl.stderr[-3000:]
     loud = subprocess.run(
         [*args, "--run.output_dir", str(tmp_path / "b"), "--verbose"], capture_output=True, text=True, env=env
     )
