@@ -79,16 +79,56 @@ class SampleCollator(Collator):
     tokenized = False
 
     def __init__(self, collate_fn: Optional[Callable[[list], Any]] = None) -> None:
+        self.given = collate_fn is not None
         self.collate_fn = collate_fn or torch.utils.data.default_collate
 
     def __call__(self, samples: Sequence[Any], positions: Any = None) -> Any:
-        return self.collate_fn(list(samples))
+        if self.given:
+            return self.collate_fn(list(samples))
+        # torch's default_collate turns a field of number lists ([ids...] per sample) into one tensor
+        # per position; token ids given as lists are meant as one row per sample.
+        samples = [_number_lists_as_tensors(sample) for sample in samples]
+        try:
+            return self.collate_fn(samples)
+        except RuntimeError as error:
+            if "equal size" not in str(error) and "same size" not in str(error):
+                raise
+            lengths = {
+                key: sorted({len(sample[key]) for sample in samples})
+                for key in (samples[0] if isinstance(samples[0], Mapping) else {})
+                if torch.is_tensor(samples[0][key]) and samples[0][key].dim()
+            }
+            ragged = {key: sizes for key, sizes in lengths.items() if len(sizes) > 1}
+            raise RecipeError.single(
+                "the samples of a batch have different lengths and cannot be stacked"
+                + (
+                    ": " + ", ".join(f"{key} {sizes[0]} to {sizes[-1]}" for key, sizes in ragged.items())
+                    if ragged
+                    else ""
+                ),
+                key="dataset",
+                fix="give samples of one length (pad them), or pass collate_fn= to pad each batch",
+            ) from error
 
     def supervised_count(self, batch: Any) -> torch.Tensor:
         return torch.tensor(batch_samples(batch))
 
     def input_count(self, batch: Any) -> torch.Tensor:
         return torch.tensor(batch_samples(batch))
+
+
+def _number_lists_as_tensors(sample: Any) -> Any:
+    """A sample (a mapping) with every non-empty list of ints or floats as a tensor; else as it is."""
+    if not isinstance(sample, Mapping):
+        return sample
+    return {
+        key: torch.tensor(value)
+        if isinstance(value, list)
+        and value
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        else value
+        for key, value in sample.items()
+    }
 
 
 def check_not_empty(dataset: Any) -> None:

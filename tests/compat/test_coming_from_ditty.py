@@ -259,3 +259,26 @@ def test_a_model_directory_without_a_tokenizer_trains_on_tensors_with_lora(tmp_p
     assert (final / "adapter_config.json").exists()
     assert not (final / "tokenizer.json").exists()  # there was none to save
     assert f"{final} has no tokenizer" in caplog.text and "partial" not in caplog.text, caplog.text
+
+
+def test_token_ids_given_as_lists_train_one_row_per_sample(tmp_path, tiny_llama_dir):
+    """Rows of token-id lists (a datasets.Dataset's form), not tensors: each sample is one row of the
+    batch (torch's default_collate alone would give one tensor per position); ragged rows are a message."""
+    from ditty import ModelFactory, Pipeline
+    from ditty.config.errors import RecipeError
+
+    ids = list(range(3, 35))
+    samples = [{"input_ids": ids[i:] + ids[:i], "labels": ids[i:] + ids[:i]} for i in range(8)]
+    result = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir), dataset=samples,
+        output_dir=str(tmp_path / "run"), max_steps=2, batch_size=4, lr=1e-3, log_every=1, progress=False,
+    ).run()  # fmt: skip
+    assert result.steps == 2
+    assert json.loads(open(f"{result.run_dir}/metrics.jsonl").readline())["tokens"] == 4  # samples of a step
+    ragged = [{"input_ids": ids[: 20 + i], "labels": ids[: 20 + i]} for i in range(8)]
+    with pytest.raises(RecipeError) as caught:
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir), dataset=ragged,
+            output_dir=str(tmp_path / "ragged"), max_steps=2, batch_size=4, lr=1e-3, progress=False,
+        ).run()  # fmt: skip
+    assert "different lengths" in str(caught.value) and "collate_fn=" in str(caught.value)
