@@ -58,8 +58,36 @@ class RLConfig:
     """Seconds one reward function may take on one batch of completions; a function still running
     then stops the run (exit code 2, the last checkpoint intact). 0: no limit. A function that calls
     os._exit() ends the process at once: that cannot be caught in-process."""
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """Rollout generation: transformers' `generate` with a KV cache on the live policy. "vllm" is a
-    name kept for recipes from TRL: no vLLM backend is built, and the compiler refuses it."""
+    backend: Literal["generate", "vllm", "vllm-server", "transformers"] = "generate"
+    """What samples the rollouts: "generate", transformers' `generate` with a KV cache on the live policy
+    in the training process; "vllm", a vLLM engine colocated in each training process (weights synced
+    from the policy whenever an optimizer step moved it); "vllm-server", a vLLM server in another process
+    or machine (`ditty rollout-server`, or your own `vllm serve`) at `rl.vllm_server`, sent the weights
+    by a path after each step. "transformers" is the old name of "generate". The vLLM backends need vllm
+    (`pip install "ditty[vllm]"`; `make setup-vllm` on a CPU machine)."""
+    vllm_memory: float = 0.3
+    """The colocated engine's share of the accelerator's memory (vLLM's gpu_memory_utilization; TRL's
+    vllm_gpu_memory_utilization, 0.3 in its colocate mode), taken from what the trainer can use. On a
+    CPU the engine gets the KV cache one step's rollouts need, at most this share of the machine's memory."""
+    vllm_server: str = "http://127.0.0.1:8000"
+    """The rollout server's address ("vllm-server"): its OpenAI-compatible endpoint and, with
+    VLLM_SERVER_DEV_MODE=1 (`ditty rollout-server` sets it), /collective_rpc for weight reloads."""
+    vllm_timeout_s: float = 120.0
+    """Seconds one request to the rollout server may take (a sampling call, a weight reload) before the
+    run retries it; a server still unreachable after `rl.vllm_retries` tries stops the run (exit 2)."""
+    vllm_retries: int = 3
+    """Tries of a failed request to the rollout server (a dead server, a timeout), 2 s apart, doubling."""
+    max_staleness: int = 0
+    """How many optimizer steps older than the policy a step's rollouts may be. 0: every step samples with
+    its own weights, then trains (the synchronous loop). 1: one-step-async: the rollouts of step t+1 are
+    sampled (on a sampler thread) while step t trains, so they are one update old; needs a vLLM backend."""
+    sampler_correction: Literal["none", "tis", "mis"] = "none"
+    """Off-policy correction for what the sampler drew with another distribution than the trainer's (the
+    engine's numerics, stale weights): "tis" multiplies each token's loss by its truncated importance
+    weight min(exp(logp_trainer - logp_sampler), correction_cap) (TRL: token_truncate); "mis" masks the
+    completions whose sequence weight exp(sum of the differences) exceeds correction_cap (TRL:
+    sequence_mask). Needs a sampler that reports its log-probabilities (a vLLM backend)."""
+    correction_cap: float = 3.0
+    """The cap C of sampler_correction (TRL: vllm_importance_sampling_clip_max, 3.0)."""
     generation_batch_size: int = 0
     """Prompts per `generate` call on each rank; 0: all of the rank's prompts of a step at once."""

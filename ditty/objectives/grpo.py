@@ -101,6 +101,7 @@ def grpo_loss(
     importance: Importance = "token",
     loss: LossNormalisation = "dapo",
     max_new_tokens: Optional[int] = None,
+    token_weights: Optional[Tensor] = None,
 ) -> ObjectiveOutput:
     """The clipped surrogate of PPO (Schulman et al. 2017) with group advantages (GRPO, Shao et al.
     2024): per token -min(w A, clip(w, 1 - clip_low, 1 + clip_high) A), plus beta times the k3
@@ -113,7 +114,8 @@ def grpo_loss(
     token sum by sequences x max_new_tokens (Liu et al. 2025).
 
     logps, old_logps, reference_logps, mask: [B, T] aligned (masked positions must be finite);
-    advantages: [B].
+    advantages: [B]. token_weights ([B, T] or [B, 1]): the sampler correction's weights of the
+    surrogate (ditty.objectives.rl.correction), applied before the KL term as TRL does.
     """
     if importance not in ("token", "sequence"):
         raise ValueError(f'importance must be "token" or "sequence", not {importance!r}')
@@ -136,6 +138,8 @@ def grpo_loss(
     clipped = torch.clamp(weight, 1.0 - clip_low, 1.0 + clip_high)
     advantage = advantages.to(logps.dtype)[:, None]
     per_token = -torch.min(weight * advantage, clipped * advantage)
+    if token_weights is not None:
+        per_token = per_token * token_weights.to(per_token.dtype)
     metrics: dict[str, Tensor] = {}
     if beta:
         delta = reference_logps - logps

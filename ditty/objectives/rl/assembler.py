@@ -13,10 +13,17 @@ left out of the forward: their loss and gradient are exactly 0. Their labels and
 stay in the micro-batch as `idle_labels` and `idle_truncated`, so the loss counts them in the global
 denominator as if they were there (ditty.objectives.rl.loss: `count_units`); at least one row stays,
 so every rank runs the same forwards.
+
+When the sampler reported its log-probabilities (a vLLM backend), the rows are scored by the policy
+too (one forward without gradients, shared with `old_logps` when a rollout serves several updates):
+`assemble` returns, beside the micro-batches, the sampler/trainer mismatch of the rows that train
+(ditty.objectives.rl.correction), and with rl.sampler_correction each micro-batch carries the
+correction's `sampler_weights`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,9 +31,19 @@ import torch
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.collate import pad_samples
 from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.rl.correction import correction_weights, mismatch_totals
 
 Scorer = Callable[[dict], torch.Tensor]
 """micro-batch -> token log-probabilities [rows, width] aligned with its labels."""
+
+
+@dataclass
+class Assembled:
+    batches: list[dict]
+    """This rank's training micro-batches."""
+    mismatch: Optional[torch.Tensor] = None
+    """[sum of |logp_trainer - logp_sampler|, tokens, max] over the rows that train (float64), when the
+    sampler reported log-probabilities; None otherwise."""
 
 
 class Assembler:
@@ -45,15 +62,32 @@ class Assembler:
         self.policy_logps, self.reference_logps = policy_logps, reference_logps
 
     def __call__(self, rollouts: RolloutBatch, drop_idle: bool = True) -> list[dict]:
+        return self.assemble(rollouts, drop_idle).batches
+
+    def assemble(self, rollouts: RolloutBatch, drop_idle: bool = True) -> Assembled:
         batches = [self.collate(rollouts, start) for start in range(0, len(rollouts), self.micro_batch_size)]
         if drop_idle and self.rl.beta == 0:
             batches = [without_idle_rows(batch) for batch in batches]
+        mismatch = torch.zeros(3, dtype=torch.float64) if rollouts.sampler_logps is not None else None
         for batch in batches:
+            sampled = batch.pop("sampler_logps", None)
+            trainer = None
+            if self.rl.updates_per_rollout > 1 or sampled is not None:
+                trainer = self.policy_logps(batch).cpu()
             if self.rl.updates_per_rollout > 1:
-                batch["old_logps"] = self.policy_logps(batch).cpu()
+                batch["old_logps"] = trainer
+            if sampled is not None:
+                mask = batch["labels"] != IGNORE_INDEX
+                totals = mismatch_totals(trainer, sampled, mask)
+                mismatch[:2] += totals[:2]
+                mismatch[2] = torch.maximum(mismatch[2], totals[2])
+                if self.rl.sampler_correction != "none":
+                    batch["sampler_weights"] = correction_weights(
+                        trainer, sampled, mask, self.rl.sampler_correction, self.rl.correction_cap
+                    )
             if self.rl.beta > 0:
                 batch["ref_logps"] = self.reference_logps(batch).cpu()
-        return batches
+        return Assembled(batches, mismatch)
 
     def collate(self, rollouts: RolloutBatch, start: int) -> dict:
         rows = range(start, min(start + self.micro_batch_size, len(rollouts)))
@@ -69,7 +103,20 @@ class Assembler:
         del batch["position_ids"]  # right-padded rows: the model's own positions are these
         batch["advantages"] = rollouts.advantages[start : start + len(samples)].to(torch.float32)
         batch["truncated"] = torch.tensor([rollouts.truncated[i] for i in rows], dtype=torch.bool)
+        if rollouts.sampler_logps is not None:
+            batch["sampler_logps"] = aligned_sampler_logps(rollouts, rows, batch["labels"].shape[1])
         return batch
+
+
+def aligned_sampler_logps(rollouts: RolloutBatch, rows: range, width: int) -> torch.Tensor:
+    """The sampler's log-probabilities [rows, width], aligned as token log-probabilities are with the
+    labels (completion token j of a row is at len(prompt) + j); 0 elsewhere."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for r, i in enumerate(rows):
+        start = len(rollouts.prompt_ids[i])
+        values = rollouts.sampler_logps[i]
+        out[r, start : start + len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
 
 
 def without_idle_rows(batch: dict) -> dict:
@@ -88,5 +135,7 @@ def without_idle_rows(batch: dict) -> dict:
         out[key] = batch[key][keep, :width]
     for key in ("advantages", "truncated"):
         out[key] = batch[key][keep]
+    if "sampler_logps" in batch:
+        out["sampler_logps"] = batch["sampler_logps"][keep, :width]
     out["idle_labels"], out["idle_truncated"] = batch["labels"][idle], batch["truncated"][idle]
     return out

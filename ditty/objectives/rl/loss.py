@@ -76,5 +76,6 @@ class GRPOLoss(LossCalculator):
             importance=rl.importance,
             loss=rl.loss,
             max_new_tokens=rl.max_new_tokens,
+            token_weights=batch["sampler_weights"].to(logps) if "sampler_weights" in batch else None,
         )
         return LossOutput(out.loss, {name: float(value) for name, value in out.metrics.items()}, share=True)

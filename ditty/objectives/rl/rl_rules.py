@@ -107,11 +107,7 @@ def rewards_resolve(ctx) -> Iterator[Problem]:
 
 
 def vllm_backend(ctx) -> Iterator[Problem]:
-    """Rollouts are sampled with transformers' `generate`; there is no vLLM backend to choose yet."""
-    if ctx.config.rl.backend == "vllm":
-        yield error(
-            "rl.backend",
-            'rl.backend = "vllm" is not available: this version of ditty samples rollouts with transformers\' '
-            "generate only",
-            'use rl.backend = "transformers" (generate with a KV cache on the live policy)',
-        )
+    """The rollout backend and what rides on it (ditty.objectives.rl.backend_rules)."""
+    from ditty.objectives.rl.backend_rules import backend_rules
+
+    yield from backend_rules(ctx)

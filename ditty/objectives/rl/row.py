@@ -1,7 +1,8 @@
 """The RL rows (`[rl]`: GRPO, RLOO) of the objective table: their parts, plan rows and model-card line.
 
 The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
-- the sampler (ditty.objectives.rl.sampling): `generate` on the live policy with the prompt cache;
+- the sampler of `rl.backend` (ditty.objectives.rl.samplers): `generate` on the live policy with the
+  prompt cache, or a vLLM engine in the process or in a server;
 - the environment (ditty.objectives.rl.environment): the reward functions, one turn;
 - the advantage estimator (ditty.objectives.rl.advantages): GRPO's group normalisation;
 - the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
@@ -32,7 +33,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     from ditty.objectives.rl.environment import RewardEnvironment
     from ditty.objectives.rl.evaluation import RolloutEvaluation
     from ditty.objectives.rl.loss import GRPOLoss
-    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.rl.samplers import build_sampler
     from ditty.objectives.rl.stream import RolloutStream
 
     config, runtime = run.config, run.runtime
@@ -60,7 +61,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     )
     stream = RolloutStream(
         prompts,
-        sampler=GenerateSampler(policy, rl, run.tokenizer, runtime.device, config.run.seed),
+        sampler=build_sampler(run, policy),
         environment=RewardEnvironment(functions, rl.reward_timeout_s),
         advantage=(advantage or GroupAdvantage)(rl),
         assembler=assembler,

