@@ -354,6 +354,12 @@ def cmd_plot(args: list[str]) -> int:
     return 0
 
 
+def cmd_rollout_server(args: list[str]) -> int:
+    from ditty.cli.rollout_server import cmd_rollout_server as serve
+
+    return serve(args)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run,
     "check": cmd_check,
@@ -364,4 +370,5 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "export": cmd_export,
     "push": cmd_push,
     "eval": cmd_eval,
+    "rollout-server": cmd_rollout_server,
 }

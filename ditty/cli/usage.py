@@ -30,6 +30,8 @@ commands:
   push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub
   eval RUN_OR_MODEL --tasks T1,T2 [--include-path DIR] [--limit N] [--num-fewshot K]
                                               lm-evaluation-harness scores (recorded in a run)
+  rollout-server RECIPE [flags] [--print-command]
+                                              the vLLM server of rl.backend = "vllm-server"
 
 RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
 package.module:function returning a Trainer.Config. `ditty run --help` lists every field.

@@ -88,7 +88,8 @@ def rollouts_from_tokens(
         out.completion_ids.append(ids)
         out.texts.append(tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True))
         out.truncated.append(not ended)
-        out.sampler_logps.append([float(v) for v in values[: len(ids)]])
+        values = [float(v) for v in values[: len(ids)]]
+        out.sampler_logps.append(values + [float("nan")] * (len(ids) - len(values)))  # NaN: not reported
     return out
 
 

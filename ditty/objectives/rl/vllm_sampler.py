@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
@@ -51,9 +52,9 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as err:
-        raise RecipeError(
-            "rl.backend",
-            f'rl.backend = "vllm" samples with a vLLM engine, and vllm cannot be imported ({err})',
+        raise RecipeError.single(
+            key="rl.backend",
+            message=f'rl.backend = "vllm" samples with a vLLM engine, and vllm cannot be imported ({err})',
             fix=HOW_TO_INSTALL,
         ) from err
     return vllm
@@ -82,11 +83,12 @@ class VLLMSampler:
     def start(self, max_model_len: int, sequences: int) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU start-up warnings are advice for serving
         vllm = import_vllm()
         model = self.policy()
         base = getattr(model, "get_base_model", lambda: model)()
         base.config.save_pretrained(self.engine_dir)
+        self.tokenizer.save_pretrained(self.engine_dir)  # vLLM warms up its renderer with it; prompts go as ids
         dtype = next(model.parameters()).dtype
         kwargs: dict[str, Any] = {}
         on_cpu = not torch.cuda.is_available()
@@ -97,17 +99,17 @@ class VLLMSampler:
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
         started = time.perf_counter()
         try:
-            llm = vllm.LLM(
-                model=self.engine_dir,
-                load_format="dummy",
-                skip_tokenizer_init=True,
-                dtype=str(dtype).removeprefix("torch."),
-                seed=self.seed,
-                max_model_len=max_model_len,
-                enforce_eager=on_cpu,  # CUDA graphs on a GPU; compiling on a CPU costs minutes for nothing
-                logprobs_mode="processed_logprobs",
-                **kwargs,
-            )
+            with kept_random_state():  # vLLM seeds the process's RNGs; the trainer's (dropout, say) stay as they were
+                llm = vllm.LLM(
+                    model=self.engine_dir,
+                    load_format="dummy",
+                    dtype=str(dtype).removeprefix("torch."),
+                    seed=self.seed,
+                    max_model_len=max_model_len,
+                    enforce_eager=on_cpu,  # CUDA graphs on a GPU; compiling on a CPU costs minutes for nothing
+                    logprobs_mode="processed_logprobs",
+                    **kwargs,
+                )
         finally:
             torch.set_num_threads = set_num_threads
         log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started, kwargs)
@@ -175,6 +177,20 @@ class VLLMSampler:
                 shutdown.shutdown()
             del llm
         shutil.rmtree(self.engine_dir, ignore_errors=True)
+
+
+@contextmanager
+def kept_random_state():
+    """torch's, numpy's and Python's global random states as they were before the block."""
+    import random
+
+    import numpy
+
+    python_state, numpy_state = random.getstate(), numpy.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    random.setstate(python_state)
+    numpy.random.set_state(numpy_state)
 
 
 def sampled_logps(ids: list[int], logprobs: Any) -> list[float]:
