@@ -15,6 +15,7 @@ count (`ditty.optim.closed_form`) and the optimizer keeps the recipe's hyperpara
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Optional
 
@@ -87,6 +88,10 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
         old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
         if old == new or _ignored(key):
             continue
+        if old == "<absent>" and new == _defaults().get(key, "<absent>"):
+            continue  # a key a later ditty added, at its default: the saved run trained as it says
+        if key == "rl.backend" and {old, new} == {"transformers", "generate"}:
+            continue  # one backend under its old and new names
         if (
             key == "train.steps"
             and isinstance(new, int)
@@ -102,6 +107,14 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
         # reliability: each difference says how it takes effect (ditty.checkpoint.resume_diff)
         lines.append(f"{key}: {json.dumps(old)} -> {json.dumps(new)} ({effect_of_change(key, step)})")
     return lines
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict[str, Any]:
+    """The flattened default recipe (what a key means when a recipe leaves it out)."""
+    from ditty.config import TrainerConfig
+
+    return flatten_recipe(TrainerConfig())
 
 
 # (dotted key or section prefix ending in "."), how it takes effect; the first match wins.

@@ -287,3 +287,61 @@ def test_kto_matches_trl():
     assert abs(out.loss.item() - want) < TOL
     for name in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"):
         assert abs(out.metrics[name].item() - trl_metrics[name]) < TOL, name
+
+
+@pytest.mark.parametrize("kind", ["tis", "mis"])
+def test_grpo_with_the_sampler_correction_matches_trl(kind):
+    """rl.sampler_correction's weights (ditty.objectives.rl.correction: TRL's ratio, checked in
+    tests/rl/test_sampler_correction.py) enter the loss as TRL's `importance_sampling_ratio` does."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from ditty.objectives.rl.correction import correction_weights
+
+    mask, new, old, reference, advantages = grpo_rollouts(seed=7)
+    sampler = new + (torch.rand(new.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64) - 0.5)
+    weights = correction_weights(new, sampler, mask.bool(), kind, 1.5)
+    trainer = SimpleNamespace(
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=0.04,
+        loss_type="dapo",
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=7,
+        accelerator=Accelerator(),
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros_like(new), None),
+    )
+    inputs = {
+        "prompt_ids": torch.ones(6, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(6, 2, dtype=torch.long),
+        "completion_ids": torch.ones_like(mask),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": reference,
+        "importance_sampling_ratio": weights,
+        "num_items_in_batch": mask.sum(),
+    }
+    want = GRPOTrainer._compute_loss(trainer, None, inputs).item()
+    out = grpo_loss(
+        new,
+        old,
+        advantages,
+        mask.bool(),
+        global_sequences=6,
+        global_tokens=int(mask.sum()),
+        reference_logps=reference,
+        beta=0.04,
+        loss="dapo",
+        token_weights=weights,
+    )
+    assert abs(out.loss.item() - want) < TOL

@@ -69,7 +69,15 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
         ),
         (["--data.format", "prompt_completion"], "data.format", 'not data.format = "prompt_completion"'),
         (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "2 weights for 1 reward functions"),
-        (["--rl.backend", "vllm"], "rl.backend", "not available"),
+        (["--rl.max_staleness", "1"], "rl.max_staleness", 'rl.backend = "generate" samples from the live policy'),
+        (["--rl.sampler_correction", "tis"], "rl.sampler_correction", "reports no log-probabilities"),
+        (["--rl.backend", "vllm-server", "--rl.vllm_server", "localhost:8000"], "rl.vllm_server", "not an http"),
+        (["--rl.backend", "vllm", "--rl.vllm_memory", "1.5"], "rl.vllm_memory", "in (0, 1)"),
+        (
+            ["--rl.backend", "vllm", "--rl.max_staleness", "1", "--rl.updates_per_rollout", "2"],
+            "rl.max_staleness",
+            "updates_per_rollout > 1",
+        ),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
         (["--rl.temperature", "0"], "rl.temperature", "above 0"),
     ],
@@ -79,6 +87,22 @@ def test_bad_rl_input_is_exit_2_naming_the_key(tmp_path, capsys, flags, key, wor
     assert code == 2, out
     assert f"`{key}`" in out and words in out, out
     assert "fix:" in out and "Traceback" not in out
+
+
+def test_vllm_without_vllm_installed_is_exit_2_saying_how_to_install_it(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    code, out = check(tmp_path, capsys, "--rl.backend", "vllm")
+    assert code == 2 and "`rl.backend`" in out and "vllm is not installed" in out, out
+    assert "make setup-vllm" in out and 'pip install "ditty[vllm]"' in out
+
+
+def test_the_old_backend_name_still_runs_with_a_warning(tmp_path, capsys):
+    code, out = check(tmp_path, capsys, "--rl.backend", "transformers")
+    assert code == 0, out
+    assert '`rl.backend` "transformers" is the old name' in out and 'write rl.backend = "generate"' in out
 
 
 def test_prompt_data_without_rl_is_refused():

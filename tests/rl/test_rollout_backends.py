@@ -1,0 +1,107 @@
+"""The rollout backends' parts that need no vLLM: the LoRA weights a vLLM engine is sent, a rollout
+server that is dead or too old (exit 2 naming rl.vllm_server and the fix, in bounded time), and a
+checkpoint written before the backend keys existed (it resumes)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ditty.checkpoint.resume_diff import flatten_recipe, recipe_differences
+from ditty.config import RecipeError, TrainerConfig
+
+
+def test_lora_weights_are_sent_merged_under_the_base_models_names(tiny_llama_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ditty.objectives.rl.policy_weights import policy_weights
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    names = {name for name, _ in model.named_parameters()}
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # a trained adapter (lora_B starts at 0)
+    sent = dict(policy_weights(peft))
+    live = {n: p.detach().clone() for n, p in peft.named_parameters()}
+    merged = peft.merge_and_unload()
+    assert set(sent) == names
+    for name, tensor in merged.named_parameters():
+        assert torch.allclose(sent[name], tensor, atol=1e-6), name
+    assert not torch.equal(
+        sent["model.layers.0.self_attn.q_proj.weight"],
+        live["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"],
+    )  # the delta is in
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_rl(url: str, **changes):
+    from ditty.config.rl import RLConfig
+
+    return RLConfig(kind="grpo", backend="vllm-server", vllm_server=url, **changes)
+
+
+def test_a_dead_server_is_exit_2_after_the_bounded_retries():
+    from ditty.objectives.rl.vllm_server import ServerSampler
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.perf_counter()
+    with pytest.raises(RecipeError) as caught:
+        ServerSampler(lambda: None, server_rl(url, vllm_retries=2, vllm_timeout_s=2), None, seed=0, run_dir="")
+    assert time.perf_counter() - started < 10  # 2 tries, 2 s apart
+    text = caught.value.format()
+    assert "`rl.vllm_server`" in text and "after 2 tries" in text and "ditty rollout-server" in text
+    assert "resumes" in text
+
+
+class OldServer(http.server.BaseHTTPRequestHandler):
+    """A server that answers like an old vLLM (only /version): the version check must refuse it."""
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps({"version": "0.10.1"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_of_an_older_vllm_is_refused_at_the_first_contact():
+    from ditty.objectives.rl.vllm_server import ServerSampler
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), OldServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(RecipeError) as caught:
+            ServerSampler(lambda: None, server_rl(url), SimpleNamespace(eos_token_id=2), seed=0, run_dir="")
+    finally:
+        server.shutdown()
+    text = caught.value.format()
+    assert "runs vLLM 0.10.1" in text and ">= 0.32" in text and "upgrade vllm" in text
+
+
+def test_a_checkpoint_from_before_the_backend_keys_resumes():
+    current = flatten_recipe(TrainerConfig())
+    saved = {k: v for k, v in current.items() if k not in ("rl.max_staleness", "rl.vllm_memory")}
+    saved["rl.backend"] = "transformers"  # the old name of the default
+    assert recipe_differences(saved, current, step=3) == []
+    diffs = recipe_differences(saved, {**current, "rl.max_staleness": 1}, step=3)  # not the default: it counts
+    assert len(diffs) == 1 and diffs[0].startswith('rl.max_staleness: "<absent>" -> 1'), diffs
