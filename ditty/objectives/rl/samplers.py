@@ -64,7 +64,7 @@ def build_sampler(run: Any, policy: Any) -> Any:
     if chosen == "vllm-server":
         from ditty.objectives.rl.vllm_server import ServerSampler
 
-        return ServerSampler(policy, rl, run.tokenizer, seed=seed, run_dir=run.run_dir, rank=runtime.rank)
+        return ServerSampler(policy, rl, run.tokenizer, seed=seed, run_dir=run.config.run.output_dir, rank=runtime.rank)
     from ditty.objectives.rl.sampling import GenerateSampler
 
     return GenerateSampler(policy, rl, run.tokenizer, runtime.device, seed)

@@ -18,15 +18,17 @@ CPU, vLLM allocates its KV cache whole at start, so it is given what one step's 
 `rl.vllm_memory` of the machine's memory), and its threads are left unbound (VLLM_CPU_OMP_THREADS_BIND
 "nobind"): binding would pin the trainer's own threads, which share the process.
 
-One engine per process and engine shape: starting one takes seconds to minutes (and vLLM's in-process
-engine keeps global state), so a later run in the same process with the same architecture, dtype and
-lengths (the tests, the Python API's trainers one after another) takes over the engine the first one
-started; its weights are replaced before its first sample, as every run's are.
+One engine per process: starting one takes seconds to minutes, so a later run in the same process with
+the same architecture, dtype and lengths (the tests, the Python API's trainers one after another) takes
+over the engine the first one started (its weights are replaced before its first sample, as every
+run's are); a run of another shape shuts it down first (vLLM's in-process engine holds process-wide
+parallel state: two at once fail).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -49,6 +51,9 @@ HOW_TO_INSTALL = (
 )
 ENGINES: dict[tuple, Any] = {}
 """This process's engines, by shape (see the module doc)."""
+ENGINE_THREADS: dict[int, int] = {}
+"""torch's thread count when each engine (by id) started: vLLM's CPU engine reloads weights correctly
+only at that count (at another, the reload leaves its packed weights as they were, silently)."""
 BLOCK_TOKENS = 128
 """Rounding of each sequence's KV cache when sizing it on a CPU (vLLM allocates it in blocks)."""
 
@@ -88,12 +93,15 @@ class VLLMSampler:
         self.llm = self.engine(max_prompt_tokens + rl.max_new_tokens, completions_per_step)
 
     def engine(self, max_model_len: int, sequences: int) -> Any:
-        """This process's engine of this shape: started now, or the one a run before this one started."""
+        """This process's engine for this shape: the one a run before this one started, or a new one
+        (the old one shut down first: vLLM's in-process engine holds process-wide state)."""
         model = self.policy()
         base = getattr(model, "get_base_model", lambda: model)()
         dtype = next(model.parameters()).dtype
-        key = (base.config.to_json_string(use_diff=False), str(dtype), max_model_len, sequences, self.rl.vllm_memory)
+        key = (engine_shape(base.config), str(dtype), max_model_len, sequences, self.rl.vllm_memory)
         if key not in ENGINES:
+            for old in list(ENGINES):
+                shut_down(ENGINES.pop(old))
             ENGINES[key] = self.start(base.config, dtype, max_model_len, sequences)
         return ENGINES[key]
 
@@ -109,6 +117,7 @@ class VLLMSampler:
         kwargs: dict[str, Any] = {}
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
+            refuse_unsupported_head_size(config)
             kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(config, sequences, max_model_len, dtype, self.rl)
         else:
             kwargs["gpu_memory_utilization"] = self.rl.vllm_memory
@@ -128,6 +137,7 @@ class VLLMSampler:
                 )
         finally:
             torch.set_num_threads = set_num_threads
+        ENGINE_THREADS[id(llm)] = torch.get_num_threads()
         log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started, kwargs)
         # Every in-place reload warns that the rotary embedding (a buffer, not a weight) got no weights.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
@@ -147,7 +157,11 @@ class VLLMSampler:
 
     def load(self, captured: tuple[int, list]) -> None:
         version, weights = captured
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        with thread_count(ENGINE_THREADS.get(id(self.llm))):  # the trainer's may have changed since (see there)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        # The prefix cache holds keys and values the old weights computed: a prompt seen before would
+        # be continued from them (as TRL does, drop it with every new version).
+        self.llm.reset_prefix_cache()
         self.version = version
 
     # -------------------------------------------------------------- sampling
@@ -190,6 +204,20 @@ class VLLMSampler:
 
 
 @contextmanager
+def thread_count(threads: Optional[int]):
+    """torch's intra-op thread count set to `threads` (None: left as it is) for the block."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def kept_random_state():
     """torch's, numpy's and Python's global random states as they were before the block."""
     import random
@@ -210,15 +238,68 @@ def sampled_logps(ids: list[int], logprobs: Any) -> list[float]:
     return [float(position[token].logprob) for token, position in zip(ids, logprobs)]
 
 
+def engine_shape(config: Any) -> str:
+    """What an engine with placeholder weights is made of: the config without the fields that only
+    say where it came from or how it was saved."""
+    values = {k: v for k, v in config.to_dict().items() if k not in SHAPE_FREE_KEYS}
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+SHAPE_FREE_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "_commit_hash")
+
+
+def shut_down(llm: Any) -> None:
+    """Stop an in-process engine and vLLM's process-wide parallel state, so that another can start."""
+    import gc
+
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    ENGINE_THREADS.pop(id(llm), None)
+    del llm
+    gc.collect()
+
+
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, key/value heads, head size) of a Hugging Face config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers, heads, head_dim
+
+
+def refuse_unsupported_head_size(config: Any) -> None:
+    """vLLM's CPU attention has kernels for some head sizes only; another fails at the first sample,
+    deep inside the engine: say so before it starts (exit 2)."""
+    from ditty.config.errors import RecipeError
+
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # another vLLM: let the engine decide
+        return
+    head_dim = attention_shape(config)[2]
+    if head_dim not in sizes:
+        raise RecipeError.single(
+            key="rl.backend",
+            message=f"vLLM's CPU attention has no kernel for this model's head size {head_dim} (it has {sizes})",
+            fix='use rl.backend = "generate" for this model, or a model whose hidden_size / num_attention_heads is one '
+            "of those",
+        )
+
+
 def cpu_kv_bytes(config: Any, sequences: int, max_model_len: int, dtype: torch.dtype, rl: Any) -> int:
     """The KV cache one step's rollouts need on a CPU (keys and values of every layer for `sequences`
     sequences of `max_model_len` tokens, each rounded up to whole blocks, twice over for vLLM's own
     scheduling slack), at most rl.vllm_memory of the machine's memory."""
     import psutil
 
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    layers, heads, head_dim = attention_shape(config)
     tokens = math.ceil(max_model_len / BLOCK_TOKENS) * BLOCK_TOKENS
-    needed = 2 * sequences * tokens * text.num_hidden_layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
+    needed = 2 * sequences * tokens * layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
     return int(min(max(needed, 16 * 2**20), rl.vllm_memory * psutil.virtual_memory().total))
