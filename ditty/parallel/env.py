@@ -111,6 +111,7 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if not dist.is_initialized():
+        global _CREATED_GROUP
         wait = datetime.timedelta(seconds=timeout) if timeout is not None else configured_timeout()
         # On CUDA, CPU tensors (object collectives, DCP metadata) still need a backend: gloo.
         backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
@@ -119,10 +120,25 @@ def init_distributed(device: Union[str, torch.device] = "auto", *, timeout: floa
             timeout=wait,
             device_id=resolved if resolved.type == "cuda" else None,
         )
+        _CREATED_GROUP = True
     return Runtime(dist.get_rank(), dist.get_world_size(), local_rank, resolved)
 
 
+_CREATED_GROUP = False
+"""Whether init_distributed created this process's group (destroy_distributed leaves any other alone)."""
+
+
+def created_group() -> None:
+    """Say that the group now initialized is ditty's own, for destroy_distributed (DeepSpeed's one-process group)."""
+    global _CREATED_GROUP
+    _CREATED_GROUP = True
+
+
 def destroy_distributed() -> None:
-    """Leave the process group (call at the end of a run; a no-op when there is none)."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process group init_distributed created (call at the end of a run). A group someone
+    else created is left as it is: the user's own, or the one an in-process vLLM engine made for itself
+    on a single process (destroying it would leave that engine unable to load weights)."""
+    global _CREATED_GROUP
+    if _CREATED_GROUP and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _CREATED_GROUP = False

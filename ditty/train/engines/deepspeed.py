@@ -243,6 +243,8 @@ def ensure_process_group(device: torch.device) -> None:
     a common use): start a one-rank group when torchrun did not start one."""
     import torch.distributed as dist
 
+    from ditty.parallel.env import created_group
+
     if dist.is_initialized():
         return
     with socket.socket() as s:
@@ -257,3 +259,4 @@ def ensure_process_group(device: torch.device) -> None:
     ):
         os.environ.setdefault(key, value)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    created_group()
