@@ -19,12 +19,16 @@ every run is its own subprocess and the contenders alternate (ditty, TRL, ditty,
   rollout, the same reward on both sides (a hash of the completion text: every group has spread, so
   both sides train every row; exact match on a random model would reward nothing).
   Figures: completions per CPU-second and the share of the step's CPU time spent in `generate`.
+  Where vllm imports (`make setup-vllm`), a third contender: ditty with rl.backend = "vllm" (the
+  engine in the training process; its start is part of the build, before the timed steps), whose
+  generation share is the CPU time inside its sampler (the engine's sampling and weight reloads).
 
 How it is measured, the same on both sides: a global torch optimizer-step post-hook stamps process
 (CPU) and wall time after every optimizer step; the figure is over the steps after the warm-up ones
 (from the stamp of the last warm-up step to the last stamp), so it includes everything a step does
 (data, generation, rewards, reference and policy forwards, backward, clipping, optimizer, metrics).
-Generation time is the CPU time inside `transformers.GenerationMixin.generate`, wrapped in the worker.
+Generation time is the CPU time inside `transformers.GenerationMixin.generate`, wrapped in the worker
+(with vLLM: inside VLLMSampler.sample and .load).
 """
 
 from __future__ import annotations
@@ -107,6 +111,22 @@ class StepClock:
                 self.generate_cpu += time.process_time() - start
 
         GenerationMixin.generate = timed_generate
+        try:
+            from ditty.objectives.rl.vllm_sampler import VLLMSampler
+        except ImportError:
+            return
+        for name in ("sample", "load"):
+            setattr(VLLMSampler, name, self.timed(getattr(VLLMSampler, name)))
+
+    def timed(self, function):
+        def timed_function(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.generate_cpu += time.process_time() - start
+
+        return timed_function
 
     def watch(self, model) -> None:
         """Count the rows and tokens of the policy's training (grad-enabled) forwards: the work done."""
@@ -253,12 +273,16 @@ def worker_trl_dpo(a: dict) -> dict:
     return clock.result(a["warmup"], DPO_PAIRS)
 
 
-def worker_ditty_grpo(a: dict) -> dict:
+def worker_ditty_grpo(a: dict, backend: str = "generate") -> dict:
     tail = (
         f'[rl]\nkind = "grpo"\ngroup_size = {GROUP}\nmax_new_tokens = {MAX_NEW}\ntemperature = {TEMPERATURE}\n'
-        f'loss = "dapo"\nbeta = 0.0\nrewards = ["{REWARD}"]\n'
+        f'loss = "dapo"\nbeta = 0.0\nrewards = ["{REWARD}"]\nbackend = "{backend}"\n'
     )
     return run_ditty(a, ditty_recipe(a, "prompt", GRPO_PROMPTS * GROUP, tail), GRPO_PROMPTS * GROUP)
+
+
+def worker_ditty_grpo_vllm(a: dict) -> dict:
+    return worker_ditty_grpo(a, backend="vllm")
 
 
 def worker_trl_grpo(a: dict) -> dict:
@@ -299,6 +323,7 @@ WORKERS = {
     "post-ditty-dpo": worker_ditty_dpo,
     "post-trl-dpo": worker_trl_dpo,
     "post-ditty-grpo": worker_ditty_grpo,
+    "post-ditty-grpo-vllm": worker_ditty_grpo_vllm,
     "post-trl-grpo": worker_trl_grpo,
 }
 
@@ -328,6 +353,14 @@ def run_section(which: str, run_worker, base: dict, reps: int, timed: int, log) 
     """Rows (contender, figure per CPU-s, per wall-s, ratio to TRL, generation share, runs) and notes."""
     unit = "pairs" if which == "dpo" else "completions"
     contenders = {f"ditty Trainer ({which})": f"post-ditty-{which}", f"TRL {which.upper()}Trainer": f"post-trl-{which}"}
+    notes = [NOTES[which]]
+    if which == "grpo":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is not None:
+            contenders["ditty Trainer (grpo, rl.backend vllm)"] = "post-ditty-grpo-vllm"
+        else:
+            notes.append("grpo: no vLLM row: vllm is not installed here (`make setup-vllm`).")
     results: dict[str, list[dict]] = {name: [] for name in contenders}
     steps = base["warmup"] + timed
     for rep in range(reps):
@@ -340,7 +373,7 @@ def run_section(which: str, run_worker, base: dict, reps: int, timed: int, log) 
                 f"({r['real_tokens_per_forward']:.0f} not padding)"
             )
             results[name].append(r)
-    trl_name = list(contenders)[1]
+    trl_name = f"TRL {which.upper()}Trainer"
     base_cpu = statistics.median(r["per_cpu_s"] for r in results[trl_name])
     base_wall = statistics.median(r["per_s"] for r in results[trl_name])
     rows = []
@@ -360,7 +393,7 @@ def run_section(which: str, run_worker, base: dict, reps: int, timed: int, log) 
                 f"{len(rs)} x {timed} steps",
             ]
         )
-    return rows, [NOTES[which]]
+    return rows, notes
 
 
 def render(rows: list[list[str]]) -> list[str]:
