@@ -8,10 +8,10 @@ return_token_ids), sent together so the server batches them.
 
 Weights go by a path: when the policy moved, rank 0 writes its full weights (gathered, merged under
 LoRA: ditty.objectives.rl.policy_weights) as safetensors under the run directory
-(rollout_weights/v<version>/), and asks the server to reload them in place (`POST /collective_rpc`,
-method reload_weights, `weights_path`: the server reads the file, so the run directory must be on its
-disk: one machine or a shared one). Where NCCL joins the two, vLLM's weight-transfer API would avoid the
-disk; that path is not built here (no GPU to test it on).
+(rollout_weights/v<version>/, removed when the run ends), and asks the server to reload them in place
+(`POST /collective_rpc`, method reload_weights, `weights_path`: the server reads the file, so the run
+directory must be on its disk: one machine or a shared one). Where NCCL joins the two, vLLM's
+weight-transfer API would avoid the disk; that path is not built here (no GPU to test it on).
 
 Failures are bounded: a request that times out (`rl.vllm_timeout_s`) or finds no server is retried
 `rl.vllm_retries` times, 2 s apart and doubling; then the run stops with exit code 2 naming the server
@@ -223,7 +223,11 @@ class ServerSampler:
             ) from err
 
     def close(self) -> None:
+        """At the end of the run (or after an error): the weights written for the server go (a resume
+        writes its own before its first sample)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.rank == 0:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
 def barrier() -> None:
