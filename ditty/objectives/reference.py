@@ -372,5 +372,5 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         every: list = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
-        return xxhash.xxh3_64_hexdigest(",".join(every))
+        return xxhash.xxh3_64_hexdigest(",".join(every).encode())
     return mine
