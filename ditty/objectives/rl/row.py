@@ -30,6 +30,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     from ditty.objectives.rl.advantages import GroupAdvantage
     from ditty.objectives.rl.assembler import Assembler
     from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.episode_evaluation import EpisodeEvaluation
     from ditty.objectives.rl.evaluation import RolloutEvaluation
     from ditty.objectives.rl.loss import GRPOLoss
     from ditty.objectives.rl.sampling import GenerateSampler
@@ -37,7 +38,8 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
 
     config, runtime = run.config, run.runtime
     rl, train = config.rl, config.train
-    functions = load_reward_functions(reward_references(run), rl.reward_weights)
+    references = reward_references(run)
+    functions = load_reward_functions(references, rl.reward_weights) if references or not rl.environment else []
     chunks = train.loss_chunks if train.loss_chunks > 0 else 8
     reference = build_reference(run, "auto", chunks=chunks, key="rl.beta") if rl.beta > 0 else None
     policy = lambda: run.engine.unwrap(run.model)  # noqa: E731  (the live, trained weights)
@@ -58,10 +60,12 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
+    sampler = GenerateSampler(policy, rl, run.tokenizer, runtime.device, config.run.seed)
+    environment = build_environment(run, functions)
     stream = RolloutStream(
         prompts,
-        sampler=GenerateSampler(policy, rl, run.tokenizer, runtime.device, config.run.seed),
-        environment=RewardEnvironment(functions, rl.reward_timeout_s),
+        sampler=sampler,
+        environment=environment,
         advantage=(advantage or GroupAdvantage)(rl),
         assembler=assembler,
         rl=rl,
@@ -71,10 +75,40 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     return ObjectiveParts(
         loss=GRPOLoss(rl, chunks=chunks),
         stream=stream,
-        evaluation=RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s),
+        evaluation=(
+            RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s)
+            if isinstance(environment, RewardEnvironment)
+            else EpisodeEvaluation(run.data.bundle, environment, sampler)
+        ),
         reference=reference,
         step_metrics=stream.step_metrics,
     )
+
+
+def build_environment(run: Any, functions: list) -> Any:
+    """The environment part: the reward functions alone (one turn), else episodes of several turns in
+    the `rl.environment` class or, with `rl.tools`, the built-in tool environment."""
+    from ditty.config.references import import_reference
+    from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.episodes import EpisodeEnvironment
+    from ditty.objectives.rl.rendering import ObservationRenderer
+    from ditty.objectives.rl.tool_calls import call_format_for
+    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+
+    rl, tokenizer = run.config.rl, run.tokenizer
+    max_prompt = run.config.data.max_seq_len
+    if rl.environment:
+        environment = import_reference(rl.environment, key="rl.environment")
+        renderer = ObservationRenderer(tokenizer, max_prompt)
+        name = rl.environment.rsplit(":", 1)[-1]
+        return EpisodeEnvironment(environment, rl.environment, functions, renderer, rl, reward_name=name)
+    if rl.tools:
+        tools = load_tools(rl.tools)
+        calls = call_format_for(getattr(tokenizer, "chat_template", None))
+        renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
+        make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s)  # noqa: E731
+        return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
+    return RewardEnvironment(functions)
 
 
 def reward_references(run: Any) -> list:

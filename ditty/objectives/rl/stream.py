@@ -113,12 +113,9 @@ class RolloutStream:
         group = self.rl.group_size
         started = time.perf_counter()
         first = step_start + self.rank * len(prompt_batch["prompt_ids"])
-        rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
+        rollouts = self.environment.run(self.sampler, prompt_batch, first, group)
         rollouts.policy_version = self.version
-        generate_s = time.perf_counter() - started
-        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
-        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
-        self.environment.score(rollouts, prompts, columns)
+        generate_s = time.perf_counter() - started  # the episodes: generation and the environment's turns
         metrics = self.estimate(rollouts)
         batches = self.assembler(rollouts)
         tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
@@ -141,6 +138,9 @@ class RolloutStream:
         metrics.update(
             {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
         )
+        for name in _names_across(rollouts.episode_metrics, self.world_size):  # every rank logs every name
+            values = rollouts.episode_metrics.get(name, torch.zeros(local, dtype=torch.float64))
+            metrics[name] = float(_gather(values, self.world_size).mean())
         metrics.update(
             {
                 "completions/mean_length": float(all_lengths.mean()),
@@ -168,6 +168,16 @@ def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(values) for _ in range(world_size)]
     dist.all_gather(parts, values)
     return torch.cat(parts).cpu()
+
+
+def _names_across(values: dict, world_size: int) -> list[str]:
+    """The sorted names of `values` on any rank (an environment may report a metric on one rank only)."""
+    names = set(values)
+    if _distributed(world_size):
+        every: list = [None] * world_size
+        dist.all_gather_object(every, sorted(names))
+        names = set().union(*every)
+    return sorted(names)
 
 
 def _max_across(value: float, world_size: int) -> float:
