@@ -7,17 +7,20 @@ import signal
 import time
 
 from ditty.objectives.rl.environment import StepResult
+from tests.rl.rewards_for_tests import text_hash_reward
 
 
-class ExactMatchOneTurn:
-    """Today's exact_match reward function as a one-turn environment of the reset/step protocol."""
+class ExactMatchAndHashOneTurn:
+    """Today's exact_match plus tests.rl.rewards_for_tests:text_hash_reward, as a one-turn environment
+    of the reset/step protocol."""
 
     def reset(self, row):
         self.answer = str(row["completion"])
         return row["prompt"]
 
     def step(self, completion):
-        return StepResult(reward=float(completion.strip() == self.answer.strip()), done=True)
+        exact = float(completion.strip() == self.answer.strip())
+        return StepResult(reward=exact + text_hash_reward([None], [completion])[0], done=True)
 
 
 class CountingTurns:
@@ -71,13 +74,15 @@ class FailsAtStep:
 
 class KilledMidEpisode:
     """Two turns; with DITTY_TEST_KILL_AT_RESET = N, the process kills itself (SIGKILL) in the first
-    turn of the episode opened by its N-th reset: mid-episode, mid-rollout."""
+    turn of the episode opened by its N-th reset (counted per process): mid-episode, mid-rollout."""
 
-    resets = 0
+    resets = {"pid": None, "count": 0}
 
     def reset(self, row):
-        KilledMidEpisode.resets += 1
-        self.reset_number, self.turns = KilledMidEpisode.resets, 0
+        if KilledMidEpisode.resets["pid"] != os.getpid():  # a forked run counts its own
+            KilledMidEpisode.resets.update(pid=os.getpid(), count=0)
+        KilledMidEpisode.resets["count"] += 1
+        self.reset_number, self.turns = KilledMidEpisode.resets["count"], 0
         return [{"role": "user", "content": row["prompt"]}]
 
     def step(self, completion):
@@ -107,3 +112,19 @@ def hangs(seconds: float = 5.0) -> str:
 
 
 NOT_A_CLASS = 3
+
+
+class OriginalCalculatorGame:
+    """An environment of the original Ditty's protocol: one expected calculator action, then done."""
+
+    def reset(self, task):
+        self.expected = task["prompt"].rstrip("=")
+        return "ready"
+
+    def step(self, action):
+        from ditty.compat.environments import EnvironmentStepResult
+
+        matched = action.get("name") == "calculator" and action["arguments"].get("expression") == self.expected
+        if not matched:
+            return EnvironmentStepResult("wrong branch", 0.0, True, {"wrong_branch": True})
+        return EnvironmentStepResult(str(eval(self.expected)), 1.0, False, {"matched": True, "note": "ok"})

@@ -199,3 +199,46 @@ def test_the_environments_tokens_take_no_loss_and_no_gradient(tiny):
     assert loss == base_loss and all(torch.equal(a, b) for a, b in zip(grads, base_grads))
     _, moved = loss_and_grads(predicts_model)  # (on-policy, the loss's value is -mean advantage either way)
     assert not all(torch.equal(a, b) for a, b in zip(moved, base_grads))
+
+
+def test_per_turn_credit_sums_the_normalised_rewards_of_a_turn_and_the_later_ones():
+    """DeepSeekMath's process supervision (section 4.1.3): the rewards of all turns of a group
+    normalised together, a turn's tokens taking the sum over that turn and the later ones."""
+    from ditty.objectives.rl.advantages import turn_advantages
+
+    rewards = [[1.0, 0.0], [0.0], [0.5, 0.5, 1.0], [2.0]]  # two groups of two episodes
+    spans = [[(0, 2), (4, 5)], [(0, 3)], [(0, 1), (2, 3), (5, 6)], [(0, 1)]]
+    got = turn_advantages(rewards, spans, [5, 3, 6, 1], group_size=2, scale_rewards="group")
+    first = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    norm = (first - first.mean()) / (first.std() + 1e-4)
+    assert got[0, :2].tolist() == pytest.approx([float(norm[0] + norm[1])] * 2)
+    assert got[0, 2:4].tolist() == [0.0, 0.0]  # the environment's tokens between the turns
+    assert got[0, 4].item() == pytest.approx(float(norm[1])) and got[1, :3].tolist() == pytest.approx(
+        [float(norm[2])] * 3
+    )
+    second = torch.tensor([0.5, 0.5, 1.0, 2.0], dtype=torch.float64)
+    norm = (second - second.mean()) / (second.std() + 1e-4)
+    assert got[2, 0].item() == pytest.approx(float(norm[:3].sum())) and got[2, 5].item() == pytest.approx(
+        float(norm[2])
+    )
+    assert got[3, 0].item() == pytest.approx(float(norm[3]))
+    unscaled = turn_advantages(rewards, spans, [5, 3, 6, 1], group_size=2, scale_rewards="none")
+    assert unscaled[0, 0].item() == pytest.approx((1 - 1 / 3) + (0 - 1 / 3))
+
+
+def test_per_turn_advantages_reach_the_loss_aligned_with_their_tokens(tiny):
+    from ditty.objectives.rl.advantages import turn_advantages
+
+    rl = rl_settings(max_turns=3)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
+    env = EpisodeEnvironment(CountingTurns, "CountingTurns", [], ObservationRenderer(tiny.tokenizer, 32), rl)
+    out = env.run(sampler, prompts([{"prompt": "12+30=", "completion": "42"}]), 0, 2)
+    widths = [len(ids) for ids in out.completion_ids]
+    out.advantages = turn_advantages(out.turn_rewards, out.turn_spans, widths, 2, "group")
+    (batch,) = Assembler(rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(out, drop_idle=False)
+    assert batch["advantages"].shape == batch["labels"][:, 1:].shape
+    for row in range(2):
+        scored = batch["labels"][row, 1:] != IGNORE_INDEX
+        expected = out.advantages[row, : widths[row]][torch.tensor(out.trainable[row])]
+        assert batch["advantages"][row][scored].tolist() == pytest.approx(expected.tolist())
+        assert (batch["advantages"][row][~scored] == 0).all()

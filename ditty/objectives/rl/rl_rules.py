@@ -166,6 +166,12 @@ def episodes(ctx) -> Iterator[Problem]:
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"rl.{key}", f"must be {wanted}, got {getattr(rl, key)!r}", f"set rl.{key} {wanted}")
+    if rl.credit == "turn" and rl.importance != "token":
+        yield error(
+            "rl.credit",
+            'per-turn credit gives each token its own advantage, which needs rl.importance = "token"',
+            'set rl.importance = "token", or rl.credit = "episode"',
+        )
     if not rl.environment and not rl.tools:
         for key in EPISODE_KEYS:
             if ctx.is_set(f"rl.{key}"):

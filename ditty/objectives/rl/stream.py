@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ditty.objectives.rewards import reward_metrics
+from ditty.objectives.rl.advantages import turn_advantages
 
 
 class RolloutStream:
@@ -130,6 +131,14 @@ class RolloutStream:
         advantages = self.advantage(totals)
         local = len(rollouts)
         rollouts.advantages = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        if self.rl.credit == "turn" and rollouts.turn_rewards is not None:
+            rollouts.advantages = turn_advantages(
+                rollouts.turn_rewards,
+                rollouts.turn_spans,
+                [len(ids) for ids in rollouts.completion_ids],
+                self.rl.group_size,
+                self.rl.scale_rewards,
+            )
         gathered = {name: _gather(values, self.world_size) for name, values in rollouts.rewards_per_function.items()}
         lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
         truncated = torch.tensor(rollouts.truncated, dtype=torch.float64)
