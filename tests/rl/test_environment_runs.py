@@ -98,6 +98,18 @@ def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
     for evaluated in (rows[0], rows[-1]):
         assert "val_exact_match" in evaluated and "val_env/well_formed_calls" in evaluated
 
+    # `ditty generate --tools` plays one greedy episode of the final model with the tools
+    tools = '["ditty.objectives.rl.builtin_tools:calculator"]'
+    run_dir = str(tmp_path / "run")
+    assert main(["generate", run_dir, "12*3=", "--tools", tools, "--max-new-tokens", "5", "--max-turns", "2"]) == 0
+    from ditty.train.generate import generate_episode
+
+    text = generate_episode(run_dir, "12*3=", ["ditty.objectives.rl.builtin_tools:calculator"], max_new_tokens=5)
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert main(["generate", run_dir, "12*3=", "--tools", "[1]"]) == 2
+    assert main(["generate", run_dir, "12*3=", "--tools", '["ditty.objectives.rl.builtin_tools:abacus"]']) == 2
+    assert "--tools[0]" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_llama_dir):

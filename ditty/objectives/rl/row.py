@@ -2,7 +2,8 @@
 
 The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
 - the sampler (ditty.objectives.rl.sampling): `generate` on the live policy with the prompt cache;
-- the environment (ditty.objectives.rl.environment): the reward functions, one turn;
+- the environment (ditty.objectives.rl.environment): the reward functions, one turn; or episodes of
+  several turns (ditty.objectives.rl.episodes) in `rl.environment` or the tool environment (`rl.tools`);
 - the advantage estimator (ditty.objectives.rl.advantages): GRPO's group normalisation;
 - the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
 wired together by the rollout stream (ditty.objectives.rl.stream), which is the run's stream of
@@ -172,7 +173,17 @@ def describe_rl(config: Any) -> list[tuple[str, str]]:
         f"tokens (temperature {rl.temperature:g}), {advantage} advantages, {rl.loss} loss, "
         f"{len(rl.rewards)} reward function(s){reference}"
     )
-    return [("rl", text)]
+    rows = [("rl", text)]
+    if rl.environment or rl.tools:
+        where = rl.environment or f"tools {', '.join(r.rsplit(':', 1)[-1] for r in rl.tools)}"
+        rows.append(
+            (
+                "episodes",
+                f"{where}: at most {rl.max_turns} model turns and {rl.max_episode_tokens} tokens after the prompt, "
+                f"{rl.credit} credit",
+            )
+        )
+    return rows
 
 
 def rl_footprint(config: Any, world_size: int) -> Footprint:
@@ -185,7 +196,8 @@ def rl_footprint(config: Any, world_size: int) -> Footprint:
         "auto" if rl.beta > 0 else "none",
         method="grpo" if rl.advantage == "group" else rl.advantage,
         rollout_sequences=in_flight,
-        rollout_tokens=config.data.max_seq_len + rl.max_new_tokens,
+        rollout_tokens=config.data.max_seq_len
+        + (rl.max_episode_tokens if rl.environment or rl.tools else rl.max_new_tokens),
         chunks=config.train.loss_chunks or 8,
     )
 
@@ -197,4 +209,7 @@ def rl_card(config: Any) -> str:
     kl = f", KL beta {rl.beta:g}" if rl.beta > 0 else ""
     advantage = "" if rl.advantage == "group" else f", {rl.advantage} advantages"
     settings = f"{rl.loss} loss, {rl.group_size} completions per prompt{advantage}{kl}, rewards: {rewards}"
+    if rl.environment or rl.tools:
+        where = rl.environment.rsplit(":", 1)[-1] or "tools: " + ", ".join(r.rsplit(":", 1)[-1] for r in rl.tools)
+        settings += f", episodes of up to {rl.max_turns} turns ({where})"
     return f"; reinforcement learning: {rl.kind.upper()} ({settings})"

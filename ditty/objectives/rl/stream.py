@@ -3,9 +3,10 @@
 One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
-2. the sampler draws `group_size` completions of each (ditty.objectives.rl.sampling);
-3. the environment scores them (ditty.objectives.rl.environment; a failing reward stops the run,
-   exit 2, before any update);
+2. the environment plays `group_size` episodes of each with the sampler (ditty.objectives.rl.environment:
+   one completion scored by the reward functions, or episodes of several turns; a failing reward
+   function or environment stops the run, exit 2, before any update);
+3. (rollout/generate_s times both);
 4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
    into advantages (ditty.objectives.rl.advantages), of which the rank keeps its own;
 5. the assembler cuts the rollouts into micro-batches (ditty.objectives.rl.assembler).

@@ -120,14 +120,15 @@ def tool_name(reference: str) -> str:
     return reference.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
-def load_tools(references: Sequence[str]) -> dict[str, Callable[..., Any]]:
-    """{name: function} of `rl.tools` (the compiler has checked that each resolves)."""
+def load_tools(references: Sequence[str], key: str = "rl.tools") -> dict[str, Callable[..., Any]]:
+    """{name: function} of `rl.tools` (the compiler has checked that each resolves); `key` names the
+    list in messages."""
     from ditty.config.errors import RecipeError
     from ditty.config.references import resolve_reference
 
     tools, problems = {}, []
     for index, reference in enumerate(references):
-        function, found = resolve_reference(reference, key=f"rl.tools[{index}]")
+        function, found = resolve_reference(reference, key=f"{key}[{index}]")
         problems += found
         if not found:
             tools[tool_name(reference)] = function
