@@ -26,7 +26,9 @@ def test_a_well_formed_call_is_answered_with_the_tools_result():
     result = env.step("let me compute " + call("calculator", expression="123*456"))
     assert not result.done and result.reward == 0.0
     assert result.observation == [{"role": "tool", "name": "calculator", "content": "56088"}]
-    assert result.metrics == {"tool_calls": 1.0, "tool_errors": 0.0, "tool_calls/calculator": 1.0}
+    assert result.metrics["tool_calls"] == 1.0 and result.metrics["tool_calls/calculator"] == 1.0
+    assert result.metrics["tool_calls/echo"] == 0.0  # every name on every turn
+    assert result.metrics["tool_errors"] == 0.0 and result.metrics["tool_errors/timeout"] == 0.0
 
 
 def test_a_turn_without_a_call_is_the_final_answer():

@@ -41,7 +41,11 @@ class ToolEnvironment:
 
     def step(self, completion: str) -> StepResult:
         calls = self.call_format.parse(completion)
+        # Every name on every turn (0 when nothing happened), so that the logged means over a
+        # logging interval count the steps where nothing happened too.
         metrics: dict[str, float] = {"tool_calls": float(len(calls)), "tool_errors": 0.0}
+        metrics.update({f"tool_calls/{name}": 0.0 for name in self.tools})
+        metrics.update({f"tool_errors/{kind}": 0.0 for kind in ERRORS})
         if not calls:
             return StepResult(done=True, metrics=metrics)
         messages = []
@@ -49,9 +53,9 @@ class ToolEnvironment:
             content, error = self.answer(call)
             if error:
                 metrics["tool_errors"] += 1
-                metrics[f"tool_errors/{error}"] = metrics.get(f"tool_errors/{error}", 0.0) + 1
+                metrics[f"tool_errors/{error}"] += 1
             if call.name in self.tools:
-                metrics[f"tool_calls/{call.name}"] = metrics.get(f"tool_calls/{call.name}", 0.0) + 1
+                metrics[f"tool_calls/{call.name}"] += 1
             messages.append({"role": "tool", "name": call.name, "content": content})
         return StepResult(observation=messages, metrics=metrics)
 
