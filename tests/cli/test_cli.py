@@ -29,6 +29,7 @@ STARTS_FROM_A_RUN = {
     "tiny_grpo": "runs/tiny_sft_start/final",
     "tiny_reward": "runs/tiny_sft/final",
     "tiny_distill": "runs/tiny_sft/final",
+    "tiny_tools": "runs/tiny_tools_sft/final",
 }
 
 
