@@ -96,6 +96,10 @@ class EpisodeEnvironment:
     def open(self, row: dict) -> Episode:
         try:
             environment = self.make()
+        except Exception as error:
+            what = f"could not be built: {type(error).__name__}: {error}"
+            raise environment_failure(self.name, row, what, self.key) from error
+        try:
             observation = environment.reset(row)
         except Exception as error:
             raise environment_failure(
