@@ -4,8 +4,9 @@ Token in, token out: the model's sampled tokens are kept as they are, and only t
 part is tokenized, so training sees exactly the tokens that were sampled (re-tokenizing the whole
 conversation could split the model's text differently).
 
-Chat messages are rendered with the tokenizer's chat template, as the chat format renders a
-conversation for SFT, so an episode's tokens are those of its conversation rendered whole. What a
+Chat messages are rendered by ditty.data.conversation, the one rendering of a conversation (the
+prompt with the generation prompt, as SFT's held-out prompts and every RL prompt), so an episode's
+tokens are those of its conversation rendered whole. What a
 turn adds is the template's text after the model's turn: the end of the assistant turn that the
 model did not write itself (ditty's byte template's newline after the end-of-sequence token), the
 new messages, and the next generation prompt. It is the difference between two renderings of the
@@ -81,10 +82,9 @@ class ObservationRenderer:
                 key="tokenizer.chat_template",
                 fix='set tokenizer.chat_template = "chatml" (or use a chat model\'s tokenizer)',
             )
-        extra = {"tools": self.tools} if self.tools else {}
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
-        )
+        from ditty.data.conversation import render
+
+        return render(self.tokenizer, messages, generation_prompt, self.tools)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
