@@ -79,6 +79,26 @@ def test_an_environment_whose_step_raises_stops_the_run_naming_it_and_the_row(tm
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_a_reward_function_that_hangs_in_an_episode_stops_at_the_timeout(tmp_path, capsys):
+    from tests.rl import rewards_for_tests
+
+    rewards_for_tests.CALLS["count"] = 0
+    rewards_for_tests.FAIL_FROM_CALL["value"] = 3  # steps 1 and 2 score, step 3 hangs
+    code, out = run(
+        tmp_path,
+        capsys,
+        tools=["ditty.objectives.rl.builtin_tools:calculator"],
+        rewards=["tests.rl.rewards_for_tests:hangs_later"],
+        reward_timeout_s=1.0,
+        max_new_tokens=4,
+        max_turns=2,
+        max_episode_tokens=16,
+    )
+    assert code == 2, out
+    assert "hangs_later did not return within rl.reward_timeout_s = 1 s" in out, out
+    assert not (tmp_path / "run" / "final").exists()
+
+
 def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
     code, out = run(
         tmp_path,

@@ -40,6 +40,7 @@ def rl_settings(**changes):
         mask_truncated=False,
         updates_per_rollout=1,
         beta=0.0,
+        reward_timeout_s=600.0,
     )
     return types.SimpleNamespace(**{**settings, **changes})
 

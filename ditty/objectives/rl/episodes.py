@@ -199,7 +199,8 @@ class EpisodeEnvironment:
         total, per_function, details = steps.clone(), {}, {}
         if self.functions:
             columns = {name: [e.row[name] for e in episodes] for name in episodes[0].row if name != "prompt"}
-            scores = score_completions(self.functions, [e.row["prompt"] for e in episodes], out.texts, columns)
+            prompts = [e.row["prompt"] for e in episodes]
+            scores = score_completions(self.functions, prompts, out.texts, columns, timeout_s=self.rl.reward_timeout_s)
             total += scores.total
             per_function, details = dict(scores.per_function), dict(scores.details)
             for episode, value in zip(episodes, scores.total.tolist()):  # the final answer's score ends the last turn

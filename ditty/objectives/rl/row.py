@@ -109,7 +109,7 @@ def build_environment(run: Any, functions: list) -> Any:
         renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
         make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s)  # noqa: E731
         return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
-    return RewardEnvironment(functions)
+    return RewardEnvironment(functions, rl.reward_timeout_s)
 
 
 def reward_references(run: Any) -> list:
