@@ -54,6 +54,7 @@ FIRST_STAGE_COMMANDS = {
     "tiny_dpo": "ditty run tiny_sft --train.steps 430 --run.output_dir runs/tiny_sft_short",
     "tiny_grpo": "ditty run tiny_sft --train.steps 400 --run.output_dir runs/tiny_sft_start",
     "tiny_reward": "ditty run tiny_sft",
+    "tiny_tools": "ditty run tiny_tools_sft",
 }
 
 
