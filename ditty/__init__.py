@@ -67,6 +67,8 @@ _LAZY = {
     "CheckpointManager": "ditty.compat.porting",
     "Checkpoint": "ditty.compat.porting",
     "MetricsLogger": "ditty.compat.metrics_logger",
+    "Environment": "ditty.compat.environments",
+    "EnvironmentStepResult": "ditty.compat.environments",
     "FusedLinearCrossEntropyLoss": "ditty.stages.fused_loss",
 }
 _REFUSED = {
@@ -85,6 +87,7 @@ MOVED_MODULES = {
     "ditty.model_configs": "ditty.compat.model_configs",
     "ditty.porting": "ditty.compat.porting",
     "ditty.metrics_logger": "ditty.compat.metrics_logger",
+    "ditty.environments": "ditty.compat.environments",
     "ditty.loss": "ditty.stages.loss",
     "ditty.processors": "ditty.stages.processors",
     "ditty.task_losses": "ditty.stages.task_losses",

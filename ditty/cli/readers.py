@@ -17,6 +17,8 @@ def cmd_generate(args: list[str]) -> int:
     max_new, args = take_option(args, ("--max-new-tokens",))
     sample, args = take_option(args, ("--sample",), has_value=False)
     chat, args = take_option(args, ("--chat",), has_value=False)
+    tools, args = take_option(args, ("--tools",))
+    max_turns, args = take_option(args, ("--max-turns",))
     _, args = take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
     if len(args) != 2:
         raise RecipeError.single(
@@ -34,10 +36,45 @@ def cmd_generate(args: list[str]) -> int:
             f"--max-new-tokens {max_new_tokens}: it takes a number of tokens of at least 1",
             fix="e.g. --max-new-tokens 32",
         )
+    if tools is not None:
+        from ditty.train.generate import generate_episode
+
+        turns = _whole_number(max_turns, "--max-turns", 4)
+        print(generate_episode(run_dir, prompt, _reference_list(tools), max_new_tokens=max_new_tokens, max_turns=turns))
+        return 0
     from ditty.train.generate import generate
 
     print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample), chat=bool(chat)))
     return 0
+
+
+def _reference_list(text: str) -> list[str]:
+    """--tools: a list of "package.module:function" (TOML or JSON), or one reference."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = [text]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise RecipeError.single(
+            f"--tools {text!r} is not a list of references",
+            key="--tools",
+            fix="--tools '[\"ditty.objectives.rl.builtin_tools:calculator\"]'",
+        )
+    return value
+
+
+def _whole_number(text, flag: str, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise RecipeError.single(f"{flag} {text}: it takes a whole number of at least 1", key=flag)
+    return value
 
 
 def cmd_export(args: list[str]) -> int:

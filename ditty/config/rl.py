@@ -91,3 +91,23 @@ class RLConfig:
     """The cap C of sampler_correction (TRL: vllm_importance_sampling_clip_max, 3.0)."""
     generation_batch_size: int = 0
     """Prompts per `generate` call on each rank; 0: all of the rank's prompts of a step at once."""
+    environment: str = ""
+    """The environment episodes run in, as "package.module:Name": a class with `reset(row) ->
+    observation` (the first messages, from the prompt row) and `step(completion) -> StepResult` (the
+    next observation, a reward, done, metrics; ditty.objectives.rl.environment). Unset: the built-in
+    tool environment when `tools` are named, else one turn scored by the reward functions."""
+    tools: list[str] = field(default_factory=list)
+    """Python functions the model may call, as "package.module:function" (the built-in tool
+    environment: a `<tool_call>{json}</tool_call>` in the chat template's format calls one, its
+    result comes back as a `tool` message); the reward functions score the episode's final answer."""
+    max_turns: int = 4
+    """Most model turns in one episode of an environment; an episode still open after them is truncated."""
+    max_episode_tokens: int = 1024
+    """Most tokens an episode adds after its prompt (the model's and the environment's together);
+    an episode that reaches it is cut there and counted as truncated."""
+    tool_timeout_s: float = 10.0
+    """Seconds a tool call may take; a call still running then is answered with an error message."""
+    credit: Literal["episode", "turn"] = "episode"
+    """"episode": every model token of an episode takes the advantage of its total reward; "turn":
+    each turn's tokens take the sum of the group-normalised rewards of that turn and the later ones
+    (DeepSeekMath's process supervision), for environments that reward single turns."""

@@ -255,6 +255,8 @@ def builtin_rows(data: "DataConfig") -> SourceRows:
     )
 
     def as_rows(problems: list) -> "Dataset":
+        if data.format == "chat":  # one demonstration conversation per problem
+            return Dataset.from_dict({columns[0]: [builtin.DEMONSTRATIONS[data.name](p, a) for p, a in problems]})
         first, second = zip(*problems) if problems else ((), ())
         rows = {columns[0]: list(first), columns[1]: list(second)}
         if data.format == "preference":  # the correct sum is chosen, a wrong one rejected

@@ -6,6 +6,12 @@
 completion "dcba" (4-8 lowercase letters). Both read as prompt/completion pairs, or as source/target
 pairs for an encoder-decoder (data.format = "seq2seq").
 
+"multiplication": prompt "123*456=", completion "56088" (three-digit operands): a product the tiny
+model cannot work out, but can with a calculator tool. Read as "chat", each row is a demonstration
+of the tool call (`tool_demonstration`): the user's prompt, the assistant's Hermes-style
+`<tool_call>{json}</tool_call>`, the tool's result and the assistant's answer; read as "prompt",
+the rows are the problems an episode with the tool starts from (ditty.objectives.rl.tools).
+
 "topics": a short sentence and its topic, one of four ("sport", "food", "weather", "music"), for
 data.format = "classification": three to six common words with one to three words of the topic
 among them, and in a third of the sentences one word of another topic, outnumbered ("the old team
@@ -20,6 +26,7 @@ problems, so guessing it scores far below the 5% a trivial baseline may reach.
 from __future__ import annotations
 
 import hashlib
+import json
 import string
 from typing import Callable, Iterator
 
@@ -36,6 +43,11 @@ Problem = tuple[str, str]  # (prompt, completion without the end-of-sequence tok
 def _addition(rng: np.random.Generator, count: int) -> Iterator[Problem]:
     for a, b in rng.integers(0, 100, size=(count, 2)).tolist():
         yield f"{a}+{b}=", str(a + b)
+
+
+def _multiplication(rng: np.random.Generator, count: int) -> Iterator[Problem]:
+    for a, b in rng.integers(100, 1000, size=(count, 2)).tolist():
+        yield f"{a}*{b}=", str(a * b)
 
 
 def _reverse(rng: np.random.Generator, count: int) -> Iterator[Problem]:
@@ -78,11 +90,13 @@ GENERATORS: dict[str, Callable[[np.random.Generator, int], Iterator[Problem]]] =
     "addition": _addition,
     "reverse": _reverse,
     "topics": _topics,
+    "multiplication": _multiplication,
 }
 FORMATS: dict[str, tuple[str, ...]] = {
     "addition": ("prompt_completion", "seq2seq", "preference", "prompt"),
     "reverse": ("prompt_completion", "seq2seq", "prompt"),
     "topics": ("classification",),
+    "multiplication": ("prompt_completion", "prompt", "chat"),
 }
 """The data formats each built-in dataset can be read as (its pairs are prompt/completion, source/target
 or text/label)."""
@@ -97,6 +111,22 @@ def wrong_answer(prompt: str, answer: str) -> str:
     candidates = [value + 1, value - 1, value + 10, value - 10, int(answer[::-1])]
     candidates = [c for c in candidates if c >= 0 and c != value]
     return str(candidates[pick % len(candidates)])
+
+
+def tool_demonstration(prompt: str, answer: str) -> list[dict[str, str]]:
+    """A multiplication problem solved with the `calculator` tool (ditty.objectives.rl.builtin_tools),
+    as chat messages: the call in the Hermes format the tool environment parses by default."""
+    call = json.dumps({"name": "calculator", "arguments": {"expression": prompt.rstrip("=")}}, separators=(",", ":"))
+    return [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+        {"role": "tool", "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+DEMONSTRATIONS: dict[str, Callable[[str, str], list[dict[str, str]]]] = {"multiplication": tool_demonstration}
+"""The built-in datasets read as "chat": (prompt, answer) -> the conversation that solves it."""
 
 
 def generate_problems(name: str, num_samples: int) -> list[Problem]:

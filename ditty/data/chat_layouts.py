@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from ditty.data.rows import CHAT_ROLES
+from ditty.data.rows import CHAT_ROLES, TOOL_ROLE, role_problem
 
 if TYPE_CHECKING:
     from ditty.config.sections import DataConfig
@@ -106,10 +106,14 @@ class ChatLayout:
                     f"(the row's first message is in the {keys.name} layout: {keys.role}/{keys.content})"
                 )
             role = keys.role_names.get(role, role)
-            if role not in ROLES:  # a chat template renders any role, and a typo then trains as no one's turn
+            roles = [message["role"] for message in messages] + [role]
+            if role_problem(roles, index):  # a chat template renders any role, and a typo then trains as no one's turn
+                if role == TOOL_ROLE:
+                    return None, f"{column!r} {role_problem(roles, index)}"
                 return None, (
-                    f"{column!r} message {index} has the role {turn.get(keys.role)!r}, not user, assistant or "
-                    f"system{self._role_names_hint(keys)}; map other role names with data.chat_keys"
+                    f"{column!r} message {index} has the role {turn.get(keys.role)!r}, not user, assistant, "
+                    f"system or (after an assistant turn) tool{self._role_names_hint(keys)}; map other role "
+                    "names with data.chat_keys"
                 )
             if not isinstance(content, str):  # null would render as "None", or train an empty reply
                 found = "null" if content is None else _kind(content)

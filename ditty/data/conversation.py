@@ -14,7 +14,7 @@ model is scored outside ditty as it was trained.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from ditty.config.errors import RecipeError
 
@@ -27,15 +27,24 @@ def as_turns(value: Any, role: str) -> list[dict]:
     return value if isinstance(value, list) else [{"role": role, "content": str(value)}]
 
 
-def render_prompt(tokenizer: "PreTrainedTokenizerBase", turns: list) -> str:
+def render(
+    tokenizer: "PreTrainedTokenizerBase", turns: list, generation_prompt: bool, tools: Optional[list] = None
+) -> str:
+    """The turns as the chat template writes them, with its generation prompt or not; `tools`: the
+    tool schemas a template renders (its `tools` variable)."""
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt, **extra)
+
+
+def render_prompt(tokenizer: "PreTrainedTokenizerBase", turns: list, tools: Optional[list] = None) -> str:
     """The turns and the generation prompt, as the chat template writes them."""
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return render(tokenizer, turns, True, tools)
 
 
 def render_reply(tokenizer: "PreTrainedTokenizerBase", turns: list, reply: list) -> tuple[list[int], list[int]]:
     """(prompt ids, reply ids ending with one end-of-sequence token) of `reply` messages after `turns`."""
     prompt_text = render_prompt(tokenizer, turns)
-    full_text = tokenizer.apply_chat_template(turns + reply, tokenize=False)
+    full_text = render(tokenizer, turns + reply, False)
     if not full_text.startswith(prompt_text):
         raise RecipeError.single(
             "the chat template renders the prompt differently once the reply follows, so the reply cannot be located",

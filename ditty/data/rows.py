@@ -26,6 +26,22 @@ ANY = "any"
 """Field kinds: text (a string or a number), chat messages, or any value (present and not null)."""
 CHAT_ROLES = ("user", "assistant", "system")
 """The roles of a chat message a chat template is written for."""
+TOOL_ROLE = "tool"
+"""A tool's answer to the assistant's call: accepted right after an assistant turn or another tool message."""
+
+
+def role_problem(roles: list, index: int) -> Optional[str]:
+    """Why message `index` of a conversation whose roles are `roles` has a role no template is written
+    for (a typo would render as no one's turn), or None. A tool message answers a call, so it follows
+    an assistant turn (or another tool message answering the same turn)."""
+    role = roles[index]
+    if role in CHAT_ROLES:
+        return None
+    if role == TOOL_ROLE:
+        if index > 0 and roles[index - 1] in ("assistant", TOOL_ROLE):
+            return None
+        return f"message {index} has the role 'tool' but follows no assistant turn (a tool message answers a call)"
+    return f"message {index} has the role {role!r}, not user, assistant, system or (after an assistant turn) tool"
 
 
 @dataclass(frozen=True)
@@ -121,8 +137,9 @@ def _messages_problem(value: Any) -> Optional[str]:
             return f"message {index} has no text 'role'"
         if "content" not in message:
             return f"message {index} has no 'content'"
-        if message["role"] not in CHAT_ROLES:  # a chat template renders any role: a typo trains as no one's turn
-            return f"message {index} has the role {message['role']!r}, not {', '.join(CHAT_ROLES[:-1])} or system"
+        problem = role_problem([m.get("role") if isinstance(m, dict) else None for m in value], index)
+        if problem:  # a chat template renders any role: a typo trains as no one's turn
+            return problem
         if not isinstance(message["content"], str):
             content = message["content"]
             return f"message {index} has 'content' {'null' if content is None else _a(_json_type(content))}, not text"

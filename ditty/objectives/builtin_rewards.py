@@ -3,6 +3,8 @@
 
 - `exact_match`: 1.0 when the completion, stripped, equals the row's reference answer (column
   `answer`, else `completion`: the built-in `addition` and `reverse` tasks keep theirs there);
+- `digit_match`: partial credit for a numeric answer: the share of the reference's characters the
+  completion has at the same places (0 when the lengths differ), so near misses rank above far ones;
 - `addition_exact_match`: the same for the built-in `addition` task, the answer computed from the
   prompt ("12+47=" -> "59"), so it needs no answer column;
 - `integer_format`: 1.0 when the completion is one integer and nothing else;
@@ -35,6 +37,24 @@ def exact_match(
     if references is None:
         raise KeyError("exact_match compares with the column 'answer' (or 'completion'); the data has neither")
     return [float(completion_text(c).strip() == str(r).strip()) for c, r in zip(completions, references)]
+
+
+def digit_match(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answer: Optional[Sequence[Any]] = None,
+    completion: Optional[Sequence[Any]] = None,
+    **columns: Any,
+) -> list[float]:
+    references = answer if answer is not None else completion
+    if references is None:
+        raise KeyError("digit_match compares with the column 'answer' (or 'completion'); the data has neither")
+    scores = []
+    for c, r in zip(completions, references):
+        text, reference = completion_text(c).strip(), str(r).strip()
+        same = len(text) == len(reference) and len(reference) > 0
+        scores.append(sum(a == b for a, b in zip(text, reference)) / len(reference) if same else 0.0)
+    return scores
 
 
 def addition_exact_match(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:

@@ -114,8 +114,9 @@ def grpo_loss(
     token sum by sequences x max_new_tokens (Liu et al. 2025).
 
     logps, old_logps, reference_logps, mask: [B, T] aligned (masked positions must be finite);
-    advantages: [B]. token_weights ([B, T] or [B, 1]): the sampler correction's weights of the
-    surrogate (ditty.objectives.rl.correction), applied before the KL term as TRL does.
+    advantages: [B], or [B, T] per token (per-turn credit, with importance "token"). token_weights
+    ([B, T] or [B, 1]): the sampler correction's weights of the surrogate
+    (ditty.objectives.rl.correction), applied before the KL term as TRL does.
     """
     if importance not in ("token", "sequence"):
         raise ValueError(f'importance must be "token" or "sequence", not {importance!r}')
@@ -136,7 +137,8 @@ def grpo_loss(
         log_weight = ((log_ratio * mask).sum(-1) / lengths)[:, None]
     weight = torch.exp(log_weight)
     clipped = torch.clamp(weight, 1.0 - clip_low, 1.0 + clip_high)
-    advantage = advantages.to(logps.dtype)[:, None]
+    advantage = advantages.to(logps.dtype)
+    advantage = advantage[:, None] if advantage.dim() == 1 else advantage  # per completion, or per token
     per_token = -torch.min(weight * advantage, clipped * advantage)
     if token_weights is not None:
         per_token = per_token * token_weights.to(per_token.dtype)

@@ -6,6 +6,7 @@ that the saved model is complete. Greedy by default, hence deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -103,3 +104,42 @@ def generate(
     # A decoder-only model returns the prompt and its continuation; an encoder-decoder only the output.
     new_tokens = output[0] if model.config.is_encoder_decoder else output[0, inputs["input_ids"].shape[1] :]
     return tokenizer.decode(new_tokens, skip_special_tokens=True)
+
+
+@torch.no_grad()
+def generate_episode(
+    run_dir: str, prompt: str, tools: list[str], *, max_new_tokens: int = 64, max_turns: int = 4, device: str = "cpu"
+) -> str:
+    """One greedy episode of the run's final model with `tools` ("package.module:function"), as RL
+    runs them (ditty.objectives.rl.tools): the prompt is the user's message, each tool call is
+    answered by the tool, until the model answers without a call or after `max_turns` turns. Returns
+    the episode's text after the prompt: the model's turns and the tools' messages as the chat
+    template renders them."""
+    from ditty.config.rl import RLConfig
+    from ditty.objectives.rl.episodes import EpisodeEnvironment
+    from ditty.objectives.rl.rendering import ObservationRenderer
+    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.rl.tool_calls import call_format_for
+    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+
+    model, tokenizer = load_final(run_dir, device)
+    if not getattr(tokenizer, "chat_template", None):
+        raise RecipeError.single(
+            f"--tools runs a chat episode, and the tokenizer of {run_dir!r} has no chat template",
+            fix='train with tokenizer.chat_template = "chatml" (or a Jinja file)',
+        )
+    functions = load_tools(tools, key="--tools")
+    rl = RLConfig(kind="grpo", max_new_tokens=max_new_tokens, max_turns=max_turns, tools=list(tools), group_size=2)
+    rl = dataclasses.replace(rl, max_episode_tokens=max_new_tokens * max_turns * 4)
+    calls = call_format_for(tokenizer.chat_template)
+    episodes = EpisodeEnvironment(
+        lambda: ToolEnvironment(functions, calls, rl.tool_timeout_s),
+        "ToolEnvironment",
+        [],
+        ObservationRenderer(tokenizer, 1_000_000, tools=tool_schemas(functions)),
+        rl,
+        key="--tools",
+    )
+    sampler = GenerateSampler(lambda: model, rl, tokenizer, torch.device(device), seed=0)
+    rollouts = episodes.run(sampler, {"prompts": [prompt], "columns": {}}, 0, 1, greedy=True)
+    return tokenizer.decode(rollouts.completion_ids[0], skip_special_tokens=True)

@@ -29,6 +29,7 @@ STARTS_FROM_A_RUN = {
     "tiny_grpo": "runs/tiny_sft_start/final",
     "tiny_reward": "runs/tiny_sft/final",
     "tiny_distill": "runs/tiny_sft/final",
+    "tiny_tools": "runs/tiny_tools_sft/final",
 }
 
 
@@ -53,6 +54,7 @@ FIRST_STAGE_COMMANDS = {
     "tiny_dpo": "ditty run tiny_sft --train.steps 430 --run.output_dir runs/tiny_sft_short",
     "tiny_grpo": "ditty run tiny_sft --train.steps 400 --run.output_dir runs/tiny_sft_start",
     "tiny_reward": "ditty run tiny_sft",
+    "tiny_tools": "ditty run tiny_tools_sft",
 }
 
 

@@ -263,7 +263,7 @@ def test_a_null_content_or_an_unknown_role_is_a_bad_row_named_by_file_and_line(t
     message = str(caught.value)
     assert f"{path}:2" in message and "'messages' message 1 (assistant) has 'content' null, not text" in message
     assert f"{path}:4" in message and "'messages' message 1 has the role 'wizard'" in message
-    assert "user, assistant or system" in message and "data.chat_keys" in message
+    assert "user, assistant, system or (after an assistant turn) tool" in message and "data.chat_keys" in message
     assert f"{path}:5" in message and "'conversations' message 1 (assistant) has 'value' null" in message
     assert len(samples(path, on_bad_rows="skip")) == 3  # the good rows only
 
@@ -307,3 +307,17 @@ def test_a_chat_template_s_own_rule_is_named_as_the_template_s(tmp_path):
     assert "the chat template refused a conversation" in problem.message
     assert "Conversation roles must alternate" in problem.message and "'be brief'" in problem.message
     assert "follow the template's rule" in problem.fix
+
+
+def test_a_tool_message_is_read_after_an_assistant_turn_and_refused_anywhere_else(tmp_path):
+    call = [("user", "2*3="), ("assistant", "call"), ("tool", "six"), ("assistant", "6")]
+    loose = [("user", "hi"), ("tool", "6"), ("assistant", "6")]
+    path = write_jsonl(tmp_path / "chat.jsonl", [openai_row(call), openai_row(loose)])
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    message = str(caught.value)
+    assert f"{path}:2" in message and "message 1 has the role 'tool' but follows no assistant turn" in message
+    assert f"{path}:1" not in message
+    ((ids, labels),) = samples(path, on_bad_rows="skip")
+    trained = byte_tokenizer().decode([i for i, label in zip(ids, labels) if label != -100], skip_special_tokens=True)
+    assert "call" in trained and "6" in trained and "six" not in trained  # the assistant's turns train, not the tool's

@@ -266,3 +266,11 @@ def test_rewards_that_overflow_together_are_refused():
         score_completions(functions, ["a"], ["x"])
     message = str(caught.value)
     assert f"the weighted sum of {SAMPLES}:huge, {SAMPLES}:huge is inf for a completion" in message
+
+
+def test_digit_match_gives_partial_credit_for_near_misses():
+    from ditty.objectives.builtin_rewards import digit_match
+
+    completions = ["56088", "56089", " 56188 ", "5608", "", [{"role": "assistant", "content": "56088"}]]
+    got = digit_match(prompts=[""] * 6, completions=completions, completion=["56088"] * 6)
+    assert got == [1.0, 0.8, 0.8, 0.0, 0.0, 1.0]

@@ -65,3 +65,35 @@ def grpo_config(tmp_path, *, train=None, optimizer=None, checkpoint=None, **rl) 
 
 def with_rl(config: TrainerConfig, **changes) -> TrainerConfig:
     return replace(config, rl=replace(config.rl, **changes))
+
+
+def save_turn_ending_llama(path, eos_weight: float = 0.8) -> str:
+    """A tiny random Llama (TINY_LLAMA, the byte tokenizer) that ends its turns within a few tokens,
+    saved in Hugging Face format: coordinate 0 of the residual stream is a constant 5 (every token's
+    embedding holds it and no layer writes to it), and the head reads it into the end-of-sequence
+    logit (p about 0.25 a token at 0.8). Episodes with it have several turns."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ditty.data.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{**TINY_LLAMA, "max_position_embeddings": 256},
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 5.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0].zero_()
+            layer.mlp.down_proj.weight[0].zero_()
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[tokenizer.eos_token_id, 0] = eos_weight
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

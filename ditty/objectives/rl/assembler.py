@@ -3,7 +3,8 @@
 Each row is prompt + completion, collated as the causal LM's samples are (ditty.data.collate:
 right-padded, labels on the completion tokens, its end-of-sequence token included); a completion
 token the environment wrote (`trainable` False) gets no label, so it takes no loss and no gradient.
-Beside the collated tensors a micro-batch carries, per row, `advantages` and `truncated`, and where
+Beside the collated tensors a micro-batch carries, per row, `advantages` (per token, aligned with
+`labels[:, 1:]`, under per-turn credit) and `truncated`, and where
 the loss needs them the log-probabilities the policy sampled with (`old_logps`, when a rollout serves
 several updates) and the reference's (`ref_logps`, when rl.beta > 0), scored by the training forward's
 own path so an on-policy ratio is exactly 1.
@@ -101,7 +102,14 @@ class Assembler:
             samples.append((prompt + completion, labels))
         batch = pad_samples(samples, self.pad_token_id)
         del batch["position_ids"]  # right-padded rows: the model's own positions are these
-        batch["advantages"] = rollouts.advantages[start : start + len(samples)].to(torch.float32)
+        advantages = rollouts.advantages[start : start + len(samples)].to(torch.float32)
+        if advantages.dim() == 2:  # per token: aligned with labels[:, 1:], as the loss's log-probabilities are
+            per_token = torch.zeros(batch["labels"].shape, dtype=torch.float32)
+            for row, i in enumerate(rows):
+                begin, count = len(rollouts.prompt_ids[i]), len(rollouts.completion_ids[i])
+                per_token[row, begin : begin + count] = advantages[row, :count]
+            advantages = per_token[:, 1:]
+        batch["advantages"] = advantages
         batch["truncated"] = torch.tensor([rollouts.truncated[i] for i in rows], dtype=torch.bool)
         if rollouts.sampler_logps is not None:
             batch["sampler_logps"] = aligned_sampler_logps(rollouts, rows, batch["labels"].shape[1])
@@ -122,7 +130,8 @@ def aligned_sampler_logps(rollouts: RolloutBatch, rows: range, width: int) -> to
 def without_idle_rows(batch: dict) -> dict:
     """The micro-batch without its rows of advantage 0 (at least one row kept), cut to the width of
     the longest row left; the left-out rows' labels and flags kept as `idle_labels`, `idle_truncated`."""
-    idle = batch["advantages"] == 0
+    advantages = batch["advantages"]
+    idle = advantages == 0 if advantages.dim() == 1 else (advantages == 0).all(-1)
     keep = torch.nonzero(~idle).flatten()
     if len(keep) == len(batch["advantages"]):
         return batch
@@ -133,8 +142,8 @@ def without_idle_rows(batch: dict) -> dict:
     out = dict(batch)
     for key in ("input_ids", "attention_mask", "labels"):
         out[key] = batch[key][keep, :width]
-    for key in ("advantages", "truncated"):
-        out[key] = batch[key][keep]
+    out["advantages"] = advantages[keep] if advantages.dim() == 1 else advantages[keep, : width - 1]
+    out["truncated"] = batch["truncated"][keep]
     if "sampler_logps" in batch:
         out["sampler_logps"] = batch["sampler_logps"][keep, :width]
     out["idle_labels"], out["idle_truncated"] = batch["labels"][idle], batch["truncated"][idle]

@@ -1,9 +1,10 @@
 """`RolloutBatch`: what the RL parts pass between them (ditty.objectives.rl).
 
-The sampler fills the token ids (and may give its own log-probabilities), the environment the
-rewards, the advantage estimator the advantages; the assembler turns it into the training
-micro-batches. It is one rank's rollouts of one step: row i is completion i % group_size of prompt
-i // group_size, and every field is in that order.
+The sampler fills the token ids (and may give its own log-probabilities; with an environment of
+several turns, the environment's part of them is not `trainable`), the environment the rewards, the
+advantage estimator the advantages; the assembler turns it into the training micro-batches. It is
+one rank's rollouts of one step: row i is completion i % group_size of prompt i // group_size, and
+every field is in that order.
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ class RolloutBatch:
     reward_details: dict[str, Tensor] = field(default_factory=dict)
     """Extra values the functions reported (rewards/NAME/METRIC), [rows] each."""
     advantages: Optional[Tensor] = None
-    """[rows] (set by the advantage estimator): this rank's rows of the global batch's advantages."""
+    """[rows] (set by the advantage estimator): this rank's rows of the global batch's advantages;
+    [rows, completion width] per token with `rl.credit = "turn"`."""
+    turn_spans: Optional[list[list[tuple[int, int]]]] = None
+    """Episodes of several turns: [start, end) of each model turn in the row's completion_ids."""
+    turn_rewards: Optional[list[list[float]]] = None
+    """Episodes of several turns: each model turn's reward (the final answer's score in the last)."""
+    episode_metrics: dict[str, Tensor] = field(default_factory=dict)
+    """Per row ([rows] float64 each): env/turns, env/episode_tokens, env/truncated and the
+    environment's own metrics (env/NAME); empty for one-turn rollouts."""
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -1,17 +1,76 @@
-"""The environment: what a completion earns. Today's reward functions are its one-turn case: the
-completion ends the episode and every function scores it (`RewardEnvironment`).
+"""The environment: what an episode sees and earns.
 
-`score(rollouts, prompts, columns)` fills a `RolloutBatch`'s rewards: the weighted sum per row, each
-function's own values (logged as rewards/NAME/mean and /std) and the extra values a function reports.
-A function that fails stops the run with exit code 2 before any update (ditty.objectives.rewards).
+Two kinds, one interface for the rollout stream (`run(sampler, prompts, first_position) -> RolloutBatch`,
+the rewards filled in):
+
+- `RewardEnvironment`, the one-turn case: the sampler writes one completion per episode and the
+  reward functions (TRL's signature) score it with its prompt row's columns, in one batch;
+- `EpisodeEnvironment` (ditty.objectives.rl.episodes): an `Environment` per episode, several turns.
+
+`Environment` is the protocol a user writes (`[rl] environment = "package.module:Name"`, built
+without arguments, one instance per episode): `reset(row)` gives the first observation from the
+prompt row, `step(completion)` answers each model turn with a `StepResult`. An observation is a list
+of chat messages (rendered with the tokenizer's chat template, the generation prompt after them) or
+a string (its text as it is). A `reset` or `step` that raises or answers something else stops the run
+with exit code 2 (`EnvironmentFailure`, naming the environment and the row) before any update, so the
+last checkpoint is untouched.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
+from ditty.config.errors import Problem, RecipeError
 from ditty.objectives.rewards import RewardFunction, score_completions
 from ditty.objectives.rl.batch import RolloutBatch
+
+Observation = Union[str, list[dict[str, Any]]]
+"""Chat messages ({role, content}) to render with the chat template, or text to append as it is."""
+
+
+@dataclass
+class StepResult:
+    """What the environment answers to one model turn."""
+
+    observation: Optional[Observation] = None
+    """What the model reads next (a tool's output, say); None or [] when there is nothing to add."""
+    reward: float = 0.0
+    """This turn's reward; an episode's reward is the sum over its turns (plus the reward functions'
+    score of the final answer, where `rl.rewards` names any)."""
+    done: bool = False
+    """The episode is over: the model writes no further turn."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers to log as env/NAME (means over the step's episodes; a turn's values add up)."""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """The reward's components, logged as rewards/NAME/mean (their sum need not be `reward`)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    def reset(self, row: Mapping[str, Any]) -> Observation:
+        """The first observation, from the prompt row ({"prompt": ..., every other column})."""
+
+    def step(self, completion: str) -> StepResult:
+        """The answer to the model's turn (its text, special tokens left out)."""
+
+
+class EnvironmentFailure(RecipeError):
+    """An environment raised or answered something that is not a StepResult (exit code 2)."""
+
+
+def environment_failure(name: str, row: Any, what: str, key: str = "rl.environment") -> EnvironmentFailure:
+    shown = repr(dict(row) if isinstance(row, Mapping) else row)
+    shown = shown if len(shown) <= 300 else shown[:297] + "..."
+    return EnvironmentFailure(
+        [
+            Problem(
+                key,
+                f"environment {name} {what} (row {shown}); the run stopped",
+                fix="fix the environment: an episode it cannot go on with ends with StepResult(done=True)",
+            )
+        ]
+    )
 
 
 class RewardEnvironment:
@@ -20,6 +79,14 @@ class RewardEnvironment:
     def __init__(self, functions: Sequence[RewardFunction], timeout_s: float = 0.0) -> None:
         self.functions = list(functions)
         self.timeout_s = timeout_s  # rl.reward_timeout_s: a function that runs longer stops the run (exit 2)
+
+    def run(self, sampler: Any, prompt_batch: Mapping[str, Any], first_position: int, group: int) -> RolloutBatch:
+        """`group` completions of each prompt of `prompt_batch` (the prompt format's collated batch), scored."""
+        rollouts = sampler.sample(prompt_batch["prompt_ids"], first_position)
+        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
+        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
+        self.score(rollouts, prompts, columns)
+        return rollouts
 
     def score(self, rollouts: RolloutBatch, prompts: Sequence[Any], columns: Mapping[str, Sequence[Any]]) -> None:
         """`prompts` and `columns` hold one entry per row of `rollouts` (a group's prompt repeated)."""

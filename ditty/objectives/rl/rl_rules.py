@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ditty.config.errors import Problem, error
+from ditty.config.errors import Problem, error, warning
 
 BUILTIN_COLUMNS = ("completion",)
 """The columns a built-in dataset's prompt rows keep for the reward functions."""
@@ -22,6 +22,7 @@ def rl_rules(ctx) -> Iterator[Problem]:
     yield from rl_values(ctx)
     yield from rewards_resolve(ctx)
     yield from vllm_backend(ctx)
+    yield from episodes(ctx)
 
 
 def reads_prompts(ctx) -> Iterator[Problem]:
@@ -100,6 +101,8 @@ def rewards_resolve(ctx) -> Iterator[Problem]:
     cfg = ctx.config
     from ditty.objectives.rewards import resolve_reward_functions
 
+    if not cfg.rl.rewards and cfg.rl.environment:  # the environment's own rewards suffice
+        return
     builtin = cfg.data.source == "builtin" and not cfg.data.sources
     columns = BUILTIN_COLUMNS if builtin else None
     _, problems = resolve_reward_functions(cfg.rl.rewards, cfg.rl.reward_weights, columns=columns)
@@ -111,3 +114,80 @@ def vllm_backend(ctx) -> Iterator[Problem]:
     from ditty.objectives.rl.backend_rules import backend_rules
 
     yield from backend_rules(ctx)
+
+
+EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout_s", "credit")
+
+
+def episodes(ctx) -> Iterator[Problem]:
+    """`rl.environment` names a class with reset and step; every `rl.tools` entry a function (one per
+    name); the episode limits are in range; a setting that only episodes read is set without them."""
+    rl = ctx.config.rl
+    from ditty.config.references import resolve_reference
+    from ditty.objectives.rl.backend_rules import backend
+
+    if rl.environment:
+        cls, problems = resolve_reference(rl.environment, key="rl.environment")
+        yield from problems
+        missing = [name for name in ("reset", "step") if cls is not None and not callable(getattr(cls, name, None))]
+        if cls is not None and (not isinstance(cls, type) or missing):
+            what = f"has no {' or '.join(missing)} method" if isinstance(cls, type) else "is not a class"
+            yield error(
+                "rl.environment",
+                f"{rl.environment} {what}",
+                "name a class with reset(row) -> observation and step(completion) -> StepResult "
+                "(ditty.objectives.rl.environment)",
+            )
+        if rl.tools:
+            yield warning(
+                "rl.tools",
+                f"has no effect with rl.environment = {rl.environment!r} (the built-in tool environment reads it)",
+                "call the tools from the environment's step, or remove rl.environment",
+            )
+    names: dict[str, int] = {}
+    for index, reference in enumerate(rl.tools):
+        key = f"rl.tools[{index}]"
+        function, problems = resolve_reference(reference, key=key)
+        yield from problems
+        if function is not None and not callable(function):
+            yield error(key, f"{reference} is a {type(function).__name__}, not a function", "name a function")
+        name = str(reference).rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        if name in names and not problems:
+            yield error(key, f"a second tool named {name!r} (rl.tools[{names[name]}])", "give every tool its own name")
+        names.setdefault(name, index)
+    checks = [
+        ("max_turns", rl.max_turns >= 1, "at least 1"),
+        ("max_episode_tokens", rl.max_episode_tokens >= 1, "at least 1"),
+        ("tool_timeout_s", rl.tool_timeout_s > 0, "above 0"),
+    ]
+    for key, ok, wanted in checks:
+        if not ok:
+            yield error(f"rl.{key}", f"must be {wanted}, got {getattr(rl, key)!r}", f"set rl.{key} {wanted}")
+    if rl.credit == "turn" and rl.importance != "token":
+        yield error(
+            "rl.credit",
+            'per-turn credit gives each token its own advantage, which needs rl.importance = "token"',
+            'set rl.importance = "token", or rl.credit = "episode"',
+        )
+    if (rl.environment or rl.tools) and backend(rl) != "generate":
+        yield error(
+            "rl.backend",
+            "episodes of several turns (rl.environment, rl.tools) sample with the generate backend, "
+            f"not {rl.backend!r}",
+            'set rl.backend = "generate", or leave rl.environment and rl.tools out',
+        )
+    if (rl.environment or rl.tools) and rl.max_staleness > 0:
+        yield error(
+            "rl.max_staleness",
+            "episodes of several turns are sampled in step with training (their environments are not thread-safe)",
+            "set rl.max_staleness = 0, or leave rl.environment and rl.tools out",
+        )
+    if not rl.environment and not rl.tools:
+        for key in EPISODE_KEYS:
+            if ctx.is_set(f"rl.{key}"):
+                yield warning(
+                    f"rl.{key}",
+                    "has no effect: without rl.environment or rl.tools an episode is one turn, scored by the "
+                    "reward functions",
+                    "remove it, or name rl.environment or rl.tools",
+                )

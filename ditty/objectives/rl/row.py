@@ -3,7 +3,8 @@
 The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
 - the sampler of `rl.backend` (ditty.objectives.rl.samplers): `generate` on the live policy with the
   prompt cache, or a vLLM engine in the process or in a server;
-- the environment (ditty.objectives.rl.environment): the reward functions, one turn;
+- the environment (ditty.objectives.rl.environment): the reward functions, one turn; or episodes of
+  several turns (ditty.objectives.rl.episodes) in `rl.environment` or the tool environment (`rl.tools`);
 - the advantage estimator (ditty.objectives.rl.advantages): GRPO's group normalisation;
 - the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
 wired together by the rollout stream (ditty.objectives.rl.stream), which is the run's stream of
@@ -31,6 +32,7 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     from ditty.objectives.rl.advantages import GroupAdvantage
     from ditty.objectives.rl.assembler import Assembler
     from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.episode_evaluation import EpisodeEvaluation
     from ditty.objectives.rl.evaluation import RolloutEvaluation
     from ditty.objectives.rl.loss import GRPOLoss
     from ditty.objectives.rl.samplers import build_sampler
@@ -38,7 +40,8 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
 
     config, runtime = run.config, run.runtime
     rl, train = config.rl, config.train
-    functions = load_reward_functions(reward_references(run), rl.reward_weights)
+    references = reward_references(run)
+    functions = load_reward_functions(references, rl.reward_weights) if references or not rl.environment else []
     chunks = train.loss_chunks if train.loss_chunks > 0 else 8
     reference = build_reference(run, "auto", chunks=chunks, key="rl.beta") if rl.beta > 0 else None
     policy = lambda: run.engine.unwrap(run.model)  # noqa: E731  (the live, trained weights)
@@ -59,10 +62,12 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
+    sampler = build_sampler(run, policy)
+    environment = build_environment(run, functions)
     stream = RolloutStream(
         prompts,
-        sampler=build_sampler(run, policy),
-        environment=RewardEnvironment(functions, rl.reward_timeout_s),
+        sampler=sampler,
+        environment=environment,
         advantage=(advantage or GroupAdvantage)(rl),
         assembler=assembler,
         rl=rl,
@@ -72,10 +77,40 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     return ObjectiveParts(
         loss=GRPOLoss(rl, chunks=chunks),
         stream=stream,
-        evaluation=RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s),
+        evaluation=(
+            RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s)
+            if isinstance(environment, RewardEnvironment)
+            else EpisodeEvaluation(run.data.bundle, environment, sampler)
+        ),
         reference=reference,
         step_metrics=stream.step_metrics,
     )
+
+
+def build_environment(run: Any, functions: list) -> Any:
+    """The environment part: the reward functions alone (one turn), else episodes of several turns in
+    the `rl.environment` class or, with `rl.tools`, the built-in tool environment."""
+    from ditty.config.references import import_reference
+    from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.episodes import EpisodeEnvironment
+    from ditty.objectives.rl.rendering import ObservationRenderer
+    from ditty.objectives.rl.tool_calls import call_format_for
+    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+
+    rl, tokenizer = run.config.rl, run.tokenizer
+    max_prompt = run.config.data.max_seq_len
+    if rl.environment:
+        environment = import_reference(rl.environment, key="rl.environment")
+        renderer = ObservationRenderer(tokenizer, max_prompt)
+        name = rl.environment.rsplit(":", 1)[-1]
+        return EpisodeEnvironment(environment, rl.environment, functions, renderer, rl, reward_name=name)
+    if rl.tools:
+        tools = load_tools(rl.tools)
+        calls = call_format_for(getattr(tokenizer, "chat_template", None))
+        renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
+        make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s)  # noqa: E731
+        return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
+    return RewardEnvironment(functions, rl.reward_timeout_s)
 
 
 def reward_references(run: Any) -> list:
@@ -139,7 +174,17 @@ def describe_rl(config: Any) -> list[tuple[str, str]]:
         f"tokens (temperature {rl.temperature:g}), {advantage} advantages, {rl.loss} loss, "
         f"{len(rl.rewards)} reward function(s){reference}"
     )
-    return [("rl", text)]
+    rows = [("rl", text)]
+    if rl.environment or rl.tools:
+        where = rl.environment or f"tools {', '.join(r.rsplit(':', 1)[-1] for r in rl.tools)}"
+        rows.append(
+            (
+                "episodes",
+                f"{where}: at most {rl.max_turns} model turns and {rl.max_episode_tokens} tokens after the prompt, "
+                f"{rl.credit} credit",
+            )
+        )
+    return rows
 
 
 def rl_footprint(config: Any, world_size: int) -> Footprint:
@@ -152,7 +197,8 @@ def rl_footprint(config: Any, world_size: int) -> Footprint:
         "auto" if rl.beta > 0 else "none",
         method="grpo" if rl.advantage == "group" else rl.advantage,
         rollout_sequences=in_flight,
-        rollout_tokens=config.data.max_seq_len + rl.max_new_tokens,
+        rollout_tokens=config.data.max_seq_len
+        + (rl.max_episode_tokens if rl.environment or rl.tools else rl.max_new_tokens),
         chunks=config.train.loss_chunks or 8,
     )
 
@@ -164,4 +210,7 @@ def rl_card(config: Any) -> str:
     kl = f", KL beta {rl.beta:g}" if rl.beta > 0 else ""
     advantage = "" if rl.advantage == "group" else f", {rl.advantage} advantages"
     settings = f"{rl.loss} loss, {rl.group_size} completions per prompt{advantage}{kl}, rewards: {rewards}"
+    if rl.environment or rl.tools:
+        where = rl.environment.rsplit(":", 1)[-1] or "tools: " + ", ".join(r.rsplit(":", 1)[-1] for r in rl.tools)
+        settings += f", episodes of up to {rl.max_turns} turns ({where})"
     return f"; reinforcement learning: {rl.kind.upper()} ({settings})"

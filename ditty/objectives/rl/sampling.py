@@ -65,6 +65,88 @@ class GenerateSampler:
                 out.truncated.append(not ended)
         return out
 
+    @torch.no_grad()
+    def generate_turn(self, turn: "TurnRequest") -> list[list[int]]:
+        """One model turn of each open episode of `turn` (ditty.objectives.rl.episodes): the tokens
+        after its context, up to and including the first end-of-sequence token."""
+        eos = self.tokenizer.eos_token_id
+        model = self.policy()
+        was_training = model.training
+        model.eval()
+        try:
+            with seeded(self.seed, turn.seed_position, self.device, turn.turn):
+                rows = generate_from_contexts(model, turn, self.rl, self.tokenizer, self.device)
+        finally:
+            model.train(was_training)
+        return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows]
+
+
+@dataclass
+class TurnRequest:
+    """The open episodes of one generate call at one turn: each is its prompt (one of `prompts`,
+    whose KV cache is computed once for all its episodes) followed by its `history`."""
+
+    prompts: list[list[int]]
+    prompt_of: list[int]
+    """Each episode's index into `prompts`."""
+    histories: list[list[int]]
+    """Each episode's tokens after its prompt so far (the model's and the environment's)."""
+    max_new_tokens: int
+    seed_position: int
+    """The global position of the call's first prompt (seeds the sampling with `turn`)."""
+    turn: int
+    greedy: bool = False
+
+
+def generate_from_contexts(model: Any, turn: TurnRequest, rl: Any, tokenizer: Any, device) -> list[list[int]]:
+    """Rows [left-padded prompt but its last token | pad | the prompt's last token, history]: the
+    prompts' cache (all but their last token) is computed once and each episode's rows select theirs;
+    `generate` runs the rest. Every row ends on a real token; the padding between is masked out, and
+    positions count real tokens only (as `generate` counts them), so an episode's logits are those of
+    its tokens alone."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    width = max(len(ids) for ids in turn.prompts)
+    span = max(len(h) for h in turn.histories)
+    prompts = torch.tensor([[pad] * (width - len(ids)) + ids for ids in turn.prompts], device=device)
+    prompt_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in turn.prompts], device=device)
+    index = torch.tensor(turn.prompt_of, device=device)
+    tails = [[pad] * (span - len(h)) + turn.prompts[p][-1:] + h for p, h in zip(turn.prompt_of, turn.histories)]
+    tail_mask = [[0] * (span - len(h)) + [1] * (1 + len(h)) for h in turn.histories]
+    input_ids = torch.cat([prompts[index, :-1], torch.tensor(tails, device=device, dtype=torch.long)], dim=1)
+    mask = torch.cat([prompt_mask[index, :-1], torch.tensor(tail_mask, device=device)], dim=1)
+    cached = on_every_rank(width > 1 and takes_prompt_cache(model))
+    cache = prompt_cache(model, prompts, prompt_mask, 1) if cached else None
+    if cache is not None:
+        cache.batch_select_indices(index)
+    synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    generated = model.generate(
+        input_ids=input_ids,
+        attention_mask=mask,
+        generation_config=generation_config(rl, tokenizer, turn.max_new_tokens, greedy=turn.greedy),
+        synced_gpus=synced,
+        **({"cache": cache} if cache is not None else {}),
+    )
+    return generated[:, width + span :].tolist()
+
+
+def generation_config(rl: Any, tokenizer: Any, max_new_tokens: int, *, greedy: bool = False) -> Any:
+    from transformers import GenerationConfig
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    sampling = (
+        dict(do_sample=False) if greedy else dict(do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=0)
+    )
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        num_beams=1,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+        **sampling,
+    )
+
 
 def generate_groups(
     model: Any,
@@ -162,14 +244,14 @@ def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group:
 
 
 @contextmanager
-def seeded(seed: int, position: int, device: torch.device):
-    """torch's global RNG (what `generate` samples from) seeded by the run seed and the global
-    position of the first prompt sampled under it, restored afterwards."""
+def seeded(seed: int, position: int, device: torch.device, turn: int = 0):
+    """torch's global RNG (what `generate` samples from) seeded by the run seed, the global position
+    of the first prompt sampled under it and the episodes' turn, restored afterwards."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(sampling_seed(seed, position))
+        torch.manual_seed(sampling_seed(seed, position, turn))
         yield
 
 
-def sampling_seed(seed: int, position: int) -> int:
-    return (seed * 1_000_003 + position * 7_919 + 0x5EED) % (2**63)
+def sampling_seed(seed: int, position: int, turn: int = 0) -> int:
+    return (seed * 1_000_003 + position * 7_919 + turn * 104_729 + 0x5EED) % (2**63)

@@ -3,9 +3,10 @@
 One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
-2. the sampler draws `group_size` completions of each (ditty.objectives.rl.sampling);
-3. the environment scores them (ditty.objectives.rl.environment; a failing reward stops the run,
-   exit 2, before any update);
+2. the environment plays `group_size` episodes of each with the sampler (ditty.objectives.rl.environment:
+   one completion scored by the reward functions, or episodes of several turns; a failing reward
+   function or environment stops the run, exit 2, before any update);
+3. (rollout/generate_s times both);
 4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
    into advantages (ditty.objectives.rl.advantages), of which the rank keeps its own;
 5. the assembler cuts the rollouts into micro-batches (ditty.objectives.rl.assembler).
@@ -35,7 +36,9 @@ import torch
 import torch.distributed as dist
 
 from ditty.objectives.rewards import reward_metrics
+from ditty.objectives.rl.advantages import turn_advantages
 from ditty.objectives.rl.ahead import Drawn, SampleAhead
+from ditty.objectives.rl.environment import RewardEnvironment
 from ditty.objectives.rl.samplers import holds_weights, sync_weights
 
 
@@ -56,6 +59,8 @@ class RolloutStream:
         self.sampler, self.environment, self.advantage, self.assembler = sampler, environment, advantage, assembler
         self.rl = rl
         self.rank, self.world_size = rank, world_size
+        # Episodes of several turns are played by their environment, which calls the sampler per turn.
+        self.episodes = not isinstance(environment, RewardEnvironment)
         self.buffer: Optional[list[dict]] = None
         self.metrics: dict[str, float] = {}
         self.served = 0
@@ -127,9 +132,10 @@ class RolloutStream:
         drawn = self.draw()
         prompt_batch, rollouts, generate_s = drawn.prompts, drawn.rollouts, drawn.generate_s
         group = self.rl.group_size
-        prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
-        columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
-        self.environment.score(rollouts, prompts, columns)
+        if not self.episodes:  # one turn: the reward functions score what the sampler wrote
+            prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
+            columns = {k: [v for v in values for _ in range(group)] for k, values in prompt_batch["columns"].items()}
+            self.environment.score(rollouts, prompts, columns)
         metrics = self.estimate(rollouts)
         assembled = self.assembler.assemble(rollouts)
         batches = assembled.batches
@@ -156,7 +162,10 @@ class RolloutStream:
         prompt_batch, first = self.next_prompts()
         started = time.perf_counter()
         sync_weights(self.sampler, self.version)
-        rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
+        if self.episodes:  # several turns: the environment samples each turn and scores the episode
+            rollouts = self.environment.run(self.sampler, prompt_batch, first, self.rl.group_size)
+        else:
+            rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
         rollouts.policy_version = self.version
         return Drawn(prompt_batch, rollouts, time.perf_counter() - started)
 
@@ -167,6 +176,14 @@ class RolloutStream:
         advantages = self.advantage(totals)
         local = len(rollouts)
         rollouts.advantages = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        if self.rl.credit == "turn" and rollouts.turn_rewards is not None:
+            rollouts.advantages = turn_advantages(
+                rollouts.turn_rewards,
+                rollouts.turn_spans,
+                [len(ids) for ids in rollouts.completion_ids],
+                self.rl.group_size,
+                self.rl.scale_rewards,
+            )
         gathered = {name: _gather(values, self.world_size) for name, values in rollouts.rewards_per_function.items()}
         lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
         truncated = torch.tensor(rollouts.truncated, dtype=torch.float64)
@@ -175,6 +192,9 @@ class RolloutStream:
         metrics.update(
             {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
         )
+        for name in _names_across(rollouts.episode_metrics, self.world_size):  # every rank logs every name
+            values = rollouts.episode_metrics.get(name, torch.zeros(local, dtype=torch.float64))
+            metrics[name] = float(_gather(values, self.world_size).mean())
         metrics.update(
             {
                 "completions/mean_length": float(all_lengths.mean()),
@@ -216,6 +236,16 @@ def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(values) for _ in range(world_size)]
     dist.all_gather(parts, values)
     return torch.cat(parts).cpu()
+
+
+def _names_across(values: dict, world_size: int) -> list[str]:
+    """The sorted names of `values` on any rank (an environment may report a metric on one rank only)."""
+    names = set(values)
+    if _distributed(world_size):
+        every: list = [None] * world_size
+        dist.all_gather_object(every, sorted(names))
+        names = set().union(*every)
+    return sorted(names)
 
 
 def _max_across(value: float, world_size: int) -> float:

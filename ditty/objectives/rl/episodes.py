@@ -1,0 +1,251 @@
+"""Episodes of several turns: the environment part for `[rl] environment` or `tools`.
+
+`EpisodeEnvironment.run` plays one `Environment` (ditty.objectives.rl.environment) per episode,
+`group` episodes per prompt row, `rl.generation_batch_size` prompts' episodes together (all of the
+rank's when 0). Each turn, the open episodes of the batch generate together
+(`sampler.generate_turn`: each prompt's KV cache computed once for its episodes); the environment
+steps each on its completion, its observation is appended (ditty.objectives.rl.rendering), and
+episodes that are done drop out of the next turn's batch. An episode ends when its environment says
+done, or truncated: after `rl.max_turns` model turns, at `rl.max_episode_tokens` tokens after its
+prompt, or when a model turn is cut at `rl.max_new_tokens` before its end-of-sequence token (its
+environment still steps on what it wrote). Truncation is counted (`env/truncated`), never an error.
+
+Sampling is seeded by the global position of a batch's first prompt and the turn (as the one-turn
+sampler is by the position), so the same prompts play the same episodes on any world size and after
+a resume. An episode's reward is the sum of its turns' rewards plus, where `rl.rewards` names
+functions, their score of its final model turn (with the prompt row's columns).
+
+Under fsdp a forward is a collective, so every rank plays the same number of turns: a rank whose
+episodes have all ended joins the others' turns with one idle row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ditty.objectives.rewards import RewardFunction, score_completions
+from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.rl.environment import StepResult, environment_failure
+from ditty.objectives.rl.rendering import ObservationRenderer
+from ditty.objectives.rl.sampling import TurnRequest
+
+
+@dataclass
+class Episode:
+    row: dict
+    environment: Any
+    prompt_ids: list[int]
+    conversation: Optional[list]
+    """The chat messages so far (None when the observations are text)."""
+    tokens: list[int] = field(default_factory=list)
+    """Everything after the prompt: the model's turns and the environment's observations."""
+    trainable: list[bool] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    """[start, end) of each model turn in `tokens`."""
+    turn_rewards: list[float] = field(default_factory=list)
+    rewards: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    last_text: str = ""
+    """The text of the model's last turn: what the reward functions score."""
+    done: bool = False
+    truncated: bool = False
+
+
+class EpisodeEnvironment:
+    """`make()` builds one environment (one per episode); `name` says which in messages and metrics;
+    `functions` score the final turns (may be empty when the environment rewards its steps)."""
+
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        name: str,
+        functions: Sequence[RewardFunction],
+        renderer: ObservationRenderer,
+        rl: Any,
+        *,
+        key: str = "rl.environment",
+        reward_name: Optional[str] = None,
+    ) -> None:
+        self.make, self.name, self.functions, self.renderer, self.rl = make, name, list(functions), renderer, rl
+        self.key = key
+        self.reward_name = reward_name
+        """Logs the environment's own step rewards as rewards/NAME/mean (None: they are not a component)."""
+
+    def run(
+        self, sampler: Any, prompt_batch: Mapping[str, Any], first_position: int, group: int, *, greedy: bool = False
+    ) -> RolloutBatch:
+        columns = prompt_batch["columns"]
+        rows = [
+            {"prompt": prompt, **{name: values[i] for name, values in columns.items()}}
+            for i, prompt in enumerate(prompt_batch["prompts"])
+        ]
+        per_call = self.rl.generation_batch_size or max(len(rows), 1)
+        episodes: list[Episode] = []
+        for start in range(0, len(rows), per_call):
+            batch = [self.open(row) for row in rows[start : start + per_call] for _ in range(group)]
+            self.play(sampler, batch, first_position + start, greedy)
+            episodes += batch
+        return self.rollouts(episodes)
+
+    # ---------------------------------------------------------------- one batch of episodes
+
+    def open(self, row: dict) -> Episode:
+        try:
+            environment = self.make()
+        except Exception as error:
+            what = f"could not be built: {type(error).__name__}: {error}"
+            raise environment_failure(self.name, row, what, self.key) from error
+        try:
+            observation = environment.reset(row)
+        except Exception as error:
+            raise environment_failure(
+                self.name, row, f"raised {type(error).__name__} in reset: {error}", self.key
+            ) from error
+        if not isinstance(observation, (str, list)):
+            raise environment_failure(
+                self.name, row, f"reset returned a {type(observation).__name__}, not messages or text", self.key
+            )
+        prompt_ids, conversation = self.renderer.prompt(observation)
+        return Episode(row=row, environment=environment, prompt_ids=prompt_ids, conversation=conversation)
+
+    def play(self, sampler: Any, episodes: list[Episode], position: int, greedy: bool) -> None:
+        eos = sampler.tokenizer.eos_token_id
+        rl = self.rl
+        for turn in range(rl.max_turns):
+            live = [e for e in episodes if not e.done]
+            if not any_open(len(live)):
+                break
+            playing = live or episodes[:1]  # an idle rank joins the others' forwards with one row
+            prompts: dict[tuple, int] = {}
+            for e in playing:
+                prompts.setdefault(tuple(e.prompt_ids), len(prompts))
+            rooms = [rl.max_episode_tokens - len(e.tokens) for e in playing]
+            generated = sampler.generate_turn(
+                TurnRequest(
+                    prompts=[list(p) for p in prompts],
+                    prompt_of=[prompts[tuple(e.prompt_ids)] for e in playing],
+                    histories=[e.tokens for e in playing],
+                    max_new_tokens=max(1, min(rl.max_new_tokens, max(rooms))),
+                    seed_position=position,
+                    turn=turn,
+                    greedy=greedy,
+                )
+            )
+            for episode, ids, room in zip(live, generated, rooms):
+                self.take_turn(episode, ids[:room], eos, sampler.tokenizer)
+        for episode in episodes:
+            if not episode.done:  # still open after max_turns model turns
+                episode.done = episode.truncated = True
+
+    def take_turn(self, episode: Episode, ids: list[int], eos: Optional[int], tokenizer: Any) -> None:
+        ended = eos is not None and len(ids) > 0 and ids[-1] == eos
+        start = len(episode.tokens)
+        episode.tokens += ids
+        episode.trainable += [True] * len(ids)
+        episode.turn_spans.append((start, len(episode.tokens)))
+        episode.last_text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+        result = self.step(episode, episode.last_text)
+        episode.turn_rewards.append(float(result.reward))
+        for name, value in result.rewards.items():
+            episode.rewards[name] = episode.rewards.get(name, 0.0) + float(value)
+        for name, value in result.metrics.items():
+            episode.metrics[name] = episode.metrics.get(name, 0.0) + float(value)
+        room = self.rl.max_episode_tokens - len(episode.tokens)
+        if not ended or room <= 0:  # cut at max_new_tokens or at the episode's budget
+            episode.done = episode.truncated = True
+            return
+        if result.done:
+            episode.done = True
+            return
+        if result.observation:
+            added, episode.conversation = self.renderer.after_turn(
+                episode.conversation, episode.last_text, result.observation
+            )
+            if len(added) >= room:  # no room left for another model turn
+                added, episode.done, episode.truncated = added[:room], True, True
+            episode.tokens += added
+            episode.trainable += [False] * len(added)
+
+    def step(self, episode: Episode, completion: str) -> StepResult:
+        try:
+            result = episode.environment.step(completion)
+        except Exception as error:
+            what = f"raised {type(error).__name__} in step (turn {len(episode.turn_spans)}): {error}"
+            raise environment_failure(self.name, episode.row, what, self.key) from error
+        if not isinstance(result, StepResult) and not _looks_like_step_result(result):
+            what = f"step returned a {type(result).__name__}, not a StepResult"
+            raise environment_failure(self.name, episode.row, what, self.key)
+        if not _finite(result.reward) or not all(_finite(v) for v in result.rewards.values()):
+            raise environment_failure(self.name, episode.row, f"step returned the reward {result.reward!r}", self.key)
+        return result
+
+    # ---------------------------------------------------------------- the rollouts
+
+    def rollouts(self, episodes: list[Episode]) -> RolloutBatch:
+        out = RolloutBatch(
+            prompt_ids=[e.prompt_ids for e in episodes],
+            completion_ids=[e.tokens for e in episodes],
+            texts=[e.last_text for e in episodes],
+            truncated=[e.truncated for e in episodes],
+            trainable=[e.trainable for e in episodes],
+            turn_spans=[e.turn_spans for e in episodes],
+            turn_rewards=[list(e.turn_rewards) for e in episodes],
+        )
+        steps = torch.tensor([sum(e.turn_rewards) for e in episodes], dtype=torch.float64)
+        total, per_function, details = steps.clone(), {}, {}
+        if self.functions:
+            columns = {name: [e.row[name] for e in episodes] for name in episodes[0].row if name != "prompt"}
+            prompts = [e.row["prompt"] for e in episodes]
+            scores = score_completions(self.functions, prompts, out.texts, columns, timeout_s=self.rl.reward_timeout_s)
+            total += scores.total
+            per_function, details = dict(scores.per_function), dict(scores.details)
+            for episode, value in zip(episodes, scores.total.tolist()):  # the final answer's score ends the last turn
+                episode.turn_rewards[-1] += value
+            out.turn_rewards = [list(e.turn_rewards) for e in episodes]
+        if self.reward_name is not None:
+            per_function[self.reward_name] = steps
+        for name in sorted({n for e in episodes for n in e.rewards}):
+            per_function[name] = torch.tensor([e.rewards.get(name, 0.0) for e in episodes], dtype=torch.float64)
+        out.rewards, out.rewards_per_function, out.reward_details = total, per_function, details
+        out.episode_metrics = episode_metrics(episodes)
+        return out
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    """Per episode ([rows] each): env/turns, env/episode_tokens, env/truncated and the environment's
+    own metrics (env/NAME, summed over its turns; 0 where an episode reported none)."""
+    metrics = {
+        "env/turns": [float(len(e.turn_spans)) for e in episodes],
+        "env/episode_tokens": [float(len(e.tokens)) for e in episodes],
+        "env/truncated": [float(e.truncated) for e in episodes],
+    }
+    for name in sorted({n for e in episodes for n in e.metrics}):
+        metrics[f"env/{name}"] = [e.metrics.get(name, 0.0) for e in episodes]
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in metrics.items()}
+
+
+def any_open(count: int) -> bool:
+    """Whether any rank has an open episode (every rank plays the same turns)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return count > 0
+    flag = torch.tensor([float(count > 0)])
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
+def _looks_like_step_result(result: Any) -> bool:
+    """Another library's step result with the same fields (the original Ditty's maps through ditty.compat)."""
+    return all(hasattr(result, name) for name in ("observation", "reward", "done", "metrics", "rewards"))
+
+
+def _finite(value: Any) -> bool:
+    import math
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

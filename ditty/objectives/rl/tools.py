@@ -1,0 +1,141 @@
+"""The built-in tool environment (`[rl] tools = ["package.module:function", ...]`).
+
+An episode starts from the prompt row's prompt (a string becomes the user's message; chat messages
+are taken as they are). Each model turn is parsed for tool calls in the chat template's format
+(ditty.objectives.rl.tool_calls); every call is answered with a `tool` message holding the
+function's result, in order, and the model writes its next turn. A turn without a call is the final
+answer: the episode is done, and the reward functions of `rl.rewards` score it.
+
+A malformed call, an unknown tool, a tool that raises and a tool still running after
+`rl.tool_timeout_s` are each answered with a `tool` message saying so (the episode goes on) and
+counted: metrics tool_calls, tool_calls/NAME, tool_errors, tool_errors/{malformed, unknown, raised,
+timeout} (logged as env/..., per episode). A call runs in a thread of its own so that a hung tool can
+be left behind: Python cannot stop a thread, so one that never returns keeps its thread (and what it
+holds) until the run ends; a tool that may hang should bound its own work.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ditty.objectives.rl.environment import StepResult
+from ditty.objectives.rl.tool_calls import HermesCalls, ToolCall
+
+ERRORS = ("malformed", "unknown", "raised", "timeout")
+
+
+class ToolEnvironment:
+    """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.rl.tool_calls)."""
+
+    def __init__(
+        self, tools: Mapping[str, Callable[..., Any]], call_format: Any = None, timeout_s: float = 10.0
+    ) -> None:
+        self.tools = dict(tools)
+        self.call_format = call_format or HermesCalls()
+        self.timeout_s = timeout_s
+
+    def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+        prompt = row["prompt"]
+        return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+
+    def step(self, completion: str) -> StepResult:
+        calls = self.call_format.parse(completion)
+        # Every name on every turn (0 when nothing happened), so that the logged means over a
+        # logging interval count the steps where nothing happened too.
+        metrics: dict[str, float] = {"tool_calls": float(len(calls)), "tool_errors": 0.0}
+        metrics.update({f"tool_calls/{name}": 0.0 for name in self.tools})
+        metrics.update({f"tool_errors/{kind}": 0.0 for kind in ERRORS})
+        if not calls:
+            return StepResult(done=True, metrics=metrics)
+        messages = []
+        for call in calls:
+            content, error = self.answer(call)
+            if error:
+                metrics["tool_errors"] += 1
+                metrics[f"tool_errors/{error}"] += 1
+            if call.name in self.tools:
+                metrics[f"tool_calls/{call.name}"] += 1
+            messages.append({"role": "tool", "name": call.name, "content": content})
+        return StepResult(observation=messages, metrics=metrics)
+
+    def answer(self, call: ToolCall) -> tuple[str, Optional[str]]:
+        """(the tool message's text, the kind of error or None)."""
+        if call.error:
+            return f"error: malformed tool call: {call.error}", "malformed"
+        if call.name not in self.tools:
+            return f"error: unknown tool {call.name!r} (the tools are {', '.join(sorted(self.tools))})", "unknown"
+        finished, value = call_with_timeout(self.tools[call.name], call.arguments, self.timeout_s)
+        if not finished:
+            return f"error: {call.name} did not answer within {self.timeout_s:g} s", "timeout"
+        if isinstance(value, BaseException):
+            return f"error: {call.name} raised {type(value).__name__}: {value}", "raised"
+        return value if isinstance(value, str) else _as_text(value), None
+
+
+def call_with_timeout(function: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float) -> tuple[bool, Any]:
+    """(finished, the result or the exception it raised) of function(**arguments) within `timeout_s`."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function(**arguments)
+        except BaseException as error:  # noqa: BLE001  (reported to the model as the tool's error)
+            outcome["value"] = error
+
+    thread = threading.Thread(target=target, name="ditty-tool-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return False, None
+    return True, outcome.get("value")
+
+
+def _as_text(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def tool_schemas(tools: Mapping[str, Callable[..., Any]]) -> Optional[list[dict]]:
+    """JSON schemas of the tools for chat templates that list them (transformers' `get_json_schema`
+    reads the type hints and the Google-style docstring); a function it cannot read gets its name
+    and the first line of its docstring."""
+    from transformers.utils import get_json_schema
+
+    schemas = []
+    for name, function in tools.items():
+        try:
+            schema = get_json_schema(function)
+            schema["function"]["name"] = name
+        except Exception:  # noqa: BLE001  (no docstring or hints: the name is still useful)
+            doc = (getattr(function, "__doc__", None) or "").strip().splitlines()
+            description = doc[0] if doc else ""
+            schema = {"type": "function", "function": {"name": name, "description": description, "parameters": {}}}
+        schemas.append(schema)
+    return schemas or None
+
+
+def tool_name(reference: str) -> str:
+    """A tool's name: its function's name ("package.module:calculator" -> "calculator")."""
+    return reference.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def load_tools(references: Sequence[str], key: str = "rl.tools") -> dict[str, Callable[..., Any]]:
+    """{name: function} of `rl.tools` (the compiler has checked that each resolves); `key` names the
+    list in messages."""
+    from ditty.config.errors import RecipeError
+    from ditty.config.references import resolve_reference
+
+    tools, problems = {}, []
+    for index, reference in enumerate(references):
+        function, found = resolve_reference(reference, key=f"{key}[{index}]")
+        problems += found
+        if not found:
+            tools[tool_name(reference)] = function
+    if problems:
+        raise RecipeError(problems)
+    return tools

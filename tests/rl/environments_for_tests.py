@@ -1,0 +1,130 @@
+"""Environments and tools named by the episode tests ("tests.rl.environments_for_tests:NAME")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ditty.objectives.rl.environment import StepResult
+from tests.rl.rewards_for_tests import text_hash_reward
+
+
+class ExactMatchAndHashOneTurn:
+    """Today's exact_match plus tests.rl.rewards_for_tests:text_hash_reward, as a one-turn environment
+    of the reset/step protocol."""
+
+    def reset(self, row):
+        self.answer = str(row["completion"])
+        return row["prompt"]
+
+    def step(self, completion):
+        exact = float(completion.strip() == self.answer.strip())
+        return StepResult(reward=exact + text_hash_reward([None], [completion])[0], done=True)
+
+
+class CountingTurns:
+    """Three turns: each answered with a user message; the reward of a turn is its text's length / 10."""
+
+    def reset(self, row):
+        self.turns = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, completion):
+        self.turns += 1
+        reward = len(completion) / 10
+        if self.turns >= 3:
+            return StepResult(reward=reward, done=True, metrics={"answers": 1.0})
+        return StepResult(observation=[{"role": "user", "content": "again"}], reward=reward, metrics={"answers": 1.0})
+
+
+class RaisesInStep:
+    """Fails on its second turn (a bug in the user's environment)."""
+
+    def reset(self, row):
+        self.turns = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, completion):
+        self.turns += 1
+        if self.turns >= 2:
+            raise ValueError("the game state is corrupt")
+        return StepResult(observation=[{"role": "user", "content": "go on"}])
+
+
+FAIL_FROM_STEP = {"value": None}
+
+
+class FailsAtStep:
+    """Steps normally until the training step named by DITTY_TEST_ENV_FAIL_AT, then raises (the run
+    counts steps by the resets of group 0's first episode)."""
+
+    resets = 0
+
+    def reset(self, row):
+        FailsAtStep.resets += 1
+        return row["prompt"]
+
+    def step(self, completion):
+        fail_at = int(os.environ.get("DITTY_TEST_ENV_FAIL_AT", "0"))
+        if fail_at and FailsAtStep.resets >= fail_at:
+            raise RuntimeError("the simulator crashed")
+        return StepResult(reward=float(len(completion) % 3), done=True)
+
+
+class KilledMidEpisode:
+    """Two turns; with DITTY_TEST_KILL_AT_RESET = N, the process kills itself (SIGKILL) in the first
+    turn of the episode opened by its N-th reset (counted per process): mid-episode, mid-rollout."""
+
+    resets = {"pid": None, "count": 0}
+
+    def reset(self, row):
+        if KilledMidEpisode.resets["pid"] != os.getpid():  # a forked run counts its own
+            KilledMidEpisode.resets.update(pid=os.getpid(), count=0)
+        KilledMidEpisode.resets["count"] += 1
+        self.reset_number, self.turns = KilledMidEpisode.resets["count"], 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, completion):
+        self.turns += 1
+        kill_at = int(os.environ.get("DITTY_TEST_KILL_AT_RESET", "0"))
+        if kill_at and self.reset_number == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.turns >= 2:
+            return StepResult(reward=float(len(completion) % 5), done=True)
+        return StepResult(observation=[{"role": "user", "content": str(len(completion))}], reward=0.5)
+
+
+def echo(text: str) -> str:
+    """Answer with the text given."""
+    return text
+
+
+def broken(x: int) -> int:
+    """Always fails."""
+    raise ZeroDivisionError("division by zero in the tool")
+
+
+def hangs(seconds: float = 5.0) -> str:
+    """Sleeps longer than the tool timeout."""
+    time.sleep(seconds)
+    return "late"
+
+
+NOT_A_CLASS = 3
+
+
+class OriginalCalculatorGame:
+    """An environment of the original Ditty's protocol: one expected calculator action, then done."""
+
+    def reset(self, task):
+        self.expected = task["prompt"].rstrip("=")
+        return "ready"
+
+    def step(self, action):
+        from ditty.compat.environments import EnvironmentStepResult
+
+        matched = action.get("name") == "calculator" and action["arguments"].get("expression") == self.expected
+        if not matched:
+            return EnvironmentStepResult("wrong branch", 0.0, True, {"wrong_branch": True})
+        return EnvironmentStepResult(str(eval(self.expected)), 1.0, False, {"matched": True, "note": "ok"})

@@ -1,0 +1,156 @@
+"""`[rl] environment` and `tools` through `ditty check` and `ditty run`, in-process: bad input is exit
+code 2 naming the key (before weights load), an environment whose step raises stops the run with exit
+code 2 naming it and the row (the last checkpoint intact), and a one-turn environment written against
+the reset/step protocol trains tiny_grpo exactly as today's reward function does."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ditty.checkpoint.integrity import checkpoint_problems
+from ditty.cli import main
+from ditty.config.writer import recipe_to_toml
+from tests.rl.helpers import grpo_config, with_rl
+from tests.rl.test_rl_recipe import check
+
+ENVS = "tests.rl.environments_for_tests"
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--rl.environment", "no_such_module:Game"], "rl.environment", "cannot import module 'no_such_module'"),
+        (["--rl.environment", f"{ENVS}:NoSuchGame"], "rl.environment", "has no attribute 'NoSuchGame'"),
+        (["--rl.environment", f"{ENVS}:NOT_A_CLASS"], "rl.environment", "is not a class"),
+        (["--rl.environment", f"{ENVS}:echo"], "rl.environment", "is not a class"),
+        (["--rl.tools", '["calculator"]'], "rl.tools[0]", 'not of the form "package.module:Name"'),
+        (["--rl.tools", '["ditty.objectives.rl.builtin_tools:abacus"]'], "rl.tools[0]", "no attribute 'abacus'"),
+        (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),
+        (["--rl.tools", f'["{ENVS}:echo"]', "--rl.max_turns", "0"], "rl.max_turns", "at least 1"),
+        (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tool_timeout_s", "0"], "rl.tool_timeout_s", "above 0"),
+    ],
+)
+def test_bad_environment_input_is_exit_2_naming_the_key(tmp_path, capsys, flags, key, words):
+    code, out = check(tmp_path, capsys, *flags)
+    assert code == 2, out
+    assert f"`{key}`" in out and words in out, out
+    assert "Traceback" not in out
+
+
+def test_a_malformed_tools_list_is_exit_2(tmp_path, capsys):
+    code, out = check(tmp_path, capsys, "--rl.tools", '"ditty.objectives.rl.builtin_tools:calculator"')
+    assert code == 2 and "rl.tools" in out and "Traceback" not in out, out
+
+
+def test_settings_only_episodes_read_warn_without_them(tmp_path, capsys):
+    code, out = check(tmp_path, capsys, "--rl.max_turns", "3")
+    assert code == 0 and "`rl.max_turns`" in out and "has no effect" in out, out
+    code, out = check(tmp_path, capsys, "--rl.environment", f"{ENVS}:CountingTurns", "--rl.rewards", "[]")
+    assert code == 0, out  # an environment that rewards its steps needs no reward function
+
+
+def run(tmp_path, capsys, train=None, **rl):
+    config = grpo_config(tmp_path, train=dict(steps=4, **(train or {})), checkpoint=dict(every=2))
+    config = with_rl(config, **rl)
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_an_environment_whose_step_raises_stops_the_run_naming_it_and_the_row(tmp_path, capsys, monkeypatch):
+    from tests.rl.environments_for_tests import FailsAtStep
+
+    FailsAtStep.resets = 0
+    monkeypatch.setenv("DITTY_TEST_ENV_FAIL_AT", "17")  # 8 episodes a step: the third step's first episode
+    code, out = run(tmp_path, capsys, environment=f"{ENVS}:FailsAtStep", rewards=[])
+    assert code == 2, out
+    assert f"environment {ENVS}:FailsAtStep raised RuntimeError in step (turn 1): the simulator crashed" in out
+    assert "(row {'prompt': '" in out and "'completion': '" in out and "`rl.environment`" in out
+    assert "Traceback" not in out
+    checkpoints = Path(tmp_path / "run" / "checkpoints")
+    assert sorted(n for n in os.listdir(checkpoints) if n.startswith("step-")) == ["step-2"]
+    assert checkpoint_problems(checkpoints / "step-2") == []
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_reward_function_that_hangs_in_an_episode_stops_at_the_timeout(tmp_path, capsys):
+    from tests.rl import rewards_for_tests
+
+    rewards_for_tests.CALLS["count"] = 0
+    rewards_for_tests.FAIL_FROM_CALL["value"] = 3  # steps 1 and 2 score, step 3 hangs
+    code, out = run(
+        tmp_path,
+        capsys,
+        tools=["ditty.objectives.rl.builtin_tools:calculator"],
+        rewards=["tests.rl.rewards_for_tests:hangs_later"],
+        reward_timeout_s=1.0,
+        max_new_tokens=4,
+        max_turns=2,
+        max_episode_tokens=16,
+    )
+    assert code == 2, out
+    assert "hangs_later did not return within rl.reward_timeout_s = 1 s" in out, out
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
+    code, out = run(
+        tmp_path,
+        capsys,
+        train=dict(eval_samples=8, eval_at_start=True),
+        tools=["ditty.objectives.rl.builtin_tools:calculator", f"{ENVS}:echo"],
+        max_new_tokens=6,
+        max_turns=2,
+        max_episode_tokens=40,
+    )
+    assert code == 0, out
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "loss" in r)
+    for name in ("env/turns", "env/tool_calls", "env/tool_errors", "env/episode_tokens", "env/truncated"):
+        assert name in step, sorted(step)
+    assert rows[0]["step"] == 0 and "loss" not in rows[0]  # the evaluation before the first update
+    for evaluated in (rows[0], rows[-1]):
+        assert "val_exact_match" in evaluated and "val_env/well_formed_calls" in evaluated
+
+    # `ditty generate --tools` plays one greedy episode of the final model with the tools
+    tools = '["ditty.objectives.rl.builtin_tools:calculator"]'
+    run_dir = str(tmp_path / "run")
+    assert main(["generate", run_dir, "12*3=", "--tools", tools, "--max-new-tokens", "5", "--max-turns", "2"]) == 0
+    from ditty.train.generate import generate_episode
+
+    text = generate_episode(run_dir, "12*3=", ["ditty.objectives.rl.builtin_tools:calculator"], max_new_tokens=5)
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert main(["generate", run_dir, "12*3=", "--tools", "[1]"]) == 2
+    assert main(["generate", run_dir, "12*3=", "--tools", '["ditty.objectives.rl.builtin_tools:abacus"]']) == 2
+    assert "--tools[0]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_llama_dir):
+    """tiny_grpo's first three steps with two reward functions (exact_match, and a hash of the text
+    so that the tiny start's rewards differ), and with the same reward written as an environment of
+    the reset/step protocol: the same rollouts, losses and gradients."""
+    from tests.objectives.pinned_runs import COMMON
+
+    def three_steps(name, *flags):
+        out = tmp_path / name
+        common = ["--model.path", tiny_llama_dir, "--run.output_dir", str(out), *COMMON, "--train.steps", "3"]
+        assert main(["run", "tiny_grpo", *common, "--train.eval_samples", "0", *flags]) == 0
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        keys = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean")
+        return [[r[k] for k in keys] for r in rows if "loss" in r]
+
+    rewards = '["ditty.objectives.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]'
+    functions = three_steps("functions", "--rl.rewards", rewards)
+    environment = three_steps(
+        "environment", "--rl.environment", f"{ENVS}:ExactMatchAndHashOneTurn", "--rl.rewards", "[]"
+    )
+    assert len(functions) == 3 and len({row[2] for row in functions}) > 1 and functions[0][0] != 0
+    for ours, today in zip(environment, functions):
+        assert ours == pytest.approx(today, rel=1e-6, abs=1e-9)

@@ -1,0 +1,97 @@
+"""The built-in tool environment: calls parsed in the chat template's format, tools answered as
+`tool` messages, and every kind of failure answered too (the episode goes on) and counted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from ditty.objectives.rl.builtin_tools import calculator
+from ditty.objectives.rl.tool_calls import CALL_FORMATS, call_format_for
+from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+from tests.rl import environments_for_tests as envs
+
+TOOLS = {"calculator": calculator, "echo": envs.echo, "broken": envs.broken, "hangs": envs.hangs}
+
+
+def call(name, **arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def test_a_well_formed_call_is_answered_with_the_tools_result():
+    env = ToolEnvironment(TOOLS)
+    assert env.reset({"prompt": "123*456="}) == [{"role": "user", "content": "123*456="}]
+    result = env.step("let me compute " + call("calculator", expression="123*456"))
+    assert not result.done and result.reward == 0.0
+    assert result.observation == [{"role": "tool", "name": "calculator", "content": "56088"}]
+    assert result.metrics["tool_calls"] == 1.0 and result.metrics["tool_calls/calculator"] == 1.0
+    assert result.metrics["tool_calls/echo"] == 0.0  # every name on every turn
+    assert result.metrics["tool_errors"] == 0.0 and result.metrics["tool_errors/timeout"] == 0.0
+
+
+def test_a_turn_without_a_call_is_the_final_answer():
+    result = ToolEnvironment(TOOLS).step("56088")
+    assert result.done and result.observation is None and result.metrics["tool_calls"] == 0
+
+
+@pytest.mark.parametrize(
+    "text, error, words",
+    [
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "1+', "malformed", "not closed"),
+        ("<tool_call>{name: calculator}</tool_call>", "malformed", "not JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "malformed", 'needs a "name"'),
+        (call("weather", city="Paris"), "unknown", "unknown tool 'weather' (the tools are"),
+        (call("broken", x=1), "raised", "broken raised ZeroDivisionError: division by zero in the tool"),
+        (call("calculator", expression="__import__('os')"), "raised", "only numbers and"),
+        (call("calculator", wrong=1), "raised", "TypeError"),
+    ],
+)
+def test_a_failed_call_is_a_tool_message_and_counted(text, error, words):
+    result = ToolEnvironment(TOOLS).step(text)
+    assert not result.done  # the episode goes on: the model reads the error and may try again
+    (message,) = result.observation
+    assert message["role"] == "tool" and message["content"].startswith("error: ") and words in message["content"]
+    assert result.metrics["tool_calls"] == 1 and result.metrics["tool_errors"] == 1
+    assert result.metrics[f"tool_errors/{error}"] == 1
+
+
+def test_a_tool_that_hangs_past_the_timeout_is_answered_and_counted():
+    env = ToolEnvironment(TOOLS, timeout_s=0.2)
+    started = time.perf_counter()
+    result = env.step(call("hangs", seconds=3.0) + call("echo", text="still here"))
+    assert time.perf_counter() - started < 2.0
+    late, echoed = result.observation
+    assert late["content"] == "error: hangs did not answer within 0.2 s"
+    assert echoed["content"] == "still here"  # the next call of the turn still runs
+    assert result.metrics["tool_errors/timeout"] == 1 and result.metrics["tool_calls"] == 2
+
+
+def test_call_formats_follow_the_chat_template():
+    assert call_format_for(None).name == "hermes"
+    assert call_format_for("{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert call_format_for("{{ '<|python_tag|>' }}").name == "llama3"
+    for form in CALL_FORMATS.values():
+        written = form.write("calculator", {"expression": "2*3"})
+        (parsed,) = form.parse(written if form.name == "llama3" else "ok " + written)
+        assert (parsed.name, parsed.arguments, parsed.error) == ("calculator", {"expression": "2*3"}, None)
+    assert CALL_FORMATS["mistral"].parse("[TOOL_CALLS] [{]")[0].error.startswith("the call is not JSON")
+    assert CALL_FORMATS["llama3"].parse("the answer is 6") == []
+    openai = '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>'
+    assert CALL_FORMATS["hermes"].parse(openai)[0].arguments == {"text": "hi"}
+
+
+def test_the_calculator():
+    assert calculator("123*456") == "56088" and calculator("(2+3)**2 - 7/2") == "21.5" and calculator("-4//3") == "-2"
+    for bad in ("2**1000", "open('x')", "1 if 2 else 3", "a+1"):
+        with pytest.raises(ValueError):
+            calculator(bad)
+
+
+def test_tools_are_named_by_their_function_and_described_for_chat_templates():
+    tools = load_tools(["ditty.objectives.rl.builtin_tools:calculator", "tests.rl.environments_for_tests:echo"])
+    assert list(tools) == ["calculator", "echo"]
+    schemas = tool_schemas(tools)
+    assert schemas[0]["function"]["name"] == "calculator"
+    assert schemas[0]["function"]["parameters"]["properties"]["expression"]["type"] == "string"
