@@ -5,6 +5,10 @@
   `answer`, else `completion`: the built-in `addition` and `reverse` tasks keep theirs there);
 - `digit_match`: partial credit for a numeric answer: the share of the reference's characters the
   completion has at the same places (0 when the lengths differ), so near misses rank above far ones;
+- `call_expression_match`: for episodes with tools (`rl.tools`), partial credit for the first tool
+  call: the share of the prompt's expression ("123*456" of "123*456=") its `expression` argument has
+  at the same places (0 when the lengths differ or there is no call), so an episode that copies the
+  operands into the call ranks above one that miscopies them, whatever its answer;
 - `addition_exact_match`: the same for the built-in `addition` task, the answer computed from the
   prompt ("12+47=" -> "59"), so it needs no answer column;
 - `integer_format`: 1.0 when the completion is one integer and nothing else;
@@ -49,12 +53,27 @@ def digit_match(
     references = answer if answer is not None else completion
     if references is None:
         raise KeyError("digit_match compares with the column 'answer' (or 'completion'); the data has neither")
+    return [share_in_place(completion_text(c).strip(), str(r).strip()) for c, r in zip(completions, references)]
+
+
+def call_expression_match(
+    prompts: Sequence[Any], completions: Sequence[Any], tool_calls: Optional[Sequence[Any]] = None, **columns: Any
+) -> list[float]:
+    if tool_calls is None:
+        raise KeyError("call_expression_match scores tool calls: it needs episodes with tools (rl.tools)")
     scores = []
-    for c, r in zip(completions, references):
-        text, reference = completion_text(c).strip(), str(r).strip()
-        same = len(text) == len(reference) and len(reference) > 0
-        scores.append(sum(a == b for a, b in zip(text, reference)) / len(reference) if same else 0.0)
+    for prompt, calls in zip(prompts, tool_calls):
+        expression = completion_text(prompt).strip().removesuffix("=").strip()
+        called = str(calls[0]["arguments"].get("expression", "")).strip() if calls else ""
+        scores.append(share_in_place(called, expression))
     return scores
+
+
+def share_in_place(text: str, reference: str) -> float:
+    """The share of `reference`'s characters that `text` has at the same places; 0 when the lengths differ."""
+    if len(text) != len(reference) or not reference:
+        return 0.0
+    return sum(a == b for a, b in zip(text, reference)) / len(reference)
 
 
 def addition_exact_match(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:

@@ -274,3 +274,17 @@ def test_digit_match_gives_partial_credit_for_near_misses():
     completions = ["56088", "56089", " 56188 ", "5608", "", [{"role": "assistant", "content": "56088"}]]
     got = digit_match(prompts=[""] * 6, completions=completions, completion=["56088"] * 6)
     assert got == [1.0, 0.8, 0.8, 0.0, 0.0, 1.0]
+
+
+def test_call_expression_match_scores_the_first_calls_copy_of_the_prompt():
+    from ditty.objectives.builtin_rewards import call_expression_match
+
+    def calls(*expressions):
+        return [{"name": "calculator", "arguments": {"expression": e}} for e in expressions]
+
+    prompts = ["633*148="] * 5 + [[{"role": "user", "content": "12*34="}]]
+    tool_calls = [calls("633*148"), calls("733*148"), calls("633*14"), [], calls("1*1", "633*148"), calls("12*34")]
+    got = call_expression_match(prompts, ["x"] * 6, tool_calls=tool_calls)
+    assert got == [1.0, 6 / 7, 0.0, 0.0, 0.0, 1.0]  # only the first call counts: calling again earns nothing
+    with pytest.raises(KeyError, match="rl.tools"):
+        call_expression_match(["1*2="], ["2"])

@@ -95,3 +95,36 @@ def test_tools_are_named_by_their_function_and_described_for_chat_templates():
     schemas = tool_schemas(tools)
     assert schemas[0]["function"]["name"] == "calculator"
     assert schemas[0]["function"]["parameters"]["properties"]["expression"]["type"] == "string"
+
+
+def test_reward_functions_get_each_episodes_well_formed_calls():
+    """The tool environment keeps an episode's calls; the reward functions of rl.rewards get them as
+    `tool_calls`, one list per episode, so a reward can score the call as well as the answer."""
+    from types import SimpleNamespace
+
+    from ditty.objectives.rewards import load_reward_functions
+    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+
+    turns = {  # each episode's model turns; the last one, without a call, is its answer
+        "633*148=": [call("calculator", expression="633*148"), "93684"],
+        "918*298=": ["<tool_call>{oops</tool_call>", call("calculator", expression="718*298"), "213964"],
+    }
+    episodes = []
+    for prompt, texts in turns.items():
+        env = ToolEnvironment(TOOLS)
+        env.reset({"prompt": prompt})
+        for text in texts:
+            env.step(text)
+        rewards = [0.0] * len(texts)
+        episodes.append(Episode(row={"prompt": prompt}, environment=env, prompt_ids=[], conversation=None))
+        episodes[-1].turn_rewards, episodes[-1].last_text = rewards, texts[-1]
+    functions = load_reward_functions(["ditty.objectives.builtin_rewards:call_expression_match"])
+    rl = SimpleNamespace(reward_timeout_s=0.0)
+    out = EpisodeEnvironment(lambda: None, "ToolEnvironment", functions, None, rl, key="rl.tools").rollouts(episodes)
+    assert episodes[1].environment.calls == [{"name": "calculator", "arguments": {"expression": "718*298"}}]
+    assert out.rewards.tolist() == [1.0, 6 / 7]  # the malformed call is not one of the calls
+    assert out.turn_rewards == [[0.0, 1.0], [0.0, 0.0, 6 / 7]]  # the score ends the last turn
+
+    episodes[0].row["tool_calls"] = episodes[1].row["tool_calls"] = "a column of the data"
+    with pytest.raises(Exception, match="column 'tool_calls'"):
+        EpisodeEnvironment(lambda: None, "ToolEnvironment", functions, None, rl, key="rl.tools").rollouts(episodes)

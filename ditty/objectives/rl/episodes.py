@@ -27,11 +27,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ditty.config.errors import RecipeError
 from ditty.objectives.rewards import RewardFunction, score_completions
 from ditty.objectives.rl.batch import RolloutBatch
 from ditty.objectives.rl.environment import StepResult, environment_failure
 from ditty.objectives.rl.rendering import ObservationRenderer
 from ditty.objectives.rl.sampling import TurnRequest
+from ditty.objectives.rl.tools import ToolEnvironment
 
 
 @dataclass
@@ -199,6 +201,15 @@ class EpisodeEnvironment:
         total, per_function, details = steps.clone(), {}, {}
         if self.functions:
             columns = {name: [e.row[name] for e in episodes] for name in episodes[0].row if name != "prompt"}
+            if all(isinstance(e.environment, ToolEnvironment) for e in episodes):
+                if "tool_calls" in columns:
+                    raise RecipeError.single(
+                        "the prompt rows have a column 'tool_calls', the keyword under which the tool "
+                        "environment gives the reward functions each episode's calls",
+                        key="data",
+                        fix="rename the column",
+                    )
+                columns["tool_calls"] = [e.environment.calls for e in episodes]
             prompts = [e.row["prompt"] for e in episodes]
             scores = score_completions(self.functions, prompts, out.texts, columns, timeout_s=self.rl.reward_timeout_s)
             total += scores.total

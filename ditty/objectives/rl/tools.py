@@ -9,9 +9,13 @@ answer: the episode is done, and the reward functions of `rl.rewards` score it.
 A malformed call, an unknown tool, a tool that raises and a tool still running after
 `rl.tool_timeout_s` are each answered with a `tool` message saying so (the episode goes on) and
 counted: metrics tool_calls, tool_calls/NAME, tool_errors, tool_errors/{malformed, unknown, raised,
-timeout} (logged as env/..., per episode). A call runs in a thread of its own so that a hung tool can
-be left behind: Python cannot stop a thread, so one that never returns keeps its thread (and what it
-holds) until the run ends; a tool that may hang should bound its own work.
+timeout} (logged as env/..., per episode). The reward functions of `rl.rewards` get the episode's
+well-formed calls as the keyword `tool_calls` ([{"name": ..., "arguments": {...}}, ...] per episode, in
+order), so a reward can score the calls as well as the answer.
+
+A call runs in a thread of its own so that a hung tool can be left behind: Python cannot stop a
+thread, so one that never returns keeps its thread (and what it holds) until the run ends; a tool
+that may hang should bound its own work.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class ToolEnvironment:
         self.tools = dict(tools)
         self.call_format = call_format or HermesCalls()
         self.timeout_s = timeout_s
+        self.calls: list[dict[str, Any]] = []
+        """The episode's well-formed calls so far, {"name", "arguments"}, in order."""
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         prompt = row["prompt"]
@@ -50,6 +56,8 @@ class ToolEnvironment:
             return StepResult(done=True, metrics=metrics)
         messages = []
         for call in calls:
+            if not call.error:
+                self.calls.append({"name": call.name, "arguments": dict(call.arguments)})
             content, error = self.answer(call)
             if error:
                 metrics["tool_errors"] += 1
