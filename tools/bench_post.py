@@ -360,7 +360,9 @@ def run_section(which: str, run_worker, base: dict, reps: int, timed: int, log) 
         if importlib.util.find_spec("vllm") is not None:
             contenders["ditty Trainer (grpo, rl.backend vllm)"] = "post-ditty-grpo-vllm"
         else:
-            notes.append("grpo: no vLLM row: vllm is not installed here (`make setup-vllm`).")
+            notes.append(
+                "grpo: no vLLM row: vllm is not installed here (`make setup-vllm`; run with .venv-vllm/bin/python)."
+            )
     results: dict[str, list[dict]] = {name: [] for name in contenders}
     steps = base["warmup"] + timed
     for rep in range(reps):

