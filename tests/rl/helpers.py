@@ -67,11 +67,12 @@ def with_rl(config: TrainerConfig, **changes) -> TrainerConfig:
     return replace(config, rl=replace(config.rl, **changes))
 
 
-def save_turn_ending_llama(path, eos_weight: float = 0.8) -> str:
+def save_turn_ending_llama(path, eos_weight: float = 0.8, **overrides) -> str:
     """A tiny random Llama (TINY_LLAMA, the byte tokenizer) that ends its turns within a few tokens,
     saved in Hugging Face format: coordinate 0 of the residual stream is a constant 5 (every token's
     embedding holds it and no layer writes to it), and the head reads it into the end-of-sequence
-    logit (p about 0.25 a token at 0.8). Episodes with it have several turns."""
+    logit (p about 0.25 a token at 0.8). Episodes with it have several turns. `overrides` replace
+    TINY_LLAMA's fields (vLLM's CPU attention needs heads of 32, say)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -83,7 +84,7 @@ def save_turn_ending_llama(path, eos_weight: float = 0.8) -> str:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **{**TINY_LLAMA, "max_position_embeddings": 256},
+        **{**TINY_LLAMA, "max_position_embeddings": 256, **overrides},
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

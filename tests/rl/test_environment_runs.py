@@ -32,6 +32,8 @@ ENVS = "tests.rl.environments_for_tests"
         (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.max_turns", "0"], "rl.max_turns", "at least 1"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tool_timeout_s", "0"], "rl.tool_timeout_s", "above 0"),
+        (["--rl.tools", f'["{ENVS}:echo"]', "--rl.backend", "vllm-server"], "rl.backend", "the generate or the vllm"),
+        (["--rl.tools", f'["{ENVS}:echo"]', "--rl.sampler_correction", "tis"], "rl.sampler_correction", "no sampler"),
     ],
 )
 def test_bad_environment_input_is_exit_2_naming_the_key(tmp_path, capsys, flags, key, words):

@@ -38,7 +38,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 def rl(**changes) -> RLConfig:
-    return RLConfig(kind="grpo", backend="vllm", group_size=4, max_new_tokens=4, **changes)
+    return RLConfig(**{"kind": "grpo", "backend": "vllm", "group_size": 4, "max_new_tokens": 4, **changes})
 
 
 def policy_and_sampler(model_dir: str):
@@ -140,3 +140,52 @@ def test_one_step_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama
     resumed = ditty("run", str(recipe), *flags)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # the batch in flight at step 2 was in the checkpoint
+
+
+# ------------------------------------------------------------------ episodes of several turns on the engine
+
+
+@pytest.fixture(scope="module")
+def turn_ending_llama_dir(tmp_path_factory):
+    """A tiny Llama whose turns end within a few tokens (tests/rl/helpers.py), with heads of 32."""
+    from tests.rl.helpers import save_turn_ending_llama
+
+    return save_turn_ending_llama(tmp_path_factory.mktemp("turn-ending-32"), hidden_size=64, intermediate_size=128)
+
+
+def test_episode_turns_on_the_engine_are_the_policys(turn_ending_llama_dir):
+    """VLLMSampler.generate_turn answers a turn request as GenerateSampler does: greedily the same
+    tokens for every episode's prompt + history; sampled, seeded by position and turn."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ditty.objectives.rl.sampling import GenerateSampler, TurnRequest
+    from ditty.objectives.rl.vllm_sampler import VLLMSampler
+
+    model = AutoModelForCausalLM.from_pretrained(turn_ending_llama_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(turn_ending_llama_dir)
+    settings = rl(tools=["ditty.objectives.rl.builtin_tools:calculator"], max_new_tokens=8, max_episode_tokens=24)
+    engine = VLLMSampler(lambda: model, settings, tokenizer, seed=0, max_prompt_tokens=32, completions_per_step=8)
+    sync_weights(engine, 0)
+    local = GenerateSampler(lambda: model, settings, tokenizer, torch.device("cpu"), seed=0)
+    prompts = [tokenizer(p)["input_ids"] for p in ("12*34=", "5*7=")]
+    histories = [[], tokenizer("ab")["input_ids"][1:], tokenizer("tool says 42")["input_ids"][1:]]
+    greedy = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=1, greedy=True)
+    assert engine.generate_turn(greedy) == local.generate_turn(greedy)
+    assert all(len(row) <= 8 for row in engine.generate_turn(greedy))
+
+    sampled = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=1)
+    assert engine.generate_turn(sampled) == engine.generate_turn(sampled)  # a resume draws the same turn
+    later = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=2)
+    assert engine.generate_turn(later) != engine.generate_turn(sampled)
+
+
+def test_episodes_of_several_turns_train_on_vllm(tmp_path, turn_ending_llama_dir):
+    recipe = write_recipe(tmp_path / "a", turn_ending_llama_dir, steps=3)
+    flags = ["--rl.backend", "vllm", "--rl.environment", "tests.rl.environments_for_tests:CountingTurns"]
+    flags += ["--rl.rewards", "[]", "--rl.max_new_tokens", "6", "--rl.max_episode_tokens", "40"]
+    done = ditty("run", str(recipe), *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = records(tmp_path / "a" / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["env/turns"] > 1 for r in rows), [r["env/turns"] for r in rows]  # episodes of several turns
+    assert all(r["rewards/CountingTurns/mean"] > 0 for r in rows)

@@ -169,12 +169,18 @@ def episodes(ctx) -> Iterator[Problem]:
             'per-turn credit gives each token its own advantage, which needs rl.importance = "token"',
             'set rl.importance = "token", or rl.credit = "episode"',
         )
-    if (rl.environment or rl.tools) and backend(rl) != "generate":
+    if (rl.environment or rl.tools) and backend(rl) not in ("generate", "vllm"):
         yield error(
             "rl.backend",
-            "episodes of several turns (rl.environment, rl.tools) sample with the generate backend, "
-            f"not {rl.backend!r}",
-            'set rl.backend = "generate", or leave rl.environment and rl.tools out',
+            "episodes of several turns (rl.environment, rl.tools) sample with the generate or the vllm "
+            f"backend, not {rl.backend!r}",
+            'set rl.backend = "generate" or "vllm", or leave rl.environment and rl.tools out',
+        )
+    if (rl.environment or rl.tools) and rl.sampler_correction != "none":
+        yield error(
+            "rl.sampler_correction",
+            "episodes of several turns carry no sampler log-probabilities to correct with",
+            'set rl.sampler_correction = "none", or leave rl.environment and rl.tools out',
         )
     if (rl.environment or rl.tools) and rl.max_staleness > 0:
         yield error(

@@ -90,7 +90,9 @@ class VLLMSampler:
         self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
         self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
         self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
-        self.llm = self.engine(max_prompt_tokens + rl.max_new_tokens, completions_per_step)
+        episodes = bool(getattr(rl, "environment", "") or getattr(rl, "tools", ()))
+        after_prompt = max(rl.max_new_tokens, rl.max_episode_tokens) if episodes else rl.max_new_tokens
+        self.llm = self.engine(max_prompt_tokens + after_prompt, completions_per_step)
 
     def engine(self, max_model_len: int, sequences: int) -> Any:
         """This process's engine for this shape: the one a run before this one started, or a new one
@@ -198,6 +200,39 @@ class VLLMSampler:
                 completions.append(ids)
                 logps.append(sampled_logps(ids, child.logprobs))
         return rollouts_from_tokens(prompts, completions, logps, eos, self.tokenizer)
+
+    def generate_turn(self, turn: Any) -> list[list[int]]:
+        """One model turn of each open episode of `turn` (a ditty.objectives.rl.sampling.TurnRequest),
+        as GenerateSampler.generate_turn gives it: the tokens after the episode's prompt and history,
+        up to and including the end-of-sequence token. Each episode draws from its own seed (the
+        call's position, the turn, its index), so a resume samples the same turns; the engine's prefix
+        cache serves the prompts the episodes share."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from ditty.objectives.rl.sampling import sampling_seed
+
+        eos = self.tokenizer.eos_token_id
+        first = sampling_seed(self.seed, turn.seed_position, turn.turn)
+        params = [
+            SamplingParams(
+                n=1,
+                seed=(first + index) % (2**62),
+                temperature=0.0 if turn.greedy else self.rl.temperature,
+                top_p=1.0 if turn.greedy else self.rl.top_p,
+                max_tokens=turn.max_new_tokens,
+                detokenize=False,
+                stop_token_ids=[eos] if eos is not None else None,
+            )
+            for index in range(len(turn.histories))
+        ]
+        contexts = [
+            TokensPrompt(prompt_token_ids=list(turn.prompts[p]) + list(history))
+            for p, history in zip(turn.prompt_of, turn.histories)
+        ]
+        outputs = self.llm.generate(contexts, params, use_tqdm=False)
+        rows = [list(output.outputs[0].token_ids) for output in outputs]
+        return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows]
 
     def close(self) -> None:
         """Nothing to free: the engine stays for a later run of this process (see the module doc)."""
