@@ -17,6 +17,7 @@ from ditty.data.builtin import tool_demonstration
 from ditty.data.chat_layouts import ChatLayout
 from ditty.data.formats.lm import encode_chat
 from ditty.data.tokenizer import build_tokenizer
+from ditty.objectives.grpo import grpo_loss
 from ditty.objectives.rewards import load_reward_functions
 from ditty.objectives.rl.assembler import Assembler
 from ditty.objectives.rl.builtin_tools import calculator
@@ -237,9 +238,17 @@ def test_per_turn_advantages_reach_the_loss_aligned_with_their_tokens(tiny):
     widths = [len(ids) for ids in out.completion_ids]
     out.advantages = turn_advantages(out.turn_rewards, out.turn_spans, widths, 2, "group")
     (batch,) = Assembler(rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(out, drop_idle=False)
-    assert batch["advantages"].shape == batch["labels"][:, 1:].shape
+    assert batch["advantages"].shape == batch["labels"].shape
     for row in range(2):
-        scored = batch["labels"][row, 1:] != IGNORE_INDEX
+        scored = batch["labels"][row] != IGNORE_INDEX
         expected = out.advantages[row, : widths[row]][torch.tensor(out.trainable[row])]
         assert batch["advantages"][row][scored].tolist() == pytest.approx(expected.tolist())
         assert (batch["advantages"][row][~scored] == 0).all()
+    # Through the loss, as the trainer runs it (log-probabilities aligned with the labels): on-policy
+    # (ratio 1), dapo, the gradient of a scored token's log-probability is -its advantage / tokens.
+    logps = torch.zeros(batch["labels"].shape, requires_grad=True)
+    mask = batch["labels"] != IGNORE_INDEX
+    out = grpo_loss(logps, None, batch["advantages"], mask, global_sequences=2, global_tokens=mask.sum())
+    out.loss.backward()
+    expected = torch.where(mask, -batch["advantages"] / mask.sum(), torch.zeros(()))
+    assert torch.allclose(logps.grad, expected)

@@ -3,8 +3,8 @@
 Each row is prompt + completion, collated as the causal LM's samples are (ditty.data.collate:
 right-padded, labels on the completion tokens, its end-of-sequence token included); a completion
 token the environment wrote (`trainable` False) gets no label, so it takes no loss and no gradient.
-Beside the collated tensors a micro-batch carries, per row, `advantages` (per token, aligned with
-`labels[:, 1:]`, under per-turn credit) and `truncated`, and where
+Beside the collated tensors a micro-batch carries, per row, `advantages` (per token under per-turn
+credit, aligned with `labels` as the loss's token log-probabilities are) and `truncated`, and where
 the loss needs them the log-probabilities the policy sampled with (`old_logps`, when a rollout serves
 several updates) and the reference's (`ref_logps`, when rl.beta > 0), scored by the training forward's
 own path so an on-policy ratio is exactly 1.
@@ -103,12 +103,12 @@ class Assembler:
         batch = pad_samples(samples, self.pad_token_id)
         del batch["position_ids"]  # right-padded rows: the model's own positions are these
         advantages = rollouts.advantages[start : start + len(samples)].to(torch.float32)
-        if advantages.dim() == 2:  # per token: aligned with labels[:, 1:], as the loss's log-probabilities are
+        if advantages.dim() == 2:  # per token: aligned with the labels, as the loss's log-probabilities are
             per_token = torch.zeros(batch["labels"].shape, dtype=torch.float32)
             for row, i in enumerate(rows):
                 begin, count = len(rollouts.prompt_ids[i]), len(rollouts.completion_ids[i])
                 per_token[row, begin : begin + count] = advantages[row, :count]
-            advantages = per_token[:, 1:]
+            advantages = per_token
         batch["advantages"] = advantages
         batch["truncated"] = torch.tensor([rollouts.truncated[i] for i in rows], dtype=torch.bool)
         if rollouts.sampler_logps is not None:
@@ -142,7 +142,7 @@ def without_idle_rows(batch: dict) -> dict:
     out = dict(batch)
     for key in ("input_ids", "attention_mask", "labels"):
         out[key] = batch[key][keep, :width]
-    out["advantages"] = advantages[keep] if advantages.dim() == 1 else advantages[keep, : width - 1]
+    out["advantages"] = advantages[keep] if advantages.dim() == 1 else advantages[keep, :width]
     out["truncated"] = batch["truncated"][keep]
     if "sampler_logps" in batch:
         out["sampler_logps"] = batch["sampler_logps"][keep, :width]
