@@ -75,14 +75,16 @@ lint: $(DEV_STAMP)
 docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The suite in $(VENV), and the vLLM tests in $(VLLM_VENV), whose set-up (mostly downloads) runs in
-# the background meanwhile; its log is $(VLLM_VENV).log. Either failing fails `make test`.
+# The suite in $(VENV) and, beside it, the vLLM tests in $(VLLM_VENV) (set up first: mostly downloads);
+# their output goes to $(VLLM_VENV).log and its summary is printed at the end. Either failing fails
+# `make test`.
 test: lint docs
-	@echo "make test: setting up $(VLLM_VENV) in the background (log: $(VLLM_VENV).log)"
-	@$(MAKE) --no-print-directory setup-vllm > $(VLLM_VENV).log 2>&1 & vllm_setup=$$!; \
+	@echo "make test: the vLLM tests run in $(VLLM_VENV) beside the suite (log: $(VLLM_VENV).log)"
+	@$(MAKE) --no-print-directory test-vllm > $(VLLM_VENV).log 2>&1 & vllm_tests=$$!; \
 	  $(PY) -m pytest -n 2 --dist loadgroup -q; suite=$$?; \
-	  wait $$vllm_setup || { tail -30 $(VLLM_VENV).log; echo "make test: setup-vllm failed (log: $(VLLM_VENV).log)"; exit 1; }; \
-	  $(MAKE) --no-print-directory test-vllm || exit 1; exit $$suite
+	  wait $$vllm_tests; vllm=$$?; echo "make test: the vLLM tests ($(VLLM_VENV).log):"; \
+	  if [ $$vllm -ne 0 ]; then tail -n 40 $(VLLM_VENV).log; echo "make test: the vLLM tests failed"; exit 1; fi; \
+	  tail -n 1 $(VLLM_VENV).log; exit $$suite
 
 # DITTY_REQUIRE_VLLM turns the tests' "vLLM is not installed" skip into a failure.
 test-vllm: $(VLLM_STAMP)
