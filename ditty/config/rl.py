@@ -111,3 +111,13 @@ class RLConfig:
     """"episode": every model token of an episode takes the advantage of its total reward; "turn":
     each turn's tokens take the sum of the group-normalised rewards of that turn and the later ones
     (DeepSeekMath's process supervision), for environments that reward single turns."""
+
+    @property
+    def plays_episodes(self) -> bool:
+        """Rollouts are episodes of several turns: an environment or tools are named."""
+        return bool(self.environment or self.tools)
+
+    @property
+    def tokens_after_prompt(self) -> int:
+        """The most tokens a rollout adds after its prompt: an episode's budget, else one completion's."""
+        return self.max_episode_tokens if self.plays_episodes else self.max_new_tokens

@@ -169,26 +169,26 @@ def episodes(ctx) -> Iterator[Problem]:
             'per-turn credit gives each token its own advantage, which needs rl.importance = "token"',
             'set rl.importance = "token", or rl.credit = "episode"',
         )
-    if (rl.environment or rl.tools) and backend(rl) not in ("generate", "vllm"):
+    if rl.plays_episodes and backend(rl) not in ("generate", "vllm"):
         yield error(
             "rl.backend",
             "episodes of several turns (rl.environment, rl.tools) sample with the generate or the vllm "
             f"backend, not {rl.backend!r}",
             'set rl.backend = "generate" or "vllm", or leave rl.environment and rl.tools out',
         )
-    if (rl.environment or rl.tools) and rl.sampler_correction != "none":
+    if rl.plays_episodes and rl.sampler_correction != "none":
         yield error(
             "rl.sampler_correction",
             "episodes of several turns carry no sampler log-probabilities to correct with",
             'set rl.sampler_correction = "none", or leave rl.environment and rl.tools out',
         )
-    if (rl.environment or rl.tools) and rl.max_staleness > 0:
+    if rl.plays_episodes and rl.max_staleness > 0:
         yield error(
             "rl.max_staleness",
             "episodes of several turns are sampled in step with training (their environments are not thread-safe)",
             "set rl.max_staleness = 0, or leave rl.environment and rl.tools out",
         )
-    if not rl.environment and not rl.tools:
+    if not rl.plays_episodes:
         for key in EPISODE_KEYS:
             if ctx.is_set(f"rl.{key}"):
                 yield warning(

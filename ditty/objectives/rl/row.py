@@ -175,7 +175,7 @@ def describe_rl(config: Any) -> list[tuple[str, str]]:
         f"{len(rl.rewards)} reward function(s){reference}"
     )
     rows = [("rl", text)]
-    if rl.environment or rl.tools:
+    if rl.plays_episodes:
         where = rl.environment or f"tools {', '.join(r.rsplit(':', 1)[-1] for r in rl.tools)}"
         rows.append(
             (
@@ -197,8 +197,7 @@ def rl_footprint(config: Any, world_size: int) -> Footprint:
         "auto" if rl.beta > 0 else "none",
         method="grpo" if rl.advantage == "group" else rl.advantage,
         rollout_sequences=in_flight,
-        rollout_tokens=config.data.max_seq_len
-        + (rl.max_episode_tokens if rl.environment or rl.tools else rl.max_new_tokens),
+        rollout_tokens=config.data.max_seq_len + rl.tokens_after_prompt,
         chunks=config.train.loss_chunks or 8,
     )
 
@@ -210,7 +209,7 @@ def rl_card(config: Any) -> str:
     kl = f", KL beta {rl.beta:g}" if rl.beta > 0 else ""
     advantage = "" if rl.advantage == "group" else f", {rl.advantage} advantages"
     settings = f"{rl.loss} loss, {rl.group_size} completions per prompt{advantage}{kl}, rewards: {rewards}"
-    if rl.environment or rl.tools:
+    if rl.plays_episodes:
         where = rl.environment.rsplit(":", 1)[-1] or "tools: " + ", ".join(r.rsplit(":", 1)[-1] for r in rl.tools)
         settings += f", episodes of up to {rl.max_turns} turns ({where})"
     return f"; reinforcement learning: {rl.kind.upper()} ({settings})"

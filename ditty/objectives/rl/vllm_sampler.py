@@ -90,9 +90,7 @@ class VLLMSampler:
         self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
         self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
         self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
-        episodes = bool(getattr(rl, "environment", "") or getattr(rl, "tools", ()))
-        after_prompt = max(rl.max_new_tokens, rl.max_episode_tokens) if episodes else rl.max_new_tokens
-        self.llm = self.engine(max_prompt_tokens + after_prompt, completions_per_step)
+        self.llm = self.engine(max_prompt_tokens + rl.tokens_after_prompt, completions_per_step)
 
     def engine(self, max_model_len: int, sequences: int) -> Any:
         """This process's engine for this shape: the one a run before this one started, or a new one
