@@ -128,3 +128,30 @@ def test_reward_functions_get_each_episodes_well_formed_calls():
     episodes[0].row["tool_calls"] = episodes[1].row["tool_calls"] = "a column of the data"
     with pytest.raises(Exception, match="column 'tool_calls'"):
         EpisodeEnvironment(lambda: None, "ToolEnvironment", functions, None, rl, key="rl.tools").rollouts(episodes)
+
+
+def test_an_environments_reward_columns_reach_the_reward_functions_and_a_bad_one_is_exit_2():
+    """Any environment may give the reward functions values of its episode (`reward_columns`); one
+    that answers something else than a mapping stops the run naming the environment."""
+    from types import SimpleNamespace
+
+    from ditty.objectives.rl.environment import EnvironmentFailure
+    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+
+    class Scored:
+        def __init__(self, values):
+            self.values = values
+
+        def reward_columns(self):
+            return self.values
+
+    def episodes(*values):
+        out = [Episode(row={"prompt": "1+1="}, environment=Scored(v), prompt_ids=[], conversation=None) for v in values]
+        for episode in out:
+            episode.turn_rewards = [0.0]
+        return out
+
+    env = EpisodeEnvironment(lambda: None, "Scored", [], None, SimpleNamespace(reward_timeout_s=0.0))
+    assert env.environment_columns(episodes({"moves": 3}, {}), {"answer"}) == {"moves": [3, None]}
+    with pytest.raises(EnvironmentFailure, match="environment Scored reward_columns returned a list"):
+        env.environment_columns(episodes([1, 2]), set())

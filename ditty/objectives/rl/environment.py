@@ -13,7 +13,9 @@ prompt row, `step(completion)` answers each model turn with a `StepResult`. An o
 of chat messages (rendered with the tokenizer's chat template, the generation prompt after them) or
 a string (its text as it is). A `reset` or `step` that raises or answers something else stops the run
 with exit code 2 (`EnvironmentFailure`, naming the environment and the row) before any update, so the
-last checkpoint is untouched.
+last checkpoint is untouched. An environment may also have `reward_columns() -> {name: value}`, read
+when its episode ends: the reward functions get each name as a keyword, one value per episode (the
+built-in tool environment gives `tool_calls`, the episode's calls).
 """
 
 from __future__ import annotations

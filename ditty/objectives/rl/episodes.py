@@ -33,7 +33,6 @@ from ditty.objectives.rl.batch import RolloutBatch
 from ditty.objectives.rl.environment import StepResult, environment_failure
 from ditty.objectives.rl.rendering import ObservationRenderer
 from ditty.objectives.rl.sampling import TurnRequest
-from ditty.objectives.rl.tools import ToolEnvironment
 
 
 @dataclass
@@ -172,6 +171,29 @@ class EpisodeEnvironment:
             episode.tokens += added
             episode.trainable += [False] * len(added)
 
+    def environment_columns(self, episodes: list[Episode], data_columns: set[str]) -> dict[str, list]:
+        """What the episodes' environments give the reward functions beside the data's columns: each
+        environment's optional `reward_columns()` ({name: its value}; the built-in tool environment
+        gives `tool_calls`), one value per episode (None where an environment gives none)."""
+        given = []
+        for episode in episodes:
+            method = getattr(episode.environment, "reward_columns", None)
+            values = method() if method is not None else {}
+            if not isinstance(values, Mapping):
+                what = f"reward_columns returned a {type(values).__name__}, not a mapping of names to values"
+                raise environment_failure(self.name, episode.row, what, self.key)
+            given.append(values)
+        names = sorted({name for values in given for name in values})
+        clash = [name for name in names if name in data_columns or name in ("prompts", "completions")]
+        if clash:
+            raise RecipeError.single(
+                f"the prompt rows have a column {clash[0]!r}, the keyword under which environment {self.name} "
+                "gives the reward functions a value of each episode",
+                key="data",
+                fix="rename the column",
+            )
+        return {name: [values.get(name) for values in given] for name in names}
+
     def step(self, episode: Episode, completion: str) -> StepResult:
         try:
             result = episode.environment.step(completion)
@@ -201,15 +223,7 @@ class EpisodeEnvironment:
         total, per_function, details = steps.clone(), {}, {}
         if self.functions:
             columns = {name: [e.row[name] for e in episodes] for name in episodes[0].row if name != "prompt"}
-            if all(isinstance(e.environment, ToolEnvironment) for e in episodes):
-                if "tool_calls" in columns:
-                    raise RecipeError.single(
-                        "the prompt rows have a column 'tool_calls', the keyword under which the tool "
-                        "environment gives the reward functions each episode's calls",
-                        key="data",
-                        fix="rename the column",
-                    )
-                columns["tool_calls"] = [e.environment.calls for e in episodes]
+            columns.update(self.environment_columns(episodes, set(columns)))
             prompts = [e.row["prompt"] for e in episodes]
             scores = score_completions(self.functions, prompts, out.texts, columns, timeout_s=self.rl.reward_timeout_s)
             total += scores.total

@@ -41,6 +41,10 @@ class ToolEnvironment:
         self.calls: list[dict[str, Any]] = []
         """The episode's well-formed calls so far, {"name", "arguments"}, in order."""
 
+    def reward_columns(self) -> dict[str, Any]:
+        """What the reward functions get beside the data's columns: the episode's calls."""
+        return {"tool_calls": list(self.calls)}
+
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
