@@ -159,14 +159,13 @@ def grpo_rollouts(seed=4, sequences=6, width=7):
     return mask, new, old, reference, advantages
 
 
-@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo"])
-@pytest.mark.parametrize("importance", ["token", "sequence"])
-@pytest.mark.parametrize("beta,clip_high", [(0.0, None), (0.04, 0.28)])
-def test_grpo_matches_trl(loss, importance, beta, clip_high):
+def trl_grpo_loss(rollouts, *, importance="token", beta=0.0, loss="dapo", epsilon_high=0.2, weights=None):
+    """(TRL's GRPOTrainer._compute_loss on `rollouts` (grpo_rollouts' tuple), its metrics): the
+    trainer is a namespace holding what that method reads; `weights` enter as TRL's vLLM
+    importance-sampling ratio."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
-    mask, new, old, reference, advantages = grpo_rollouts()
-    max_new = 7
+    mask, new, old, reference, advantages = rollouts
     trainer = SimpleNamespace(
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
@@ -174,11 +173,12 @@ def test_grpo_matches_trl(loss, importance, beta, clip_high):
         beta=beta,
         loss_type=loss,
         epsilon_low=0.2,
-        epsilon_high=0.2 if clip_high is None else clip_high,
-        use_vllm=False,
+        epsilon_high=epsilon_high,
+        use_vllm=weights is not None,
+        vllm_importance_sampling_correction=weights is not None,
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
-        max_completion_length=max_new,
+        max_completion_length=new.shape[1],
         accelerator=Accelerator(),
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
@@ -187,17 +187,29 @@ def test_grpo_matches_trl(loss, importance, beta, clip_high):
         _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros_like(new), None),
     )
     inputs = {
-        "prompt_ids": torch.ones(6, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(6, 2, dtype=torch.long),
+        "prompt_ids": torch.ones(len(mask), 2, dtype=torch.long),
+        "prompt_mask": torch.ones(len(mask), 2, dtype=torch.long),
         "completion_ids": torch.ones_like(mask),
         "completion_mask": mask,
         "advantages": advantages,
         "old_per_token_logps": old,
         "ref_per_token_logps": reference,
+        **({"importance_sampling_ratio": weights} if weights is not None else {}),
         "num_items_in_batch": mask.sum(),
     }
-    want = GRPOTrainer._compute_loss(trainer, None, inputs).item()
-    trl_metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    value = GRPOTrainer._compute_loss(trainer, None, inputs).item()
+    return value, {name: values[-1] for name, values in trainer._metrics["train"].items()}
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("importance", ["token", "sequence"])
+@pytest.mark.parametrize("beta,clip_high", [(0.0, None), (0.04, 0.28)])
+def test_grpo_matches_trl(loss, importance, beta, clip_high):
+    rollouts = grpo_rollouts()
+    mask, new, old, reference, advantages = rollouts
+    max_new = 7
+    epsilon_high = 0.2 if clip_high is None else clip_high
+    want, trl_metrics = trl_grpo_loss(rollouts, importance=importance, beta=beta, loss=loss, epsilon_high=epsilon_high)
     out = grpo_loss(
         new,
         old,
@@ -293,45 +305,12 @@ def test_kto_matches_trl():
 def test_grpo_with_the_sampler_correction_matches_trl(kind):
     """rl.sampler_correction's weights (ditty.objectives.rl.correction: TRL's ratio, checked in
     tests/rl/test_sampler_correction.py) enter the loss as TRL's `importance_sampling_ratio` does."""
-    from trl.trainer.grpo_trainer import GRPOTrainer
-
     from ditty.objectives.rl.correction import correction_weights
 
     mask, new, old, reference, advantages = grpo_rollouts(seed=7)
     sampler = new + (torch.rand(new.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64) - 0.5)
     weights = correction_weights(new, sampler, mask.bool(), kind, 1.5)
-    trainer = SimpleNamespace(
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        importance_sampling_level="token",
-        beta=0.04,
-        loss_type="dapo",
-        epsilon_low=0.2,
-        epsilon_high=0.2,
-        use_vllm=True,
-        vllm_importance_sampling_correction=True,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1,
-        max_completion_length=7,
-        accelerator=Accelerator(),
-        _entropy_bonus_enabled=False,
-        aux_loss_enabled=False,
-        _metrics=defaultdict(lambda: defaultdict(list)),
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros_like(new), None),
-    )
-    inputs = {
-        "prompt_ids": torch.ones(6, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(6, 2, dtype=torch.long),
-        "completion_ids": torch.ones_like(mask),
-        "completion_mask": mask,
-        "advantages": advantages,
-        "old_per_token_logps": old,
-        "ref_per_token_logps": reference,
-        "importance_sampling_ratio": weights,
-        "num_items_in_batch": mask.sum(),
-    }
-    want = GRPOTrainer._compute_loss(trainer, None, inputs).item()
+    want, _ = trl_grpo_loss((mask, new, old, reference, advantages), beta=0.04, weights=weights)
     out = grpo_loss(
         new,
         old,
