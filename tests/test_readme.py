@@ -25,7 +25,9 @@ fails until it is given one of those.
 
 Two results are shared, each made once, when a block first needs it: the demo run (`make demo`,
 shortened) in `runs/tiny_sft`, and the docs' classifier recipe trained into
-`runs/my-classifier`.
+`runs/my-classifier`. A second-stage recipe's start (`tiny_grpo` reads `runs/tiny_sft_start/final`)
+is made by the command its header names when no block made it before, so no block depends on
+another page's block having run first.
 """
 
 from __future__ import annotations
@@ -269,6 +271,26 @@ def classifier_run(workdir: Path, results: dict, capsys) -> Path:
 SHARED_RUNS = {"runs/tiny_sft": demo_run, "runs/my-classifier": classifier_run}
 
 
+def first_stage(args: list[str], results: dict, capsys, where: str) -> None:
+    """A second stage's start, made once when no block made it yet: `ditty run tiny_grpo` reads
+    runs/tiny_sft_start/final, which the README's block makes, but a page's block (RLOO's) must not
+    depend on another page's block having run first in the same directory. The command is the one
+    the recipe's header names (what `ditty check` tells a user to run), shortened like any other."""
+    if args[:1] != ["run"] or any(word.startswith("--model.path") for word in args):
+        return
+    from ditty.config.loader import load_recipe
+    from ditty.recipe.first_stage import first_stage_command
+
+    loaded = load_recipe(args[1])
+    start = loaded.config.model.path
+    if not start or Path(start).is_dir() or f"first stage {start}" in results:
+        return
+    command = first_stage_command(Path(loaded.source).read_text(), start)
+    if command is not None:
+        run_ditty(shortened(shlex.split(command)[1:]), capsys, f"{where} (its first stage)")
+        results[f"first stage {start}"] = Path(start)
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -358,6 +380,7 @@ def test_readme_block(block: Block, workdir, results, monkeypatch, capsys):
                 demo_run(workdir, results, capsys)
                 ran += 1
                 continue
+            first_stage([*args, *block.flags], results, capsys, where)
             run_ditty(shortened([*args, *block.flags]), capsys, where)
             ran += 1
         assert ran, f"{where}: nothing in this block ran"
