@@ -27,18 +27,15 @@ Nothing here imports torch at module level: the compiler imports this module to 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import math
 import numbers
-import signal
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
+from ditty._utils.deadline import DeadlinePassed, deadline
 from ditty.config.errors import Problem, RecipeError
 from ditty.config.references import is_code_reference, resolve_reference
 
@@ -273,39 +270,6 @@ def _coerce_task_result(result: Any) -> tuple[Any, dict[str, float]]:
     return result, {}
 
 
-class _RewardTimedOut(BaseException):
-    """Raised inside a reward function that ran past its time. A BaseException, so that a function's
-    own `except Exception` cannot swallow it."""
-
-
-@contextlib.contextmanager
-def _deadline(timeout_s: Optional[float]) -> Iterator[None]:
-    """Raise _RewardTimedOut in the code inside once `timeout_s` seconds pass. SIGALRM rather than a
-    thread: the function keeps the main thread, where reward code that uses signals itself (sympy
-    checkers with their own alarm, as math_verify's) can run; such code replaces this deadline while
-    its own alarm is set. The previous handler and timer are restored. Only the main thread receives
-    signals; elsewhere, and without a timeout, the code runs unbounded."""
-    usable = timeout_s and timeout_s > 0 and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
-
-    def expire(signum, frame):
-        raise _RewardTimedOut()
-
-    started = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, expire)
-    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if previous_timer[0] > 0:  # someone else's alarm: put back what is left of it
-            left = max(previous_timer[0] - (time.monotonic() - started), 1e-6)
-            signal.setitimer(signal.ITIMER_REAL, left, previous_timer[1])
-
-
 def _invoke(
     function: RewardFunction,
     prompts: Sequence[Any],
@@ -318,7 +282,7 @@ def _invoke(
     of a rollout's texts is small next to its generation."""
     arguments = copy.deepcopy({"prompts": list(prompts), "completions": list(completions), **columns})
     arguments = {name: list(values) for name, values in arguments.items()}
-    with _deadline(timeout_s):
+    with deadline(timeout_s):
         return function.function(**arguments)
 
 
@@ -331,7 +295,7 @@ def _call(
 ) -> tuple[list[float], dict[str, list[float]]]:
     try:
         result = _invoke(function, prompts, completions, columns, timeout_s)
-    except _RewardTimedOut:
+    except DeadlinePassed:
         raise _failure(
             function,
             prompts[0],
@@ -407,7 +371,7 @@ def _first_failing(function: RewardFunction, prompts, completions, columns, time
             )
         except (Exception, SystemExit):
             return index
-        except _RewardTimedOut:  # it hangs on this one: no need to wait on the others
+        except DeadlinePassed:  # it hangs on this one: no need to wait on the others
             return index
     return 0
 
