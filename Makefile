@@ -20,7 +20,7 @@ VLLM_STAMP := $(VLLM_VENV)/.ditty-vllm-installed
 VLLM_TESTS := tests/rl/test_vllm.py \
 	tests/rl/test_rollout_assembly.py::test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_sample
 
-.PHONY: setup setup-vllm demo lint docs test test-quick test-vllm clean
+.PHONY: setup setup-vllm demo lint docs bytecode test test-quick test-vllm clean
 
 setup: $(DEV_STAMP)
 
@@ -75,10 +75,19 @@ lint: $(DEV_STAMP)
 docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# The suite starts many Python processes (the ranks of multi-process runs, runs killed and resumed in
+# a subprocess). Where PYTHONDONTWRITEBYTECODE is set, as on the project's 2-core machine, none of
+# them saves the bytecode of what it compiles, so each compiled ditty's and the tests' modules again
+# (pip compiles the installed packages, not the editable ditty): compiled once here instead, which
+# took 11% off the CPU time of subprocess-heavy test files. Under a second when nothing changed; a
+# .pyc older than its source is not used.
+bytecode: $(DEV_STAMP)
+	$(PY) -m compileall -q ditty tests tools
+
 # The suite in $(VENV) and, beside it, the vLLM tests in $(VLLM_VENV) (set up first: mostly downloads);
 # their output goes to $(VLLM_VENV).log and its summary is printed at the end. Either failing fails
 # `make test`.
-test: lint docs
+test: lint docs bytecode
 	@echo "make test: the vLLM tests run in $(VLLM_VENV) beside the suite (log: $(VLLM_VENV).log)"
 	@$(MAKE) --no-print-directory test-vllm > $(VLLM_VENV).log 2>&1 & vllm_tests=$$!; \
 	  $(PY) -m pytest -n 2 --dist loadgroup -q; suite=$$?; \
@@ -92,7 +101,7 @@ test-vllm: $(VLLM_STAMP)
 
 # The tests marked slow (each over ~15 s alone on this 2-core machine) are left out: under 10 minutes.
 # loadgroup, as in `test`: the multi-process tests of xdist_group("parallel") share one worker.
-test-quick: $(DEV_STAMP)
+test-quick: $(DEV_STAMP) bytecode
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 clean:
