@@ -16,13 +16,7 @@ from ditty._utils.dist import is_main_process
 from ditty.config.errors import RecipeError
 from ditty.config.sections import ModelConfig, QuantConfig
 from ditty.models.factory import build_from_factory
-from ditty.models.source import (
-    did_you_mean,
-    invalid_hub_id_reason,
-    known_architectures,
-    local_model_dir,
-    looks_like_hub_id,
-)
+from ditty.models.source import check_model_source, did_you_mean, local_model_dir
 from ditty.models.tasks import model_task, transformers_class
 
 log = logging.getLogger("ditty.models")
@@ -202,8 +196,12 @@ def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[s
     except ImportError:  # huggingface_hub before strict dataclasses: configs were not validated
         StrictDataclassError = ValueError
 
+    # The compiler's checks of model.path and model.architecture, again: the directory may have gone since.
+    errors = [problem for problem in check_model_source(model) if problem.severity == "error"]
+    if errors:
+        raise RecipeError(errors)
     if model.path:
-        source = _resolve_source(model)
+        source = local_model_dir(model.path) or model.path
 
         def make(**values):
             return _fetching(
@@ -213,7 +211,6 @@ def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[s
 
     elif model.architecture:
         source = None
-        _check_architecture(model.architecture)
 
         def make(**values):
             return AutoConfig.for_model(model.architecture, **values)
@@ -238,33 +235,6 @@ def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[s
             key="model.config",
             fix="check the sizes and types in model.config",
         ) from error
-
-
-def _resolve_source(model: ModelConfig) -> str:
-    """The local directory or hub id to load from; a local path must exist and hold config.json."""
-    local = local_model_dir(model.path)
-    if local and not os.path.isfile(os.path.join(local, "config.json")):
-        raise RecipeError.single(
-            f"directory {model.path!r} holds no config.json, so it is not a Hugging Face model",
-            key="model.path",
-            fix="point it at a directory written by save_pretrained, or at a hub id",
-        )
-    if local:
-        return local
-    if not looks_like_hub_id(model.path):
-        raise RecipeError.single(
-            f"local directory {model.path!r} does not exist",
-            key="model.path",
-            fix="check the path (relative paths start from the current directory), or use a hub id such as org/name",
-        )
-    invalid = invalid_hub_id_reason(model.path)
-    if invalid:
-        raise RecipeError.single(
-            f"{model.path!r} is neither a local directory nor a valid hub id ({invalid})",
-            key="model.path",
-            fix="check the path, or write the hub id as org/name",
-        )
-    return model.path
 
 
 def _fetching(load, path: str):
@@ -302,16 +272,6 @@ def _fetching(load, path: str):
             key="model.path",
             fix="download it first (`hf download ID`) or set model.path to a local directory; check the id's spelling",
         ) from error
-
-
-def _check_architecture(architecture: str) -> None:
-    architectures = known_architectures()
-    if architecture not in architectures:
-        raise RecipeError.single(
-            f"unknown architecture {architecture!r} (not a transformers model type)",
-            key="model.architecture",
-            fix=did_you_mean(architecture, architectures, what='use a model type such as "llama" or "qwen2"'),
-        )
 
 
 LEGACY_ROPE_KEYS = frozenset({"rope_theta", "rope_scaling"})

@@ -17,13 +17,13 @@ torch is imported inside functions so the recipe compiler can check user subclas
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
+from ditty._utils.names import snake_case
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -329,7 +329,7 @@ def _part_names(losses: Sequence[LossCalculator]) -> list[str]:
     bases = []
     for loss in losses:
         name = type(loss).__name__.removesuffix("Loss") or type(loss).__name__
-        bases.append(re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower())
+        bases.append(snake_case(name))
     return [f"{base}_{index}" if bases.count(base) > 1 else base for index, base in enumerate(bases)]
 
 
@@ -396,8 +396,3 @@ def loss_sharding_refused(kind: str = "fsdp") -> Exception:
         key="loss_calculator",
         fix="train it on one process or with DDP (FSDPConfig(enabled=False)); its parameters then train with the model",
     )
-
-
-def snake_case(name: str) -> str:
-    """MSELoss -> "mse_loss", TokenMasker -> "token_masker" (the original Ditty's stage names)."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()

@@ -7,9 +7,10 @@ the model's signature.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from typing import Any, Optional
+
+from ditty._utils.names import snake_case
 
 
 class Context(dict):
@@ -46,7 +47,7 @@ class PreProcessor(ABC):
 
     def __init__(self, contract: Optional[str] = None, name: str = "") -> None:
         self.contract = contract
-        self.name = name or _snake_case(type(self).__name__)
+        self.name = name or snake_case(type(self).__name__)
 
     def config(self) -> dict[str, Any]:
         """Settings worth showing next to the stage's name (the original Ditty's hook; {} here)."""
@@ -65,7 +66,7 @@ class PostProcessor(ABC):
 
     def __init__(self, contract: Optional[str] = None, name: str = "") -> None:
         self.contract = contract
-        self.name = name or _snake_case(type(self).__name__)
+        self.name = name or snake_case(type(self).__name__)
 
     def config(self) -> dict[str, Any]:
         """Settings worth showing next to the stage's name (the original Ditty's hook; {} here)."""
@@ -74,7 +75,3 @@ class PostProcessor(ABC):
     @abstractmethod
     def process(self, model_output: Any, ctx: Context) -> tuple[Any, Context]:
         """Return the output for the next stage and the (possibly updated) context."""
-
-
-def _snake_case(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
