@@ -27,6 +27,11 @@ class DistillConfig:
     """Temperature of the student's samples and of both distributions in the divergence."""
     max_new_tokens: int = 128
     """Most tokens the student samples per completion."""
+    sft_weight: float = 0.0
+    """Weight of the cross-entropy on the data's own completion tokens, added to the divergence (the
+    hard-label term of Hinton et al.'s distillation; torchtune's `kd_ratio` mixes the same two). It
+    lets the student learn past a teacher that is wrong where the data is right; the student's own
+    samples never get it. 0 is TRL's GKD."""
     chunks: int = 8
     """Completion tokens go through both output heads in this many chunks: no [batch, length, vocab]
     logits of either model exist at once."""

@@ -71,31 +71,47 @@ def chunked_jsd(
     beta: float,
     temperature: float = 1.0,
     chunks: int = 8,
-) -> tuple[Tensor, Tensor]:
-    """(the sum of the per-token generalised JSD over the scored tokens, their count). `labels` [B, T]
-    follow Hugging Face's convention (position t's hidden state predicts label t + 1); hidden states
-    are the output heads' inputs [B, T, H]. Gradients reach the student's hidden states and head only."""
-    target = shifted(labels.to(student_hidden.device)).reshape(-1)
+    hard_label_rows: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(the sum of the per-token generalised JSD over the scored tokens, the sum of the student's
+    cross-entropy on the labels of the `hard_label_rows` ([B] bool; none when None), the count of
+    scored tokens). `labels` [B, T] follow Hugging Face's convention (position t's hidden state
+    predicts label t + 1); hidden states are the output heads' inputs [B, T, H]. Gradients reach the
+    student's hidden states and head only."""
+    target = shifted(labels.to(student_hidden.device))
+    hard: Optional[Tensor] = None  # per token: 1.0 where the cross-entropy counts
+    if hard_label_rows is not None:
+        hard = hard_label_rows.to(target.device, torch.float64)[:, None].expand_as(target).reshape(-1)
+    target = target.reshape(-1)
     rows = (target != IGNORE_INDEX).nonzero().squeeze(1)  # one host sync, as the fused loss
     student = student_hidden.reshape(-1, student_hidden.shape[-1]).index_select(0, rows)
     teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).index_select(0, rows).detach()
+    target = target.index_select(0, rows)
+    hard = hard.index_select(0, rows) if hard is not None else None
     dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
-    total = student.new_zeros((), dtype=dtype) + 0.0 * student_head.weight.sum()
+    sums = student.new_zeros(2, dtype=dtype) + 0.0 * student_head.weight.sum()
     if rows.numel():
         size = max(1, math.ceil(rows.numel() / chunks))
         for start in range(0, rows.numel(), size):
             piece = slice(start, start + size)
-            total = total + checkpoint(
-                _chunk, student[piece], teacher[piece], student_head, teacher_head, beta, temperature,
-                use_reentrant=False,
+            sums = sums + checkpoint(
+                _chunk, student[piece], teacher[piece], target[piece], None if hard is None else hard[piece],
+                student_head, teacher_head, beta, temperature, use_reentrant=False,
             )  # fmt: skip
-    return total, torch.as_tensor(rows.numel())
+    return sums[0], sums[1], torch.as_tensor(rows.numel())
 
 
-def _chunk(student: Tensor, teacher: Tensor, student_head: Projection, teacher_head: Projection, beta, temperature):
+def _chunk(student, teacher, target, hard, student_head: Projection, teacher_head: Projection, beta, temperature):
+    """[the chunk's JSD sum, its cross-entropy sum over the tokens `hard` weighs 1] (the cross-entropy
+    at temperature 1: the hard-label term is the plain SFT loss)."""
     with torch.no_grad():
         teacher_logits = _logits(teacher, teacher_head)
-    return jsd_per_token(_logits(student, student_head), teacher_logits, beta, temperature).sum()
+    logits = _logits(student, student_head)
+    divergence = jsd_per_token(logits, teacher_logits, beta, temperature).sum()
+    if hard is None:
+        return torch.stack([divergence, torch.zeros_like(divergence)])
+    per_token = torch.nn.functional.cross_entropy(logits.to(divergence.dtype), target, reduction="none")
+    return torch.stack([divergence, (per_token * hard.to(per_token.dtype)).sum()])
 
 
 def _logits(hidden: Tensor, head: Projection) -> Tensor:
@@ -107,11 +123,16 @@ def _logits(hidden: Tensor, head: Projection) -> Tensor:
 
 # ---------------------------------------------------------------------------------------- the loss stage
 
+SAMPLED = "distill_sampled"
+"""The batch key of on-policy micro-batches: [B] bool, True for rows whose completion the student sampled."""
+
 
 class GKDLoss(LossCalculator):
     """The generalised JSD to the teacher, summed over the completion tokens of a micro-batch (the
-    trainer divides by the completion tokens of the whole global batch). `teacher`: a frozen model
-    (ditty.objectives.reference.Reference) whose `scoring()` yields it."""
+    trainer divides by the completion tokens of the whole global batch), plus `distill.sft_weight`
+    times the student's cross-entropy on the rows whose completions are the data's (not marked
+    `SAMPLED`). `teacher`: a frozen model (ditty.objectives.reference.Reference) whose `scoring()`
+    yields it."""
 
     uses_head_input = True
 
@@ -128,7 +149,12 @@ class GKDLoss(LossCalculator):
             with emit_head_input(teacher) as head:  # the student's inputs as they are (packed rows included)
                 teacher(**model_inputs(teacher, batch))
             teacher_head = head_projection(output_head(teacher), model_config(teacher))
-        total, count = chunked_jsd(
+        weight = self.distill.sft_weight
+        hard_label_rows = None
+        if weight:
+            sampled = batch.get(SAMPLED)
+            hard_label_rows = torch.ones_like(batch["labels"][:, 0], dtype=torch.bool) if sampled is None else ~sampled
+        divergence, cross_entropy, count = chunked_jsd(
             ctx[HEAD_INPUT],
             head_projection(output_head(model), model_config(model)),
             head.hidden,
@@ -137,8 +163,16 @@ class GKDLoss(LossCalculator):
             beta=self.distill.beta,
             temperature=self.distill.temperature,
             chunks=self.distill.chunks,
+            hard_label_rows=hard_label_rows,
         )
-        return LossOutput(total, num_tokens=count)
+        if weight == 0:
+            return LossOutput(divergence, num_tokens=count)
+        per_token = 1.0 / max(int(count), 1)  # the metrics are this micro-batch's means
+        metrics = {
+            "distill/divergence": float(divergence.detach()) * per_token,
+            "distill/cross_entropy": float(cross_entropy.detach()) * per_token,
+        }
+        return LossOutput(divergence + weight * cross_entropy, metrics=metrics, num_tokens=count)
 
 
 # ---------------------------------------------------------------------------------------- on-policy batches
@@ -180,6 +214,7 @@ class OnPolicyStream:
         samples = [(p + c, [IGNORE_INDEX] * len(p) + c) for p, c in zip(rollouts.prompt_ids, rollouts.completion_ids)]
         out = pad_samples(samples, self.pad_token_id)
         del out["position_ids"]
+        out[SAMPLED] = torch.ones(len(samples), dtype=torch.bool)
         return out
 
     def step_metrics(self) -> dict[str, float]:
@@ -263,6 +298,7 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         ("temperature", distill.temperature > 0, "above 0"),
         ("max_new_tokens", distill.max_new_tokens >= 1, "at least 1"),
         ("chunks", distill.chunks >= 1, "at least 1"),
+        ("sft_weight", distill.sft_weight >= 0, "0 or more"),
     ]
     for key, ok, wanted in checks:
         if not ok:
@@ -291,6 +327,7 @@ def describe_distill(config: Any) -> list[tuple[str, str]]:
     text = (
         f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
         f"{d.lmbda:g} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
+        + (f", plus {d.sft_weight:g} x cross-entropy on the data's completions" if d.sft_weight else "")
     )
     return [("distill", text)]
 
@@ -310,4 +347,5 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
 
 def distill_card(config: Any) -> str:
     d = config.distill
-    return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, on-policy share {d.lmbda:g})"
+    hard = f", cross-entropy weight {d.sft_weight:g}" if d.sft_weight else ""
+    return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, on-policy share {d.lmbda:g}{hard})"

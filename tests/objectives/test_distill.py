@@ -38,7 +38,7 @@ def test_the_chunked_divergence_equals_trls_dense_one(beta, temperature):
     labels[:, :3] = -100  # the prompt
     labels[2, 6:] = -100  # padding
 
-    total, count = chunked_jsd(
+    total, _, count = chunked_jsd(
         student_hidden, Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels,
         beta=beta, temperature=temperature, chunks=3,
     )  # fmt: skip
@@ -68,6 +68,34 @@ def test_forward_and_reverse_kl_at_the_ends():
     torch.testing.assert_close(
         jsd_per_token(student, teacher, 1.0).double(), (q * (q.log() - p.log())).sum(-1), atol=1e-6, rtol=0
     )
+
+
+def test_the_hard_label_term_is_the_students_cross_entropy_on_the_data_rows_only():
+    """`distill.sft_weight`'s term: the dense cross-entropy of the rows marked as the data's, summed;
+    rows the student sampled add nothing to it, and the divergence is the same with or without it."""
+    g = torch.Generator().manual_seed(1)
+    student_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64)
+    teacher_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64)
+    student_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64)
+    teacher_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, VOCAB, (3, 9), generator=g)
+    labels[:, :2] = -100
+    labels[1, 7:] = -100
+    data_rows = torch.tensor([True, False, True])
+    heads = Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels
+
+    divergence, cross_entropy, count = chunked_jsd(
+        student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4, hard_label_rows=data_rows
+    )
+    plain, nothing, _ = chunked_jsd(student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4)
+
+    logits = (student_hidden @ student_weight.T)[data_rows, :-1]
+    dense = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, VOCAB), labels[data_rows, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    assert float(cross_entropy) == pytest.approx(float(dense), abs=1e-9, rel=0)
+    assert float(nothing) == 0.0 and float(divergence) == pytest.approx(float(plain), abs=1e-12, rel=0)
+    assert int(count) == int((labels[:, 1:] != -100).sum())  # the divergence still covers every row
 
 
 STUDENT = (
@@ -124,11 +152,26 @@ def test_a_student_trains_from_a_teacher_on_its_own_samples(tmp_path, tiny_llama
     assert "distilled from" in card
 
 
+@pytest.mark.parametrize("lmbda, data_steps", [(0.0, 3), (1.0, 0)])
+def test_the_hard_label_term_trains_on_the_datas_completions_never_on_samples(
+    tmp_path, tiny_llama_dir, capsys, lmbda, data_steps
+):
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, "sft_weight = 0.5")
+    assert main(["run", str(recipe), "--distill.lmbda", str(lmbda)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert sum(r["distill/cross_entropy"] > 0 for r in steps) == data_steps
+    for r in steps:  # the logged loss is the divergence plus half the cross-entropy, both per token
+        assert r["loss"] == pytest.approx(r["distill/divergence"] + 0.5 * r["distill/cross_entropy"], rel=1e-4)
+    assert "cross-entropy weight 0.5" in (tmp_path / "run" / "final" / "README.md").read_text()
+
+
 @pytest.mark.parametrize(
     "flags, key, words",
     [
         (["--distill.beta", "1.5"], "distill.beta", "in [0, 1]"),
         (["--distill.lmbda", "-0.1"], "distill.lmbda", "in [0, 1]"),
+        (["--distill.sft_weight", "-1"], "distill.sft_weight", "0 or more"),
         (["--data.format", "text"], "data.format", "reads prompts and completions"),
         (["--data.packing", "true"], "data.packing", "packed rows hold several"),
     ],
