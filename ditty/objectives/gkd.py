@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.config.errors import Problem, RecipeError, error
+from ditty.config.errors import Problem, RecipeError, error, warning
 from ditty.models.inputs import model_inputs
 from ditty.objectives.footprint import Footprint, reference_footprint
 from ditty.objectives.parts import ObjectiveParts, no_step_metrics
@@ -79,9 +79,9 @@ def chunked_jsd(
     predicts label t + 1); hidden states are the output heads' inputs [B, T, H]. Gradients reach the
     student's hidden states and head only."""
     target = shifted(labels.to(student_hidden.device))
-    hard: Optional[Tensor] = None  # per token: 1.0 where the cross-entropy counts
+    hard: Optional[Tensor] = None  # per token: True where the cross-entropy counts
     if hard_label_rows is not None:
-        hard = hard_label_rows.to(target.device, torch.float64)[:, None].expand_as(target).reshape(-1)
+        hard = hard_label_rows.to(target.device)[:, None].expand_as(target).reshape(-1)
     target = target.reshape(-1)
     rows = (target != IGNORE_INDEX).nonzero().squeeze(1)  # one host sync, as the fused loss
     student = student_hidden.reshape(-1, student_hidden.shape[-1]).index_select(0, rows)
@@ -102,8 +102,8 @@ def chunked_jsd(
 
 
 def _chunk(student, teacher, target, hard, student_head: Projection, teacher_head: Projection, beta, temperature):
-    """[the chunk's JSD sum, its cross-entropy sum over the tokens `hard` weighs 1] (the cross-entropy
-    at temperature 1: the hard-label term is the plain SFT loss)."""
+    """[the chunk's JSD sum, its cross-entropy sum over the tokens `hard` marks] (the cross-entropy at
+    temperature 1: the hard-label term is the plain SFT loss)."""
     with torch.no_grad():
         teacher_logits = _logits(teacher, teacher_head)
     logits = _logits(student, student_head)
@@ -303,6 +303,13 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
+    if distill.sft_weight > 0 and distill.lmbda == 1:
+        yield warning(
+            "distill.sft_weight",
+            "has no effect: with lmbda = 1 every step trains on the student's own samples, and the "
+            "cross-entropy counts only on the data's completions",
+            "lower distill.lmbda, or remove sft_weight",
+        )
     if cfg.model.task != "causal-lm":
         yield error("distill.kind", f'distils a causal LM, and model.task is "{cfg.model.task}"', "remove [distill]")
     if cfg.data.format not in ("prompt_completion", "chat"):

@@ -176,6 +176,13 @@ def test_bad_distill_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags
     assert code == 2 and f"`{key}`" in out.err + out.out and words in out.err + out.out
 
 
+def test_a_hard_label_term_without_data_steps_is_a_warning(tmp_path, tiny_llama_dir, capsys):
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, "sft_weight = 0.5")
+    code = main(["check", str(recipe), "--distill.lmbda", "1"])
+    out = capsys.readouterr()
+    assert code == 0 and "`distill.sft_weight`" in out.err + out.out and "has no effect" in out.err + out.out
+
+
 def test_a_missing_teacher_is_exit_2(tmp_path, capsys):
     code = main(["check", str(distill_recipe(tmp_path, tmp_path / "no_such_teacher"))])
     out = capsys.readouterr()
