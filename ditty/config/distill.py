@@ -23,6 +23,10 @@ class DistillConfig:
     lmbda: float = 0.5
     """The share of batches whose completions the student samples itself (on-policy); the rest use
     the dataset's completions (TRL's lmbda)."""
+    data_only_steps: int = 0
+    """The first this many steps all read the dataset's completions; `lmbda` applies from the next.
+    A student that cannot yet write an answer learns little from its own samples (GKD's students
+    start from a finetuned model); 0 is TRL's GKD."""
     temperature: float = 0.9
     """Temperature of the student's samples and of both distributions in the divergence."""
     max_new_tokens: int = 128

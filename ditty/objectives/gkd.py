@@ -9,8 +9,9 @@ tokens of SFT data, through the generalised Jensen-Shannon divergence with inter
 which is the forward KL(teacher || student) at beta = 0 and the reverse KL(student || teacher) at
 beta = 1 (TRL's convention), both distributions at `distill.temperature`. A share `lmbda` of the steps
 trains on completions the student samples itself from the batch's prompts (on-policy: the student
-learns where it actually goes), the rest on the data's completions; the coin and the samples are
-seeded by the step and the samples' global positions, so a resume draws the same.
+learns where it actually goes), the rest on the data's completions; the first `data_only_steps` all
+read the data. The coin and the samples are seeded by the step and the samples' global positions, so
+a resume draws the same.
 
 Memory: the divergence is summed over the scored tokens in chunks, each chunk's logits of both models
 made from their hidden states (the output heads' inputs) and recomputed in the backward
@@ -199,7 +200,8 @@ class OnPolicyStream:
     def next_step(self) -> list[dict]:
         first = self.inner.cursor  # the global position of the step's first sample: it seeds the sampling
         batches = self.inner.next_step()
-        on_policy = random.Random(self.seed * 1_000_003 + self.steps).random() < self.distill.lmbda
+        draw = random.Random(self.seed * 1_000_003 + self.steps).random()
+        on_policy = self.steps >= self.distill.data_only_steps and draw < self.distill.lmbda
         self.steps += 1
         if not on_policy:
             return batches
@@ -299,6 +301,7 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         ("max_new_tokens", distill.max_new_tokens >= 1, "at least 1"),
         ("chunks", distill.chunks >= 1, "at least 1"),
         ("sft_weight", distill.sft_weight >= 0, "0 or more"),
+        ("data_only_steps", distill.data_only_steps >= 0, "0 or more"),
     ]
     for key, ok, wanted in checks:
         if not ok:
@@ -309,6 +312,14 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
             "has no effect: with lmbda = 1 every step trains on the student's own samples, and the "
             "cross-entropy counts only on the data's completions",
             "lower distill.lmbda, or remove sft_weight",
+        )
+    steps = cfg.train.steps
+    if distill.lmbda > 0 and distill.data_only_steps and steps is not None and distill.data_only_steps >= steps:
+        yield warning(
+            "distill.data_only_steps",
+            f"is {distill.data_only_steps} and the run has {steps} steps: no step samples on-policy, "
+            "lmbda has no effect",
+            f"set data_only_steps below {steps}, or lmbda = 0",
         )
     if cfg.model.task != "causal-lm":
         yield error("distill.kind", f'distils a causal LM, and model.task is "{cfg.model.task}"', "remove [distill]")
@@ -333,7 +344,7 @@ def describe_distill(config: Any) -> list[tuple[str, str]]:
     d = config.distill
     text = (
         f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
-        f"{d.lmbda:g} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
+        f"{d.lmbda:g}{after_data_only(d)} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
         + (f", plus {d.sft_weight:g} x cross-entropy on the data's completions" if d.sft_weight else "")
     )
     return [("distill", text)]
@@ -355,4 +366,9 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
 def distill_card(config: Any) -> str:
     d = config.distill
     hard = f", cross-entropy weight {d.sft_weight:g}" if d.sft_weight else ""
-    return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, on-policy share {d.lmbda:g}{hard})"
+    share = f"on-policy share {d.lmbda:g}{after_data_only(d)}"
+    return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, {share}{hard})"
+
+
+def after_data_only(d: Any) -> str:
+    return f" after {d.data_only_steps} steps on the data's completions" if d.lmbda and d.data_only_steps else ""

@@ -166,6 +166,7 @@ def test_a_student_trains_from_a_teacher_on_its_own_samples(tmp_path, tiny_llama
         (["--distill.beta", "1.5"], "distill.beta", "in [0, 1]"),
         (["--distill.lmbda", "-0.1"], "distill.lmbda", "in [0, 1]"),
         (["--distill.sft_weight", "-1"], "distill.sft_weight", "0 or more"),
+        (["--distill.data_only_steps", "-1"], "distill.data_only_steps", "0 or more"),
         (["--data.format", "text"], "data.format", "reads prompts and completions"),
         (["--data.packing", "true"], "data.packing", "packed rows hold several"),
     ],
@@ -181,6 +182,22 @@ def test_a_hard_label_term_without_data_steps_is_a_warning(tmp_path, tiny_llama_
     code = main(["check", str(recipe), "--distill.lmbda", "1"])
     out = capsys.readouterr()
     assert code == 0 and "`distill.sft_weight`" in out.err + out.out and "has no effect" in out.err + out.out
+
+
+def test_the_first_data_only_steps_never_sample(tmp_path, tiny_llama_dir, capsys):
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, "data_only_steps = 2")
+    assert main(["run", str(recipe), "--distill.lmbda", "1"]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["distill/on_policy_share"] for r in records if "loss" in r]
+    assert shares == [0.0, 0.0, pytest.approx(1 / 3)]  # steps 1 and 2 read the data; step 3 samples
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "on-policy share 1 after 2 steps on the data's completions" in card
+
+
+def test_data_only_steps_that_cover_the_run_are_a_warning(tmp_path, tiny_llama_dir, capsys):
+    code = main(["check", str(distill_recipe(tmp_path, tiny_llama_dir, "data_only_steps = 3"))])
+    out = capsys.readouterr()
+    assert code == 0 and "`distill.data_only_steps`" in out.err + out.out and "no step samples" in out.err + out.out
 
 
 def test_a_missing_teacher_is_exit_2(tmp_path, capsys):
