@@ -200,6 +200,7 @@ class OnPolicyStream:
     def next_step(self) -> list[dict]:
         first = self.inner.cursor  # the global position of the step's first sample: it seeds the sampling
         batches = self.inner.next_step()
+        # the coin is drawn on every step, so a step's draw is the same whatever data_only_steps is
         draw = random.Random(self.seed * 1_000_003 + self.steps).random()
         on_policy = self.steps >= self.distill.data_only_steps and draw < self.distill.lmbda
         self.steps += 1
