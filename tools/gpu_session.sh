@@ -49,9 +49,9 @@ if [[ " $parts " == *" stages "* ]]; then
         set -e
         cd '$work'
         run() { /usr/bin/time -f '%e s wall, %U s user' python3 -m ditty run \"\$@\" --run.device ${GPU_DEVICE:-cuda} --logging.progress false ${GPU_STAGES_ARGS:-}; }
-        run tiny_sft --train.steps 430 --run.output_dir '$work/sft430'
+        run tiny_sft --train.steps 430 --optimizer.lr 3e-3 --run.output_dir '$work/sft430'
         run tiny_dpo --model.path '$work/sft430/final' --run.output_dir '$work/dpo'
-        run tiny_sft --train.steps 400 --run.output_dir '$work/sft400'
+        run tiny_sft --train.steps 400 --optimizer.lr 3e-3 --run.output_dir '$work/sft400'
         run tiny_grpo --model.path '$work/sft400/final' --run.output_dir '$work/grpo'
     " >"$OUT/stages.log" 2>&1
     echo "stages rc=$? in $(seconds "$start") s" | tee -a "$OUT/summary.txt"

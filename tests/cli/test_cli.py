@@ -51,8 +51,8 @@ def test_every_bundled_recipe_checks(capsys, recipe, tmp_path, monkeypatch, requ
 
 
 FIRST_STAGE_COMMANDS = {
-    "tiny_dpo": "ditty run tiny_sft --train.steps 430 --run.output_dir runs/tiny_sft_short",
-    "tiny_grpo": "ditty run tiny_sft --train.steps 400 --run.output_dir runs/tiny_sft_start",
+    "tiny_dpo": "ditty run tiny_sft --train.steps 430 --optimizer.lr 3e-3 --run.output_dir runs/tiny_sft_short",
+    "tiny_grpo": "ditty run tiny_sft --train.steps 400 --optimizer.lr 3e-3 --run.output_dir runs/tiny_sft_start",
     "tiny_reward": "ditty run tiny_sft",
     "tiny_tools": "ditty run tiny_tools_sft",
 }
