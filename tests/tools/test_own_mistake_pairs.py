@@ -1,0 +1,53 @@
+"""`tools/own_mistake_pairs.py`, which made the fixed own-mistake pairs of the online-pairs record:
+with `--rejected synthetic` its files hold exactly the rows `tiny_dpo` reads from the built-in
+addition pairs (so a run on them measures only the rejected answers), and with `own` a training
+pair's rejected answer is the model's greedy answer wherever that answer is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("own_mistake_pairs", ROOT / "tools" / "own_mistake_pairs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_tool(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["own_mistake_pairs.py", *args])
+    load_tool().main()
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_synthetic_files_hold_the_built_in_pairs(tmp_path, monkeypatch):
+    from ditty.config.data import DataConfig
+    from ditty.data.build import builtin_rows
+
+    run_tool(monkeypatch, "unused", str(tmp_path), "--rejected", "synthetic")
+    rows = builtin_rows(DataConfig(source="builtin", name="addition", format="preference", num_samples=20000))
+    for written, dataset in ((read(tmp_path / "train.jsonl"), rows.train), (read(tmp_path / "val.jsonl"), rows.val)):
+        assert written == list(dataset)
+
+
+def test_own_rejected_answers_are_the_models_wrong_greedy_answers(tmp_path, monkeypatch, tiny_llama_dir):
+    run_tool(monkeypatch, tiny_llama_dir, str(tmp_path), "--rejected", "own")
+    pairs = read(tmp_path / "train.jsonl")
+    prompts = sorted({pair["prompt"] for pair in pairs})[:64]
+    greedy = load_tool().greedy_answers(tiny_llama_dir, prompts)
+    by_prompt = {pair["prompt"]: pair for pair in pairs}
+    for prompt in prompts:
+        pair = by_prompt[prompt]
+        assert pair["rejected"] != pair["chosen"]
+        if greedy[prompt] != pair["chosen"]:
+            assert pair["rejected"] == greedy[prompt]
+    assert any(by_prompt[p]["rejected"] == greedy[p] for p in prompts)  # a random model's answers are wrong
