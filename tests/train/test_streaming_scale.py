@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,19 +110,29 @@ def records(run_dir: Path) -> list[dict]:
     return [{k: r[k] for k in keep if k in r} for r in rows if "loss" in r]
 
 
+def lowest_peak(tmp: Path, corpus: Path, name: str) -> float:
+    """The lower peak memory (MiB) of two identical runs, the second left in tmp/name. Load only adds
+    to a peak: quiet, three runs of each corpus peaked within 4 MB of each other (902-906 and 911-913
+    MB); once, under the whole suite's load, the small corpus's run peaked at 926 MB and the large's at
+    954. The lower of two is the run's own footprint, and growth with the corpus shows in both."""
+    peaks = []
+    for _ in range(2):
+        shutil.rmtree(tmp / name, ignore_errors=True)
+        log = tmp / f"{name}.log"
+        code, peak, _ = forked.run(["run", str(recipe(tmp, corpus, name))], log, sample_memory=True)
+        assert code == 0, log.read_text()[-3000:]
+        peaks.append(peak)
+    return min(peaks)
+
+
 @pytest.mark.slow
 def test_streaming_run_has_flat_memory_resumes_bitwise_after_five_kills_and_refuses_another_split(tmp_path):
     small = write_corpus(tmp_path / "corpus-1x", 1)
     large = write_corpus(tmp_path / "corpus-200x", 200)
     large_bytes = sum(p.stat().st_size for p in large.iterdir())
 
-    code, peak_small, _ = forked.run(
-        ["run", str(recipe(tmp_path, small, "small"))], tmp_path / "small.log", sample_memory=True
-    )
-    assert code == 0, (tmp_path / "small.log").read_text()[-3000:]
-    reference_recipe = recipe(tmp_path, large, "reference")
-    code, peak_large, _ = forked.run(["run", str(reference_recipe)], tmp_path / "reference.log", sample_memory=True)
-    assert code == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    peak_small = lowest_peak(tmp_path, small, "small")
+    peak_large = lowest_peak(tmp_path, large, "reference")  # its second run's metrics are the reference
     # Flat: 200x the rows, the same memory. The larger corpus outgrows the slack allowed to the data.
     slack_mb = 24
     assert peak_large < peak_small + slack_mb, (peak_small, peak_large)
