@@ -126,6 +126,11 @@ class TrainConfig:
     objectives after SFT (preference, reward models, RL, distillation) when `eval_every` > 0."""
     eval_samples: int = 256
     """Validation samples used for the task metric (exact match by greedy generation)."""
+    stop_when: str = ""
+    """End the run before `steps` once an evaluation meets this: "METRIC >= NUMBER" or "METRIC <=
+    NUMBER", METRIC one of the evaluation's val_* metrics (e.g. "val_exact_match >= 0.4"). Checked
+    after each evaluation (every `eval_every` steps); the run then ends as at its last step
+    (checkpoint, final/), and a rerun finds it finished. "" (default): run all the steps."""
     max_skipped_steps: int = 10
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     compile: bool = False

@@ -72,6 +72,26 @@ def intervals(ctx: Context) -> Iterator[Problem]:
             yield warning(path, f"is {value}, longer than the run ({steps} steps): it only happens at the end")
 
 
+@rule("schedule.stop_when")
+def stop_condition(ctx: Context) -> Iterator[Problem]:
+    """`train.stop_when` parses, and evaluations happen during the run to check it."""
+    from ditty.train.stopping import EXAMPLE, parse_stop_condition
+
+    train = ctx.config.train
+    try:
+        condition = parse_stop_condition(train.stop_when)
+    except ValueError as exc:
+        yield error("train.stop_when", str(exc), f"e.g. {EXAMPLE}")
+        return
+    if condition is not None and train.eval_every <= 0:
+        yield error(
+            "train.stop_when",
+            f"{str(condition)!r} is checked after each evaluation, and train.eval_every = {train.eval_every} "
+            "evaluates only at the end",
+            "set train.eval_every, e.g. 50",
+        )
+
+
 # --- paths --------------------------------------------------------------------------------------
 
 

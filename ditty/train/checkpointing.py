@@ -118,6 +118,7 @@ class Checkpointer:
         doc = self.manager.load(self.resume.checkpoint, self.app_state(run))
         self.engine.load_checkpoint_files(run.model, self.resume.checkpoint)
         run.state.load_state_dict(doc["train_state"])
+        run.state.stopped_early = None  # train.stop_when is checked again at the next evaluation
         if doc.get("data") is not None:
             run.stream.load_state_dict(doc["data"])
         elif run.state.step:

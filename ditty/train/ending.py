@@ -117,12 +117,22 @@ class RunEnding:
         if is_main_process():
             print(
                 f"{out} is a finished run (step {self.resume.step}, {final}); nothing to do. "
-                "To train further, raise train.steps and add --checkpoint.overwrite_finished true (final/ is "
+                f"To train further, {self.further()} and add --checkpoint.overwrite_finished true (final/ is "
                 "replaced); to start afresh, choose a new run.output_dir."
             )
         return TrainResult(
             run_dir=out, final_dir=final, steps=self.resume.step, tokens=0, skipped_steps=0, elapsed_s=0.0
         )
+
+    def further(self) -> str:
+        """How a finished run trains further: more steps, or (it met train.stop_when) another condition."""
+        steps = self.config.train.steps  # a finished run builds nothing: no total_steps
+        if self.config.train.stop_when and (steps is None or self.resume.step < steps):
+            return (
+                f"change train.stop_when (it was met: {self.config.train.stop_when!r}) with "
+                "--checkpoint.force_resume true"
+            )
+        return "raise train.steps"
 
     def close(self) -> None:
         """Wait for a pending checkpoint save and close the sinks, then draw curves.png; also after
@@ -158,6 +168,8 @@ class RunEnding:
             return
         shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
         print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        if self.state.stopped_early and result.steps < self.total_steps:
+            print(f"stopped before train.steps ({self.total_steps}): {self.state.stopped_early} (train.stop_when)")
         if self.data.skipped_rows:
             print(f'skipped {self.data.skipped_rows} bad data rows (data.on_bad_rows = "skip")')
         print(f"model saved to {result.final_dir}")

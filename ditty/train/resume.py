@@ -6,7 +6,7 @@ The policy (also in docs/checkpoints.md):
   resumed when the recipe matches the one it was saved with (keys in `IGNORED` never count; world
   size is not a recipe key; `train.steps` may grow). A different recipe is a RecipeError listing
   the keys, unless `checkpoint.force_resume`. A run whose `final/` exists and whose step count
-  reached `train.steps` is finished: nothing is touched.
+  reached `train.steps` (or that met `train.stop_when`) is finished: nothing is touched.
 - `"never"`: a directory that already holds a run is refused before anything is written.
 - a path: that checkpoint (or the newest complete one of that run directory) is resumed, with
   the same recipe check.
@@ -86,8 +86,13 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     steps = config.train.steps
     target = steps if steps is not None else doc.get("total_steps")
     final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
-    finished = ckpt_cfg.resume == "auto" and final_exists and target is not None and step >= int(target)
+    reached = target is not None and step >= int(target)
     saved = doc.get(SIDECAR_RECIPE)
+    # A run that met train.stop_when ends there, unless the condition changed (it is checked anew).
+    stopped = bool(doc.get("train_state", {}).get("stopped_early")) and (
+        not isinstance(saved, dict) or saved.get("train.stop_when", "") == config.train.stop_when
+    )
+    finished = ckpt_cfg.resume == "auto" and final_exists and (reached or stopped)
     if isinstance(saved, dict):
         diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
         if diffs and finished and not (ckpt_cfg.force_resume and ckpt_cfg.overwrite_finished):

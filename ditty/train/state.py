@@ -31,9 +31,11 @@ class TrainState:
     """The latest evaluation's metrics (val_loss, val_exact_match, ...)."""
     elapsed_s: float = 0.0
     """Training wall time of the run so far, resumed runs included (as of the last checkpoint)."""
+    stopped_early: Optional[str] = None
+    """What an evaluation met of `train.stop_when` ("val_exact_match 0.445 >= 0.4"): the run ends there."""
 
     def state_dict(self) -> dict:
-        keys = ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step", "elapsed_s")
+        keys = ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step", "elapsed_s", "stopped_early")
         return {k: self.__dict__[k] for k in keys}
 
     def load_state_dict(self, state: dict) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import torch
 
-from ditty._utils.dist import is_main_process
+from ditty._utils.dist import is_main_process, on_every_rank
 from ditty.checkpoint.clock import SaveClock
 from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
@@ -41,6 +41,7 @@ from ditty.train.records import StepRecords
 from ditty.train.resume import plan_resume
 from ditty.train.state import IntervalMeter, RunField, TrainResult, TrainRun, TrainState
 from ditty.train.step import LossNormaliser, StepMetrics, StepOutput, all_reduce_sum, as_sum
+from ditty.train.stopping import parse_stop_condition
 
 log = logging.getLogger("ditty.train")
 
@@ -150,9 +151,9 @@ class Trainer(Builders, StepRecords, RunEnding):
         return out
 
     def should_stop(self) -> bool:
-        """`train.steps` reached; or, training by epochs, the data cursor passed `train.epochs` passes
-        (with packing a step consumes a variable number of samples, so steps only bound it)."""
-        if self.state.step >= self.total_steps:
+        """`train.steps` reached, or an evaluation met `train.stop_when`; or, training by epochs, the data
+        cursor passed `train.epochs` passes (with packing a step consumes a variable number of samples)."""
+        if self.state.step >= self.total_steps or self.state.stopped_early:
             return True
         t = self.config.train
         return t.steps is None and self.stream.cursor >= (t.epochs or 1.0) * self.data.train_samples()
@@ -243,6 +244,10 @@ class Trainer(Builders, StepRecords, RunEnding):
         self.model.train()
         self.state.last_eval_step = self.state.step
         self.state.eval_metrics = metrics
+        condition = parse_stop_condition(self.config.train.stop_when)  # the compiler checked it parses
+        if condition is not None:  # every rank stops alike, or none does
+            met = condition.met(metrics)
+            self.state.stopped_early = met if on_every_rank(met is not None) else None
         return metrics
 
     def make_context(self, *, index: int, count: int, training: bool, units: Optional[dict] = None) -> dict:
