@@ -39,8 +39,8 @@ if [[ " $parts " == *" tests "* ]]; then
 fi
 
 if [[ " $parts " == *" stages "* ]]; then
-    # The bundled recipes' chain on CUDA, as the README runs it on the CPU: a short SFT start, then
-    # DPO (from 430 steps) and GRPO (from 400 steps). Their held-out figures are in metrics.jsonl.
+    # The bundled recipes' chain on CUDA, as the README runs it on the CPU: a short SFT start (stopped
+    # at 0.4 held-out exact match), then DPO and GRPO from it. Their held-out figures are in metrics.jsonl.
     work=/tmp/gpu-stages
     rm -rf "$work"
     mkdir -p "$work"
@@ -49,13 +49,12 @@ if [[ " $parts " == *" stages "* ]]; then
         set -e
         cd '$work'
         run() { /usr/bin/time -f '%e s wall, %U s user' python3 -m ditty run \"\$@\" --run.device ${GPU_DEVICE:-cuda} --logging.progress false ${GPU_STAGES_ARGS:-}; }
-        run tiny_sft --train.steps 430 --optimizer.lr 3e-3 --run.output_dir '$work/sft430'
-        run tiny_dpo --model.path '$work/sft430/final' --run.output_dir '$work/dpo'
-        run tiny_sft --train.steps 400 --optimizer.lr 3e-3 --run.output_dir '$work/sft400'
-        run tiny_grpo --model.path '$work/sft400/final' --run.output_dir '$work/grpo'
+        run tiny_sft --train.stop_when 'val_exact_match >= 0.4' --train.eval_every 25 --run.output_dir '$work/start'
+        run tiny_dpo --model.path '$work/start/final' --run.output_dir '$work/dpo'
+        run tiny_grpo --model.path '$work/start/final' --run.output_dir '$work/grpo'
     " >"$OUT/stages.log" 2>&1
     echo "stages rc=$? in $(seconds "$start") s" | tee -a "$OUT/summary.txt"
-    for run in sft430 dpo sft400 grpo; do
+    for run in start dpo grpo; do
         [ -f "$work/$run/metrics.jsonl" ] && cp "$work/$run/metrics.jsonl" "$OUT/stages_$run.jsonl"
     done
 fi

@@ -25,7 +25,7 @@ def test_there_are_bundled_recipes():
 
 # Recipes that start from another bundled recipe's run, and the model path they read.
 STARTS_FROM_A_RUN = {
-    "tiny_dpo": "runs/tiny_sft_short/final",
+    "tiny_dpo": "runs/tiny_sft_start/final",
     "tiny_grpo": "runs/tiny_sft_start/final",
     "tiny_reward": "runs/tiny_sft/final",
     "tiny_distill": "runs/tiny_sft/final",
@@ -50,9 +50,13 @@ def test_every_bundled_recipe_checks(capsys, recipe, tmp_path, monkeypatch, requ
     assert "ok: the recipe is valid" in out
 
 
+WEAK_START = (
+    'ditty run tiny_sft --train.stop_when "val_exact_match >= 0.4" --train.eval_every 25 '
+    "--run.output_dir runs/tiny_sft_start"
+)
 FIRST_STAGE_COMMANDS = {
-    "tiny_dpo": "ditty run tiny_sft --train.steps 430 --optimizer.lr 3e-3 --run.output_dir runs/tiny_sft_short",
-    "tiny_grpo": "ditty run tiny_sft --train.steps 400 --optimizer.lr 3e-3 --run.output_dir runs/tiny_sft_start",
+    "tiny_dpo": WEAK_START,
+    "tiny_grpo": WEAK_START,
     "tiny_reward": "ditty run tiny_sft",
     "tiny_tools": "ditty run tiny_tools_sft",
 }
