@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from ditty.config.errors import Problem
 from ditty.config.schema import walk_leaves
 from ditty.config.sections import SHARDED_KINDS
+from ditty.config.stopping import EXAMPLE, parse_stop_condition
 from ditty.recipe import value_rules  # noqa: F401  (its rules run first)
 from ditty.recipe.rule_base import ALL_RULES, Context, Rule, error, rule, value_at, warning  # noqa: F401
 
@@ -75,8 +76,6 @@ def intervals(ctx: Context) -> Iterator[Problem]:
 @rule("schedule.stop_when")
 def stop_condition(ctx: Context) -> Iterator[Problem]:
     """`train.stop_when` parses, and evaluations happen during the run to check it."""
-    from ditty.train.stopping import EXAMPLE, parse_stop_condition
-
     train = ctx.config.train
     try:
         condition = parse_stop_condition(train.stop_when)

@@ -26,6 +26,7 @@ from ditty._utils.dist import is_main_process, on_every_rank
 from ditty.checkpoint.clock import SaveClock
 from ditty.checkpoint.lock import hold_run_dir
 from ditty.config.root import TrainerConfig
+from ditty.config.stopping import parse_stop_condition
 from ditty.data.generic import batch_samples, to_device
 from ditty.metrics import Progress
 from ditty.optim.schedule_free import evaluation_weights, train_mode
@@ -41,7 +42,6 @@ from ditty.train.records import StepRecords
 from ditty.train.resume import plan_resume
 from ditty.train.state import IntervalMeter, RunField, TrainResult, TrainRun, TrainState
 from ditty.train.step import LossNormaliser, StepMetrics, StepOutput, all_reduce_sum, as_sum
-from ditty.train.stopping import parse_stop_condition
 
 log = logging.getLogger("ditty.train")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ditty.train.stopping import parse_stop_condition
+from ditty.config.stopping import parse_stop_condition
 from tests.train.test_resume import complete_steps, ditty, losses, write_recipe
 
 EVALUATE = ("--train.eval_every", "4", "--train.eval_samples", "8")
