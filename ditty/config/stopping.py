@@ -1,9 +1,9 @@
 """`train.stop_when`: end a run before `train.steps` once an evaluation meets a condition.
 
 "val_exact_match >= 0.4" stops the first time an evaluation's held-out exact match reaches 0.4,
-wherever that falls on a given seed and device; that is what makes a "weak start" for the stages
-after SFT the same start on every machine, where a fixed step count lands on either side of a
-loss plateau. The condition is one `val_*` metric, `>=` or `<=`, and a number; it is checked after
+wherever that falls on a given seed and device: a "weak start" for the stages after SFT that is
+weak to the same degree everywhere, where a fixed step count lands on either side of a loss
+plateau. The condition is one `val_*` metric, `>=` or `<=`, and a number; it is checked after
 every evaluation (the start's too, with `train.eval_at_start`), and a run that meets it ends as at
 its last step: the last checkpoint, final/, the report. Like Lightning's EarlyStopping
 `stopping_threshold`; a patience rule (stop when a metric stops improving) is not offered.

@@ -19,7 +19,7 @@ from ditty._utils.dist import is_main_process
 from ditty.checkpoint import lineage
 from ditty.checkpoint.resume_diff import SIDECAR_DATA_FILES, SIDECAR_RECIPE, flatten_recipe, jsonable
 from ditty.config.errors import RecipeError
-from ditty.train.resume import ResumePlan, doc_labels
+from ditty.train.resume import ResumePlan, doc_labels, same_stop_condition
 
 log = logging.getLogger("ditty.train")
 
@@ -118,7 +118,8 @@ class Checkpointer:
         doc = self.manager.load(self.resume.checkpoint, self.app_state(run))
         self.engine.load_checkpoint_files(run.model, self.resume.checkpoint)
         run.state.load_state_dict(doc["train_state"])
-        run.state.stopped_early = None  # train.stop_when is checked again at the next evaluation
+        if not same_stop_condition(doc, self.config):
+            run.state.stopped_early = None  # another train.stop_when: checked at the next evaluation
         if doc.get("data") is not None:
             run.stream.load_state_dict(doc["data"])
         elif run.state.step:

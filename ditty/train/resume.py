@@ -88,10 +88,7 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     final_exists = os.path.isdir(os.path.join(out, FINAL_DIR))
     reached = target is not None and step >= int(target)
     saved = doc.get(SIDECAR_RECIPE)
-    # A run that met train.stop_when ends there, unless the condition changed (it is checked anew).
-    stopped = bool(doc.get("train_state", {}).get("stopped_early")) and (
-        not isinstance(saved, dict) or saved.get("train.stop_when", "") == config.train.stop_when
-    )
+    stopped = bool(doc.get("train_state", {}).get("stopped_early")) and same_stop_condition(doc, config)
     finished = ckpt_cfg.resume == "auto" and final_exists and (reached or stopped)
     if isinstance(saved, dict):
         diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
@@ -129,6 +126,14 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     _check_data_unchanged(doc, config, found)
     refuse_finished(config, f"resume {found} (step {step}) into it and train to step {target}")
     return ResumePlan(found, step=step, run_id=lineage.run_id_for(out, found, doc))
+
+
+def same_stop_condition(doc: dict, config: Any) -> bool:
+    """Whether the checkpoint `doc` was saved under this recipe's `train.stop_when`. A run that met its
+    condition ends there (final/ is written, even when a kill interrupted that); another condition is
+    checked anew from the resumed step."""
+    saved = doc.get(SIDECAR_RECIPE)
+    return not isinstance(saved, dict) or saved.get("train.stop_when", "") == config.train.stop_when
 
 
 def refuse_finished(config: Any, would: str) -> None:

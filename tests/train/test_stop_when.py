@@ -1,7 +1,8 @@
 """`train.stop_when`: a run ends at the first evaluation that meets its condition, as at its last
-step (checkpoint, final/, the report); a rerun finds it finished and touches nothing; another
-condition continues it; a condition the compiler cannot read, or that no evaluation can check, is
-refused with exit code 2. Through the real command line, in this process (tests/train/test_resume.py)."""
+step (checkpoint, final/, the report); a rerun finds it finished and touches nothing, or writes the
+final/ a kill interrupted without training on; another condition continues it; a condition the
+compiler cannot read, or that no evaluation can check, is refused with exit code 2. Through the real
+command line, in this process (tests/train/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def test_a_met_condition_ends_the_run_a_rerun_is_finished_and_another_condition_
     assert "stopped before train.steps (12): val_loss" in first.stdout and "<= 100 (train.stop_when)" in first.stdout
     assert [step for step, _ in losses(run)] == [1, 2, 3, 4]
     assert (run / "final" / "model.safetensors").is_file() and complete_steps(run) == ["step-4"]
+
+    import shutil
+
+    shutil.rmtree(run / "final")  # as if a kill interrupted final/'s write: the rerun writes it, no more steps
+    rewritten = ditty("run", str(recipe), *met)
+    assert rewritten.returncode == 0 and "resumed from step 4" in rewritten.stdout, rewritten.stderr[-3000:]
+    assert [step for step, _ in losses(run)] == [1, 2, 3, 4] and (run / "final" / "model.safetensors").is_file()
 
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
     again = ditty("run", str(recipe), *met)
