@@ -48,6 +48,33 @@ def test_own_rejected_answers_are_the_models_wrong_greedy_answers(tmp_path, monk
     for prompt in prompts:
         pair = by_prompt[prompt]
         assert pair["rejected"] != pair["chosen"]
-        if greedy[prompt] != pair["chosen"]:
+        if greedy[prompt] and greedy[prompt] != pair["chosen"]:  # a wrong, non-empty answer
             assert pair["rejected"] == greedy[prompt]
     assert any(by_prompt[p]["rejected"] == greedy[p] for p in prompts)  # a random model's answers are wrong
+
+
+def test_an_empty_or_right_greedy_answer_keeps_the_synthetic_rejected_one():
+    tool = load_tool()
+    synthetic = tool.wrong_answer("12+30=", "42")
+    assert tool.rejected_for("12+30=", "42", "") == synthetic  # an empty completion is a bad preference row
+    assert tool.rejected_for("12+30=", "42", None) == synthetic
+    assert tool.rejected_for("12+30=", "42", "42") == synthetic
+    assert tool.rejected_for("12+30=", "42", "99") == "99"
+
+
+def test_bad_input_is_exit_2_and_existing_files_are_kept(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_tool(monkeypatch, str(tmp_path / "no_model"), str(tmp_path / "out"))
+    assert exit_info.value.code == 2
+    assert "not a saved model" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    (tmp_path / "train.jsonl").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run_tool(monkeypatch, "unused", str(tmp_path), "--rejected", "synthetic")
+    assert exit_info.value.code == 2
+    assert "already exist" in capsys.readouterr().err
+    assert (tmp_path / "train.jsonl").read_text() == "mine\n"
+    assert not (tmp_path / "val.jsonl").exists()
