@@ -183,9 +183,12 @@ class OnPolicyStream:
     """The data's micro-batches; on a share `lmbda` of the steps, their completions replaced by the
     student's own samples from the same prompts (a prompt is a row's tokens before its first label)."""
 
-    def __init__(self, inner: Any, sampler: Any, distill: Any, seed: int, pad_token_id: int) -> None:
+    def __init__(
+        self, inner: Any, sampler: Any, distill: Any, seed: int, pad_token_id: int, *, rank: int, micro_batch_size: int
+    ) -> None:
         self.inner, self.sampler, self.distill = inner, sampler, distill
         self.seed, self.pad_token_id = seed, pad_token_id
+        self.rank, self.micro_batch_size = rank, micro_batch_size
         self.steps = 0
         self.on_policy_steps = 0
 
@@ -207,7 +210,12 @@ class OnPolicyStream:
         if not on_policy:
             return batches
         self.on_policy_steps += 1
-        return [self.sampled(batch, first + index * 1_000) for index, batch in enumerate(batches)]
+        # A rank's micro-batches are one contiguous slice of the global step (ditty.data.batching.
+        # micro_batches_of_rank): each is seeded by its first row's global position, so every world
+        # size draws the same completions for the same rows.
+        size = self.micro_batch_size
+        mine = first + self.rank * size * len(batches)
+        return [self.sampled(batch, mine + index * size) for index, batch in enumerate(batches)]
 
     def sampled(self, batch: dict, position: int) -> dict:
         from ditty.data.collate import pad_samples
@@ -262,7 +270,15 @@ def build_distill(run: Any) -> ObjectiveParts:
         settings = SamplerSettings(1, distill.temperature, 1.0, distill.max_new_tokens)  # one completion per prompt
         sampler = GenerateSampler(policy, settings, run.tokenizer, run.runtime.device, config.run.seed)
         pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
-        stream = OnPolicyStream(data, sampler, distill, config.run.seed, pad)
+        stream = OnPolicyStream(
+            data,
+            sampler,
+            distill,
+            config.run.seed,
+            pad,
+            rank=run.runtime.data_rank,  # the rank the data stream slices by (tensor-parallel peers share it)
+            micro_batch_size=config.train.micro_batch_size,
+        )
     return ObjectiveParts(
         loss=GKDLoss(distill, teacher),
         stream=stream,

@@ -129,11 +129,20 @@ class OnlinePairStream:
             pair = self.pair(rollouts.prompt_ids[best], rollouts.completion_ids[best], rollouts.completion_ids[worst])
             if pair is not None:
                 steps[min(index // per_step, self.refresh_every - 1)].append(pair)
-        prompts = max(len(batch["prompt_ids"]), 1)
+        # every rank judged its own prompts: the metrics count all of them
+        paired, tied, prompts, reward, samples = global_sums(
+            [
+                sum(len(pairs) for pairs in steps),
+                tied,
+                len(batch["prompt_ids"]),
+                float(rollouts.rewards.sum()),
+                len(rollouts),
+            ]
+        )
         metrics = {
-            "online/pairs": sum(len(pairs) for pairs in steps) / prompts,
-            "online/tied_groups": tied / prompts,
-            "online/reward": float(rollouts.rewards.mean()),
+            "online/pairs": paired / max(prompts, 1),
+            "online/tied_groups": tied / max(prompts, 1),
+            "online/reward": reward / max(samples, 1),
         }
         return steps, metrics
 
@@ -175,6 +184,19 @@ class OnlinePairStream:
         self.prompts.load_state_dict(state["prompts"])
         saved = decode_state(state["pending"])
         self.pending, self.metrics = saved["pairs"], saved["metrics"]
+
+
+def global_sums(values: list[float]) -> list[float]:
+    """Each value summed over the ranks (a no-op on one process; NCCL sums CUDA tensors only)."""
+    import torch
+    import torch.distributed as dist
+
+    from ditty._utils.dist import all_reduce_sum
+
+    sums = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sums = all_reduce_sum(sums.cuda() if dist.get_backend() == "nccl" else sums)
+    return sums.cpu().tolist()
 
 
 def with_references(rollouts: Any, batch: dict, group: int) -> Any:
