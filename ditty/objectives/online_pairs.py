@@ -32,7 +32,7 @@ from ditty._utils.labels import IGNORE_INDEX
 from ditty.config.errors import Problem, error
 from ditty.objectives.footprint import Footprint
 from ditty.objectives.parts import ObjectiveParts
-from ditty.objectives.rl.stream import decode_state, encode_state
+from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
 
 DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
 
@@ -75,11 +75,13 @@ class OnlinePairStream:
         micro_batch_size: int,
         max_seq_len: int,
         rank: int,
+        world_size: int = 1,
     ) -> None:
         self.prompts, self.sampler, self.environment, self.collator = prompts, sampler, environment, collator
         self.group_size, self.refresh_every = group_size, refresh_every
         self.micro_batches_per_step = micro_batches_per_step
-        self.micro_batch_size, self.max_seq_len, self.rank = micro_batch_size, max_seq_len, rank
+        self.micro_batch_size, self.max_seq_len = micro_batch_size, max_seq_len
+        self.rank, self.world_size = rank, world_size
         self.pending: list[list[dict]] = []  # the pair samples of the steps still to serve
         self.metrics: dict[str, float] = {}
 
@@ -175,14 +177,21 @@ class OnlinePairStream:
             close()
 
     def state_dict(self) -> dict[str, Any]:
+        """Collective with several ranks: each rank's pairs not yet trained on are its own."""
         return {
             "prompts": self.prompts.state_dict(),
-            "pending": encode_state({"pairs": self.pending, "metrics": self.metrics}),
+            "pending": encode_by_rank({"pairs": self.pending, "metrics": self.metrics}, self.world_size),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prompts.load_state_dict(state["prompts"])
-        saved = decode_state(state["pending"])
+        saved = decode_for_rank(
+            state["pending"],
+            self.rank,
+            self.world_size,
+            empty=lambda saved: not saved["pairs"],
+            what="preference pairs",
+        )
         self.pending, self.metrics = saved["pairs"], saved["metrics"]
 
 
@@ -271,6 +280,7 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
         micro_batch_size=train.micro_batch_size,
         max_seq_len=data.max_seq_len,
         rank=runtime.rank,
+        world_size=runtime.world_size,
     )
     evaluation = None
     if data.format == "prompt":  # prompts have no pairs to validate on: the greedy reward, as RL's

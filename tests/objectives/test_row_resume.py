@@ -1,7 +1,9 @@
 """A run of each new objective row killed with SIGKILL resumes bitwise: RLOO (the rollout stream), GKD
 (the data cursor, the on-policy coin and the student's samples) and online pairs (the prompt cursor
 and, mid-refresh, the pairs not yet trained on). The kill comes from a test-only preprocessor at a
-fixed step (tests.train.resume_hooks:SignalAt) after the checkpoint of step 2."""
+fixed step (tests.train.resume_hooks:SignalAt) after the checkpoint of step 2. On 2 ranks, what each
+rank sampled and had not trained on yet (online pairs mid-refresh, GRPO's rollouts mid-reuse) resumes
+on that rank, and another world size is refused while a rank holds some."""
 
 from __future__ import annotations
 
@@ -125,5 +127,42 @@ def test_a_killed_run_of_the_row_resumes_bitwise(tmp_path, tiny_llama_dir, row):
     assert killed.returncode in (-9, 137), killed.stderr[-2000:]
     assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
     resumed = ditty("run", str(recipe))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records(tmp_path / "b" / "run") == expected  # bitwise
+
+
+# GRPO's rollouts trained on three steps in a row: the checkpoint of step 2 holds them mid-reuse
+REUSE = (
+    ROWS["rloo"]
+    .replace('advantage = "rloo"\n', "")
+    .replace("group_size = 4", "group_size = 4\nupdates_per_rollout = 3")
+)
+
+
+@pytest.mark.parametrize("row", ["online-pairs", "grpo-reuse"])
+def test_a_killed_two_rank_run_resumes_each_ranks_samples_bitwise(tmp_path, tiny_llama_dir, row):
+    text = REUSE if row == "grpo-reuse" else ROWS[row]
+    two = ["--nproc-per-node", "2", "--parallel.kind", "ddp"]
+
+    def write(name: str) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        path = out / "recipe.toml"
+        path.write_text(COMMON.format(out=out / "run") + text.format(model=tiny_llama_dir))
+        return path
+
+    done = ditty("run", str(write("a")), *two)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = records(tmp_path / "a" / "run")
+    assert len([r for r in expected if "loss" in r]) == 5
+
+    recipe = write("b")
+    killed = ditty("run", str(recipe), *two, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})  # one micro-batch per rank
+    assert killed.returncode != 0, killed.stderr[-2000:]
+    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    one = ditty("run", str(recipe))
+    assert one.returncode == 2, one.stderr[-3000:]
+    assert "`checkpoint.resume`" in one.stderr and "--nproc-per-node 2" in one.stderr
+    resumed = ditty("run", str(recipe), *two)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise

@@ -27,8 +27,6 @@ run sampled, and the same prompts draw the same completions on any world size (w
 
 from __future__ import annotations
 
-import base64
-import io
 import time
 from typing import Any, Optional
 
@@ -40,6 +38,7 @@ from ditty.objectives.rl.advantages import turn_advantages
 from ditty.objectives.rl.ahead import Drawn, SampleAhead
 from ditty.objectives.rl.environment import RewardEnvironment
 from ditty.objectives.rl.samplers import holds_weights, sync_weights
+from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
 
 
 class RolloutStream:
@@ -108,11 +107,12 @@ class RolloutStream:
                 close()
 
     def state_dict(self) -> dict[str, Any]:
+        """Collective with several ranks: each rank's buffered rollouts are its own."""
         state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": self.version, "buffer": None}
         if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
-            state["buffer"] = encode_state({"batches": self.buffer, "metrics": self.metrics})
+            state["buffer"] = encode_by_rank({"batches": self.buffer, "metrics": self.metrics}, self.world_size)
         if self.ahead is not None:  # the rollouts sampled ahead (waited for)
-            state["ahead"] = encode_state(self.ahead.state())
+            state["ahead"] = encode_by_rank(self.ahead.state(), self.world_size)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -121,10 +121,15 @@ class RolloutStream:
         self.version = int(state.get("version", 0))
         self.buffer, self.metrics = None, {}
         if state.get("buffer"):
-            saved = decode_state(state["buffer"])
+            saved = self._decode(state["buffer"], lambda buffer: False, "rollouts")
             self.buffer, self.metrics = saved["batches"], saved["metrics"]
         if self.ahead is not None:
-            self.ahead.restore(decode_state(state["ahead"]) if state.get("ahead") else [])
+            self.ahead.restore(
+                self._decode(state["ahead"], lambda drawn: not drawn, "rollouts") if state.get("ahead") else []
+            )
+
+    def _decode(self, saved: Any, empty: Any, what: str) -> Any:
+        return decode_for_rank(saved, self.rank, self.world_size, empty=empty, what=what)
 
     # -------------------------------------------------------------- one rollout
 
@@ -254,14 +259,3 @@ def _max_across(value: float, world_size: int) -> float:
     t = _comm(torch.tensor([value], dtype=torch.float64))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.cpu())
-
-
-def encode_state(value: Any) -> str:
-    """Tensors and lists of a stream's state as text for the checkpoint's JSON sidecar."""
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def decode_state(text: str) -> Any:
-    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False)
