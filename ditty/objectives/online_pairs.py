@@ -75,7 +75,7 @@ class OnlinePairStream:
         micro_batch_size: int,
         max_seq_len: int,
         rank: int,
-        world_size: int = 1,
+        world_size: int,
     ) -> None:
         self.prompts, self.sampler, self.environment, self.collator = prompts, sampler, environment, collator
         self.group_size, self.refresh_every = group_size, refresh_every
@@ -203,9 +203,9 @@ def global_sums(values: list[float]) -> list[float]:
     from ditty._utils.dist import all_reduce_sum
 
     sums = torch.tensor(values, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        sums = all_reduce_sum(sums.cuda() if dist.get_backend() == "nccl" else sums)
-    return sums.cpu().tolist()
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        sums = sums.cuda()
+    return all_reduce_sum(sums).cpu().tolist()
 
 
 def with_references(rollouts: Any, batch: dict, group: int) -> Any:

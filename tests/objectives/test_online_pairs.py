@@ -107,6 +107,7 @@ def stream_over(completions, answers=None, environment=None) -> OnlinePairStream
         micro_batch_size=2,
         max_seq_len=32,
         rank=0,
+        world_size=1,
     )
 
 

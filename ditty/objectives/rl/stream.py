@@ -121,7 +121,7 @@ class RolloutStream:
         self.version = int(state.get("version", 0))
         self.buffer, self.metrics = None, {}
         if state.get("buffer"):
-            saved = self._decode(state["buffer"], lambda buffer: False, "rollouts")
+            saved = self._decode(state["buffer"], None, "rollouts")  # a buffer is saved only while it holds some
             self.buffer, self.metrics = saved["batches"], saved["metrics"]
         if self.ahead is not None:
             self.ahead.restore(
