@@ -185,13 +185,7 @@ class OnlinePairStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prompts.load_state_dict(state["prompts"])
-        saved = decode_for_rank(
-            state["pending"],
-            self.rank,
-            self.world_size,
-            empty=lambda saved: not saved["pairs"],
-            what="preference pairs",
-        )
+        saved = decode_for_rank(state["pending"], "pending", self.rank, self.world_size)
         self.pending, self.metrics = saved["pairs"], saved["metrics"]
 
 

@@ -233,20 +233,9 @@ def streaming(ctx: Context) -> Iterator[Problem]:
 def streaming_resume(ctx: Context) -> Iterator[Problem]:
     """A stream's position is per rank and per worker: resuming it on another split is refused."""
     cfg = ctx.config
-    if not cfg.data.streaming or cfg.checkpoint.resume == "never":
+    if not cfg.data.streaming:
         return
-    from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
-    from ditty.config.errors import RecipeError
-
-    try:
-        if cfg.checkpoint.resume == "auto":
-            root = Path(cfg.run.output_dir) / "checkpoints"
-            found = latest_complete(root) if root.is_dir() else None
-        else:
-            found = find_checkpoint(cfg.checkpoint.resume)
-        state = read_sidecar(found).get("data") if found is not None else None
-    except RecipeError:
-        return  # an unusable checkpoint is reported when the run plans its resume
+    found, state = _resumed_data_state(cfg)
     if not isinstance(state, dict) or not state.get("streaming"):
         return
     saved = (int(state.get("world_size", 0)), int(state.get("num_workers", 0)))
@@ -259,6 +248,38 @@ def streaming_resume(ctx: Context) -> Iterator[Problem]:
             f"resume with --nproc-per-node {saved[0]} and data.num_workers = {saved[1]}, or start afresh "
             '(a new run.output_dir, or checkpoint.resume = "never")',
         )
+
+
+@rule("checkpoint.resume.samples")
+def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
+    """Rollouts or preference pairs that each rank sampled and had not trained on yet continue only on
+    that rank: a checkpoint holding some resumes on its own number of processes."""
+    from ditty.objectives.stream_state import ranks_holding_samples, resume_refusal, resumes_on
+
+    found, state = _resumed_data_state(ctx.config)
+    held = ranks_holding_samples(state)
+    if held is not None and not resumes_on(held[0], ctx.world_size):
+        message, fix = resume_refusal(*held, ctx.world_size)
+        yield error("checkpoint.resume", f"checkpoint {found}: {message}", fix)
+
+
+def _resumed_data_state(cfg: Any) -> tuple[Any, Any]:
+    """(the checkpoint this run would resume, its saved data stream state); (None, None) when it
+    starts afresh or the checkpoint cannot be read (the run reports that when it plans its resume)."""
+    if cfg.checkpoint.resume == "never":
+        return None, None
+    from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
+    from ditty.config.errors import RecipeError
+
+    try:
+        if cfg.checkpoint.resume == "auto":
+            root = Path(cfg.run.output_dir) / "checkpoints"
+            found = latest_complete(root) if root.is_dir() else None
+        else:
+            found = find_checkpoint(cfg.checkpoint.resume)
+        return found, read_sidecar(found).get("data") if found is not None else None
+    except RecipeError:
+        return None, None
 
 
 @rule("data.eval")

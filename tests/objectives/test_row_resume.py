@@ -160,9 +160,10 @@ def test_a_killed_two_rank_run_resumes_each_ranks_samples_bitwise(tmp_path, tiny
     killed = ditty("run", str(recipe), *two, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})  # one micro-batch per rank
     assert killed.returncode != 0, killed.stderr[-2000:]
     assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
-    one = ditty("run", str(recipe))
-    assert one.returncode == 2, one.stderr[-3000:]
-    assert "`checkpoint.resume`" in one.stderr and "resume on 2 processes" in one.stderr
+    for command in ("check", "run"):  # refused before any weights load
+        one = ditty(command, str(recipe))
+        assert one.returncode == 2, one.stderr[-3000:]
+        assert "`checkpoint.resume`" in one.stderr and "resume on 2 processes" in one.stderr
     resumed = ditty("run", str(recipe), *two)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise

@@ -121,15 +121,12 @@ class RolloutStream:
         self.version = int(state.get("version", 0))
         self.buffer, self.metrics = None, {}
         if state.get("buffer"):
-            saved = self._decode(state["buffer"], None, "rollouts")  # a buffer is saved only while it holds some
+            saved = decode_for_rank(state["buffer"], "buffer", self.rank, self.world_size)
             self.buffer, self.metrics = saved["batches"], saved["metrics"]
         if self.ahead is not None:
             self.ahead.restore(
-                self._decode(state["ahead"], lambda drawn: not drawn, "rollouts") if state.get("ahead") else []
+                decode_for_rank(state["ahead"], "ahead", self.rank, self.world_size) if state.get("ahead") else []
             )
-
-    def _decode(self, saved: Any, empty: Any, what: str) -> Any:
-        return decode_for_rank(saved, self.rank, self.world_size, empty=empty, what=what)
 
     # -------------------------------------------------------------- one rollout
 
