@@ -254,9 +254,12 @@ def streaming_resume(ctx: Context) -> Iterator[Problem]:
 def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
     """Rollouts or preference pairs that each rank sampled and had not trained on yet continue only on
     that rank: a checkpoint holding some resumes on its own number of processes."""
+    cfg = ctx.config
+    if cfg.rl.kind == "none" and cfg.preference.pairs != "online":  # the streams that sample
+        return
     from ditty.objectives.stream_state import ranks_holding_samples, resume_refusal, resumes_on
 
-    found, state = _resumed_data_state(ctx.config)
+    found, state = _resumed_data_state(cfg)
     held = ranks_holding_samples(state)
     if held is not None and not resumes_on(held[0], ctx.world_size):
         message, fix = resume_refusal(*held, ctx.world_size)
@@ -266,15 +269,15 @@ def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
 def _resumed_data_state(cfg: Any) -> tuple[Any, Any]:
     """(the checkpoint this run would resume, its saved data stream state); (None, None) when it
     starts afresh or the checkpoint cannot be read (the run reports that when it plans its resume)."""
-    if cfg.checkpoint.resume == "never":
-        return None, None
+    root = Path(cfg.run.output_dir) / "checkpoints"
+    if cfg.checkpoint.resume == "never" or (cfg.checkpoint.resume == "auto" and not root.is_dir()):
+        return None, None  # without importing ditty.checkpoint (and torch): `ditty check` plans without them
     from ditty.checkpoint import find_checkpoint, latest_complete, read_sidecar
     from ditty.config.errors import RecipeError
 
     try:
         if cfg.checkpoint.resume == "auto":
-            root = Path(cfg.run.output_dir) / "checkpoints"
-            found = latest_complete(root) if root.is_dir() else None
+            found = latest_complete(root)
         else:
             found = find_checkpoint(cfg.checkpoint.resume)
         return found, read_sidecar(found).get("data") if found is not None else None
