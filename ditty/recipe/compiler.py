@@ -14,6 +14,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     optimizer_rules,
     pipeline_rules,
     position_rules,
+    resume_rules,
     scale_rules,
     task_rules,
 )
