@@ -62,7 +62,7 @@ def decode_for_rank(saved: Any, key: str, rank: int, world_size: int) -> Any:
     (a checkpoint that kept rank 0's alone): one process takes it."""
     entries = _entries(saved)
     if resumes_on(saved, world_size):
-        return decode_state(entries[rank if len(entries) > 1 else 0])
+        return decode_state(entries[rank])
     if _holds_samples(entries, key):
         message, fix = resume_refusal(saved, PER_RANK[key][0], world_size)
         raise RecipeError.single(message, key="checkpoint.resume", fix=fix)
