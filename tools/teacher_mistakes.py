@@ -13,6 +13,8 @@ never saw the teacher: their overlap with it is what chance and the task's hard 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
+from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -21,6 +23,11 @@ from ditty.data.task import greedy_generate
 
 NUM_SAMPLES, VAL_FRACTION = 20000, 0.05  # tiny_distill's [data]
 MAX_NEW_TOKENS = 4  # the longest sum (198) and its end of sequence: what ditty's evaluation generates
+
+
+def held_out_problems() -> list[tuple[str, str]]:
+    """(prompt, answer) of every distinct held-out problem, in the order ditty's evaluation reads them."""
+    return split_problems(generate_problems("addition", NUM_SAMPLES), VAL_FRACTION)[1]
 
 
 def greedy_answers(model_dir: str, prompts: list[str], batch_size: int = 64) -> list[str]:
@@ -32,33 +39,47 @@ def greedy_answers(model_dir: str, prompts: list[str], batch_size: int = 64) -> 
     return [a.strip() for a in answers]
 
 
+def mistake_counts(answers: list[str], teacher: list[str], truth: list[str]) -> dict[str, int]:
+    """One model's mistakes, those on problems the teacher gets wrong, those that repeat the
+    teacher's wrong answer, and those on the problems the teacher gets right."""
+    wrong = {i for i, (a, t) in enumerate(zip(answers, truth)) if a != t}
+    teacher_wrong = {i for i, (a, t) in enumerate(zip(teacher, truth)) if a != t}
+    shared = wrong & teacher_wrong
+    return {
+        "mistakes": len(wrong),
+        "on_teacher_mistakes": len(shared),
+        "teacher_answer": sum(answers[i] == teacher[i] for i in shared),
+        "on_the_rest": len(wrong - teacher_wrong),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("teacher")
     parser.add_argument("--students", nargs="+", default=[])
     parser.add_argument("--baselines", nargs="+", default=[])
     args = parser.parse_args()
+    for model_dir in [args.teacher, *args.students, *args.baselines]:
+        if not (Path(model_dir) / "config.json").is_file():
+            parser.error(f"{model_dir} is not a saved model (no config.json): pass a run's final/ directory")
 
-    _, held_out = split_problems(generate_problems("addition", NUM_SAMPLES), VAL_FRACTION)
+    held_out = held_out_problems()
     prompts, truth = [p for p, _ in held_out], [a for _, a in held_out]
     teacher = greedy_answers(args.teacher, prompts)
-    teacher_wrong = {i for i, (a, t) in enumerate(zip(teacher, truth)) if a != t}
-    print(f"{len(prompts)} held-out problems; the teacher gets {len(teacher_wrong)} wrong")
-    print("| model | kind | exact match | mistakes | on the teacher's mistakes | the teacher's wrong answer | on the rest |")
+    print(f"{len(prompts)} held-out problems; the teacher gets {sum(a != t for a, t in zip(teacher, truth))} wrong")
+    print(
+        "| model | kind | exact match | mistakes | on the teacher's mistakes | the teacher's wrong answer | on the rest |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for kind, dirs in (("student", args.students), ("baseline", args.baselines)):
-        totals = [0, 0, 0, 0]
+        totals: Counter[str] = Counter()
         for model_dir in dirs:
-            answers = greedy_answers(model_dir, prompts)
-            wrong = {i for i, (a, t) in enumerate(zip(answers, truth)) if a != t}
-            shared = wrong & teacher_wrong
-            copied = sum(answers[i] == teacher[i] for i in shared)
-            row = [len(wrong), len(shared), copied, len(wrong - teacher_wrong)]
-            totals = [x + y for x, y in zip(totals, row)]
-            match = 1 - len(wrong) / len(prompts)
-            print(f"| {model_dir} | {kind} | {match:.3f} | " + " | ".join(map(str, row)) + " |")
+            counts = mistake_counts(greedy_answers(model_dir, prompts), teacher, truth)
+            totals.update(counts)
+            match = 1 - counts["mistakes"] / len(prompts)
+            print(f"| {model_dir} | {kind} | {match:.3f} | " + " | ".join(map(str, counts.values())) + " |")
         if dirs:
-            print(f"| all {kind}s | {kind} | | " + " | ".join(map(str, totals)) + " |")
+            print(f"| all {kind}s | {kind} | | " + " | ".join(str(totals[k]) for k in counts) + " |")
 
 
 if __name__ == "__main__":
