@@ -67,9 +67,9 @@ def main() -> None:
     prompts, truth = [p for p, _ in held_out], [a for _, a in held_out]
     teacher = greedy_answers(args.teacher, prompts)
     print(f"{len(prompts)} held-out problems; the teacher gets {sum(a != t for a, t in zip(teacher, truth))} wrong")
-    print(
-        "| model | kind | exact match | mistakes | on the teacher's mistakes | the teacher's wrong answer | on the rest |"
-    )
+    columns = ("model", "kind", "exact match", "mistakes", "on the teacher's mistakes", "the teacher's answer")
+    columns += ("on the rest",)
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for kind, dirs in (("student", args.students), ("baseline", args.baselines)):
         totals: Counter[str] = Counter()
