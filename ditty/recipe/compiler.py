@@ -57,18 +57,29 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
 
 
 def _with_first_stage(problem, loaded: LoadedRecipe):
-    """A missing model.path that is a first stage's final/: the fix names the command that makes it
-    (ditty.recipe.first_stage), read from the recipe's header comment."""
-    if problem.key != "model.path" or "does not exist" not in problem.message or not loaded.source:
+    """A missing model directory (model.path, distill.teacher, ...) that is a first stage's final/: the
+    fix names the command that makes it (ditty.recipe.first_stage), read from the recipe's header comment."""
+    if "does not exist" not in problem.message or not loaded.source:
+        return problem
+    value = _value_at(loaded.config, problem.key)
+    if not isinstance(value, str):
         return problem
     try:
         text = Path(loaded.source).read_text(encoding="utf-8")
     except OSError:
         return problem
-    command = first_stage_command(text, loaded.config.model.path)
+    command = first_stage_command(text, value)
     if command is None:
         return problem
     return replace(problem, fix=f"it is the final model of a first stage: make it with `{command}`, then this recipe")
+
+
+def _value_at(config, key: str):
+    """The recipe's value at a dotted key, or None where the key names no field."""
+    value = config
+    for name in key.split("."):
+        value = getattr(value, name, None)
+    return value
 
 
 def _locate(problem, loaded: LoadedRecipe):

@@ -58,8 +58,11 @@ FIRST_STAGE_COMMANDS = {
     "tiny_dpo": WEAK_START,
     "tiny_grpo": WEAK_START,
     "tiny_reward": "ditty run tiny_sft",
+    "tiny_distill": "ditty run tiny_sft",
     "tiny_tools": "ditty run tiny_tools_sft",
 }
+# The key that names the first stage's final model: the teacher, for a distillation.
+FIRST_STAGE_KEY = {"tiny_distill": "distill.teacher"}
 
 
 @pytest.mark.parametrize("recipe", sorted(FIRST_STAGE_COMMANDS))
@@ -67,7 +70,8 @@ def test_a_second_stage_checked_before_its_first_names_the_command_that_makes_it
     monkeypatch.chdir(tmp_path)  # a fresh clone: no runs/ yet
     code, out, err = run_cli(capsys, "check", recipe)
     assert code == 2, out + err
-    assert f"`model.path` local directory '{STARTS_FROM_A_RUN[recipe]}' does not exist" in err, err
+    key = FIRST_STAGE_KEY.get(recipe, "model.path")
+    assert f"`{key}` local directory '{STARTS_FROM_A_RUN[recipe]}' does not exist" in err, err
     assert f"it is the final model of a first stage: make it with `{FIRST_STAGE_COMMANDS[recipe]}`" in err, err
 
 
