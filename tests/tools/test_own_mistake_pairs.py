@@ -5,24 +5,18 @@ pair's rejected answer is the model's greedy answer wherever that answer is wron
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tools import loading as tools
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("own_mistake_pairs", ROOT / "tools" / "own_mistake_pairs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tools.load_tool("own_mistake_pairs")
 
 
 def run_tool(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["own_mistake_pairs.py", *args])
-    load_tool().main()
+    tools.run_tool(monkeypatch, "own_mistake_pairs", *args)
 
 
 def read(path: Path) -> list[dict]:

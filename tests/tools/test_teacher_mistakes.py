@@ -4,25 +4,21 @@ a directory that is not a saved model."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.tools import loading as tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("teacher_mistakes", ROOT / "tools" / "teacher_mistakes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tools.load_tool("teacher_mistakes")
 
 
 def run_tool(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["teacher_mistakes.py", *args])
-    load_tool().main()
+    tools.run_tool(monkeypatch, "teacher_mistakes", *args)
 
 
 def test_the_counts_split_a_models_mistakes_by_the_teachers():
