@@ -11,6 +11,8 @@ parameters' memory there and one forward per completion.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import os
 from typing import Any, Optional, Sequence
@@ -36,7 +38,29 @@ def reward_model_problem(path: str) -> Optional[str]:
 
 def reward_model_problems(path: str, key: str) -> list[Problem]:
     problem = reward_model_problem(path)
-    return [Problem(key, problem, fix='name a reward model\'s final/ (model.task = "reward-model")')] if problem else []
+    if problem is None:
+        return []
+    fix = builtin_reward_hint(path) or 'name a reward model\'s final/ (model.task = "reward-model")'
+    return [Problem(key, problem, fix=fix)]
+
+
+def builtin_reward_hint(name: str) -> Optional[str]:
+    """For a bare name at or near a built-in reward function's ("exact_match"), the reference to
+    write; None for anything that looks like a path."""
+    if os.sep in name or os.path.exists(os.path.expanduser(name)):
+        return None
+    from ditty.objectives import builtin_rewards
+
+    functions = [n for n, f in vars(builtin_rewards).items() if not n.startswith("_") and _is_reward(f)]
+    close = difflib.get_close_matches(name, functions, n=1, cutoff=0.6)
+    return f'write "{builtin_rewards.__name__}:{close[0]}" for the built-in reward function' if close else None
+
+
+def _is_reward(value: Any) -> bool:
+    """A function with TRL's reward signature (prompts, completions, ...); not a factory or helper."""
+    if not inspect.isfunction(value):
+        return False
+    return list(inspect.signature(value).parameters)[:2] == ["prompts", "completions"]
 
 
 class RewardModelScorer:

@@ -186,6 +186,22 @@ def test_builtin_references_resolve_with_trls_signature():
     assert len(functions) == len(names)
 
 
+@pytest.mark.parametrize(
+    "written, meant",
+    [("exact_match", "exact_match"), ("exact-match", "exact_match"), ("length_penalty", "length_penalty")],
+)
+def test_a_bare_built_in_name_is_answered_with_its_reference(written, meant):
+    _, problems = resolve_reward_functions([written])
+    assert [p.key for p in problems] == ["rl.rewards[0]"]
+    assert problems[0].fix == f'write "ditty.objectives.builtin_rewards:{meant}" for the built-in reward function'
+
+
+@pytest.mark.parametrize("written", ["runs/no_such_reward/final", "regex_reward", "share_in_place", "xyz"])
+def test_a_path_or_a_name_of_no_reward_function_keeps_the_reward_model_fix(written):
+    _, problems = resolve_reward_functions([written])
+    assert "reward model's final/" in problems[0].fix
+
+
 def test_exact_match_on_the_builtin_addition_task():
     from ditty.data.builtin import generate_problems
 
