@@ -39,7 +39,9 @@ _LAZY = {
     "TokenizerFactory": "ditty.compat.model_factory",
     "ModelTransform": "ditty.compat.model_factory",
     "RuntimeComponents": "ditty.train.components",
-    # Post-training objectives from Python: Pipeline(preference=...), Pipeline(rl=..., reward_fn=...).
+    # Post-training objectives from Python: Pipeline(preference=...), Pipeline(rl=..., reward_fn=...),
+    # Pipeline(distill=...).
+    "DistillConfig": "ditty.config.distill",
     "PreferenceConfig": "ditty.config.preference",
     "PreferenceLoss": "ditty.objectives.preference_loss",
     "RLConfig": "ditty.config.rl",

@@ -9,13 +9,18 @@
              reward_fn=lambda task, text: float(text.strip() == task["answer"]),
              rl=RLConfig(group_size=8, max_new_tokens=8), output_dir="runs/grpo").run()
 
+    Pipeline(model_factory=ModelFactory.from_huggingface("runs/student"),
+             dataset=[{"prompt": "2+2=", "completion": "4"}, ...],
+             distill=DistillConfig(teacher="runs/sft/final", lmbda=0.5), output_dir="runs/gkd").run()
+
 `preference=` (a PreferenceConfig or a dict of its fields) makes the data the "preference" format
 ("unpaired_preference" for kto) and the loss the DPO family's, with its reference as the recipe
 builds it; `loss_calculator=PreferenceLoss(config, reference=fn)` brings a reference of one's own.
 `reward_fn=` (one function or a list) runs GRPO (`rl=`, an RLConfig or a dict, tunes it) on rows of
 the "prompt" format; each function has TRL's signature `fn(prompts, completions, **columns)`, or the
 original library's `reward_fn(task, completion_text)` returning a float, a `(reward, metrics)` pair
-or a dict (ditty.objectives.rewards.TaskReward).
+or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
+model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows.
 """
 
 from __future__ import annotations
@@ -63,12 +68,20 @@ def reward_function_list(reward_fn: Any) -> Optional[list]:
 
 
 def with_objective(
-    config: Any, preference: Any = None, rl: Any = None, reward_fn: Any = None, loss_calculator: Any = None
+    config: Any,
+    preference: Any = None,
+    rl: Any = None,
+    reward_fn: Any = None,
+    loss_calculator: Any = None,
+    distill: Any = None,
 ) -> Any:
-    """`config` with the `[preference]` or `[rl]` section the keywords ask for, and the data format it reads."""
+    """`config` with the `[preference]`, `[rl]` or `[distill]` section the keywords ask for, and the
+    data format it reads."""
     from ditty.config.preference import PreferenceConfig
     from ditty.config.rl import RLConfig
 
+    if distill is not None:
+        return _with_distill(config, distill, preference, rl, reward_fn, loss_calculator)
     reinforcement = rl is not None or reward_fn is not None
     if reinforcement and loss_calculator is not None:
         raise RecipeError.single(
@@ -97,6 +110,28 @@ def with_objective(
     return config
 
 
-def trains_objective(preference: Any, rl: Any, reward_fn: Any) -> bool:
-    """Whether the loss is the objective's (built by the Trainer), not the causal-LM default."""
-    return preference is not None or rl is not None or reward_fn is not None
+def _with_distill(config: Any, distill: Any, preference: Any, rl: Any, reward_fn: Any, loss_calculator: Any) -> Any:
+    """`config` with the `[distill]` section `distill=` gives (kind "gkd" unless it names another); the
+    data stays as given: prompt/completion rows, or chats with extra_config={"data": {"format": "chat"}}."""
+    from ditty.config.distill import DistillConfig
+
+    others = [
+        name for name, value in (("preference", preference), ("rl", rl), ("reward_fn", reward_fn)) if value is not None
+    ]
+    if others:
+        raise RecipeError.single(
+            f"distill= and {'/'.join(f'{name}=' for name in others)} are two objectives; a run trains one",
+            key="distill",
+            fix="run them as two Pipelines, one after the other",
+        )
+    if loss_calculator is not None:
+        raise RecipeError.single(
+            f"distill= trains with the generalised JSD to its teacher, which would replace loss_calculator="
+            f"{type(loss_calculator).__name__}",
+            key="loss_calculator",
+            fix="leave loss_calculator out (distill=DistillConfig(...) tunes the divergence), or leave out distill=",
+        )
+    section = as_section(distill, DistillConfig, "distill")
+    if section.kind == "none":
+        section = dataclasses.replace(section, kind="gkd")
+    return dataclasses.replace(config, distill=section)

@@ -35,7 +35,8 @@ as for a recipe. The model is a `model_factory` (a transformers model of the tas
 of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
 
 Post-training (ditty.compat.objectives): `preference=PreferenceConfig(...)` trains the DPO family on
-preference rows; `reward_fn=` (with `rl=RLConfig(...)`) runs GRPO on prompt rows.
+preference rows; `reward_fn=` (with `rl=RLConfig(...)`) runs GRPO on prompt rows; `distill=
+DistillConfig(teacher=...)` distils a teacher into the model on prompt/completion rows.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import torch
 
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
-from ditty.compat.objectives import reward_function_list, trains_objective, with_objective
+from ditty.compat.objectives import reward_function_list, with_objective
 from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
 from ditty.objectives.preference_loss import PreferenceLoss
@@ -64,7 +65,7 @@ log = logging.getLogger("ditty.pipeline")
 OBJECT_KEYWORDS = frozenset(
     {"model_factory", "dataset", "collate_fn", "tokenizer_factory", "loss_calculator", "preprocessors"}
     | {"postprocessors", "dataloader", "val_dataset", "metrics_logger", "task", "trainer_class", "tokenizer"}
-    | {"model_task", "preference", "rl", "reward_fn"}
+    | {"model_task", "preference", "rl", "reward_fn", "distill"}
 )
 """The keywords that are Python objects (or choose them), kept as attributes; the rest are settings."""
 
@@ -141,6 +142,7 @@ class Pipeline:
         preference: Any = None,
         rl: Any = None,
         reward_fn: Any = None,
+        distill: Any = None,
         **unknown: Any,
     ) -> None:
         given = {name: value for name, value in locals().items() if name not in ("self", "unknown")}
@@ -167,10 +169,11 @@ class Pipeline:
         self.task = task
         self.tokenizer = tokenizer
         self.model_task = model_task
-        # Post-training objectives (ditty.compat.objectives): the DPO family, or GRPO with reward functions.
+        # Post-training objectives (ditty.compat.objectives): the DPO family, GRPO with reward functions,
+        # or on-policy distillation.
         if preference is None and isinstance(loss_calculator, PreferenceLoss):
             preference = loss_calculator.config  # a PreferenceLoss given alone reads preference rows
-        self.preference, self.rl = preference, rl
+        self.preference, self.rl, self.distill = preference, rl, distill
         self.reward_functions = reward_function_list(reward_fn)
         self.trainer_class = trainer_class
         self.metrics_logger = metrics_logger
@@ -218,7 +221,9 @@ class Pipeline:
         if data is None:
             data = self._dataloader if self._dataloader is not None else self._dataset
         config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
-        return with_objective(config, self.preference, self.rl, self.reward_functions, self.loss_calculator)
+        return with_objective(
+            config, self.preference, self.rl, self.reward_functions, self.loss_calculator, distill=self.distill
+        )
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract
@@ -344,7 +349,11 @@ class Pipeline:
         )
 
     def _objective(self) -> bool:
-        return trains_objective(self.preference, self.rl, self.reward_functions)
+        """Whether the run trains an objective with its own loss (the keywords' or extra_config's
+        section chose its row of ditty.objectives.table), not the model task's."""
+        from ditty.objectives.table import objective_name
+
+        return objective_name(self.config()) not in ("supervised", "reward-model")
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()

@@ -220,13 +220,18 @@ def build_data_mode(config: Any, runtime: Any, tokenizer: Any, components: Any) 
     return DataMode(bundle, config, runtime, tokenizer)
 
 
+PROMPT_AND_PAIR_FORMATS = ("preference", "unpaired_preference", "prompt")
+
+
 def takes_rows(config: Any, components: Any) -> bool:
     """The Python API's dataset holds rows of the task's format (ditty checks and tokenizes them), not
     samples for a collate function: a non-causal task, a dataset, and neither a loader nor a collate_fn."""
     from ditty.models.tasks import model_task
+    from ditty.objectives.table import objective_name
 
-    # Preference pairs and RL prompts are rows of a format too, on a causal LM.
-    row_format = config.data.format in ("preference", "unpaired_preference", "prompt")
+    # An objective's data (preference pairs, RL prompts, a distillation's prompts and completions) is
+    # rows of a format too, on a causal LM.
+    row_format = objective_name(config) != "supervised" or config.data.format in PROMPT_AND_PAIR_FORMATS
     return (
         (not model_task(config.model.task).token_rows or row_format)
         and components.dataset is not None

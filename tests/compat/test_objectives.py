@@ -1,7 +1,8 @@
 """The Python API's post-training objectives: `Pipeline(preference=...)` trains the DPO family on
 preference rows with the losses of the same recipe run from the command line, and
 `Pipeline(reward_fn=...)` runs GRPO with the original library's reward_fn(task, completion_text),
-whichever of its return shapes (a float, a (reward, metrics) pair, a dict)."""
+whichever of its return shapes (a float, a (reward, metrics) pair, a dict), and `Pipeline(distill=...)`
+distils a teacher with the losses of the same recipe run."""
 
 from __future__ import annotations
 
@@ -157,3 +158,87 @@ def test_a_preference_loss_with_a_reference_of_ones_own(tmp_path, tiny_llama_dir
         runs[name] = _losses(tmp_path / name)
     assert calls == [16, 16]  # each step's 8 pairs, chosen and rejected rows
     assert runs["own"] == pytest.approx(runs["path"], abs=1e-6)
+
+
+ANSWERS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(3, 9) for b in range(4)]
+DISTILL = {"teacher": None, "beta": 0.5, "lmbda": 0.5, "max_new_tokens": 3, "temperature": 1.0}
+
+
+def _distill_pipeline(tmp_path, student, name, **keywords) -> Pipeline:
+    return Pipeline(
+        model_factory=ModelFactory.from_huggingface(student),
+        dataset=ANSWERS,
+        output_dir=str(tmp_path / name),
+        **keywords,
+        **SHARED,
+    )
+
+
+def test_a_distill_pipeline_trains_with_the_losses_of_the_cli(tmp_path, tiny_llama_dir, reference_dir):
+    """distill= (or [distill] through extra_config) on prompt/completion rows: the student's losses and
+    on-policy steps are those of the same recipe run from the command line."""
+    distill = {**DISTILL, "teacher": reference_dir}
+    data = {"data": {"max_seq_len": 32, "val_fraction": 0}}
+    pipeline = _distill_pipeline(tmp_path, tiny_llama_dir, "api", distill=distill, extra_config=data)
+    assert pipeline.config().distill.kind == "gkd" and pipeline.config().data.format == "prompt_completion"
+    pipeline.run()
+    through_extra = {**data, "distill": {**distill, "kind": "gkd"}}
+    _distill_pipeline(tmp_path, tiny_llama_dir, "extra", extra_config=through_extra).run()
+
+    rows = tmp_path / "answers.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in ANSWERS))
+    recipe = tmp_path / "distill.toml"
+    recipe.write_text(
+        f"""
+[run]
+output_dir = "{tmp_path / "cli"}"
+device = "cpu"
+seed = 0
+[model]
+path = "{tiny_llama_dir}"
+[data]
+source = "file"
+path = "{rows}"
+format = "prompt_completion"
+max_seq_len = 32
+val_fraction = 0
+[train]
+steps = 2
+global_batch_size = 8
+micro_batch_size = 8
+log_every = 1
+precision = "fp32"
+[optimizer]
+lr = 1e-3
+[scheduler]
+kind = "constant"
+[logging]
+progress = false
+[distill]
+kind = "gkd"
+teacher = "{reference_dir}"
+beta = 0.5
+lmbda = 0.5
+max_new_tokens = 3
+temperature = 1.0
+"""
+    )
+    assert main(["run", str(recipe)]) == 0
+    runs = {name: _metrics(tmp_path / name) for name in ("api", "extra", "cli")}
+    assert all(len(steps) == 2 for steps in runs.values())
+    assert all(step["loss"] > 0 for step in runs["api"])  # a teacher with other weights: something to learn
+    for name in ("extra", "cli"):
+        for mine, theirs in zip(runs["api"], runs[name]):
+            assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+            assert mine["distill/on_policy_share"] == theirs["distill/on_policy_share"]
+
+
+def test_a_distill_pipeline_refuses_a_second_objective_or_a_loss(tiny_llama_dir):
+    student = ModelFactory.from_huggingface(tiny_llama_dir)
+    distill = {**DISTILL, "teacher": tiny_llama_dir}
+    with pytest.raises(RecipeError, match="two objectives"):
+        Pipeline(model_factory=student, dataset=ANSWERS, distill=distill, preference={"kind": "dpo"})
+    with pytest.raises(RecipeError, match="would replace loss_calculator=CrossEntropyLoss"):
+        Pipeline(model_factory=student, dataset=ANSWERS, distill=distill, loss_calculator=CrossEntropyLoss())
+    with pytest.raises(RecipeError, match="no field"):
+        Pipeline(model_factory=student, dataset=ANSWERS, distill={"teachr": tiny_llama_dir})
