@@ -21,6 +21,8 @@ the "prompt" format; each function has TRL's signature `fn(prompts, completions,
 original library's `reward_fn(task, completion_text)` returning a float, a `(reward, metrics)` pair
 or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
 model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows.
+`preference=PreferenceConfig(pairs="online")` takes `rl=` (its sampler) and `reward_fn=` (its rewards)
+beside it, on prompt rows or preference pairs.
 """
 
 from __future__ import annotations
@@ -74,14 +76,17 @@ def with_objective(
     reward_fn: Any = None,
     loss_calculator: Any = None,
     distill: Any = None,
+    first_row: Any = None,
 ) -> Any:
     """`config` with the `[preference]`, `[rl]` or `[distill]` section the keywords ask for, and the
-    data format it reads."""
+    data format it reads (for online pairs, that of `first_row`: prompts, or pairs)."""
     from ditty.config.preference import PreferenceConfig
     from ditty.config.rl import RLConfig
 
     if distill is not None:
         return _with_distill(config, distill, preference, rl, reward_fn, loss_calculator)
+    if preference is not None and _online(preference):
+        return _with_online_pairs(config, preference, rl, loss_calculator, first_row)
     reinforcement = rl is not None or reward_fn is not None
     if reinforcement and loss_calculator is not None:
         raise RecipeError.single(
@@ -108,6 +113,32 @@ def with_objective(
             section = dataclasses.replace(section, kind="grpo")
         return dataclasses.replace(config, rl=section, data=dataclasses.replace(config.data, format="prompt"))
     return config
+
+
+def _online(preference: Any) -> bool:
+    pairs = preference.get("pairs") if isinstance(preference, dict) else getattr(preference, "pairs", None)
+    return pairs == "online"
+
+
+def _with_online_pairs(config: Any, preference: Any, rl: Any, loss_calculator: Any, first_row: Any) -> Any:
+    """Online preference pairs: `rl=` holds their sampler settings and `reward_fn=` their rewards (as
+    `[rl]` does for the recipe's `pairs = "online"`); the rows are prompts, or pairs whose prompts
+    are sampled (the format of the first row, when it can be read)."""
+    from ditty.config.preference import PreferenceConfig
+    from ditty.config.rl import RLConfig
+
+    if loss_calculator is not None:
+        raise RecipeError.single(
+            f"online pairs train with the preference loss of preference=, which would replace loss_calculator="
+            f"{type(loss_calculator).__name__}",
+            key="loss_calculator",
+            fix="leave loss_calculator out (preference=PreferenceConfig(...) tunes the loss)",
+        )
+    section = as_section(preference, PreferenceConfig, "preference")
+    sampler = as_section(rl if rl is not None else {}, RLConfig, "rl")
+    prompts_only = isinstance(first_row, dict) and "chosen" not in first_row
+    data = dataclasses.replace(config.data, format="prompt" if prompts_only else "preference")
+    return dataclasses.replace(config, preference=section, rl=sampler, data=data)
 
 
 def _with_distill(config: Any, distill: Any, preference: Any, rl: Any, reward_fn: Any, loss_calculator: Any) -> Any:

@@ -241,12 +241,13 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
     from ditty.objectives.pairs import build_pairs
     from ditty.objectives.rewards import load_reward_functions
     from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rl.row import reward_references
     from ditty.objectives.rl.sampling import GenerateSampler
 
     config, runtime = run.config, run.runtime
     rl, pref, train, data = config.rl, config.preference, config.train, config.data
     pairs = build_pairs(run)  # the preference kind's loss and reference
-    functions = load_reward_functions(list(rl.rewards) or [DEFAULT_REWARD], rl.reward_weights)
+    functions = load_reward_functions(reward_references(run) or [DEFAULT_REWARD], rl.reward_weights)
     bundle = run.data.bundle
     if data.format == "preference":
         bundle = replace(bundle, collator=PromptsOfPairs(run.tokenizer))

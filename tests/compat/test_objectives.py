@@ -242,3 +242,56 @@ def test_a_distill_pipeline_refuses_a_second_objective_or_a_loss(tiny_llama_dir)
         Pipeline(model_factory=student, dataset=ANSWERS, distill=distill, loss_calculator=CrossEntropyLoss())
     with pytest.raises(RecipeError, match="no field"):
         Pipeline(model_factory=student, dataset=ANSWERS, distill={"teachr": tiny_llama_dir})
+
+
+@pytest.mark.parametrize("rows", ["prompts", "pairs"])
+def test_online_pairs_from_python_take_rl_and_reward_fn_with_the_losses_of_the_cli(
+    tmp_path, tiny_llama_dir, capsys, rows
+):
+    """preference=PreferenceConfig(pairs="online") with rl= (the sampler) and reward_fn= (the rewards), as
+    [rl] holds them for the recipe: from prompt rows, or from the prompts of pairs."""
+    from tests.objectives.reward_samples import with_prompts
+
+    data = PROMPTS if rows == "prompts" else PAIRS
+    sampler = RLConfig(group_size=4, max_new_tokens=3, temperature=1.0)
+    pipeline = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+        dataset=data,
+        preference=PreferenceConfig(kind="dpo", beta=BETA, pairs="online"),
+        rl=sampler,
+        reward_fn=with_prompts,  # the completion's length: groups rarely tie
+        output_dir=str(tmp_path / "api"),
+        extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+        **SHARED,
+    )
+    config = pipeline.config()
+    assert config.data.format == ("prompt" if rows == "prompts" else "preference")
+    assert config.rl.group_size == 4 and config.rl.kind == "none"
+    pipeline.run()
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in data))
+    extra = f"""
+[optimizer]
+lr = 1e-3
+[scheduler]
+kind = "constant"
+[preference]
+kind = "dpo"
+beta = {BETA}
+pairs = "online"
+[rl]
+group_size = 4
+max_new_tokens = 3
+temperature = 1.0
+rewards = ["tests.objectives.reward_samples:with_prompts"]
+"""
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, str(path), extra=extra, batch=(8, 8), run="cli")
+    if rows == "prompts":
+        recipe.write_text(recipe.read_text().replace('format = "preference"', 'format = "prompt"'))
+    assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
+    api, cli = _metrics(tmp_path / "api"), _metrics(tmp_path / "cli")
+    assert len(api) == len(cli) == 2 and api[0]["online/pairs"] > 0
+    for mine, theirs in zip(api, cli):
+        for key in ("loss", "online/pairs", "online/reward"):
+            assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key
