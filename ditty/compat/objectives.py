@@ -88,12 +88,11 @@ def with_objective(
     if preference is not None and _online(preference):
         return _with_online_pairs(config, preference, rl, loss_calculator, first_row)
     reinforcement = rl is not None or reward_fn is not None
-    if reinforcement and loss_calculator is not None:
-        raise RecipeError.single(
-            f"rl=/reward_fn= train with GRPO's policy loss, which would replace loss_calculator="
-            f"{type(loss_calculator).__name__}",
-            key="loss_calculator",
-            fix="leave loss_calculator out (rl=RLConfig(...) tunes GRPO's loss), or leave out rl=/reward_fn=",
+    if reinforcement:
+        _refuse_a_loss_beside(
+            loss_calculator,
+            "rl=/reward_fn= train with GRPO's policy loss",
+            "leave loss_calculator out (rl=RLConfig(...) tunes GRPO's loss), or leave out rl=/reward_fn=",
         )
     if preference is not None and reinforcement:
         raise RecipeError.single(
@@ -115,6 +114,16 @@ def with_objective(
     return config
 
 
+def _refuse_a_loss_beside(loss_calculator: Any, objective_loss: str, fix: str) -> None:
+    """An objective's own loss would replace a loss_calculator= given beside it without a word."""
+    if loss_calculator is not None:
+        raise RecipeError.single(
+            f"{objective_loss}, which would replace loss_calculator={type(loss_calculator).__name__}",
+            key="loss_calculator",
+            fix=fix,
+        )
+
+
 def _online(preference: Any) -> bool:
     pairs = preference.get("pairs") if isinstance(preference, dict) else getattr(preference, "pairs", None)
     return pairs == "online"
@@ -127,13 +136,11 @@ def _with_online_pairs(config: Any, preference: Any, rl: Any, loss_calculator: A
     from ditty.config.preference import PreferenceConfig
     from ditty.config.rl import RLConfig
 
-    if loss_calculator is not None:
-        raise RecipeError.single(
-            f"online pairs train with the preference loss of preference=, which would replace loss_calculator="
-            f"{type(loss_calculator).__name__}",
-            key="loss_calculator",
-            fix="leave loss_calculator out (preference=PreferenceConfig(...) tunes the loss)",
-        )
+    _refuse_a_loss_beside(
+        loss_calculator,
+        "online pairs train with the preference loss of preference=",
+        "leave loss_calculator out (preference=PreferenceConfig(...) tunes the loss)",
+    )
     section = as_section(preference, PreferenceConfig, "preference")
     sampler = as_section(rl if rl is not None else {}, RLConfig, "rl")
     prompts_only = isinstance(first_row, dict) and "chosen" not in first_row
@@ -155,13 +162,11 @@ def _with_distill(config: Any, distill: Any, preference: Any, rl: Any, reward_fn
             key="distill",
             fix="run them as two Pipelines, one after the other",
         )
-    if loss_calculator is not None:
-        raise RecipeError.single(
-            f"distill= trains with the generalised JSD to its teacher, which would replace loss_calculator="
-            f"{type(loss_calculator).__name__}",
-            key="loss_calculator",
-            fix="leave loss_calculator out (distill=DistillConfig(...) tunes the divergence), or leave out distill=",
-        )
+    _refuse_a_loss_beside(
+        loss_calculator,
+        "distill= trains with the generalised JSD to its teacher",
+        "leave loss_calculator out (distill=DistillConfig(...) tunes the divergence), or leave out distill=",
+    )
     section = as_section(distill, DistillConfig, "distill")
     if section.kind == "none":
         section = dataclasses.replace(section, kind="gkd")

@@ -32,6 +32,13 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 SHARED = dict(lr=1e-3, steps=2, batch_size=8, log_every=1, device="cpu", seed=0, progress=False)
+# The same in a recipe: the Pipeline's lr=, and its constant schedule.
+SHARED_TOML = '[optimizer]\nlr = 1e-3\n[scheduler]\nkind = "constant"\n'
+
+
+def dpo_toml(*lines: str) -> str:
+    """SHARED_TOML and a DPO [preference] section at BETA, then `lines`."""
+    return SHARED_TOML + "\n".join(["[preference]", 'kind = "dpo"', f"beta = {BETA}", *lines]) + "\n"
 
 
 def test_a_preference_pipeline_trains_dpo_with_the_losses_of_the_cli(tmp_path, tiny_llama_dir, reference_dir):
@@ -48,16 +55,7 @@ def test_a_preference_pipeline_trains_dpo_with_the_losses_of_the_cli(tmp_path, t
     api = _losses(tmp_path / "api")
 
     data = write_pairs(tmp_path / "pairs.jsonl", PAIRS)
-    extra = f"""
-[optimizer]
-lr = 1e-3
-[scheduler]
-kind = "constant"
-[preference]
-kind = "dpo"
-beta = {BETA}
-reference = "{reference_dir}"
-"""
+    extra = dpo_toml(f'reference = "{reference_dir}"')
     recipe = preference_recipe(tmp_path, tiny_llama_dir, data, extra=extra, batch=(8, 8), run="cli")
     assert main(["run", str(recipe)]) == 0
     cli = _losses(tmp_path / "cli")
@@ -208,11 +206,7 @@ global_batch_size = 8
 micro_batch_size = 8
 log_every = 1
 precision = "fp32"
-[optimizer]
-lr = 1e-3
-[scheduler]
-kind = "constant"
-[logging]
+{SHARED_TOML}[logging]
 progress = false
 [distill]
 kind = "gkd"
@@ -271,21 +265,14 @@ def test_online_pairs_from_python_take_rl_and_reward_fn_with_the_losses_of_the_c
 
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in data))
-    extra = f"""
-[optimizer]
-lr = 1e-3
-[scheduler]
-kind = "constant"
-[preference]
-kind = "dpo"
-beta = {BETA}
-pairs = "online"
-[rl]
-group_size = 4
-max_new_tokens = 3
-temperature = 1.0
-rewards = ["tests.objectives.reward_samples:with_prompts"]
-"""
+    extra = dpo_toml(
+        'pairs = "online"',
+        "[rl]",
+        "group_size = 4",
+        "max_new_tokens = 3",
+        "temperature = 1.0",
+        'rewards = ["tests.objectives.reward_samples:with_prompts"]',
+    )
     recipe = preference_recipe(tmp_path, tiny_llama_dir, str(path), extra=extra, batch=(8, 8), run="cli")
     if rows == "prompts":
         recipe.write_text(recipe.read_text().replace('format = "preference"', 'format = "prompt"'))
