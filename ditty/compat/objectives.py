@@ -20,7 +20,7 @@ builds it; `loss_calculator=PreferenceLoss(config, reference=fn)` brings a refer
 the "prompt" format; each function has TRL's signature `fn(prompts, completions, **columns)`, or the
 original library's `reward_fn(task, completion_text)` returning a float, a `(reward, metrics)` pair
 or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
-model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows.
+model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows or chats.
 `preference=PreferenceConfig(pairs="online")` takes `rl=` (its sampler) and `reward_fn=` (its rewards)
 beside it, on prompt rows or preference pairs.
 """
@@ -84,7 +84,7 @@ def with_objective(
     from ditty.config.rl import RLConfig
 
     if distill is not None:
-        return _with_distill(config, distill, preference, rl, reward_fn, loss_calculator)
+        return _with_distill(config, distill, preference, rl, reward_fn, loss_calculator, first_row)
     if preference is not None and _online(preference):
         return _with_online_pairs(config, preference, rl, loss_calculator, first_row)
     reinforcement = rl is not None or reward_fn is not None
@@ -148,9 +148,11 @@ def _with_online_pairs(config: Any, preference: Any, rl: Any, loss_calculator: A
     return dataclasses.replace(config, preference=section, rl=sampler, data=data)
 
 
-def _with_distill(config: Any, distill: Any, preference: Any, rl: Any, reward_fn: Any, loss_calculator: Any) -> Any:
-    """`config` with the `[distill]` section `distill=` gives (kind "gkd" unless it names another); the
-    data stays as given: prompt/completion rows, or chats with extra_config={"data": {"format": "chat"}}."""
+def _with_distill(
+    config: Any, distill: Any, preference: Any, rl: Any, reward_fn: Any, loss_calculator: Any, first_row: Any
+) -> Any:
+    """`config` with the `[distill]` section `distill=` gives (kind "gkd" unless it names another), on
+    prompt/completion rows, or on chats when the first row holds messages and no prompt."""
     from ditty.config.distill import DistillConfig
 
     others = [
@@ -170,4 +172,7 @@ def _with_distill(config: Any, distill: Any, preference: Any, rl: Any, reward_fn
     section = as_section(distill, DistillConfig, "distill")
     if section.kind == "none":
         section = dataclasses.replace(section, kind="gkd")
-    return dataclasses.replace(config, distill=section)
+    data = config.data
+    if isinstance(first_row, dict) and data.messages_column in first_row and data.prompt_column not in first_row:
+        data = dataclasses.replace(data, format="chat")
+    return dataclasses.replace(config, distill=section, data=data)

@@ -162,10 +162,10 @@ ANSWERS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(3, 9
 DISTILL = {"teacher": None, "beta": 0.5, "lmbda": 0.5, "max_new_tokens": 3, "temperature": 1.0}
 
 
-def _distill_pipeline(tmp_path, student, name, **keywords) -> Pipeline:
+def _distill_pipeline(tmp_path, student, name, dataset=ANSWERS, **keywords) -> Pipeline:
     return Pipeline(
         model_factory=ModelFactory.from_huggingface(student),
-        dataset=ANSWERS,
+        dataset=dataset,
         output_dir=str(tmp_path / name),
         **keywords,
         **SHARED,
@@ -282,3 +282,23 @@ def test_online_pairs_from_python_take_rl_and_reward_fn_with_the_losses_of_the_c
     for mine, theirs in zip(api, cli):
         for key in ("loss", "online/pairs", "online/reward"):
             assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key
+
+
+def test_a_distill_pipeline_on_chats_reads_them_as_chats(tmp_path, tiny_llama_dir, reference_dir):
+    """Rows of messages (and no prompt) are the "chat" format: the same losses as naming it."""
+    chats = [
+        {"messages": [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]}
+        for row in ANSWERS
+    ]
+    distill = {**DISTILL, "teacher": reference_dir}
+    settings = {"data": {"max_seq_len": 48, "val_fraction": 0}, "tokenizer": {"chat_template": "plain"}}
+    inferred = _distill_pipeline(
+        tmp_path, tiny_llama_dir, "inferred", dataset=chats, distill=distill, extra_config=settings
+    )
+    assert inferred.config().data.format == "chat"
+    inferred.run()
+    named = {**settings, "data": {**settings["data"], "format": "chat"}}
+    _distill_pipeline(tmp_path, tiny_llama_dir, "named", dataset=chats, distill=distill, extra_config=named).run()
+    losses = [[step["loss"] for step in _metrics(tmp_path / name)] for name in ("inferred", "named")]
+    assert len(losses[0]) == 2 and all(loss > 0 for loss in losses[0])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
