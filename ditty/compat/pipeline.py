@@ -221,16 +221,9 @@ class Pipeline:
         if data is None:
             data = self._dataloader if self._dataloader is not None else self._dataset
         config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
-        first_row = data[0] if isinstance(data, (list, tuple)) and data else None
-        return with_objective(
-            config,
-            self.preference,
-            self.rl,
-            self.reward_functions,
-            self.loss_calculator,
-            distill=self.distill,
-            first_row=first_row,
-        )
+        first_row = data[0] if isinstance(data, (list, tuple)) and data else None  # online pairs: prompts or pairs
+        keywords = (self.preference, self.rl, self.reward_functions, self.loss_calculator)
+        return with_objective(config, *keywords, distill=self.distill, first_row=first_row)
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract
