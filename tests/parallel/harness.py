@@ -10,7 +10,9 @@ import io
 import multiprocessing
 import os
 import queue
+import signal
 import socket
+import time
 import traceback
 
 import torch
@@ -80,8 +82,7 @@ def run_ranks(
     for p in procs:
         p.start()
     out: dict[int, object] = {}
-    import time
-
+    errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     try:
         while len(out) < world_size:
@@ -93,12 +94,12 @@ def run_ranks(
             try:
                 rank, status, value = results.get(timeout=min(left, 1.0))
             except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise AssertionError(f"a rank died with exit code {dead[0].exitcode}") from None
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise AssertionError(_failure_report(procs, results, errors)) from None
                 continue
             if status == "error":
-                raise AssertionError(f"rank {rank} failed:\n{value}")
+                errors[rank] = value
+                raise AssertionError(_failure_report(procs, results, errors))
             out[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         for p in procs:
@@ -109,13 +110,49 @@ def run_ranks(
     return [out[r] for r in range(world_size)]
 
 
+FAILURE_GRACE_S = 15.0
+
+
+def _failure_report(procs, results, errors: dict[int, str]) -> str:
+    """What every rank did, once one failed: the first message to arrive is often a rank's "Connection
+    reset by peer" from a collective whose peer had died, so the others' tracebacks and exit codes are
+    gathered (for FAILURE_GRACE_S at most: a peer that hangs waits for its collective timeout)."""
+    deadline = time.monotonic() + FAILURE_GRACE_S
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if status == "error":
+            errors[rank] = value
+    while True:  # messages that arrived as the last rank exited
+        try:
+            rank, status, value = results.get_nowait()
+        except queue.Empty:
+            break
+        if status == "error":
+            errors[rank] = value
+    parts = []
+    for rank, p in enumerate(procs):
+        if rank in errors:
+            parts.append(f"rank {rank} failed:\n{errors[rank]}")
+        elif p.exitcode is None:
+            parts.append(f"rank {rank}: still running {FAILURE_GRACE_S:.0f} s after the first failure")
+        elif p.exitcode < 0:
+            name = signal.Signals(-p.exitcode).name
+            cause = " (from outside: the kernel's OOM killer, say)" if name == "SIGKILL" else ""
+            parts.append(f"rank {rank}: died from {name}{cause} without a traceback")
+        elif p.exitcode > 0:
+            parts.append(f"rank {rank}: exited with code {p.exitcode} without a traceback")
+        else:
+            parts.append(f"rank {rank}: finished")
+    return "\n".join(parts)
+
+
 def run_ranks_until_killed(fn, world_size: int, *args, timeout: float = 300.0) -> list[int]:
     """Run `fn` on `world_size` ranks that are expected to kill themselves (SIGKILL, as a kill -9 from
     outside would); returns each rank's exit code once every rank has ended. A rank that returns
     instead, or fails, fails the test."""
-    import signal
-    import time
-
     from tests.train import forked
 
     ctx = forked.context()
