@@ -22,6 +22,10 @@ KINDS = {
 }
 STEPS = 5
 
+# One worker runs the module: its fixture trains every kind on one process and on two ranks, which
+# each xdist worker handed one of its tests would otherwise do again.
+pytestmark = pytest.mark.xdist_group("optim_kinds")
+
 
 def config_for(out: str, kind: str, *, micro: int, parallel: str = "none"):
     base = tiny_config(out, micro=micro, parallel=parallel, steps=STEPS)

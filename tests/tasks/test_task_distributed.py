@@ -17,6 +17,10 @@ from tests.parallel.harness import run_ranks
 from tests.tasks.helpers import CASES, losses, records
 from tests.tasks.workers import train_cases
 
+# One worker runs the module: its fixture trains every case on two ranks, which each xdist worker
+# handed a case would otherwise do again (two 2-rank jobs at once on two cores).
+pytestmark = pytest.mark.xdist_group("task_fsdp")
+
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory, task_models, task_files):
