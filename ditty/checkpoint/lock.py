@@ -77,6 +77,29 @@ class RunLock:
         except OSError:
             pass
 
+    def on_disk(self) -> bool:
+        """Whether the file this lock holds is still `run_dir/run.lock`: a process that removed the
+        directory (a notebook's `rm -rf`, a test's cleanup) left it a lock nobody else can see."""
+        if self.fd is None:
+            return False
+        try:
+            held, there = os.fstat(self.fd), os.stat(self.run_dir / LOCK_FILE)
+        except OSError:
+            return False
+        return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+    def forget(self) -> None:
+        """Close this process's descriptor and touch nothing on disk: for a lock whose file is gone
+        (the path may be another's now), and in a forked child (the parent's lock stays held)."""
+        self._finalizer.detach()
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd = None
+        self.users = 0
+
 
 def _close(fd: Optional[int], path: Path) -> None:
     if fd is None:
@@ -98,13 +121,7 @@ def _forget_inherited_locks() -> None:
     hold the lock after the trainer is killed, until the child noticed and exited, and a resume
     started at once would be refused. Closing a copy (not LOCK_UN) leaves the parent's lock held."""
     for lock in list(_held.values()):
-        lock._finalizer.detach()  # the child never removes the file or releases the parent's lock
-        if lock.fd is not None:
-            try:
-                os.close(lock.fd)
-            except OSError:
-                pass
-        lock.fd = None
+        lock.forget()  # the child never removes the file or releases the parent's lock
     _held.clear()
 
 
@@ -142,8 +159,10 @@ def acquire(run_dir: str | os.PathLike) -> RunLock:
     run_dir = Path(os.path.abspath(run_dir))
     key = str(run_dir)
     if key in _held:
-        _held[key].users += 1
-        return _held[key]
+        if _held[key].on_disk():
+            _held[key].users += 1
+            return _held[key]
+        _held.pop(key).forget()  # its directory was removed (and made again): that lock guards nothing now
     created_dir = not run_dir.exists()
     path = run_dir / LOCK_FILE
     while True:

@@ -159,3 +159,25 @@ def test_a_forked_child_such_as_a_dataloader_worker_does_not_keep_the_run_lock(t
     lock = acquire(run_dir)  # at once: the orphaned worker's inherited descriptor was closed at fork
     assert lock.held
     lock.release()
+
+
+def test_a_run_directory_removed_under_a_held_lock_is_locked_again(tmp_path):
+    """A trainer that was never closed (built in a notebook, or by a test) keeps its lock in this
+    process. When its directory is then removed and a new run takes the same path, the new run gets
+    a real lock on a directory that exists, not the old lock on a file that is gone."""
+    import shutil
+
+    from ditty.checkpoint.lock import LOCK_FILE, acquire
+
+    run_dir = tmp_path / "run"
+    first = acquire(run_dir)
+    shutil.rmtree(run_dir)
+    second = acquire(run_dir)
+    assert second is not first and second.held and not first.held
+    assert run_dir.is_dir() and (run_dir / LOCK_FILE).is_file()
+    assert second.on_disk()
+    again = acquire(run_dir)  # the same process taking it again shares the live lock
+    assert again is second and second.users == 2
+    again.release()
+    second.release()
+    assert not run_dir.exists()  # created by the run and left empty: removed, as after a failed build
