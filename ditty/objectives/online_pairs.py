@@ -25,6 +25,7 @@ so a resume after kill -9 continues exactly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Iterator, Optional, Sequence
 
@@ -35,6 +36,8 @@ from ditty.objectives.parts import ObjectiveParts
 from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
 
 DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
+
+log = logging.getLogger(__name__)
 
 
 class PromptsOfPairs:
@@ -84,6 +87,7 @@ class OnlinePairStream:
         self.rank, self.world_size = rank, world_size
         self.pending: list[list[dict]] = []  # the pair samples of the steps still to serve
         self.metrics: dict[str, float] = {}
+        self.warned_no_pairs = False
 
     @property
     def cursor(self) -> int:
@@ -141,12 +145,33 @@ class OnlinePairStream:
                 len(rollouts),
             ]
         )
+        if not paired:
+            self.warn_no_pairs(int(tied), int(prompts))
         metrics = {
             "online/pairs": paired / max(prompts, 1),
             "online/tied_groups": tied / max(prompts, 1),
             "online/reward": reward / max(samples, 1),
         }
         return steps, metrics
+
+    def warn_no_pairs(self, tied: int, prompts: int) -> None:
+        """Once a run: a refresh that made no pair leaves its steps with nothing to train (loss 0)."""
+        from ditty._utils.dist import is_main_process
+
+        if self.warned_no_pairs or not is_main_process():
+            return
+        self.warned_no_pairs = True
+        why = f"the samples of {tied} of {prompts} prompts all scored alike"
+        if tied < prompts:
+            why += ", and the rest kept no completion token within data.max_seq_len"
+        steps = "the next step trains" if self.refresh_every == 1 else f"the next {self.refresh_every} steps train"
+        log.warning(
+            "online pairs: no pair from this refresh (%s): %s nothing; a higher rl.temperature or "
+            'rl.group_size makes groups differ, and with data.format = "preference" each pair\'s chosen answer '
+            "joins its group (online/pairs and online/tied_groups in metrics.jsonl count them)",
+            why,
+            steps,
+        )
 
     def pair(self, prompt: list[int], chosen: list[int], rejected: list[int]) -> Optional[dict]:
         """A preference sample (both sides cut to data.max_seq_len), or None when a side keeps no completion token."""

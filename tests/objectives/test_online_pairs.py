@@ -118,10 +118,22 @@ def test_the_best_and_the_worst_of_a_group_become_a_pair_and_ties_are_dropped():
     assert batch["input_ids"][0, :5].tolist() == [1, 2, 5, 6, 7] and batch["input_ids"][2, :3].tolist() == [1, 2, 5]
     assert stream.step_metrics()["online/pairs"] == 1.0 and stream.step_metrics()["online/tied_groups"] == 0.0
 
+
+def test_a_refresh_without_pairs_says_its_steps_train_nothing(caplog):
     tied = stream_over([[5], [6], [7], [8]])  # all alike: no preference, no pair
-    (batch,) = tied.next_step()
+    with caplog.at_level("WARNING", logger="ditty.objectives.online_pairs"):
+        (batch,) = tied.next_step()
+        tied.refresh()  # again: said once a run
     assert bool((batch["labels"] == -100).all())  # filler pairs only: they score nothing
     assert tied.step_metrics()["online/tied_groups"] == 1.0
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "the samples of 2 of 2 prompts all scored alike" in said[0], said
+    assert "the next step trains nothing" in said[0] and "rl.temperature" in said[0]
+
+    with caplog.at_level("WARNING", logger="ditty.objectives.online_pairs"):
+        caplog.clear()
+        stream_over([[5, 6, 7], [5], [5, 6], [9]]).next_step()
+    assert not caplog.records  # pairs made: nothing to say
 
 
 def test_a_pairs_chosen_answer_joins_its_group_so_a_prompt_never_answered_right_still_pairs():
