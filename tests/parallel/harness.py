@@ -118,18 +118,13 @@ def _failure_report(procs, results, errors: dict[int, str]) -> str:
     reset by peer" from a collective whose peer had died, so the others' tracebacks and exit codes are
     gathered (for FAILURE_GRACE_S at most: a peer that hangs waits for its collective timeout)."""
     deadline = time.monotonic() + FAILURE_GRACE_S
-    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+    while True:
         try:
             rank, status, value = results.get(timeout=0.2)
-        except queue.Empty:
+        except queue.Empty:  # done once every rank has ended and its last message is read
+            if all(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+                break
             continue
-        if status == "error":
-            errors[rank] = value
-    while True:  # messages that arrived as the last rank exited
-        try:
-            rank, status, value = results.get_nowait()
-        except queue.Empty:
-            break
         if status == "error":
             errors[rank] = value
     parts = []
