@@ -316,7 +316,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------- running
 
-    def components(self, data: Any) -> RuntimeComponents:
+    def components(self, data: Any, config: Any) -> RuntimeComponents:
+        """The Python objects of the run; `config` is `self.config(data)`, which chose the objective."""
         from ditty.stages.loss import CausalLMLoss
 
         loader = data if isinstance(data, torch.utils.data.DataLoader) else None
@@ -338,7 +339,7 @@ class Pipeline:
             postprocessors=self.postprocessors,
             # Another model task's loss comes from the task table when none is given.
             # An objective's loss (preference, GRPO) is the Trainer's, built from its section.
-            loss=self.loss_calculator or (CausalLMLoss() if causal and not self._objective() else None),
+            loss=self.loss_calculator or (CausalLMLoss() if causal and not _objective(config) else None),
             task=self.task,
             tokenizer=tokenizer,
             optimizer=self.settings["optimizer"],
@@ -347,13 +348,6 @@ class Pipeline:
             hub_token=self._hf_hub_token,
             reward_functions=self.reward_functions,
         )
-
-    def _objective(self) -> bool:
-        """Whether the run trains an objective with its own loss (the keywords' or extra_config's
-        section chose its row of ditty.objectives.table), not the model task's."""
-        from ditty.objectives.table import objective_name
-
-        return objective_name(self.config()) not in ("supervised", "reward-model")
 
     def build_trainer(self) -> Trainer:
         data = self.dataset()
@@ -366,7 +360,7 @@ class Pipeline:
         config = self.config(data)
         if isinstance(data, torch.utils.data.DataLoader) or type(self).dataset is not Pipeline.dataset:
             self.check(data)  # a loader's batch size is the micro-batch size; an overridden dataset() is new data
-        return self.trainer_class(config, components=self.components(data), plan=self.plan)
+        return self.trainer_class(config, components=self.components(data, config), plan=self.plan)
 
     def run(self) -> Any:
         """Train; returns the Trainer's TrainResult (run_dir, final_dir, steps, eval metrics). The
@@ -392,3 +386,11 @@ class Pipeline:
             if getattr(self.trainer, "model", None) is not None:
                 self.model = unwrap_model(self.trainer.model)
             return result
+
+
+def _objective(config: Any) -> bool:
+    """Whether the run trains an objective with its own loss (the keywords' or extra_config's section
+    chose its row of ditty.objectives.table), not the model task's."""
+    from ditty.objectives.table import objective_name
+
+    return objective_name(config) not in ("supervised", "reward-model")

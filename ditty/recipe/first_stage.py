@@ -4,8 +4,8 @@ A recipe that starts from another run's final model (tiny_dpo from a short tiny_
 `RUN/final` as model.path (or as distill.teacher, the model a distillation learns from). Before that
 run exists, the check says which command makes it, read from the recipe's own header comment: a line
 `#   ditty run RECIPE [flags]` whose run writes RUN (its `--run.output_dir` flag, else that recipe's
-`run.output_dir`). The command is written once, where a
-reader of the recipe looks for it; no table has to be kept in step with the recipes.
+`run.output_dir`). The command is written once, where a reader of the recipe looks for it; no table
+has to be kept in step with the recipes.
 """
 
 from __future__ import annotations
