@@ -36,6 +36,11 @@ class DistillConfig:
     hard-label term of Hinton et al.'s distillation; torchtune's `kd_ratio` mixes the same two). It
     lets the student learn past a teacher that is wrong where the data is right; the student's own
     samples never get it. 0 is TRL's GKD."""
+    teacher_mistakes: Literal["follow", "data"] = "follow"
+    """A token of the data's completions where the teacher's likeliest next token is not the data's:
+    "follow" learns the teacher's distribution there all the same (TRL's GKD); "data" learns the
+    data's token (the student's cross-entropy) there instead, so the teacher's wrong answers are not
+    copied. The student's own samples have no data token to check: they always follow the teacher."""
     chunks: int = 8
     """Completion tokens go through both output heads in this many chunks: no [batch, length, vocab]
     logits of either model exist at once."""

@@ -10,8 +10,10 @@ which is the forward KL(teacher || student) at beta = 0 and the reverse KL(stude
 beta = 1 (TRL's convention), both distributions at `distill.temperature`. A share `lmbda` of the steps
 trains on completions the student samples itself from the batch's prompts (on-policy: the student
 learns where it actually goes), the rest on the data's completions; the first `data_only_steps` all
-read the data. The coin and the samples are seeded by the step and the samples' global positions, so
-a resume draws the same.
+read the data. On the data's completions, `teacher_mistakes = "data"` has a token where the teacher's
+likeliest next token is not the data's learnt from the data (cross-entropy) instead: the student does
+not copy the teacher's wrong answers. The coin and the samples are seeded by the step and the samples'
+global positions, so a resume draws the same.
 
 Memory: the divergence is summed over the scored tokens in chunks, each chunk's logits of both models
 made from their hidden states (the output heads' inputs) and recomputed in the backward
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -62,6 +64,19 @@ def _kl(p_log: Tensor, q_log: Tensor) -> Tensor:
     return (p_log.exp() * (p_log - q_log)).sum(-1)
 
 
+class DistillSums(NamedTuple):
+    """A micro-batch's sums over its scored tokens (`chunked_jsd`)."""
+
+    divergence: Tensor
+    """The per-token generalised JSD (the cross-entropy at the teacher's mistakes not followed)."""
+    cross_entropy: Tensor
+    """The student's cross-entropy on the data rows' tokens (0 unless asked for)."""
+    tokens: Tensor
+    """How many tokens are scored."""
+    corrected: Tensor
+    """How many data tokens learned the data's token instead of the teacher's distribution."""
+
+
 def chunked_jsd(
     student_hidden: Tensor,
     student_head: Projection,
@@ -72,47 +87,57 @@ def chunked_jsd(
     beta: float,
     temperature: float = 1.0,
     chunks: int = 8,
-    hard_label_rows: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(the sum of the per-token generalised JSD over the scored tokens, the sum of the student's
-    cross-entropy on the labels of the `hard_label_rows` ([B] bool; none when None), the count of
-    scored tokens). `labels` [B, T] follow Hugging Face's convention (position t's hidden state
-    predicts label t + 1); hidden states are the output heads' inputs [B, T, H]. Gradients reach the
-    student's hidden states and head only."""
+    data_rows: Optional[Tensor] = None,
+    cross_entropy: bool = False,
+    follow_teacher_mistakes: bool = True,
+) -> DistillSums:
+    """The divergence of the student from the teacher, summed over the scored tokens. `labels` [B, T]
+    follow Hugging Face's convention (position t's hidden state predicts label t + 1); hidden states
+    are the output heads' inputs [B, T, H]. `data_rows` [B] bool marks the rows whose completions are
+    the data's (None: every row); on those, `cross_entropy` also sums the student's cross-entropy, and
+    without `follow_teacher_mistakes` a token where the teacher's likeliest token is not the label
+    scores the student's cross-entropy instead of the divergence. Gradients reach the student's
+    hidden states and head only."""
     target = shifted(labels.to(student_hidden.device))
-    hard: Optional[Tensor] = None  # per token: True where the cross-entropy counts
-    if hard_label_rows is not None:
-        hard = hard_label_rows.to(target.device)[:, None].expand_as(target).reshape(-1)
+    data = torch.ones_like(target, dtype=torch.bool) if data_rows is None else data_rows.to(target.device)[:, None]
+    data = data.expand_as(target).reshape(-1)
     target = target.reshape(-1)
     rows = (target != IGNORE_INDEX).nonzero().squeeze(1)  # one host sync, as the fused loss
     student = student_hidden.reshape(-1, student_hidden.shape[-1]).index_select(0, rows)
     teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).index_select(0, rows).detach()
-    target = target.index_select(0, rows)
-    hard = hard.index_select(0, rows) if hard is not None else None
+    target, data = target.index_select(0, rows), data.index_select(0, rows)
     dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
-    sums = student.new_zeros(2, dtype=dtype) + 0.0 * student_head.weight.sum()
+    sums = student.new_zeros(3, dtype=dtype) + 0.0 * student_head.weight.sum()
     if rows.numel():
         size = max(1, math.ceil(rows.numel() / chunks))
         for start in range(0, rows.numel(), size):
             piece = slice(start, start + size)
             sums = sums + checkpoint(
-                _chunk, student[piece], teacher[piece], target[piece], None if hard is None else hard[piece],
-                student_head, teacher_head, beta, temperature, use_reentrant=False,
+                _chunk, student[piece], teacher[piece], target[piece], data[piece], student_head, teacher_head,
+                beta, temperature, cross_entropy, follow_teacher_mistakes, use_reentrant=False,
             )  # fmt: skip
-    return sums[0], sums[1], torch.as_tensor(rows.numel())
+    return DistillSums(sums[0], sums[1], torch.as_tensor(rows.numel()), sums[2].detach())
 
 
-def _chunk(student, teacher, target, hard, student_head: Projection, teacher_head: Projection, beta, temperature):
-    """[the chunk's JSD sum, its cross-entropy sum over the tokens `hard` marks] (the cross-entropy at
-    temperature 1: the hard-label term is the plain SFT loss)."""
+def _chunk(
+    student, teacher, target, data, student_head: Projection, teacher_head: Projection,
+    beta, temperature, cross_entropy, follow_teacher_mistakes,
+):  # fmt: skip
+    """[the chunk's divergence sum, its cross-entropy sum over the data tokens (when asked), how many
+    tokens it corrected] (the cross-entropy at temperature 1: the plain SFT loss)."""
     with torch.no_grad():
         teacher_logits = _logits(teacher, teacher_head)
     logits = _logits(student, student_head)
-    divergence = jsd_per_token(logits, teacher_logits, beta, temperature).sum()
-    if hard is None:
-        return torch.stack([divergence, torch.zeros_like(divergence)])
-    per_token = torch.nn.functional.cross_entropy(logits.to(divergence.dtype), target, reduction="none")
-    return torch.stack([divergence, (per_token * hard.to(per_token.dtype)).sum()])
+    divergence = jsd_per_token(logits, teacher_logits, beta, temperature)
+    per_token, corrected = None, divergence.new_zeros(())
+    if cross_entropy or not follow_teacher_mistakes:
+        per_token = torch.nn.functional.cross_entropy(logits.to(divergence.dtype), target, reduction="none")
+    if not follow_teacher_mistakes:
+        mistakes = data & (teacher_logits.argmax(-1) != target)
+        divergence = torch.where(mistakes, per_token, divergence)
+        corrected = mistakes.sum().to(divergence.dtype)
+    hard = (per_token * data.to(per_token.dtype)).sum() if cross_entropy else divergence.new_zeros(())
+    return torch.stack([divergence.sum(), hard, corrected])
 
 
 def _logits(hidden: Tensor, head: Projection) -> Tensor:
@@ -132,8 +157,9 @@ class GKDLoss(LossCalculator):
     """The generalised JSD to the teacher, summed over the completion tokens of a micro-batch (the
     trainer divides by the completion tokens of the whole global batch), plus `distill.sft_weight`
     times the student's cross-entropy on the rows whose completions are the data's (not marked
-    `SAMPLED`). `teacher`: a frozen model (ditty.objectives.reference.Reference) whose `scoring()`
-    yields it."""
+    `SAMPLED`); with `distill.teacher_mistakes = "data"` those rows' tokens where the teacher's
+    likeliest token is not the data's score the cross-entropy instead of the divergence. `teacher`: a
+    frozen model (ditty.objectives.reference.Reference) whose `scoring()` yields it."""
 
     uses_head_input = True
 
@@ -151,11 +177,9 @@ class GKDLoss(LossCalculator):
                 teacher(**model_inputs(teacher, batch))
             teacher_head = head_projection(output_head(teacher), model_config(teacher))
         weight = self.distill.sft_weight
-        hard_label_rows = None
-        if weight:
-            sampled = batch.get(SAMPLED)
-            hard_label_rows = torch.ones_like(batch["labels"][:, 0], dtype=torch.bool) if sampled is None else ~sampled
-        divergence, cross_entropy, count = chunked_jsd(
+        follow = self.distill.teacher_mistakes == "follow"
+        sampled = batch.get(SAMPLED)
+        sums = chunked_jsd(
             ctx[HEAD_INPUT],
             head_projection(output_head(model), model_config(model)),
             head.hidden,
@@ -164,16 +188,19 @@ class GKDLoss(LossCalculator):
             beta=self.distill.beta,
             temperature=self.distill.temperature,
             chunks=self.distill.chunks,
-            hard_label_rows=hard_label_rows,
+            data_rows=None if sampled is None else ~sampled,
+            cross_entropy=bool(weight),
+            follow_teacher_mistakes=follow,
         )
-        if weight == 0:
-            return LossOutput(divergence, num_tokens=count)
-        per_token = 1.0 / max(int(count), 1)  # the metrics are this micro-batch's means
-        metrics = {
-            "distill/divergence": float(divergence.detach()) * per_token,
-            "distill/cross_entropy": float(cross_entropy.detach()) * per_token,
-        }
-        return LossOutput(divergence + weight * cross_entropy, metrics=metrics, num_tokens=count)
+        per_token = 1.0 / max(int(sums.tokens), 1)  # the metrics are this micro-batch's means
+        metrics = {}
+        if weight:
+            metrics["distill/divergence"] = float(sums.divergence.detach()) * per_token
+            metrics["distill/cross_entropy"] = float(sums.cross_entropy.detach()) * per_token
+        if not follow:  # the share of tokens that learned the data's token, not the teacher's
+            metrics["distill/corrected"] = float(sums.corrected) * per_token
+        loss = sums.divergence + weight * sums.cross_entropy if weight else sums.divergence
+        return LossOutput(loss, metrics=metrics, num_tokens=sums.tokens)
 
 
 # ---------------------------------------------------------------------------------------- on-policy batches
@@ -323,13 +350,16 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
-    if distill.sft_weight > 0 and distill.lmbda == 1:
-        yield warning(
-            "distill.sft_weight",
-            "has no effect: with lmbda = 1 every step trains on the student's own samples, and the "
-            "cross-entropy counts only on the data's completions",
-            "lower distill.lmbda, or remove sft_weight",
-        )
+    if distill.lmbda == 1:
+        unused = [("sft_weight", distill.sft_weight > 0), ("teacher_mistakes", distill.teacher_mistakes != "follow")]
+        for key, set_ in unused:
+            if set_:
+                yield warning(
+                    f"distill.{key}",
+                    "has no effect: with lmbda = 1 every step trains on the student's own samples, and it "
+                    "acts only on the data's completions",
+                    f"lower distill.lmbda, or remove {key}",
+                )
     steps = cfg.train.steps
     if distill.lmbda > 0 and distill.data_only_steps and steps is not None and distill.data_only_steps >= steps:
         yield warning(
@@ -363,6 +393,7 @@ def describe_distill(config: Any) -> list[tuple[str, str]]:
         f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
         f"{d.lmbda:g}{after_data_only(d)} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
         + (f", plus {d.sft_weight:g} x cross-entropy on the data's completions" if d.sft_weight else "")
+        + (", the data's token where the teacher's likeliest is another" if d.teacher_mistakes == "data" else "")
     )
     return [("distill", text)]
 
@@ -383,6 +414,7 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
 def distill_card(config: Any) -> str:
     d = config.distill
     hard = f", cross-entropy weight {d.sft_weight:g}" if d.sft_weight else ""
+    hard += ", the data's token where the teacher's likeliest is another" if d.teacher_mistakes == "data" else ""
     share = f"on-policy share {d.lmbda:g}{after_data_only(d)}"
     return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, {share}{hard})"
 

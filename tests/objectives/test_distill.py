@@ -38,11 +38,11 @@ def test_the_chunked_divergence_equals_trls_dense_one(beta, temperature):
     labels[:, :3] = -100  # the prompt
     labels[2, 6:] = -100  # padding
 
-    total, _, count = chunked_jsd(
+    sums = chunked_jsd(
         student_hidden, Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels,
         beta=beta, temperature=temperature, chunks=3,
     )  # fmt: skip
-    ours = total / count
+    ours, count = sums.divergence / sums.tokens, sums.tokens
     ours.backward()
     got = (student_hidden.grad.clone(), student_weight.grad.clone())
     student_hidden.grad = student_weight.grad = None
@@ -84,10 +84,10 @@ def test_the_hard_label_term_is_the_students_cross_entropy_on_the_data_rows_only
     data_rows = torch.tensor([True, False, True])
     heads = Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels
 
-    divergence, cross_entropy, count = chunked_jsd(
-        student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4, hard_label_rows=data_rows
+    divergence, cross_entropy, count, corrected = chunked_jsd(
+        student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4, data_rows=data_rows, cross_entropy=True
     )
-    plain, nothing, _ = chunked_jsd(student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4)
+    plain, nothing, _, _ = chunked_jsd(student_hidden, *heads, beta=0.5, temperature=0.7, chunks=4)
 
     logits = (student_hidden @ student_weight.T)[data_rows, :-1]
     dense = torch.nn.functional.cross_entropy(
@@ -96,6 +96,49 @@ def test_the_hard_label_term_is_the_students_cross_entropy_on_the_data_rows_only
     assert float(cross_entropy) == pytest.approx(float(dense), abs=1e-9, rel=0)
     assert float(nothing) == 0.0 and float(divergence) == pytest.approx(float(plain), abs=1e-12, rel=0)
     assert int(count) == int((labels[:, 1:] != -100).sum())  # the divergence still covers every row
+    assert float(corrected) == 0.0  # the teacher's mistakes are followed unless asked otherwise
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_not_following_the_teachers_mistakes_scores_the_data_token_where_the_teacher_prefers_another(beta):
+    """`distill.teacher_mistakes = "data"`: on the data rows, a token where the teacher's argmax is
+    not the label scores the student's cross-entropy instead of the divergence; every other token,
+    and every token of the rows the student sampled, the divergence. Sum and gradients against a
+    dense per-token computation."""
+    from ditty.objectives.gkd import jsd_per_token
+
+    g = torch.Generator().manual_seed(2)
+    student_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64)
+    student_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher_weight = torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64)
+    teacher_logits = teacher_hidden @ teacher_weight.T
+    labels = torch.randint(0, VOCAB, (3, 9), generator=g)
+    labels[:, 1:5] = teacher_logits[:, :4].argmax(-1)  # the teacher right on these tokens, wrong (mostly) after
+    labels[:, :2] = -100
+    labels[2, 7:] = -100
+    data_rows = torch.tensor([True, True, False])  # row 2: the student's own sample
+
+    sums = chunked_jsd(
+        student_hidden, Projection(student_weight), teacher_hidden, Projection(teacher_weight), labels,
+        beta=beta, temperature=0.8, chunks=4, data_rows=data_rows, follow_teacher_mistakes=False,
+    )  # fmt: skip
+    sums.divergence.backward()
+    got = (student_hidden.grad.clone(), student_weight.grad.clone())
+    student_hidden.grad = student_weight.grad = None
+
+    logits, teacher, target = (student_hidden @ student_weight.T)[:, :-1], teacher_logits[:, :-1], labels[:, 1:]
+    scored = target != -100
+    mistakes = scored & data_rows[:, None] & (teacher.argmax(-1) != target)
+    divergence = jsd_per_token(logits[scored], teacher[scored], beta, 0.8)
+    cross_entropy = torch.nn.functional.cross_entropy(logits[scored], target[scored], reduction="none")
+    dense = torch.where(mistakes[scored], cross_entropy, divergence).sum()
+    dense.backward()
+    assert 0 < int(mistakes.sum()) < int(scored[:2].sum())  # some tokens corrected, not all of the data rows'
+    assert int(sums.corrected) == int(mistakes.sum())
+    assert float(sums.divergence.detach()) == pytest.approx(float(dense.detach()), abs=1e-9, rel=0)
+    torch.testing.assert_close(got[0], student_hidden.grad, atol=1e-9, rtol=0)
+    torch.testing.assert_close(got[1], student_weight.grad, atol=1e-9, rtol=0)
 
 
 STUDENT = (
@@ -177,11 +220,34 @@ def test_bad_distill_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags
     assert code == 2 and f"`{key}`" in out.err + out.out and words in out.err + out.out
 
 
-def test_a_hard_label_term_without_data_steps_is_a_warning(tmp_path, tiny_llama_dir, capsys):
-    recipe = distill_recipe(tmp_path, tiny_llama_dir, "sft_weight = 0.5")
+@pytest.mark.parametrize(
+    "setting, key", [("sft_weight = 0.5", "sft_weight"), ('teacher_mistakes = "data"', "teacher_mistakes")]
+)
+def test_a_data_completion_setting_without_data_steps_is_a_warning(tmp_path, tiny_llama_dir, capsys, setting, key):
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, setting)
     code = main(["check", str(recipe), "--distill.lmbda", "1"])
     out = capsys.readouterr()
-    assert code == 0 and "`distill.sft_weight`" in out.err + out.out and "has no effect" in out.err + out.out
+    assert code == 0 and f"`distill.{key}`" in out.err + out.out and "has no effect" in out.err + out.out
+
+
+def test_a_student_that_does_not_follow_the_teachers_mistakes_logs_what_it_corrected(tmp_path, tiny_llama_dir, capsys):
+    """A random teacher disagrees with most of the data's tokens: the steps on the data's completions
+    log a share of corrected tokens, the steps on the student's samples none."""
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, 'teacher_mistakes = "data"')
+    assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    on_policy_so_far = [round(r["distill/on_policy_share"] * (i + 1)) for i, r in enumerate(steps)]
+    sampled = [now > before for before, now in zip([0, *on_policy_so_far], on_policy_so_far)]
+    assert sampled.count(False) and all((r["distill/corrected"] > 0) != s for r, s in zip(steps, sampled))
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "the data's token where the teacher's likeliest is another" in card
+
+
+def test_an_unknown_teacher_mistakes_setting_is_exit_2(tmp_path, tiny_llama_dir, capsys):
+    code = main(["check", str(distill_recipe(tmp_path, tiny_llama_dir, 'teacher_mistakes = "ignore"'))])
+    out = capsys.readouterr()
+    assert code == 2 and "teacher_mistakes" in out.err + out.out
 
 
 def test_the_first_data_only_steps_never_sample(tmp_path, tiny_llama_dir, capsys):
