@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def row_steps(rank: int, world_size: int, recipe: str, kind: str, output_dir: str, steps: int) -> dict:
-    """`steps` optimizer steps of the recipe at `recipe` under `parallel.kind = kind`: each step's loss
-    and stream metrics, and rank 0's weights after them (gathered under FSDP)."""
+    """`steps` optimizer steps of the recipe at `recipe` under `parallel.kind = kind`: each step's loss,
+    stream metrics and loss metrics, and rank 0's weights after them (gathered under FSDP)."""
     from dataclasses import replace
 
     from ditty.config.loader import load_recipe
@@ -15,14 +15,16 @@ def row_steps(rank: int, world_size: int, recipe: str, kind: str, output_dir: st
     config = load_recipe(recipe).config
     config = replace(config, parallel=ParallelConfig(kind=kind), run=replace(config.run, output_dir=output_dir))
     trainer = Trainer(config)
-    losses, metrics = [], []
+    losses, metrics, loss_metrics = [], [], []
     for _ in range(steps):
         batches = trainer.stream.next_step()
         metrics.append(trainer.stream.step_metrics())
-        losses.append(trainer.train_step(batches).loss)
+        result = trainer.train_step(batches)
+        losses.append(result.loss)
+        loss_metrics.append(result.metrics)
         trainer.state.step += 1
     full = trainer.engine.full_state_dict(trainer.model)  # FSDP gathers the shards; None: the module holds them
     module = trainer.engine.unwrap(trainer.model)
     state = {k: v.detach().clone() for k, v in (full if full is not None else module.state_dict()).items()}
     trainer.run_lock.release()
-    return {"losses": losses, "metrics": metrics, "state": state if rank == 0 else {}}
+    return {"losses": losses, "metrics": metrics, "loss_metrics": loss_metrics, "state": state if rank == 0 else {}}

@@ -24,6 +24,13 @@ def distill_recipe(tmp_path, teacher):
     return path
 
 
+def distill_data_recipe(tmp_path, teacher):
+    # the random teacher's argmax is rarely the data's token: most data tokens score the cross-entropy
+    path = distill_recipe(tmp_path, teacher)
+    path.write_text(path.read_text() + 'teacher_mistakes = "data"\n')
+    return path
+
+
 def online_recipe(tmp_path, model):
     # Prompts judged by length: a group whose four samples all reach max_new_tokens ties and is dropped,
     # so the ranks hold different numbers of pairs. One generate call per prompt: a call's samples depend
@@ -45,7 +52,12 @@ def rloo_recipe(tmp_path, model):
     return path
 
 
-RECIPES = {"distill": distill_recipe, "online-pairs": online_recipe, "rloo": rloo_recipe}
+RECIPES = {
+    "distill": distill_recipe,
+    "distill-data": distill_data_recipe,
+    "online-pairs": online_recipe,
+    "rloo": rloo_recipe,
+}
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
@@ -60,8 +72,12 @@ def test_two_ranks_train_the_row_as_one_process(tmp_path, tiny_llama_dir, row, k
     assert len(set(one["losses"])) == STEPS  # it trains
     if row == "online-pairs":
         assert 0 < min(m["online/tied_groups"] for m in one["metrics"]) < 1  # some groups pair, some tie
-    if row == "distill":
+    if row.startswith("distill"):
         assert 0 < one["metrics"][-1]["distill/on_policy_share"] < 1  # steps on the data's answers and on samples
+    if row == "distill-data":  # the share of tokens that learned the data's token: micro-batch means, averaged
+        corrected = [m["distill/corrected"] for m in one["loss_metrics"]]
+        assert max(corrected) > 0.5
+        assert [m["distill/corrected"] for m in two[0]["loss_metrics"]] == pytest.approx(corrected, abs=1e-9)
     for a, b in zip(one["losses"], two[0]["losses"]):
         assert abs(a - b) < 1e-6, (one["losses"], two[0]["losses"])
     worst = max(float((one["state"][k] - two[0]["state"][k]).abs().max()) for k in one["state"])
