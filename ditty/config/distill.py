@@ -39,8 +39,9 @@ class DistillConfig:
     teacher_mistakes: Literal["follow", "data"] = "follow"
     """A token of the data's completions where the teacher's likeliest next token is not the data's:
     "follow" learns the teacher's distribution there all the same (TRL's GKD); "data" learns the
-    data's token (the student's cross-entropy) there instead, so the teacher's wrong answers are not
-    copied. The student's own samples have no data token to check: they always follow the teacher."""
+    data's token (the student's cross-entropy, at temperature 1) there instead, so the teacher's wrong
+    answers are not copied. The student's own samples have no data token to check: they always follow
+    the teacher."""
     chunks: int = 8
     """Completion tokens go through both output heads in this many chunks: no [batch, length, vocab]
     logits of either model exist at once."""

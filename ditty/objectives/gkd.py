@@ -10,10 +10,10 @@ which is the forward KL(teacher || student) at beta = 0 and the reverse KL(stude
 beta = 1 (TRL's convention), both distributions at `distill.temperature`. A share `lmbda` of the steps
 trains on completions the student samples itself from the batch's prompts (on-policy: the student
 learns where it actually goes), the rest on the data's completions; the first `data_only_steps` all
-read the data. On the data's completions, `teacher_mistakes = "data"` has a token where the teacher's
-likeliest next token is not the data's learnt from the data (cross-entropy) instead: the student does
-not copy the teacher's wrong answers. The coin and the samples are seeded by the step and the samples'
-global positions, so a resume draws the same.
+read the data. With `teacher_mistakes = "data"`, a token of the data's completions where the teacher's
+likeliest next token is not the data's is learnt from the data (the student's cross-entropy) instead of
+the teacher's distribution: the student does not copy the teacher's wrong answers. The coin and the
+samples are seeded by the step and the samples' global positions, so a resume draws the same.
 
 Memory: the divergence is summed over the scored tokens in chunks, each chunk's logits of both models
 made from their hidden states (the output heads' inputs) and recomputed in the backward
@@ -68,7 +68,8 @@ class DistillSums(NamedTuple):
     """A micro-batch's sums over its scored tokens (`chunked_jsd`)."""
 
     divergence: Tensor
-    """The per-token generalised JSD (the cross-entropy at the teacher's mistakes not followed)."""
+    """The generalised JSD summed over the scored tokens (the cross-entropy instead at the teacher's
+    mistakes not followed)."""
     cross_entropy: Tensor
     """The student's cross-entropy on the data rows' tokens (0 unless asked for)."""
     tokens: Tensor
@@ -99,13 +100,15 @@ def chunked_jsd(
     scores the student's cross-entropy instead of the divergence. Gradients reach the student's
     hidden states and head only."""
     target = shifted(labels.to(student_hidden.device))
-    data = torch.ones_like(target, dtype=torch.bool) if data_rows is None else data_rows.to(target.device)[:, None]
-    data = data.expand_as(target).reshape(-1)
+    data_token = (
+        torch.ones_like(target, dtype=torch.bool) if data_rows is None else data_rows.to(target.device)[:, None]
+    )
+    data_token = data_token.expand_as(target).reshape(-1)
     target = target.reshape(-1)
     rows = (target != IGNORE_INDEX).nonzero().squeeze(1)  # one host sync, as the fused loss
     student = student_hidden.reshape(-1, student_hidden.shape[-1]).index_select(0, rows)
     teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).index_select(0, rows).detach()
-    target, data = target.index_select(0, rows), data.index_select(0, rows)
+    target, data_token = target.index_select(0, rows), data_token.index_select(0, rows)
     dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
     sums = student.new_zeros(3, dtype=dtype) + 0.0 * student_head.weight.sum()
     if rows.numel():
@@ -113,18 +116,19 @@ def chunked_jsd(
         for start in range(0, rows.numel(), size):
             piece = slice(start, start + size)
             sums = sums + checkpoint(
-                _chunk, student[piece], teacher[piece], target[piece], data[piece], student_head, teacher_head,
+                _chunk, student[piece], teacher[piece], target[piece], data_token[piece], student_head, teacher_head,
                 beta, temperature, cross_entropy, follow_teacher_mistakes, use_reentrant=False,
             )  # fmt: skip
     return DistillSums(sums[0], sums[1], torch.as_tensor(rows.numel()), sums[2].detach())
 
 
 def _chunk(
-    student, teacher, target, data, student_head: Projection, teacher_head: Projection,
+    student, teacher, target, data_token, student_head: Projection, teacher_head: Projection,
     beta, temperature, cross_entropy, follow_teacher_mistakes,
 ):  # fmt: skip
     """[the chunk's divergence sum, its cross-entropy sum over the data tokens (when asked), how many
-    tokens it corrected] (the cross-entropy at temperature 1: the plain SFT loss)."""
+    tokens it corrected] (the cross-entropy at temperature 1: the plain SFT loss). The teacher is wrong
+    where another token's logit is above the label's (a tie is not a mistake)."""
     with torch.no_grad():
         teacher_logits = _logits(teacher, teacher_head)
     logits = _logits(student, student_head)
@@ -133,10 +137,11 @@ def _chunk(
     if cross_entropy or not follow_teacher_mistakes:
         per_token = torch.nn.functional.cross_entropy(logits.to(divergence.dtype), target, reduction="none")
     if not follow_teacher_mistakes:
-        mistakes = data & (teacher_logits.argmax(-1) != target)
+        label_logit = teacher_logits.gather(-1, target[:, None]).squeeze(-1)
+        mistakes = data_token & (label_logit < teacher_logits.amax(-1))
         divergence = torch.where(mistakes, per_token, divergence)
         corrected = mistakes.sum().to(divergence.dtype)
-    hard = (per_token * data.to(per_token.dtype)).sum() if cross_entropy else divergence.new_zeros(())
+    hard = (per_token * data_token.to(per_token.dtype)).sum() if cross_entropy else divergence.new_zeros(())
     return torch.stack([divergence.sum(), hard, corrected])
 
 
@@ -177,7 +182,7 @@ class GKDLoss(LossCalculator):
                 teacher(**model_inputs(teacher, batch))
             teacher_head = head_projection(output_head(teacher), model_config(teacher))
         weight = self.distill.sft_weight
-        follow = self.distill.teacher_mistakes == "follow"
+        correct = self.distill.teacher_mistakes == "data"
         sampled = batch.get(SAMPLED)
         sums = chunked_jsd(
             ctx[HEAD_INPUT],
@@ -190,14 +195,14 @@ class GKDLoss(LossCalculator):
             chunks=self.distill.chunks,
             data_rows=None if sampled is None else ~sampled,
             cross_entropy=bool(weight),
-            follow_teacher_mistakes=follow,
+            follow_teacher_mistakes=not correct,
         )
         per_token = 1.0 / max(int(sums.tokens), 1)  # the metrics are this micro-batch's means
         metrics = {}
         if weight:
             metrics["distill/divergence"] = float(sums.divergence.detach()) * per_token
             metrics["distill/cross_entropy"] = float(sums.cross_entropy.detach()) * per_token
-        if not follow:  # the share of tokens that learned the data's token, not the teacher's
+        if correct:  # the share of tokens that learned the data's token, not the teacher's
             metrics["distill/corrected"] = float(sums.corrected) * per_token
         loss = sums.divergence + weight * sums.cross_entropy if weight else sums.divergence
         return LossOutput(loss, metrics=metrics, num_tokens=sums.tokens)
@@ -346,12 +351,13 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         ("chunks", distill.chunks >= 1, "at least 1"),
         ("sft_weight", distill.sft_weight >= 0, "0 or more"),
         ("data_only_steps", distill.data_only_steps >= 0, "0 or more"),
+        ("teacher_mistakes", distill.teacher_mistakes in ("follow", "data"), '"follow" or "data"'),
     ]
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
     if distill.lmbda == 1:
-        unused = [("sft_weight", distill.sft_weight > 0), ("teacher_mistakes", distill.teacher_mistakes != "follow")]
+        unused = [("sft_weight", distill.sft_weight > 0), ("teacher_mistakes", distill.teacher_mistakes == "data")]
         for key, set_ in unused:
             if set_:
                 yield warning(
@@ -393,7 +399,7 @@ def describe_distill(config: Any) -> list[tuple[str, str]]:
         f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
         f"{d.lmbda:g}{after_data_only(d)} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
         + (f", plus {d.sft_weight:g} x cross-entropy on the data's completions" if d.sft_weight else "")
-        + (", the data's token where the teacher's likeliest is another" if d.teacher_mistakes == "data" else "")
+        + not_following(d)
     )
     return [("distill", text)]
 
@@ -413,11 +419,19 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
 
 def distill_card(config: Any) -> str:
     d = config.distill
-    hard = f", cross-entropy weight {d.sft_weight:g}" if d.sft_weight else ""
-    hard += ", the data's token where the teacher's likeliest is another" if d.teacher_mistakes == "data" else ""
+    hard = (f", cross-entropy weight {d.sft_weight:g}" if d.sft_weight else "") + not_following(d)
     share = f"on-policy share {d.lmbda:g}{after_data_only(d)}"
     return f"; distilled from {d.teacher} (GKD: generalised JSD beta {d.beta:g}, {share}{hard})"
 
 
 def after_data_only(d: Any) -> str:
     return f" after {d.data_only_steps} steps on the data's completions" if d.lmbda and d.data_only_steps else ""
+
+
+def not_following(d: Any) -> str:
+    """The plan's and the card's words for `teacher_mistakes = "data"`."""
+    return (
+        ", cross-entropy on the data's token where the teacher's argmax is another"
+        if d.teacher_mistakes == "data"
+        else ""
+    )

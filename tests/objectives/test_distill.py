@@ -135,6 +135,7 @@ def test_not_following_the_teachers_mistakes_scores_the_data_token_where_the_tea
     dense = torch.where(mistakes[scored], cross_entropy, divergence).sum()
     dense.backward()
     assert 0 < int(mistakes.sum()) < int(scored[:2].sum())  # some tokens corrected, not all of the data rows'
+    assert (scored[2] & (teacher[2].argmax(-1) != target[2])).any()  # the sampled row has mistakes, left alone
     assert int(sums.corrected) == int(mistakes.sum())
     assert float(sums.divergence.detach()) == pytest.approx(float(dense.detach()), abs=1e-9, rel=0)
     torch.testing.assert_close(got[0], student_hidden.grad, atol=1e-9, rtol=0)
@@ -239,15 +240,43 @@ def test_a_student_that_does_not_follow_the_teachers_mistakes_logs_what_it_corre
     steps = [r for r in records if "loss" in r]
     on_policy_so_far = [round(r["distill/on_policy_share"] * (i + 1)) for i, r in enumerate(steps)]
     sampled = [now > before for before, now in zip([0, *on_policy_so_far], on_policy_so_far)]
-    assert sampled.count(False) and all((r["distill/corrected"] > 0) != s for r, s in zip(steps, sampled))
+    assert sampled.count(False) and sampled.count(True)
+    assert all((r["distill/corrected"] > 0) != s for r, s in zip(steps, sampled))
     card = (tmp_path / "run" / "final" / "README.md").read_text()
-    assert "the data's token where the teacher's likeliest is another" in card
+    assert "cross-entropy on the data's token where the teacher's argmax is another" in card
+
+
+def test_the_hard_label_term_and_not_following_the_teacher_add_up(tmp_path, tiny_llama_dir, capsys):
+    """Both: a token where the teacher is wrong scores its cross-entropy in the divergence and again,
+    times sft_weight, in the hard-label term."""
+    recipe = distill_recipe(tmp_path, tiny_llama_dir, 'sft_weight = 0.5\nteacher_mistakes = "data"')
+    assert main(["run", str(recipe), "--distill.lmbda", "0"]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert all(r["distill/corrected"] > 0.5 for r in steps)  # a random teacher: most tokens are its mistakes
+    for r in steps:
+        assert r["loss"] == pytest.approx(r["distill/divergence"] + 0.5 * r["distill/cross_entropy"], rel=1e-4)
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "cross-entropy weight 0.5, cross-entropy on the data's token where the teacher's argmax is another" in card
 
 
 def test_an_unknown_teacher_mistakes_setting_is_exit_2(tmp_path, tiny_llama_dir, capsys):
     code = main(["check", str(distill_recipe(tmp_path, tiny_llama_dir, 'teacher_mistakes = "ignore"'))])
     out = capsys.readouterr()
     assert code == 2 and "teacher_mistakes" in out.err + out.out
+
+
+def test_an_unknown_teacher_mistakes_setting_from_python_is_a_compiler_error(tmp_path, tiny_llama_dir):
+    """The TOML loader checks the Literal; a DistillConfig built in Python reaches the compiler."""
+    from dataclasses import replace
+
+    from ditty.config.loader import load_recipe
+    from ditty.recipe.compiler import compile_config
+
+    config = load_recipe(str(distill_recipe(tmp_path, tiny_llama_dir))).config
+    config = replace(config, distill=replace(config.distill, teacher_mistakes="Data"))
+    errors = compile_config(config).errors
+    assert [p.key for p in errors] == ["distill.teacher_mistakes"] and '"follow" or "data"' in errors[0].message
 
 
 def test_the_first_data_only_steps_never_sample(tmp_path, tiny_llama_dir, capsys):
