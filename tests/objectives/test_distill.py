@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ditty.cli import main
-from ditty.objectives.gkd import chunked_jsd
+from ditty.objectives.jsd import chunked_jsd
 from ditty.stages.fused_loss import Projection
 
 VOCAB, HIDDEN = 37, 16
@@ -59,7 +59,7 @@ def test_the_chunked_divergence_equals_trls_dense_one(beta, temperature):
 
 def test_forward_and_reverse_kl_at_the_ends():
     """beta 0 is KL(teacher || student), beta 1 is KL(student || teacher)."""
-    from ditty.objectives.gkd import jsd_per_token
+    from ditty.objectives.jsd import jsd_per_token
 
     student, teacher = torch.randn(4, VOCAB, dtype=torch.float64), torch.randn(4, VOCAB, dtype=torch.float64)
     p, q = teacher.softmax(-1), student.softmax(-1)
@@ -105,7 +105,7 @@ def test_not_following_the_teachers_mistakes_scores_the_data_token_where_the_tea
     not the label scores the student's cross-entropy instead of the divergence; every other token,
     and every token of the rows the student sampled, the divergence. Sum and gradients against a
     dense per-token computation."""
-    from ditty.objectives.gkd import jsd_per_token
+    from ditty.objectives.jsd import jsd_per_token
 
     g = torch.Generator().manual_seed(2)
     student_hidden = torch.randn(3, 9, HIDDEN, generator=g, dtype=torch.float64, requires_grad=True)
