@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, Iterator, Optional, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.config.errors import Problem, error
+from ditty.config.errors import Problem, error, warning
 from ditty.objectives.footprint import Footprint
 from ditty.objectives.parts import ObjectiveParts
 from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
@@ -313,9 +313,22 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
     return replace(pairs, stream=stream, evaluation=evaluation, step_metrics=stream.step_metrics)
 
 
+READS_FROM_RL = (
+    "group_size",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "generation_batch_size",
+    "rewards",
+    "reward_weights",
+    "reward_timeout_s",
+)
+"""The [rl] keys online pairs read: the sampler settings of `generate` and the reward functions."""
+
+
 def online_rules(ctx: Any) -> Iterator[Problem]:
     from ditty.objectives.pairs import pair_values, reference_rules
-    from ditty.objectives.rl.rl_rules import rewards_resolve
+    from ditty.objectives.rl.rl_rules import rewards_resolve, sampler_values
 
     cfg = ctx.config
     pref, rl = cfg.preference, cfg.rl
@@ -334,6 +347,8 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
         yield error("preference.refresh_every", f"must be at least 1, got {pref.refresh_every}", "use 1")
     if rl.group_size < 2:
         yield error("rl.group_size", f"must be at least 2 to make a pair, got {rl.group_size}", "use 4 to 16")
+    yield from sampler_values(rl)
+    yield from rl_keys_unread(ctx)
     if pref.reference == "precompute":
         yield error(
             "preference.reference",
@@ -348,6 +363,13 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
         )
     elif rl.rewards:
         yield from rewards_resolve(ctx)
+    elif rl.reward_weights is not None and len(rl.reward_weights) != 1:
+        yield error(
+            "rl.reward_weights",
+            f"has {len(rl.reward_weights)} weights, and without rl.rewards the pairs are judged by one "
+            f"function ({DEFAULT_REWARD})",
+            "remove rl.reward_weights, or name the functions they weigh in rl.rewards",
+        )
     if cfg.train.steps is None:
         yield error("train.steps", 'is needed with pairs = "online": a step samples its own pairs', "set train.steps")
     if cfg.data.packing:
@@ -355,6 +377,35 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
     yield from pair_values(ctx)
     if pref.reference not in ("precompute",):
         yield from reference_rules(ctx)
+
+
+def rl_keys_unread(ctx: Any) -> Iterator[Problem]:
+    """Another rollout backend is refused (online pairs sample with `generate` in the training process);
+    any other [rl] key set, such as the policy loss or the episode settings, has no effect: a warning."""
+    rl = ctx.config.rl
+    if rl.backend != "generate":
+        yield error(
+            "rl.backend",
+            f'"{rl.backend}" samples for the RL rows (rl.kind); pairs = "online" samples with transformers\' '
+            "generate in the training process",
+            "remove rl.backend",
+        )
+    unread = sorted(
+        path
+        for path in ctx.provenance
+        if path.startswith("rl.")
+        and path != "rl.backend"
+        and ctx.is_set(path)
+        and path.split(".")[1].split("[")[0] not in READS_FROM_RL
+    )
+    if unread:
+        others = f"; nor {'does' if len(unread) == 2 else 'do'} {', '.join(unread[1:])}" if unread[1:] else ""
+        yield warning(
+            unread[0],
+            f'has no effect: pairs = "online" reads only [rl]\'s sampler settings and reward functions '
+            f"({', '.join(READS_FROM_RL)}){others}",
+            "remove " + ("it" if len(unread) == 1 else "them"),
+        )
 
 
 def describe_online(config: Any) -> list[tuple[str, str]]:

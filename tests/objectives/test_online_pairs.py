@@ -187,3 +187,47 @@ def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags,
     out = capsys.readouterr()
     text = out.err + out.out
     assert code == 2 and f"`{key}`" in text and words in text, text
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--rl.temperature", "-1"], "rl.temperature", "above 0"),
+        (["--rl.max_new_tokens", "0"], "rl.max_new_tokens", "at least 1"),
+        (["--rl.top_p", "0"], "rl.top_p", "in (0, 1]"),
+        (["--rl.backend", "vllm"], "rl.backend", "samples with transformers' generate"),
+        (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "judged by one function"),
+    ],
+)
+def test_the_rl_sampler_settings_online_pairs_read_are_checked(tmp_path, tiny_llama_dir, capsys, flags, key, words):
+    code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
+    out = capsys.readouterr()
+    text = out.err + out.out
+    assert code == 2 and f"`{key}`" in text and words in text, text
+
+
+def test_rl_keys_online_pairs_do_not_read_are_named_in_a_warning(tmp_path, tiny_llama_dir, capsys):
+    flags = ["--rl.loss", "grpo", "--rl.max_staleness", "1", "--rl.beta", "0.1"]
+    code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
+    text = "".join(capsys.readouterr())
+    assert code == 0, text
+    warning = next(line for line in text.splitlines() if line.startswith("warning:") and "`rl.beta`" in line)
+    assert "has no effect" in warning and "rl.loss, rl.max_staleness" in warning, warning
+
+
+def test_a_calls_cap_only_shortens_the_completions_rl_max_new_tokens_allows(tiny_llama_dir):
+    """Online pairs pass one token past the longest chosen answer as a cap: `rl.max_new_tokens` still
+    bounds every completion when that cap is longer, and the shorter of the two applies."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
+        AutoTokenizer.from_pretrained(tiny_llama_dir),
+    )
+    rl = SamplerSettings(group_size=4, temperature=1.0, top_p=1.0, max_new_tokens=3, generation_batch_size=0)
+    sampler = GenerateSampler(lambda: model, rl, tokenizer, torch.device("cpu"), seed=0)
+    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("7+8=")["input_ids"]]
+    longest = lambda cap: max(len(ids) for ids in sampler.sample(prompts, 0, cap).completion_ids)  # noqa: E731
+    assert longest(None) == 3 and longest(50) == 3 and longest(2) == 2

@@ -63,19 +63,14 @@ def rl_values(ctx) -> Iterator[Problem]:
             "(each group stays on one rank)",
             f"use a multiple of rl.group_size x ranks = {rl.group_size * ctx.data_parallel_size}",
         )
+    yield from sampler_values(rl)
     checks = [
-        ("max_new_tokens", rl.max_new_tokens >= 1, "at least 1"),
-        ("temperature", rl.temperature > 0, "above 0 (sampling; greedy rollouts would all agree)"),
-        ("top_p", 0 < rl.top_p <= 1, "in (0, 1]"),
         ("clip_low", 0 < rl.clip_low < 1, "in (0, 1)"),
         ("clip_high", rl.clip_high is None or rl.clip_high > 0, "above 0 (or unset: clip_low)"),
         ("beta", rl.beta >= 0, "0 or more"),
         ("updates_per_rollout", rl.updates_per_rollout >= 1, "at least 1"),
-        ("generation_batch_size", rl.generation_batch_size >= 0, "0 (all at once) or more"),
     ]
-    for key, ok, wanted in checks:
-        if not ok:
-            yield error(f"rl.{key}", f"must be {wanted}, got {getattr(rl, key)!r}", f"set rl.{key} {wanted}")
+    yield from _ranges(rl, checks)
     if train.steps is None:
         yield error(
             "train.steps",
@@ -94,6 +89,23 @@ def rl_values(ctx) -> Iterator[Problem]:
             f'[rl] runs with parallel.kind "none", "ddp" or "fsdp", not "{ctx.config.parallel.kind}"',
             'use parallel.kind = "ddp" or "fsdp"',
         )
+
+
+def sampler_values(rl) -> Iterator[Problem]:
+    """Ranges of the sampler settings, which every row that samples with [rl] reads."""
+    checks = [
+        ("max_new_tokens", rl.max_new_tokens >= 1, "at least 1"),
+        ("temperature", rl.temperature > 0, "above 0 (sampling; greedy rollouts would all agree)"),
+        ("top_p", 0 < rl.top_p <= 1, "in (0, 1]"),
+        ("generation_batch_size", rl.generation_batch_size >= 0, "0 (all at once) or more"),
+    ]
+    yield from _ranges(rl, checks)
+
+
+def _ranges(rl, checks) -> Iterator[Problem]:
+    for key, ok, wanted in checks:
+        if not ok:
+            yield error(f"rl.{key}", f"must be {wanted}, got {getattr(rl, key)!r}", f"set rl.{key} {wanted}")
 
 
 def rewards_resolve(ctx) -> Iterator[Problem]:

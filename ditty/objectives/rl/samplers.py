@@ -3,7 +3,8 @@
 A sampler has one job: `sample(prompt_ids, first_position, max_new_tokens=None) -> RolloutBatch`, a
 group of `rl.group_size` completions of every prompt (rows in prompt order), seeded by the prompts'
 global positions (`first_position` is the first prompt's place in the global order), so the same
-prompts draw the same completions on any world size and after a resume.
+prompts draw the same completions on any world size and after a resume. A call's `max_new_tokens`
+can only shorten the completions: the lower of it and `rl.max_new_tokens` applies (`new_tokens`).
 
 - "generate" (ditty.objectives.rl.sampling.GenerateSampler): transformers' generate on the live policy.
   It has no weights of its own: it always samples with the policy as it is.
@@ -29,6 +30,11 @@ class Sampler(Protocol):
     def sample(
         self, prompt_ids: list[list[int]], first_position: int = 0, max_new_tokens: Optional[int] = None
     ) -> RolloutBatch: ...
+
+
+def new_tokens(rl: Any, max_new_tokens: Optional[int]) -> int:
+    """The most tokens a completion of this call may have: `rl.max_new_tokens`, or a call's tighter cap."""
+    return rl.max_new_tokens if max_new_tokens is None else min(max_new_tokens, rl.max_new_tokens)
 
 
 def holds_weights(sampler: Any) -> bool:

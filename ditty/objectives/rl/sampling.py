@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ditty._utils.dist import on_every_rank
 from ditty._utils.modules import unwrap
 from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.rl.samplers import new_tokens
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,12 @@ class GenerateSampler:
     def sample(
         self, prompt_ids: list[list[int]], first_position: int = 0, max_new_tokens: Optional[int] = None
     ) -> RolloutBatch:
-        """`max_new_tokens`: a tighter cap than the settings' for this call."""
+        """`max_new_tokens`: a tighter cap than the settings' for this call (ditty.objectives.rl.samplers)."""
         eos = self.tokenizer.eos_token_id
         out = RolloutBatch([], [], [], [])
-        settings = self.rl if max_new_tokens is None else replace(self.rl, max_new_tokens=max_new_tokens)
+        settings = (
+            self.rl if max_new_tokens is None else replace(self.rl, max_new_tokens=new_tokens(self.rl, max_new_tokens))
+        )
         groups = generate_groups(
             self.policy(), prompt_ids, settings, self.tokenizer, self.device, self.seed, first_position
         )

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import prompt_seed, rollouts_from_tokens
+from ditty.objectives.rl.samplers import new_tokens, prompt_seed, rollouts_from_tokens
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class ServerSampler:
                 "seed": prompt_seed(self.seed, first_position + i),
                 "temperature": self.rl.temperature,
                 "top_p": self.rl.top_p,
-                "max_tokens": max_new_tokens or self.rl.max_new_tokens,
+                "max_tokens": new_tokens(self.rl, max_new_tokens),
                 "logprobs": 0,
                 "return_token_ids": True,
                 "stop_token_ids": [eos] if eos is not None else [],
