@@ -129,7 +129,15 @@ def data_paths(ctx: Context) -> Iterator[Problem]:
             yield error("data.path", f"no file matches {data.path}", "check the path (globs like data/*.jsonl work)")
         elif os.path.isdir(data.path):
             yield error("data.path", f"{data.path} is a directory", "name the files, e.g. data/*.jsonl")
-    elif data.source == "hub":
+    elif data.path and not data.sources:  # [[data.sources]] warn about it themselves
+        yield error(
+            "data.path",
+            f'names a file, but data.source = "{data.source}" reads '
+            + (f"the built-in {data.name!r} dataset" if data.source == "builtin" else f"the hub dataset {data.name!r}")
+            + ", not the file",
+            'set data.source = "file" to train on the file (or remove data.path)',
+        )
+    if data.source == "hub":
         if not data.name:
             yield error("data.name", 'is required when data.source = "hub"')
         else:

@@ -132,6 +132,18 @@ harness_limit = 5
     }
 
 
+def test_a_data_path_without_a_file_source_is_an_error_not_the_builtin_data(tmp_path):
+    """data.source defaults to "builtin": a recipe that names its file but not the source would
+    otherwise train on the built-in addition data."""
+    _files(tmp_path, "mine.jsonl")
+    found = _problems(tmp_path, '[data]\npath = "{tmp}/mine.jsonl"\n')
+    problem = found[("paths.data", "data.path")]
+    assert problem.severity == "error" and "built-in 'addition' dataset" in problem.message
+    assert 'data.source = "file"' in problem.fix
+    with_source = _problems(tmp_path, '[data]\nsource = "file"\npath = "{tmp}/mine.jsonl"\n')
+    assert ("paths.data", "data.path") not in with_source
+
+
 def test_harness_rules(tmp_path, monkeypatch):
     body = """
 [parallel]
