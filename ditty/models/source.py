@@ -149,6 +149,33 @@ def check_model_source(model: ModelConfig) -> list[Problem]:
     return problems
 
 
+def frozen_model_problems(path: str, key: str, role: str) -> list[Problem]:
+    """What can be told offline of a frozen model named by `path` at recipe key `key` (a preference
+    reference, a distillation teacher): that it is a model directory or a hub id, as model.path is
+    checked, and that its architecture is a causal LM (from its config.json; an uncached hub id is
+    checked when it loads). `role` names it in the message: "reference", "teacher"."""
+    from dataclasses import replace
+
+    from ditty.models.task_support import task_problem
+    from ditty.models.tasks import model_task
+
+    found = [replace(problem, key=key) for problem in _check_path(path)]
+    if found:
+        return found
+    config = read_model_config(ModelConfig(path=path))
+    if not task_problem(config, model_task("causal-lm")):
+        return []
+    owner = "student" if role == "teacher" else "policy"
+    return [
+        Problem(
+            key=key,
+            message=f"{path!r} is a {config['model_type']} model that is not a causal LM: the {role} scores the "
+            "next token of every completion with a causal LM's head",
+            fix=f"name a causal LM trained with the {owner}'s tokenizer",
+        )
+    ]
+
+
 def _check_path(path: str) -> list[Problem]:
     local = local_model_dir(path)
     if local:

@@ -95,14 +95,24 @@ class GKDLoss(LossCalculator):
 
 class OnPolicyStream:
     """The data's micro-batches; on a share `lmbda` of the steps, their completions replaced by the
-    student's own samples from the same prompts (a prompt is a row's tokens before its first label)."""
+    student's own samples from the same prompts (a prompt is a row's tokens before its first label),
+    each row cut to `max_seq_len` tokens as the data's rows are."""
 
     def __init__(
-        self, inner: Any, sampler: Any, distill: Any, seed: int, pad_token_id: int, *, rank: int, micro_batch_size: int
+        self,
+        inner: Any,
+        sampler: Any,
+        distill: Any,
+        seed: int,
+        pad_token_id: int,
+        *,
+        rank: int,
+        micro_batch_size: int,
+        max_seq_len: int,
     ) -> None:
         self.inner, self.sampler, self.distill = inner, sampler, distill
         self.seed, self.pad_token_id = seed, pad_token_id
-        self.rank, self.micro_batch_size = rank, micro_batch_size
+        self.rank, self.micro_batch_size, self.max_seq_len = rank, micro_batch_size, max_seq_len
         self.steps = 0
         self.on_policy_steps = 0
 
@@ -136,7 +146,11 @@ class OnPolicyStream:
 
         prompts = [prompt_of(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"])]
         rollouts = self.sampler.sample(prompts, position)
-        samples = [(p + c, [IGNORE_INDEX] * len(p) + c) for p, c in zip(rollouts.prompt_ids, rollouts.completion_ids)]
+        cut = self.max_seq_len
+        samples = [
+            ((p + c)[:cut], ([IGNORE_INDEX] * len(p) + c)[:cut])
+            for p, c in zip(rollouts.prompt_ids, rollouts.completion_ids)
+        ]
         out = pad_samples(samples, self.pad_token_id)
         del out["position_ids"]
         out[SAMPLED] = torch.ones(len(samples), dtype=torch.bool)
@@ -181,7 +195,8 @@ def build_distill(run: Any) -> ObjectiveParts:
     if distill.lmbda > 0:
         data = run.data.stream(run.plan.accumulation_steps)
         policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
-        settings = SamplerSettings(1, distill.temperature, 1.0, distill.max_new_tokens)  # one completion per prompt
+        new_tokens = min(distill.max_new_tokens, config.data.max_seq_len)  # a row holds at most max_seq_len
+        settings = SamplerSettings(1, distill.temperature, 1.0, new_tokens)  # one completion per prompt
         sampler = GenerateSampler(policy, settings, run.tokenizer, run.runtime.device, config.run.seed)
         pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         stream = OnPolicyStream(
@@ -192,6 +207,7 @@ def build_distill(run: Any) -> ObjectiveParts:
             pad,
             rank=run.runtime.data_rank,  # the rank the data stream slices by (tensor-parallel peers share it)
             micro_batch_size=config.train.micro_batch_size,
+            max_seq_len=config.data.max_seq_len,
         )
     return ObjectiveParts(
         loss=GKDLoss(distill, teacher),
@@ -219,12 +235,9 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
     if not distill.teacher:
         yield error("distill.teacher", "names no teacher", 'set distill.teacher = "runs/tiny_sft/final" (a model path)')
     else:
-        import dataclasses
+        from ditty.models.source import frozen_model_problems
 
-        from ditty.models.source import _check_path
-
-        for problem in _check_path(distill.teacher):
-            yield dataclasses.replace(problem, key="distill.teacher")
+        yield from frozen_model_problems(distill.teacher, "distill.teacher", "teacher")
     checks = [
         ("beta", 0.0 <= distill.beta <= 1.0, "in [0, 1] (0: forward KL, 1: reverse KL)"),
         ("lmbda", 0.0 <= distill.lmbda <= 1.0, "in [0, 1] (the share of on-policy steps)"),
@@ -294,7 +307,7 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
         d.teacher or "none",
         method="gkd",
         rollout_sequences=prompts if d.lmbda > 0 else 0,
-        rollout_tokens=config.data.max_seq_len + d.max_new_tokens,
+        rollout_tokens=config.data.max_seq_len + min(d.max_new_tokens, config.data.max_seq_len),
         chunks=d.chunks,
     )
 

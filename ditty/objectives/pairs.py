@@ -4,7 +4,6 @@ rules, plan rows and model-card line (ditty.objectives.table)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterator
 
 from ditty.config.errors import Problem, error, warning
@@ -102,10 +101,9 @@ def reference_rules(ctx: Any) -> Iterator[Problem]:
         return
     if pref.reference == "auto":
         return
-    from ditty.models.source import _check_path
+    from ditty.models.source import frozen_model_problems
 
-    for problem in _check_path(pref.reference):
-        yield dataclasses.replace(problem, key="preference.reference")
+    yield from frozen_model_problems(pref.reference, "preference.reference", "reference")
 
 
 def no_zero3(ctx: Any, what: str) -> Iterator[Problem]:

@@ -70,26 +70,41 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
     config = run.config
     refuse_another_tokenizer(run.tokenizer, setting, key, trust_remote_code=config.model.trust_remote_code)
     other = replace(config, model=loaded_as_is(config.model, setting))
-    if sharded:
-        return FrozenModel(sharded_like_policy(run, other), chunks)
-    from ditty.models.recipe_model import base_model_for
+    with errors_named(key):  # it loads as a model.path would: the user wrote `key`
+        if sharded:
+            return FrozenModel(sharded_like_policy(run, other), chunks)
+        from ditty.models.recipe_model import base_model_for
 
-    separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
+        separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
     return FrozenModel(frozen(separate), chunks)
+
+
+@contextlib.contextmanager
+def errors_named(key: str):
+    """A RecipeError about `model.path` raised inside is about `key` (the reference's or teacher's path)."""
+    from ditty.config.errors import RecipeError
+
+    try:
+        yield
+    except RecipeError as failed:
+        problems = [replace(p, key=key) if p.key == "model.path" else p for p in failed.problems]
+        raise RecipeError(problems, source=failed.source) from failed
 
 
 def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remote_code: bool = False) -> None:
     """A RecipeError when the model at `path` was trained with another tokenizer than the policy's
-    `tokenizer`: it would score the policy's ids as its own, other, tokens. A directory without
-    tokenizer files is held to its embedding table, which must have a row for every id (loading grows a
-    shorter one with random rows); a hub id that cannot be read offline is not checked."""
+    `tokenizer` (the student's, for a teacher: `key` distill.*): it would score the policy's ids as its
+    own, other, tokens. A directory without tokenizer files is held to its embedding table, which must
+    have a row for every id (loading grows a shorter one with random rows), and is taken to share the
+    tokenizer (a warning says so); a hub id that cannot be read offline is not checked."""
     if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
         return
     from ditty.config.errors import RecipeError
     from ditty.data.tokenizer import holds_no_tokenizer
 
     local = os.path.expanduser(path)
-    fix = "use a model trained with the policy's tokenizer (such as the checkpoint the policy starts from)"
+    owner = "student" if key.startswith("distill.") else "policy"
+    fix = f"use a model trained with the {owner}'s tokenizer (such as the checkpoint the {owner} starts from)"
     if os.path.isdir(local) and holds_no_tokenizer(local):
         from transformers import AutoConfig
 
@@ -99,12 +114,19 @@ def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remot
             return  # not a model directory: loading it says why
         if rows is not None and rows < len(tokenizer):
             raise RecipeError.single(
-                f"{path!r} has {rows} token embeddings and the policy's tokenizer {len(tokenizer)} ids: "
-                "the ids beyond its table would get random rows, and it holds no tokenizer to show it is the "
-                "policy's",
+                f"{path!r} has {rows} token embeddings and the {owner}'s tokenizer {len(tokenizer)} ids: "
+                f"the ids beyond its table would get random rows, and it holds no tokenizer to show it is the "
+                f"{owner}'s",
                 key=key,
                 fix=fix,
             )
+        log.warning(
+            "%s = %r holds no tokenizer files, so its vocabulary cannot be compared with the %s's: it is taken "
+            "to be the same",
+            key,
+            path,
+            owner,
+        )
         return
     from transformers import AutoTokenizer
 
@@ -117,13 +139,13 @@ def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remot
     if ours_vocab == their_vocab:
         return
     if len(their_vocab) != len(ours_vocab):
-        what = f"{len(their_vocab)} ids against the policy's {len(ours_vocab)}"
+        what = f"{len(their_vocab)} ids against the {owner}'s {len(ours_vocab)}"
     else:
         token = next(t for t in sorted(ours_vocab, key=ours_vocab.get) if their_vocab.get(t) != ours_vocab[t])
-        what = f"the same {len(ours_vocab)} ids for other tokens: {token!r} is {ours_vocab[token]} to the policy, "
+        what = f"the same {len(ours_vocab)} ids for other tokens: {token!r} is {ours_vocab[token]} to the {owner}, "
         what += f"{their_vocab.get(token)} to it"
     raise RecipeError.single(
-        f"{path!r} has another tokenizer than the policy's ({what}): it would score the policy's "
+        f"{path!r} has another tokenizer than the {owner}'s ({what}): it would score the {owner}'s "
         "token ids as its own tokens",
         key=key,
         fix=fix,

@@ -301,6 +301,29 @@ def test_a_missing_teacher_is_exit_2(tmp_path, capsys):
     assert code == 2 and "`distill.teacher`" in out.err + out.out
 
 
+def test_a_teacher_that_is_not_a_causal_lm_is_refused_by_check(tmp_path, capsys):
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForSequenceClassification"]}')
+    code = main(["check", str(distill_recipe(tmp_path, bert))])
+    out = capsys.readouterr()
+    text = out.err + out.out
+    assert code == 2 and "`distill.teacher`" in text and "is a bert model that is not a causal LM" in text, text
+
+
+def test_a_teacher_that_cannot_load_is_exit_2_naming_distill_teacher(tmp_path, tiny_llama_dir, capsys):
+    import shutil
+
+    teacher = tmp_path / "no_weights"
+    shutil.copytree(tiny_llama_dir, teacher)
+    (teacher / "model.safetensors").unlink()
+    code = main(["run", str(distill_recipe(tmp_path, teacher))])
+    out = capsys.readouterr()
+    text = out.err + out.out
+    assert code == 2 and "`distill.teacher` cannot load a model from directory" in text, text
+    assert "`model.path`" not in text and "Traceback" not in text
+
+
 def test_a_teacher_of_another_vocabulary_is_exit_2(tmp_path, capsys):
     from tests.conftest import _save_tiny
 
@@ -308,3 +331,32 @@ def test_a_teacher_of_another_vocabulary_is_exit_2(tmp_path, capsys):
     code = main(["run", str(distill_recipe(tmp_path, teacher))])
     out = capsys.readouterr()
     assert code == 2 and "one vocabulary" in out.err + out.out
+
+
+def test_the_students_samples_are_cut_to_max_seq_len_with_their_prompt(tiny_llama_dir):
+    """A `distill.max_new_tokens` beyond data.max_seq_len makes no longer rows than the data's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ditty._utils.labels import IGNORE_INDEX
+    from ditty.objectives.gkd import OnPolicyStream
+    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
+        AutoTokenizer.from_pretrained(tiny_llama_dir),
+    )
+    sampler = GenerateSampler(lambda: model, SamplerSettings(1, 1.0, 1.0, 20), tokenizer, torch.device("cpu"), seed=0)
+    stream = OnPolicyStream(None, sampler, None, 0, tokenizer.pad_token_id, rank=0, micro_batch_size=2, max_seq_len=10)
+    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("7=")["input_ids"]]
+    rows = [p + [tokenizer.eos_token_id] for p in prompts]  # each row's one label is its end: the prompt is before it
+    width = max(len(r) for r in rows)
+    batch = {
+        "input_ids": torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor(
+            [[IGNORE_INDEX] * (len(r) - 1) + [r[-1]] + [IGNORE_INDEX] * (width - len(r)) for r in rows]
+        ),
+    }
+    out = stream.sampled(batch, 0)
+    assert out["input_ids"].shape[1] == 10  # the 20 sampled tokens of the longer row, cut with its prompt
+    scored = (out["labels"] != IGNORE_INDEX).sum(dim=1).tolist()
+    assert scored == [10 - len(p) for p in prompts], scored

@@ -98,7 +98,7 @@ def test_a_reference_with_another_tokenizer_is_refused(capsys, tmp_path, tiny_ll
     assert not (tmp_path / "run" / "final").exists()
 
 
-def test_a_reference_without_a_tokenizer_and_too_few_embeddings_is_refused(capsys, tmp_path, tiny_llama_dir):
+def test_a_reference_without_a_tokenizer_and_too_few_embeddings_is_refused(capsys, caplog, tmp_path, tiny_llama_dir):
     import shutil
 
     short = _reference_with_another_tokenizer(tmp_path / "short", added=0)
@@ -123,6 +123,17 @@ def test_a_reference_without_a_tokenizer_and_too_few_embeddings_is_refused(capsy
     )
     code, out = run_cli(capsys, "run", recipe)
     assert code == 0, out
+    assert "holds no tokenizer files, so its vocabulary cannot be compared with the policy's" in caplog.text
+
+
+def test_a_reference_that_is_not_a_causal_lm_is_refused_by_check(capsys, tmp_path, tiny_llama_dir):
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text('{"model_type": "t5", "vocab_size": 259}')
+    extra = f'[preference]\nreference = "{t5}"'
+    recipe = preference_recipe(tmp_path, tiny_llama_dir, write_pairs(tmp_path / "p.jsonl"), extra=extra)
+    code, out = run_cli(capsys, "check", recipe)
+    assert code == 2 and "`preference.reference`" in out and "is a t5 model that is not a causal LM" in out, out
 
 
 def test_sft_weight_with_simpo_says_simpo_takes_no_nll_term(capsys, tmp_path, tiny_llama_dir):
