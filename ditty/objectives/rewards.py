@@ -139,6 +139,8 @@ def signature_problem(function: Any, columns: Optional[Sequence[str]] = None) ->
     """Why `function` cannot be called as fn(prompts=..., completions=..., **columns), or None."""
     if not callable(function):
         return f"is a {type(function).__name__}, not a function"
+    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+        return "is async (async def): reward functions are called as plain functions that return the rewards"
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # a builtin without a signature: it will be called as is

@@ -85,3 +85,7 @@ def catches_everything(prompts, completions, **columns):
 
 def huge(prompts, completions, **columns):
     return [1e308 for _ in completions]
+
+
+async def asynchronous(prompts, completions, **columns):
+    return [0.0 for _ in completions]

@@ -53,6 +53,7 @@ def test_every_bad_reference_is_reported_at_once_with_its_key():
                 f"{SAMPLES}:NOT_A_FUNCTION",
                 f"{SAMPLES}:original_style",
                 f"{SAMPLES}:positional_only",
+                f"{SAMPLES}:asynchronous",
             ],
             [1.0, 1.0],
         )
@@ -66,15 +67,17 @@ def test_every_bad_reference_is_reported_at_once_with_its_key():
         "rl.rewards[3]",
         "rl.rewards[4]",
         "rl.rewards[5]",
+        "rl.rewards[6]",
     ]
     text = str(caught.value)
-    assert "2 weights for 6 reward functions" in text
+    assert "2 weights for 7 reward functions" in text
     assert "cannot import module 'no_such_module_xyz'" in text
     assert "has no attribute 'missing'" in text
     assert 'not of the form "package.module:Name"' in text
     assert "is a int, not a function" in text
     assert "takes no 'prompts' or 'completions' argument" in text and "TaskReward" in text
     assert "positional-only" in text
+    assert "is async (async def)" in text
     assert "fn(prompts, completions, **columns) -> list[float]" in text  # the fix names TRL's signature
 
 

@@ -38,6 +38,13 @@ class CountingTurns:
         return StepResult(observation=[{"role": "user", "content": "again"}], reward=reward, metrics={"answers": 1.0})
 
 
+class NeedsALevel(CountingTurns):
+    """CountingTurns that must be told its level: ditty cannot build it as NeedsALevel()."""
+
+    def __init__(self, level):
+        self.level = level
+
+
 class RaisesInStep:
     """Fails on its second turn (a bug in the user's environment)."""
 

@@ -128,6 +128,18 @@ def vllm_backend(ctx) -> Iterator[Problem]:
     yield from backend_rules(ctx)
 
 
+def arguments_needed(cls: type) -> list[str]:
+    """The parameters `cls()` would miss (none when its signature cannot be read)."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in params if p.default is p.empty and p.kind not in kinds]
+
+
 EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout_s", "credit")
 
 
@@ -149,6 +161,13 @@ def episodes(ctx) -> Iterator[Problem]:
                 f"{rl.environment} {what}",
                 "name a class with reset(row) -> observation and step(completion) -> StepResult "
                 "(ditty.objectives.rl.environment)",
+            )
+        elif cls is not None and (needed := arguments_needed(cls)):
+            yield error(
+                "rl.environment",
+                f"{rl.environment} cannot be built without arguments (it needs {', '.join(needed)}): "
+                "ditty builds one per episode as Name()",
+                "give those parameters defaults, or name a subclass that sets them",
             )
         if rl.tools:
             yield warning(
