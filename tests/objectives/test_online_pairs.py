@@ -180,18 +180,6 @@ def test_online_pairs_train_from_prompts_or_pairs(tmp_path, tiny_llama_dir, caps
         (["--preference.reference", "precompute"], "preference.reference", "sampled during"),
         (["--data.format", "prompt"], "rl.rewards", "needs reward functions"),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
-    ],
-)
-def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags, key, words):
-    code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
-    out = capsys.readouterr()
-    text = out.err + out.out
-    assert code == 2 and f"`{key}`" in text and words in text, text
-
-
-@pytest.mark.parametrize(
-    "flags, key, words",
-    [
         (["--rl.temperature", "-1"], "rl.temperature", "above 0"),
         (["--rl.max_new_tokens", "0"], "rl.max_new_tokens", "at least 1"),
         (["--rl.top_p", "0"], "rl.top_p", "in (0, 1]"),
@@ -199,7 +187,7 @@ def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags,
         (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "judged by one function"),
     ],
 )
-def test_the_rl_sampler_settings_online_pairs_read_are_checked(tmp_path, tiny_llama_dir, capsys, flags, key, words):
+def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags, key, words):
     code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
     out = capsys.readouterr()
     text = out.err + out.out
