@@ -41,6 +41,7 @@ DistillConfig(teacher=...)` distils a teacher into the model on prompt/completio
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -223,7 +224,8 @@ class Pipeline:
         config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
         first_row = data[0] if isinstance(data, (list, tuple)) and data else None  # online pairs: prompts or pairs
         keywords = (self.preference, self.rl, self.reward_functions, self.loss_calculator)
-        return with_objective(config, *keywords, distill=self.distill, first_row=first_row)
+        config = with_objective(config, *keywords, distill=self.distill, first_row=first_row)
+        return with_text_row_format(config, data, self.preprocessors, self.tokenizer or self.tokenizer_factory)
 
     def check(self, data: Any = None) -> None:
         """Every compiler rule on the config, the keywords, the component slots, and the contract
@@ -386,6 +388,22 @@ class Pipeline:
             if getattr(self.trainer, "model", None) is not None:
                 self.model = unwrap_model(self.trainer.model)
             return result
+
+
+def with_text_row_format(config: Any, data: Any, preprocessors: list, tokenizer: Any) -> Any:
+    """A supervised causal LM's rows of text (prompt/completion, text or messages), which the Trainer
+    tokenizes (ditty.train.data_modes.takes_rows), read in the format their first row shows."""
+    from ditty.models.tasks import model_task
+    from ditty.train.data_modes import first_row, text_row_format
+
+    if _objective(config) or not model_task(config.model.task).token_rows or preprocessors:
+        return config
+    if tokenizer is None and not (config.model.path or config.tokenizer.path):
+        return config
+    found = text_row_format(first_row(data), config.data)
+    if found is None or found == config.data.format:
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, format=found))
 
 
 def _objective(config: Any) -> bool:

@@ -10,8 +10,9 @@ mode and never what the data is. A new data format is not a new mode: it is a `D
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -232,9 +233,43 @@ def takes_rows(config: Any, components: Any) -> bool:
     # An objective's data (preference pairs, RL prompts, a distillation's prompts and completions) is
     # rows of a format too, on a causal LM.
     row_format = objective_name(config) != "supervised" or config.data.format in PROMPT_AND_PAIR_FORMATS
+    row_format = row_format or (
+        texts_to_tokenize(config, components)
+        and text_row_format(first_row(components.dataset), config.data) is not None
+    )
     return (
         (not model_task(config.model.task).token_rows or row_format)
         and components.dataset is not None
         and components.dataloader is None
         and components.collate_fn is None
     )
+
+
+def texts_to_tokenize(config: Any, components: Any) -> bool:
+    """Rows of text are ditty's to tokenize when a tokenizer is known (the Hugging Face model's, or
+    one given) and no preprocessor of the user's reads the batch (it may tokenize them itself)."""
+    has_tokenizer = components.tokenizer is not None or bool(config.model.path or config.tokenizer.path)
+    return has_tokenizer and not components.preprocessors
+
+
+def first_row(dataset: Any) -> Any:
+    """The dataset's first sample, or None when it cannot be indexed (a stream, an empty list)."""
+    try:
+        return dataset[0] if dataset is not None and len(dataset) else None
+    except Exception:  # noqa: BLE001 - a peek only: any dataset may be given
+        return None
+
+
+def text_row_format(row: Any, data: Any) -> Optional[str]:
+    """The causal-LM format of a row of text given to the Python API ("chat" for messages without a
+    prompt, "prompt_completion", or "text"), which ditty tokenizes as the recipe's data; None for a
+    sample of tokens (`input_ids`) or anything else, which goes to the collate function as it is."""
+    if not isinstance(row, Mapping) or "input_ids" in row:
+        return None
+    if isinstance(row.get(data.messages_column), list) and data.prompt_column not in row:
+        return "chat"
+    if isinstance(row.get(data.prompt_column), str) and isinstance(row.get(data.completion_column), str):
+        return "prompt_completion"
+    if isinstance(row.get(data.text_column), str):
+        return "text"
+    return None
