@@ -101,6 +101,14 @@ def with_objective(
             fix="run preference optimisation and reinforcement learning as two Pipelines, one after the other",
         )
     if preference is not None:
+        from ditty.objectives.preference_loss import PreferenceLoss
+
+        if not isinstance(loss_calculator, PreferenceLoss):
+            _refuse_a_loss_beside(
+                loss_calculator,
+                "preference= trains with its kind's preference loss",
+                "leave loss_calculator out (preference=PreferenceConfig(...) tunes the loss), or pass a PreferenceLoss",
+            )
         section = as_section(preference, PreferenceConfig, "preference")
         data_format = "unpaired_preference" if section.kind == "kto" else "preference"
         return dataclasses.replace(

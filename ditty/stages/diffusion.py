@@ -40,7 +40,7 @@ class Scheduler:
 
     def __init__(
         self,
-        max_timesteps: int = 1000,
+        max_timesteps: Optional[int] = None,
         schedule_type: str = "cosine",
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
@@ -48,7 +48,12 @@ class Scheduler:
         clip_sample: bool = True,
         timesteps: Optional[int] = None,
     ) -> None:
-        max_timesteps = timesteps if timesteps is not None else max_timesteps  # the original's keyword
+        if timesteps is not None and max_timesteps is not None and timesteps != max_timesteps:
+            raise ValueError(
+                f"max_timesteps={max_timesteps} and timesteps={timesteps} disagree: timesteps is the original "
+                "Ditty's name of max_timesteps, so pass one of them"
+            )
+        max_timesteps = next((n for n in (timesteps, max_timesteps) if n is not None), 1000)  # the original's keyword
         _validate(max_timesteps, schedule_type, beta_start, beta_end)
         self.max_timesteps = max_timesteps
         self.clip_sample = clip_sample
@@ -201,7 +206,7 @@ class NoisePreProcessor(PreProcessor):
 
     def __init__(
         self,
-        max_timesteps: int = 1000,
+        max_timesteps: Optional[int] = None,
         schedule_type: str = "cosine",
         beta_start: float = 1e-4,
         beta_end: float = 0.02,

@@ -83,7 +83,7 @@ def run_pipeline(
     ctx["original_batch"] = batch
     for index, processor in enumerate(pipeline.preprocessors):
         before = batch
-        batch, ctx = processor.process(batch, ctx)
+        batch, ctx = stage_result(processor.process(batch, ctx), "preprocessors", index, processor)
         if checker:
             checker.stage(
                 f"pipeline.preprocessors[{index}] ({type(processor).__name__})", processor, before, batch, ctx
@@ -102,7 +102,7 @@ def run_pipeline(
         checker.stage(f"model ({type(unwrap(model)).__name__})", unwrap(model), batch, output, ctx)
     for index, processor in enumerate(pipeline.postprocessors):
         before = output
-        output, ctx = processor.process(output, ctx)
+        output, ctx = stage_result(processor.process(output, ctx), "postprocessors", index, processor)
         if checker:
             checker.stage(
                 f"pipeline.postprocessors[{index}] ({type(processor).__name__})", processor, before, output, ctx
@@ -114,5 +114,44 @@ def run_pipeline(
         checker.raise_errors()
     if head_input:  # its matrix products are the output head's: same precision as in the forward
         with autocast():
-            return pipeline.loss(output, ctx)
-    return pipeline.loss(output, ctx)  # labels reach the loss through ctx["batch"]
+            return loss_result(pipeline.loss(output, ctx), pipeline.loss)
+    return loss_result(pipeline.loss(output, ctx), pipeline.loss)  # labels reach the loss through ctx["batch"]
+
+
+def stage_result(result: Any, stages: str, index: int, processor: Any) -> tuple[Any, dict]:
+    """A processor's `(data, ctx)`; a TypeError naming the stage for anything else (a user's stage
+    returning its data alone would otherwise fail as an unpacking error far from it)."""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        return result
+    raise TypeError(
+        f"pipeline.{stages}[{index}] ({type(processor).__name__}).process returned "
+        f"{type(result).__name__}{f' of {len(result)}' if isinstance(result, tuple) else ''}: it must return the "
+        "pair (data, ctx), the context passed on (return batch, ctx)"
+    )
+
+
+def loss_result(out: Any, loss: Any) -> Any:
+    """The loss calculator's LossOutput, checked: a scalar tensor that takes a backward when gradients
+    are on, and numeric metrics. A TypeError naming the loss's class otherwise, before the trainer
+    meets it in the backward or the logs."""
+    from ditty.stages.loss import LossOutput
+
+    name = type(loss).__name__
+    if not isinstance(out, LossOutput):
+        raise TypeError(
+            f"{name} returned {type(out).__name__}: a loss calculator returns a LossOutput (ditty.LossOutput("
+            "loss=<scalar tensor>, metrics={...}))"
+        )
+    value = out.loss
+    if not torch.is_tensor(value) or value.numel() != 1:
+        what = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else type(value).__name__
+        raise TypeError(f"{name} returned a LossOutput whose loss is {what}: it must be a scalar tensor")
+    if torch.is_grad_enabled() and not value.requires_grad:
+        raise TypeError(
+            f"{name} returned a loss that does not require grad: it was computed outside autograd (a "
+            ".detach(), .item() or torch.no_grad()), so no backward can reach the model"
+        )
+    for key, metric in out.metrics.items():
+        if not isinstance(metric, (int, float)) and not (torch.is_tensor(metric) and metric.numel() == 1):
+            raise TypeError(f"{name} returned the metric {key!r} = {metric!r}: metrics are numbers")
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -303,3 +304,82 @@ def test_objects_of_the_wrong_kind_are_all_named(tmp_path):
     ):
         assert line in text, text
     assert "preprocessors[0]" not in text
+
+
+@pytest.mark.parametrize(
+    "returned, words",
+    [
+        ("float", "returned float: a loss calculator returns a LossOutput"),
+        ("detached", "returned a loss that does not require grad"),
+        ("per_row", "returned a LossOutput whose loss is a tensor of shape (8, 1): it must be a scalar tensor"),
+        ("text_metric", "returned the metric 'note' = 'abc': metrics are numbers"),
+    ],
+)
+def test_a_loss_that_returns_the_wrong_thing_is_named(tmp_path, returned, words):
+    from ditty.stages.loss import LossOutput
+
+    class Odd(MSELoss):
+        def compute(self, model_output, ctx):
+            error = (self.get_prediction(model_output) - self.get_target(ctx)) ** 2
+            return {
+                "float": lambda: float(error.mean()),
+                "detached": lambda: LossOutput(loss=error.mean().detach()),
+                "per_row": lambda: LossOutput(loss=error),
+                "text_metric": lambda: LossOutput(loss=error.mean(), metrics={"note": "abc"}),
+            }[returned]()
+
+    with pytest.raises(TypeError, match=re.escape(f"Odd {words}")):
+        pipeline(tmp_path, loss_calculator=Odd()).run()
+
+
+def test_a_stage_that_returns_its_data_alone_is_named(tmp_path):
+    class Forgetful(SplitTarget):
+        def process(self, batch, ctx):
+            return super().process(batch, ctx)[0]
+
+    with pytest.raises(TypeError, match=re.escape("pipeline.preprocessors[0] (Forgetful).process returned Tensor")):
+        pipeline(tmp_path, preprocessors=[Forgetful()]).run()
+
+
+def test_preference_beside_another_loss_is_refused(tmp_path, tiny_llama_dir):
+    pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 8
+    with pytest.raises(RecipeError, match="preference= trains with its kind's preference loss"):
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=pairs,
+            preference={"kind": "dpo"},
+            loss_calculator=MSELoss(),
+            output_dir=str(tmp_path / "run"),
+        )
+
+
+@pytest.mark.parametrize(
+    "rows, data_format",
+    [
+        ([{"prompt": f"{a}+1=", "completion": str(a + 1)} for a in range(8)], "prompt_completion"),
+        ([{"text": f"{a}+1={a + 1}"} for a in range(8)], "text"),
+        (
+            [
+                {"messages": [{"role": "user", "content": f"{a}+1="}, {"role": "assistant", "content": str(a + 1)}]}
+                for a in range(8)
+            ],
+            "chat",
+        ),
+    ],
+)
+def test_rows_of_text_train_a_hugging_face_model(tmp_path, tiny_llama_dir, rows, data_format):
+    """Rows of text are tokenized as the recipe's data of the format the first row shows."""
+    p = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+        dataset=rows,
+        output_dir=str(tmp_path / "run"),
+        steps=2,
+        batch_size=4,
+        device="cpu",
+        progress=False,
+        log_every=1,
+    )
+    assert p.config().data.format == data_format
+    result = p.run()
+    losses = [r["loss"] for r in records(result.run_dir) if "loss" in r]
+    assert result.steps == 2 and len(losses) == 2 and all(loss > 0 for loss in losses)

@@ -52,6 +52,7 @@ def test_cosine_alpha_bar_follows_the_formula():
         ({"beta_start": 0.02, "beta_end": 0.01}, "beta_start < beta_end"),
         ({"beta_start": 0.0}, "0 < beta_start"),
         ({"beta_end": 1.5}, "beta_end < 1"),
+        ({"max_timesteps": 10, "timesteps": 20}, "max_timesteps=10 and timesteps=20 disagree"),
     ],
 )
 def test_bad_arguments(kwargs, message):
