@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -41,25 +39,6 @@ def _save_tiny(path, model_type: str, **overrides):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def children_temp_dir():
-    """The processes the tests start keep their temporary files in one directory, removed when the
-    session ends. Tests that SIGKILL a run on purpose would otherwise leave in /tmp what the run
-    could not clean up: multiprocessing's pymp-*, the launcher's ditty-errors-*, vLLM's ditty-vllm-*.
-    This process keeps its own temporary directory (pytest's basetemp stays where it was), and the
-    new one is short: unix-socket paths under it stay far below the 107-byte limit."""
-    tempfile.gettempdir()  # resolved and cached now, before TMPDIR changes: this process's stays as it was
-    before = os.environ.get("TMPDIR")
-    path = tempfile.mkdtemp(prefix="ditty-tests-")
-    os.environ["TMPDIR"] = path
-    yield path
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
