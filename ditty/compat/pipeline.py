@@ -146,6 +146,7 @@ class Pipeline:
         distill: Any = None,
         **unknown: Any,
     ) -> None:
+        output_dir = os.fspath(output_dir) if isinstance(output_dir, os.PathLike) else output_dir
         given = {name: value for name, value in locals().items() if name not in ("self", "unknown")}
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "unknown")]

@@ -18,6 +18,7 @@ from ditty.config.errors import Problem
 from ditty.config.schema import field_types, fields_of, is_config_class, type_name, walk_leaves
 
 _MISSING = object()
+NOT_TOML = "has a type ditty cannot read from TOML"
 _FLOAT_EXACT_INT = 2**53  # integers beyond this lose precision as floats
 
 
@@ -131,7 +132,7 @@ def convert(value: Any, tp: Any, path: str, problems: list[Problem], root: type 
         if isinstance(value, str):
             return value
         raise _Invalid(f"expected a string, got {_describe(value)}", "put the value in double quotes")
-    raise _Invalid(f"has a type ditty cannot read from TOML: {tp!r}")
+    raise _Invalid(f"{NOT_TOML}: {tp!r}")
 
 
 class _Skip(Exception):
@@ -227,5 +228,33 @@ def convert_or_report(value: Any, tp: Any, path: str, problems: list[Problem], r
     return _MISSING
 
 
+def type_problems(config: Any) -> list[Problem]:
+    """The problems `build` finds in a config tree built in code (the Python API, a Python recipe, a
+    `Trainer(config)`): each value against its annotation, as a TOML recipe is held to them (a string
+    where a number goes, a choice outside a Literal's, a numpy number or a Path object where the run
+    and its recipe.toml want a plain one). A value of an annotation TOML cannot write passes as it is."""
+    problems: list[Problem] = []
+    build(type(config), _as_table(config), problems)
+    return [p for p in problems if not p.message.startswith(NOT_TOML)]
+
+
+def _optional(tp: Any) -> bool:
+    return tp is Any or (typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp))
+
+
+def _as_table(value: Any) -> Any:
+    """A built config value back in TOML's form: sections as tables, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        hints = field_types(type(value))
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+        # TOML has no None: an optional value left unset is a key left out
+        return {name: _as_table(item) for name, item in items if not (item is None and _optional(hints[name]))}
+    if isinstance(value, (list, tuple)):
+        return [_as_table(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _as_table(item) for key, item in value.items()}
+    return value
+
+
 MISSING = _MISSING
-__all__ = ["build", "convert_or_report", "MISSING", "field_types"]
+__all__ = ["build", "convert_or_report", "MISSING", "field_types", "type_problems"]

@@ -246,7 +246,6 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         ("chunks", distill.chunks >= 1, "at least 1"),
         ("sft_weight", distill.sft_weight >= 0, "0 or more"),
         ("data_only_steps", distill.data_only_steps >= 0, "0 or more"),
-        ("teacher_mistakes", distill.teacher_mistakes in ("follow", "data"), '"follow" or "data"'),
     ]
     for key, ok, wanted in checks:
         if not ok:

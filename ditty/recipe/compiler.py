@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ditty.config.coerce import type_problems
 from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
@@ -37,8 +38,14 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
     `replaced`: sections ("model.", "data.", ...) that Python objects stand in for (the Python API):
     their problems describe defaults nobody chose, so they are left out."""
     config = loaded.config
-    context = Context(config=config, provenance=loaded.provenance, world_size=world_size)
     plan = Plan(config=config, world_size=world_size, source=loaded.source)
+    # A config built in code may hold a value of the wrong type, which every rule below would trip
+    # over: those are the only problems then. (A TOML recipe was held to the types as it loaded.)
+    mistyped = [p for p in type_problems(config) if not (replaced and p.key.startswith(replaced))]
+    if mistyped:
+        plan.problems = [_locate(replace(p, rule="value.types"), loaded) for p in mistyped]
+        return plan
+    context = Context(config=config, provenance=loaded.provenance, world_size=world_size)
     plan.data_parallel_size = context.data_parallel_size
     plan.accumulation_steps = config.train.accumulation_steps(context.data_parallel_size)
     plan.steps = _steps(config)

@@ -383,3 +383,30 @@ def test_rows_of_text_train_a_hugging_face_model(tmp_path, tiny_llama_dir, rows,
     result = p.run()
     losses = [r["loss"] for r in records(result.run_dir) if "loss" in r]
     assert result.steps == 2 and len(losses) == 2 and all(loss > 0 for loss in losses)
+
+
+@pytest.mark.parametrize(
+    "keywords, words",
+    [
+        ({"device": "gpu"}, '`run.device` string "gpu" is not a valid choice'),
+        ({"lr_schedule": "cosinee"}, '`scheduler.kind` string "cosinee" is not a valid choice'),
+        ({"lr": "1e-3"}, '`optimizer.lr` expected a float, got string "1e-3"'),
+        ({"batch_size": 2.5}, "`train.micro_batch_size` expected an integer, got float 2.5"),
+        ({"output_dir": None}, "`run.output_dir` expected a string"),
+        ({"extra_config": {"train": {"steps": "many"}}}, '`train.steps` expected an integer, got string "many"'),
+    ],
+)
+def test_values_of_the_wrong_type_from_python_are_refused_as_in_a_recipe(tmp_path, keywords, words):
+    """The compiler holds a config built in code to the types a TOML recipe is held to, before any
+    other rule reads the values."""
+    with pytest.raises(RecipeError) as caught:
+        pipeline(tmp_path, **keywords)
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_an_output_dir_path_is_taken_and_a_numpy_number_is_named(tmp_path):
+    import numpy as np
+
+    assert pipeline(tmp_path, output_dir=tmp_path / "run", steps=2).run().steps == 2
+    with pytest.raises(RecipeError, match=r"`optimizer.lr` expected a float, got float32"):
+        pipeline(tmp_path / "other", lr=np.float32(1e-2))

@@ -267,7 +267,7 @@ def test_an_unknown_teacher_mistakes_setting_is_exit_2(tmp_path, tiny_llama_dir,
 
 
 def test_an_unknown_teacher_mistakes_setting_from_python_is_a_compiler_error(tmp_path, tiny_llama_dir):
-    """The TOML loader checks the Literal; a DistillConfig built in Python reaches the compiler."""
+    """The TOML loader checks the Literal; a DistillConfig built in Python meets the compiler's type check."""
     from dataclasses import replace
 
     from ditty.config.loader import load_recipe
@@ -276,7 +276,8 @@ def test_an_unknown_teacher_mistakes_setting_from_python_is_a_compiler_error(tmp
     config = load_recipe(str(distill_recipe(tmp_path, tiny_llama_dir))).config
     config = replace(config, distill=replace(config.distill, teacher_mistakes="Data"))
     errors = compile_config(config).errors
-    assert [p.key for p in errors] == ["distill.teacher_mistakes"] and '"follow" or "data"' in errors[0].message
+    assert [p.key for p in errors] == ["distill.teacher_mistakes"] and "is not a valid choice" in errors[0].message
+    assert errors[0].fix == 'did you mean "data"?'
 
 
 def test_the_first_data_only_steps_never_sample(tmp_path, tiny_llama_dir, capsys):
