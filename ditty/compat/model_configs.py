@@ -86,7 +86,18 @@ class FSDPConfig:
                 key="fsdp_config.original_param_dtype",
                 fix="convert the model before handing it over (model.to(torch.bfloat16)); FSDP keeps that dtype",
             )
-        out: dict[str, Any] = {"block_classes": [c.__name__ for c in self.transformer_layers]}
+        if not isinstance(self.enabled, bool):
+            raise RecipeError.single(
+                f"FSDPConfig(enabled={self.enabled!r}) is not a boolean", key="fsdp_config.enabled", fix="True or False"
+            )
+        layers = self.transformer_layers
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(c, type) for c in layers):
+            raise RecipeError.single(
+                f"FSDPConfig(transformer_layers={layers!r}) is not a list of classes",
+                key="fsdp_config.transformer_layers",
+                fix="the block classes themselves, e.g. transformer_layers=[LlamaDecoderLayer]",
+            )
+        out: dict[str, Any] = {"block_classes": [c.__name__ for c in layers]}
         if self.enabled:
             out.update(
                 kind="fsdp",

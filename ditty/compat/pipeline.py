@@ -157,6 +157,14 @@ class Pipeline:
                 key="Pipeline(fp16, bf16)",
                 fix="pass fp16=True or bf16=True, not both",
             )
+        for keyword, stages in (("preprocessors", preprocessors), ("postprocessors", postprocessors)):
+            if stages is not None and not isinstance(stages, (list, tuple)):
+                raise RecipeError.single(
+                    f"takes a list of stages, got {type(stages).__name__}",
+                    key=keyword,
+                    fix=f"wrap it in a list: {keyword}=[...]",
+                    source="Pipeline(...)",
+                )
         if isinstance(model_factory, torch.nn.Module):
             model_factory = ModelFactory.from_instance(model_factory)
         self.model_factory = model_factory

@@ -288,6 +288,26 @@ class L1Loss(_ElementwiseLoss):
         return (prediction - target).abs()
 
 
+def _part(index: int, entry: Any) -> tuple["LossCalculator", float]:
+    """A CompositeLoss part `(loss, weight)`, checked: a ValueError naming the part otherwise."""
+    import numbers
+
+    pair = isinstance(entry, (tuple, list)) and len(entry) == 2
+    loss, weight = entry if pair else (entry, None)
+    if not pair:
+        problem = f"is a {type(entry).__name__}, not a (loss, weight) pair"
+    elif not isinstance(loss, LossCalculator):
+        problem = f"holds a {type(loss).__module__}.{type(loss).__qualname__}, not a ditty LossCalculator"
+    elif isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+        problem = f"has the weight {weight!r}, not a number"
+    else:
+        return loss, float(weight)
+    raise ValueError(
+        f"CompositeLoss part {index} {problem}: e.g. CompositeLoss([(MSELoss(), 1.0), "
+        "(CrossEntropyLoss(output_index=1), 0.1)])"
+    )
+
+
 class CompositeLoss(LossCalculator):
     """A weighted sum of losses; the metrics carry each part's (unweighted) value.
 
@@ -303,7 +323,7 @@ class CompositeLoss(LossCalculator):
         super().__init__(contract=contract, **kwargs)
         if not losses:
             raise ValueError("CompositeLoss needs at least one (loss, weight) part")
-        self.parts = [(loss, float(weight)) for loss, weight in losses]
+        self.parts = [_part(index, entry) for index, entry in enumerate(losses)]
         self.names = _part_names([loss for loss, _ in self.parts])
 
     @property

@@ -410,3 +410,41 @@ def test_an_output_dir_path_is_taken_and_a_numpy_number_is_named(tmp_path):
     assert pipeline(tmp_path, output_dir=tmp_path / "run", steps=2).run().steps == 2
     with pytest.raises(RecipeError, match=r"`optimizer.lr` expected a float, got float32"):
         pipeline(tmp_path / "other", lr=np.float32(1e-2))
+
+
+@pytest.mark.parametrize(
+    "keywords, words",
+    [
+        ({"preprocessors": SplitTarget()}, "`preprocessors` takes a list of stages, got SplitTarget"),
+        ({"preprocessors": "split"}, "`preprocessors` takes a list of stages, got str"),
+        (
+            {"model_factory": ModelFactory.from_instance(Regressor(), fsdp_config=FSDPConfig(enabled="no"))},
+            "`fsdp_config.enabled` FSDPConfig(enabled='no') is not a boolean",
+        ),
+        (
+            {
+                "model_factory": ModelFactory.from_instance(
+                    Regressor(), fsdp_config=FSDPConfig(enabled=True, transformer_layers=torch.nn.Linear)
+                )
+            },
+            "`fsdp_config.transformer_layers`",
+        ),
+    ],
+)
+def test_stage_lists_and_fsdp_settings_of_the_wrong_kind_are_named(tmp_path, keywords, words):
+    with pytest.raises(RecipeError) as caught:
+        pipeline(tmp_path, **keywords)
+    assert words in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "parts, words",
+    [
+        ([(torch.nn.MSELoss(), 1.0)], "part 0 holds a torch.nn.modules.loss.MSELoss, not a ditty LossCalculator"),
+        ([MSELoss()], "part 0 is a MSELoss, not a (loss, weight) pair"),
+        ([(MSELoss(), 1.0), (MSELoss(), "half")], "part 1 has the weight 'half', not a number"),
+    ],
+)
+def test_composite_loss_parts_of_the_wrong_kind_are_named(parts, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        CompositeLoss(parts)
