@@ -184,10 +184,15 @@ def _held_out(raw: "Dataset", data: "DataConfig", tokenizer: Any, labels: Option
 
 def _given_rows(data: "DataConfig", seed: int, rows: Any, val_rows: Any) -> SourceRows:
     """The Python API's rows (a list of dicts or a `datasets.Dataset`), checked as a file's are."""
+    from ditty.data.rows import require_columns
     from ditty.data.sources import checked_table
 
-    check = data_format(data.format).row_check(data)
-    train, skipped = checked_table(_as_dataset(rows), check, "the training dataset", "dataset", data.on_bad_rows)
+    fmt = data_format(data.format)
+    check = fmt.row_check(data)
+    given = _as_dataset(rows)
+    if len(given):  # a column no row has is named here, before the format's steps read it
+        require_columns(given, fmt.columns_found(data, given.column_names), "the training dataset", "dataset")
+    train, skipped = checked_table(given, check, "the training dataset", "dataset", data.on_bad_rows)
     if val_rows is None:
         train, val = split_validation(train, data.val_fraction, seed, key="data.val_fraction")
         return SourceRows(train, val, skipped)

@@ -448,3 +448,34 @@ def test_stage_lists_and_fsdp_settings_of_the_wrong_kind_are_named(tmp_path, key
 def test_composite_loss_parts_of_the_wrong_kind_are_named(parts, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         CompositeLoss(parts)
+
+
+@pytest.mark.parametrize(
+    "rows, objective, words",
+    [
+        ([{"prompt": "1+1=", "answer": "2"}] * 8, "preference", "column 'chosen' is missing from the training dataset"),
+        (
+            [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 8,
+            "distill",
+            "column 'completion' is missing from the training dataset (columns found: prompt, chosen, rejected)",
+        ),
+    ],
+)
+def test_an_objective_on_rows_without_its_columns_names_the_missing_one(
+    tmp_path, tiny_llama_dir, rows, objective, words
+):
+    keywords = (
+        {"preference": {"kind": "dpo"}} if objective == "preference" else {"distill": {"teacher": tiny_llama_dir}}
+    )
+    p = Pipeline(
+        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+        dataset=rows,
+        output_dir=str(tmp_path / "run"),
+        steps=2,
+        batch_size=4,
+        device="cpu",
+        progress=False,
+        **keywords,
+    )
+    with pytest.raises(RecipeError, match=re.escape(words)):
+        p.run()
