@@ -353,6 +353,20 @@ def test_preference_beside_another_loss_is_refused(tmp_path, tiny_llama_dir):
         )
 
 
+def hugging_face_pipeline(tmp_path, model_dir, rows, **keywords):
+    """Two steps of 4 rows on the tiny Llama, on the CPU."""
+    return Pipeline(
+        model_factory=ModelFactory.from_huggingface(model_dir),
+        dataset=rows,
+        output_dir=str(tmp_path / "run"),
+        steps=2,
+        batch_size=4,
+        device="cpu",
+        progress=False,
+        **keywords,
+    )
+
+
 @pytest.mark.parametrize(
     "rows, data_format",
     [
@@ -369,16 +383,7 @@ def test_preference_beside_another_loss_is_refused(tmp_path, tiny_llama_dir):
 )
 def test_rows_of_text_train_a_hugging_face_model(tmp_path, tiny_llama_dir, rows, data_format):
     """Rows of text are tokenized as the recipe's data of the format the first row shows."""
-    p = Pipeline(
-        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
-        dataset=rows,
-        output_dir=str(tmp_path / "run"),
-        steps=2,
-        batch_size=4,
-        device="cpu",
-        progress=False,
-        log_every=1,
-    )
+    p = hugging_face_pipeline(tmp_path, tiny_llama_dir, rows, log_every=1)
     assert p.config().data.format == data_format
     result = p.run()
     losses = [r["loss"] for r in records(result.run_dir) if "loss" in r]
@@ -467,15 +472,6 @@ def test_an_objective_on_rows_without_its_columns_names_the_missing_one(
     keywords = (
         {"preference": {"kind": "dpo"}} if objective == "preference" else {"distill": {"teacher": tiny_llama_dir}}
     )
-    p = Pipeline(
-        model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
-        dataset=rows,
-        output_dir=str(tmp_path / "run"),
-        steps=2,
-        batch_size=4,
-        device="cpu",
-        progress=False,
-        **keywords,
-    )
+    p = hugging_face_pipeline(tmp_path, tiny_llama_dir, rows, **keywords)
     with pytest.raises(RecipeError, match=re.escape(words)):
         p.run()
