@@ -238,8 +238,9 @@ def type_problems(config: Any) -> list[Problem]:
     return [p for p in problems if not p.message.startswith(NOT_TOML)]
 
 
-def _optional(tp: Any) -> bool:
-    return tp is Any or (typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp))
+def _may_be_unset(tp: Any) -> bool:
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+    return tp in (Any, int, float) or optional
 
 
 def _as_table(value: Any) -> Any:
@@ -247,8 +248,9 @@ def _as_table(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         hints = field_types(type(value))
         items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-        # TOML has no None: an optional value left unset is a key left out
-        return {name: _as_table(item) for name, item in items if not (item is None and _optional(hints[name]))}
+        # TOML has no None: an optional value, or a number a config built in Python leaves "not set"
+        # (train.max_grad_norm = None: no clipping; ditty.recipe.value_rules), is a key left out
+        return {name: _as_table(item) for name, item in items if not (item is None and _may_be_unset(hints[name]))}
     if isinstance(value, (list, tuple)):
         return [_as_table(item) for item in value]
     if isinstance(value, dict):
