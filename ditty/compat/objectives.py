@@ -22,7 +22,8 @@ original library's `reward_fn(task, completion_text)` returning a float, a `(rew
 or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
 model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows or chats.
 `preference=PreferenceConfig(pairs="online")` takes `rl=` (its sampler) and `reward_fn=` (its rewards)
-beside it, on prompt rows or preference pairs.
+beside it, on prompt rows or preference pairs. Without an objective, a Hugging Face causal LM's rows
+of text are read in the format their first row shows (`with_text_row_format`).
 """
 
 from __future__ import annotations
@@ -184,3 +185,27 @@ def _with_distill(
     if isinstance(first_row, dict) and data.messages_column in first_row and data.prompt_column not in first_row:
         data = dataclasses.replace(data, format="chat")
     return dataclasses.replace(config, distill=section, data=data)
+
+
+def with_text_row_format(config: Any, data: Any, preprocessors: list, tokenizer: Any) -> Any:
+    """A supervised causal LM's rows of text (prompt/completion, text or messages), which the Trainer
+    tokenizes (ditty.train.data_modes.takes_rows), read in the format their first row shows."""
+    from ditty.models.tasks import model_task
+    from ditty.train.data_modes import first_row, text_row_format
+
+    if objective_row(config) or not model_task(config.model.task).token_rows or preprocessors:
+        return config
+    if tokenizer is None and not (config.model.path or config.tokenizer.path):
+        return config
+    found = text_row_format(first_row(data), config.data)
+    if found is None or found == config.data.format:
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, format=found))
+
+
+def objective_row(config: Any) -> bool:
+    """Whether the run trains an objective with its own loss (the keywords' or extra_config's section
+    chose its row of ditty.objectives.table), not the model task's."""
+    from ditty.objectives.table import objective_name
+
+    return objective_name(config) not in ("supervised", "reward-model")

@@ -41,7 +41,6 @@ DistillConfig(teacher=...)` distils a teacher into the model on prompt/completio
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import os
@@ -51,7 +50,7 @@ import torch
 
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
-from ditty.compat.objectives import reward_function_list, with_objective
+from ditty.compat.objectives import objective_row, reward_function_list, with_objective, with_text_row_format
 from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
 from ditty.objectives.preference_loss import PreferenceLoss
@@ -350,7 +349,7 @@ class Pipeline:
             postprocessors=self.postprocessors,
             # Another model task's loss comes from the task table when none is given.
             # An objective's loss (preference, GRPO) is the Trainer's, built from its section.
-            loss=self.loss_calculator or (CausalLMLoss() if causal and not _objective(config) else None),
+            loss=self.loss_calculator or (CausalLMLoss() if causal and not objective_row(config) else None),
             task=self.task,
             tokenizer=tokenizer,
             optimizer=self.settings["optimizer"],
@@ -397,27 +396,3 @@ class Pipeline:
             if getattr(self.trainer, "model", None) is not None:
                 self.model = unwrap_model(self.trainer.model)
             return result
-
-
-def with_text_row_format(config: Any, data: Any, preprocessors: list, tokenizer: Any) -> Any:
-    """A supervised causal LM's rows of text (prompt/completion, text or messages), which the Trainer
-    tokenizes (ditty.train.data_modes.takes_rows), read in the format their first row shows."""
-    from ditty.models.tasks import model_task
-    from ditty.train.data_modes import first_row, text_row_format
-
-    if _objective(config) or not model_task(config.model.task).token_rows or preprocessors:
-        return config
-    if tokenizer is None and not (config.model.path or config.tokenizer.path):
-        return config
-    found = text_row_format(first_row(data), config.data)
-    if found is None or found == config.data.format:
-        return config
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, format=found))
-
-
-def _objective(config: Any) -> bool:
-    """Whether the run trains an objective with its own loss (the keywords' or extra_config's section
-    chose its row of ditty.objectives.table), not the model task's."""
-    from ditty.objectives.table import objective_name
-
-    return objective_name(config) not in ("supervised", "reward-model")

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.config.errors import Problem, error, warning
 from ditty.objectives.footprint import Footprint
+from ditty.objectives.online_pairs_rules import DEFAULT_REWARD
 from ditty.objectives.parts import ObjectiveParts
 from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
-
-DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
 
 log = logging.getLogger(__name__)
 
@@ -311,101 +309,6 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
             run.data.bundle, functions, run.tokenizer, settings.max_new_tokens, rl.reward_timeout_s
         )
     return replace(pairs, stream=stream, evaluation=evaluation, step_metrics=stream.step_metrics)
-
-
-READS_FROM_RL = (
-    "group_size",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "generation_batch_size",
-    "rewards",
-    "reward_weights",
-    "reward_timeout_s",
-)
-"""The [rl] keys online pairs read: the sampler settings of `generate` and the reward functions."""
-
-
-def online_rules(ctx: Any) -> Iterator[Problem]:
-    from ditty.objectives.pairs import pair_values, reference_rules
-    from ditty.objectives.rl.rl_rules import rewards_resolve, sampler_values
-
-    cfg = ctx.config
-    pref, rl = cfg.preference, cfg.rl
-    if cfg.data.format not in ("prompt", "preference"):
-        yield error(
-            "data.format",
-            f'pairs = "online" samples its pairs from prompts: data.format "prompt" (or the prompts of "preference" '
-            f'pairs), not "{cfg.data.format}"',
-            'set data.format = "prompt"',
-        )
-    if pref.kind == "kto":
-        yield error(
-            "preference.kind", 'pairs = "online" makes pairs, and kto reads unpaired examples', 'use kind = "dpo"'
-        )
-    if pref.refresh_every < 1:
-        yield error("preference.refresh_every", f"must be at least 1, got {pref.refresh_every}", "use 1")
-    if rl.group_size < 2:
-        yield error("rl.group_size", f"must be at least 2 to make a pair, got {rl.group_size}", "use 4 to 16")
-    yield from sampler_values(rl)
-    yield from rl_keys_unread(ctx)
-    if pref.reference == "precompute":
-        yield error(
-            "preference.reference",
-            '"precompute" scores the training samples before training, and online pairs are sampled during it',
-            'use reference = "auto"',
-        )
-    if not rl.rewards and cfg.data.format == "prompt":
-        yield error(
-            "rl.rewards",
-            'pairs = "online" on prompts needs reward functions to judge the samples',
-            f'e.g. ["{DEFAULT_REWARD}"]',
-        )
-    elif rl.rewards:
-        yield from rewards_resolve(ctx)
-    elif rl.reward_weights is not None and len(rl.reward_weights) != 1:
-        yield error(
-            "rl.reward_weights",
-            f"has {len(rl.reward_weights)} weights, and without rl.rewards the pairs are judged by one "
-            f"function ({DEFAULT_REWARD})",
-            "remove rl.reward_weights, or name the functions they weigh in rl.rewards",
-        )
-    if cfg.train.steps is None:
-        yield error("train.steps", 'is needed with pairs = "online": a step samples its own pairs', "set train.steps")
-    if cfg.data.packing:
-        yield error("data.packing", "preference samples are not packed", "set data.packing = false")
-    yield from pair_values(ctx)
-    if pref.reference not in ("precompute",):
-        yield from reference_rules(ctx)
-
-
-def rl_keys_unread(ctx: Any) -> Iterator[Problem]:
-    """Another rollout backend is refused (online pairs sample with `generate` in the training process);
-    any other [rl] key set, such as the policy loss or the episode settings, has no effect: a warning."""
-    rl = ctx.config.rl
-    if rl.backend != "generate":
-        yield error(
-            "rl.backend",
-            f'"{rl.backend}" samples for the RL rows (rl.kind); pairs = "online" samples with transformers\' '
-            "generate in the training process",
-            "remove rl.backend",
-        )
-    unread = sorted(
-        path
-        for path in ctx.provenance
-        if path.startswith("rl.")
-        and path != "rl.backend"
-        and ctx.is_set(path)
-        and path.split(".")[1].split("[")[0] not in READS_FROM_RL
-    )
-    if unread:
-        others = f"; nor {'does' if len(unread) == 2 else 'do'} {', '.join(unread[1:])}" if unread[1:] else ""
-        yield warning(
-            unread[0],
-            f'has no effect: pairs = "online" reads only [rl]\'s sampler settings and reward functions '
-            f"({', '.join(READS_FROM_RL)}){others}",
-            "remove " + ("it" if len(unread) == 1 else "them"),
-        )
 
 
 def describe_online(config: Any) -> list[tuple[str, str]]:

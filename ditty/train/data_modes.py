@@ -233,10 +233,8 @@ def takes_rows(config: Any, components: Any) -> bool:
     # An objective's data (preference pairs, RL prompts, a distillation's prompts and completions) is
     # rows of a format too, on a causal LM.
     row_format = objective_name(config) != "supervised" or config.data.format in PROMPT_AND_PAIR_FORMATS
-    row_format = row_format or (
-        texts_to_tokenize(config, components)
-        and text_row_format(first_row(components.dataset), config.data) is not None
-    )
+    if not row_format and texts_to_tokenize(config, components.tokenizer, components.preprocessors):
+        row_format = text_row_format(first_row(components.dataset), config.data) is not None
     return (
         (not model_task(config.model.task).token_rows or row_format)
         and components.dataset is not None
@@ -245,11 +243,11 @@ def takes_rows(config: Any, components: Any) -> bool:
     )
 
 
-def texts_to_tokenize(config: Any, components: Any) -> bool:
+def texts_to_tokenize(config: Any, tokenizer: Any, preprocessors: Any) -> bool:
     """Rows of text are ditty's to tokenize when a tokenizer is known (the Hugging Face model's, or
     one given) and no preprocessor of the user's reads the batch (it may tokenize them itself)."""
-    has_tokenizer = components.tokenizer is not None or bool(config.model.path or config.tokenizer.path)
-    return has_tokenizer and not components.preprocessors
+    has_tokenizer = tokenizer is not None or bool(config.model.path or config.tokenizer.path)
+    return has_tokenizer and not preprocessors
 
 
 def first_row(dataset: Any) -> Any:
