@@ -119,39 +119,52 @@ def run_pipeline(
 
 
 def stage_result(result: Any, stages: str, index: int, processor: Any) -> tuple[Any, dict]:
-    """A processor's `(data, ctx)`; a TypeError naming the stage for anything else (a user's stage
+    """A processor's `(data, ctx)`; a RecipeError naming the stage for anything else (a user's stage
     returning its data alone would otherwise fail as an unpacking error far from it)."""
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
         return result
-    raise TypeError(
-        f"pipeline.{stages}[{index}] ({type(processor).__name__}).process returned "
-        f"{type(result).__name__}{f' of {len(result)}' if isinstance(result, tuple) else ''}: it must return the "
-        "pair (data, ctx), the context passed on (return batch, ctx)"
+    what = f"{type(result).__name__}{f' of {len(result)}' if isinstance(result, tuple) else ''}"
+    raise _stage_error(
+        f"pipeline.{stages}[{index}]",
+        f"({type(processor).__name__}).process returned {what}: it must return the pair (data, ctx)",
+        "end process() with `return batch, ctx` (the context passed on)",
     )
 
 
 def loss_result(out: Any, loss: Any) -> Any:
     """The loss calculator's LossOutput, checked: a scalar tensor that takes a backward when gradients
-    are on, and numeric metrics. A TypeError naming the loss's class otherwise, before the trainer
+    are on, and numeric metrics. A RecipeError naming the loss's class otherwise, before the trainer
     meets it in the backward or the logs."""
     from ditty.stages.loss import LossOutput
 
-    name = type(loss).__name__
+    name, fix = type(loss).__name__, "return LossOutput(loss=<a scalar tensor computed from the model's output>)"
     if not isinstance(out, LossOutput):
-        raise TypeError(
-            f"{name} returned {type(out).__name__}: a loss calculator returns a LossOutput (ditty.LossOutput("
-            "loss=<scalar tensor>, metrics={...}))"
+        raise _stage_error(
+            "pipeline.loss", f"{name} returned {type(out).__name__}: a loss calculator returns a LossOutput", fix
         )
     value = out.loss
     if not torch.is_tensor(value) or value.numel() != 1:
         what = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else type(value).__name__
-        raise TypeError(f"{name} returned a LossOutput whose loss is {what}: it must be a scalar tensor")
+        raise _stage_error(
+            "pipeline.loss", f"{name} returned a LossOutput whose loss is {what}: it must be a scalar tensor", fix
+        )
     if torch.is_grad_enabled() and not value.requires_grad:
-        raise TypeError(
+        raise _stage_error(
+            "pipeline.loss",
             f"{name} returned a loss that does not require grad: it was computed outside autograd (a "
-            ".detach(), .item() or torch.no_grad()), so no backward can reach the model"
+            ".detach(), .item() or torch.no_grad()), so no backward can reach the model",
+            fix,
         )
     for key, metric in out.metrics.items():
         if not isinstance(metric, (int, float)) and not (torch.is_tensor(metric) and metric.numel() == 1):
-            raise TypeError(f"{name} returned the metric {key!r} = {metric!r}: metrics are numbers")
+            raise _stage_error(
+                "pipeline.loss", f"{name} returned the metric {key!r} = {metric!r}: metrics are numbers", fix
+            )
     return out
+
+
+def _stage_error(key: str, message: str, fix: str) -> Exception:
+    """A stage of the user's that returned the wrong thing: a user error (exit code 2 from the CLI)."""
+    from ditty.config.errors import RecipeError
+
+    return RecipeError.single(message, key=key, fix=fix)

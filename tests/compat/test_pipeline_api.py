@@ -328,7 +328,7 @@ def test_a_loss_that_returns_the_wrong_thing_is_named(tmp_path, returned, words)
                 "text_metric": lambda: LossOutput(loss=error.mean(), metrics={"note": "abc"}),
             }[returned]()
 
-    with pytest.raises(TypeError, match=re.escape(f"Odd {words}")):
+    with pytest.raises(RecipeError, match=re.escape(f"Odd {words}")):
         pipeline(tmp_path, loss_calculator=Odd()).run()
 
 
@@ -337,7 +337,7 @@ def test_a_stage_that_returns_its_data_alone_is_named(tmp_path):
         def process(self, batch, ctx):
             return super().process(batch, ctx)[0]
 
-    with pytest.raises(TypeError, match=re.escape("pipeline.preprocessors[0] (Forgetful).process returned Tensor")):
+    with pytest.raises(RecipeError, match=re.escape("`pipeline.preprocessors[0]` (Forgetful).process returned Tensor")):
         pipeline(tmp_path, preprocessors=[Forgetful()]).run()
 
 
