@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.config.errors import RecipeError
+from ditty.config.errors import Problem, RecipeError
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "token_type_ids")
 
@@ -48,6 +48,9 @@ class Data:
                 key="Data",
                 fix='Data(load_kwargs={"path": "json", "data_files": "train.jsonl", "split": "train"})',
             )
+        problems = _setting_problems(load_kwargs, batch_size, grad_accum, num_workers)
+        if problems:
+            raise RecipeError(problems, source="Data(...)")
         self.load_kwargs = dict(load_kwargs or {})
         self.load_args = tuple(load_args)
         self.tokenizer = tokenizer
@@ -158,6 +161,33 @@ class Data:
             return torch.utils.data.default_collate
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return lambda samples: pad_collate(samples, pad)
+
+
+def _setting_problems(load_kwargs: Any, batch_size: Any, grad_accum: Any, num_workers: Any) -> list[Problem]:
+    """Values that would otherwise fail deep inside `dict()` or torch's DataLoader, named here."""
+    problems = []
+    if load_kwargs is not None and not isinstance(load_kwargs, dict):
+        problems.append(
+            Problem(
+                "Data.load_kwargs",
+                f"is a {type(load_kwargs).__name__}: it holds the keyword arguments of datasets.load_dataset",
+                fix='Data(load_kwargs={"path": "json", "data_files": "train.jsonl", "split": "train"})',
+            )
+        )
+    for name, value, least in (
+        ("batch_size", batch_size, 1),
+        ("grad_accum", grad_accum, 1),
+        ("num_workers", num_workers, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            problems.append(
+                Problem(
+                    f"Data.{name}",
+                    f"is {value!r}: it must be a whole number of at least {least}",
+                    fix=f"{name}={max(least, 1)}",
+                )
+            )
+    return problems
 
 
 def _call_text(args: Sequence, kwargs: dict) -> str:

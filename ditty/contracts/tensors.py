@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Optional, Union
 
 from ditty.config.errors import Problem
@@ -166,6 +167,21 @@ class ContractCheck:
         errors = [p for p in self.problems if p.severity == "error"]
         if errors:
             raise ContractViolation(errors)
+
+    @contextmanager
+    def before_a_crash(self) -> Iterator[None]:
+        """A later stage that crashes on a value an earlier stage's contract already refused (a
+        matrix product of the wrong rank in the model's forward) raises the contract's problems,
+        which name the stage at fault, with the crash as their cause."""
+        try:
+            yield
+        except Exception as crash:
+            if any(p.severity == "error" for p in self.problems):
+                from ditty.contracts.errors import ContractViolation
+
+                if not isinstance(crash, ContractViolation):
+                    raise ContractViolation([p for p in self.problems if p.severity == "error"]) from crash
+            raise
 
 
 def _find_in_context(ctx: Mapping, key: str) -> tuple[bool, Any]:

@@ -114,11 +114,15 @@ class RunEnding:
         self.run_lock.release()
         out = self.config.run.output_dir
         final = os.path.join(out, "final")
+        # The Python API's load_checkpoint=True already sets overwrite_finished: no flag to advise there.
+        replace_final = (
+            "" if self.config.checkpoint.overwrite_finished else " and add --checkpoint.overwrite_finished true"
+        )
         if is_main_process():
             print(
                 f"{out} is a finished run (step {self.resume.step}, {final}); nothing to do. "
-                f"To train further, {self.further()} and add --checkpoint.overwrite_finished true (final/ is "
-                "replaced); to start afresh, choose a new run.output_dir."
+                f"To train further, {self.further()}{replace_final} (final/ is replaced); to start afresh, "
+                "choose a new run.output_dir."
             )
         return TrainResult(
             run_dir=out, final_dir=final, steps=self.resume.step, tokens=0, skipped_steps=0, elapsed_s=0.0

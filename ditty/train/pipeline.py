@@ -80,6 +80,13 @@ def run_pipeline(
     first-step check): a mismatch is a RecipeError naming the stage.
     """
     checker = ContractCheck() if check else None
+    with checker.before_a_crash() if checker else nullcontext():
+        return _through_stages(pipeline, model, batch, ctx, autocast, lm, checker)
+
+
+def _through_stages(
+    pipeline: StageChain, model: torch.nn.Module, batch: Any, ctx: dict, autocast: Callable, lm: bool, checker: Any
+) -> Any:
     ctx["original_batch"] = batch
     for index, processor in enumerate(pipeline.preprocessors):
         before = batch

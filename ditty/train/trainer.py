@@ -25,6 +25,7 @@ import torch
 from ditty._utils.dist import is_main_process, on_every_rank
 from ditty.checkpoint.clock import SaveClock
 from ditty.checkpoint.lock import hold_run_dir
+from ditty.config.errors import RecipeError
 from ditty.config.root import TrainerConfig
 from ditty.config.stopping import parse_stop_condition
 from ditty.data.generic import batch_samples, to_device
@@ -104,6 +105,13 @@ class Trainer(Builders, StepRecords, RunEnding):
         """The run: steps until `should_stop`, evaluating and logging on schedule, then the final save."""
         if self.resume.finished:
             return self.finished()
+        if getattr(self, "_trained", False):  # its sinks are closed and final/ written: another call would re-save it
+            raise RecipeError.single(
+                "this Trainer has run train() already",
+                key="Trainer.train",
+                fix="build a new Trainer: it resumes from the last checkpoint (raise train.steps to train further)",
+            )
+        self._trained = True
         self.checkpointer.install_signals()
         self.progress = Progress(self.total_steps, enabled=self.config.logging.progress, initial=self.state.step)
         self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # elapsed_s counts across resumes

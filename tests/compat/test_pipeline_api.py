@@ -162,6 +162,23 @@ def test_first_step_check_compares_real_tensors(tmp_path):
     ).run()  # the check can be turned off
 
 
+def test_a_contract_break_that_crashes_the_forward_names_the_stage(tmp_path):
+    """A stage whose output breaks its contract so badly that the model's forward fails: the error
+    is the contract's (naming the stage), with torch's as its cause, not torch's alone."""
+
+    class Flattens(PreProcessor):
+        def __init__(self):
+            super().__init__(contract="rows:2:f32 -> x:2:f32 | ctx.target:2:f32")
+
+        def process(self, batch, ctx):
+            ctx["target"] = batch[:, 4:]
+            return batch[:, 0], ctx  # [B], not [B, 4]
+
+    with pytest.raises(RecipeError, match=r"pipeline.preprocessors\[0\] \(Flattens\).*rank 2 declared") as caught:
+        pipeline(tmp_path, preprocessors=[Flattens()]).run()
+    assert isinstance(caught.value.__cause__, RuntimeError)  # the forward's own error stays readable
+
+
 def test_composite_loss_and_postprocessor(tmp_path):
     class TwoOutputs(Regressor):
         def forward(self, x):
@@ -259,6 +276,20 @@ def test_data_loads_a_file_through_datasets_and_names_a_failed_load(tmp_path):
         Data(load_kwargs={"path": str(tmp_path / "no_such_builder"), "split": "train"}).load()
 
 
+@pytest.mark.parametrize(
+    ("keywords", "words"),
+    [
+        ({"load_kwargs": "json"}, "`Data.load_kwargs` is a str"),
+        ({"dataset": [1], "batch_size": 0}, "`Data.batch_size` is 0"),
+        ({"dataset": [1], "grad_accum": 1.5}, "`Data.grad_accum` is 1.5"),
+        ({"dataset": [1], "num_workers": -1}, "`Data.num_workers` is -1"),
+    ],
+)
+def test_data_settings_of_the_wrong_kind_are_named(keywords, words):
+    with pytest.raises(RecipeError, match=re.escape(words)):
+        Data(**keywords)
+
+
 def test_resume_within_the_same_script(tmp_path):
     torch.manual_seed(0)
     first = pipeline(tmp_path, steps=4, checkpoint_every=2).run()
@@ -268,6 +299,25 @@ def test_resume_within_the_same_script(tmp_path):
     assert second.steps == 6
     steps = [r["step"] for r in records(second.run_dir)]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_finished_run_and_a_trainer_trained_twice(tmp_path, capsys):
+    """A second run() of the same pipeline finds the run finished and advises the setting it lacks
+    (not a flag it already has); a second train() of one Trainer is refused before it re-saves final/."""
+    first = pipeline(tmp_path, steps=3)
+    first.run()
+    final = tmp_path / "run" / "final"
+    written = {p.name: p.stat().st_mtime_ns for p in final.iterdir()}
+    capsys.readouterr()
+    again = first.run()
+    said = capsys.readouterr().out
+    assert again.steps == 3 and "is a finished run" in said and "raise train.steps" in said
+    assert "--checkpoint.overwrite_finished" not in said  # load_checkpoint=True has set it
+    trainer = pipeline(tmp_path / "b", steps=2).build_trainer()
+    trainer.train()
+    with pytest.raises(RecipeError, match=r"`Trainer.train` this Trainer has run train\(\) already"):
+        trainer.train()
+    assert {p.name: p.stat().st_mtime_ns for p in final.iterdir()} == written
 
 
 def test_the_readme_imports():
