@@ -37,9 +37,7 @@ def exact_match(
     completion: Optional[Sequence[Any]] = None,
     **columns: Any,
 ) -> list[float]:
-    references = answer if answer is not None else completion
-    if references is None:
-        raise KeyError("exact_match compares with the column 'answer' (or 'completion'); the data has neither")
+    references = _references("exact_match", answer, completion)
     return [float(completion_text(c).strip() == str(r).strip()) for c, r in zip(completions, references)]
 
 
@@ -50,10 +48,16 @@ def digit_match(
     completion: Optional[Sequence[Any]] = None,
     **columns: Any,
 ) -> list[float]:
+    references = _references("digit_match", answer, completion)
+    return [share_in_place(completion_text(c).strip(), str(r).strip()) for c, r in zip(completions, references)]
+
+
+def _references(reward: str, answer: Optional[Sequence[Any]], completion: Optional[Sequence[Any]]) -> Sequence[Any]:
+    """The column a reference-matching reward compares with: 'answer', else the data's 'completion'."""
     references = answer if answer is not None else completion
     if references is None:
-        raise KeyError("digit_match compares with the column 'answer' (or 'completion'); the data has neither")
-    return [share_in_place(completion_text(c).strip(), str(r).strip()) for c, r in zip(completions, references)]
+        raise KeyError(f"{reward} compares with the column 'answer' (or 'completion'); the data has neither")
+    return references
 
 
 def call_expression_match(
