@@ -93,16 +93,10 @@ def build_tokenizer(tok: "TokenizerConfig", model: "ModelConfig") -> "PreTrained
 
 
 def _tokenizer_of(tok: "TokenizerConfig", model: "ModelConfig") -> "PreTrainedTokenizerBase":
-    if tok.kind == "byte":
+    path = tok.source(model)
+    if path is None:  # kind "byte", or "auto" with neither path: a random-init model's byte tokenizer
         return byte_tokenizer()
-
-    path, key = (tok.path, "tokenizer.path") if tok.path else (model.path, "model.path")
-    if not path:
-        raise RecipeError.single(
-            "no tokenizer to load: neither `tokenizer.path` nor `model.path` is set",
-            key="tokenizer.path",
-            fix='set tokenizer.path (or model.path), or use tokenizer.kind = "byte"',
-        )
+    key = "tokenizer.path" if tok.path else "model.path"
     tokenizer = _load_auto_tokenizer(path, key, trust_remote_code=model.trust_remote_code)
     if tokenizer.pad_token is None:
         # Padding positions are masked out of attention and loss, so any existing token will do;

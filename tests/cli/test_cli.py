@@ -118,6 +118,17 @@ def test_init_as_the_issue_writes_it_is_valid_toml_even_when_incomplete(capsys, 
     assert code == 0, err
 
 
+def test_the_starter_recipe_trains(capsys, tmp_path, monkeypatch):
+    """The README's first steps: `ditty init -o r.toml`, `ditty check r.toml`, `ditty run r.toml`.
+    Its tokenizer.kind "auto" with no path is the byte tokenizer, for check and run alike."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(capsys, "init", "--train.steps", "2", "-o", "r.toml")[0] == 0
+    assert run_cli(capsys, "check", "r.toml")[0] == 0
+    code, out, err = run_cli(capsys, "run", "r.toml", "--logging.progress", "false", "--run.num_threads", "1")
+    assert code == 0, err
+    assert (tmp_path / "runs" / "ditty" / "final" / "model.safetensors").is_file()
+
+
 def test_init_never_overwrites(capsys, tmp_path):
     target = tmp_path / "mine.toml"
     target.write_text("precious")
