@@ -38,6 +38,7 @@ def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Pa
     partial.mkdir(parents=True)
     try:
         yield partial
+        widen_safetensors_modes(partial)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -50,6 +51,30 @@ def atomic_directory(target: str | os.PathLike, *, replace: bool) -> Iterator[Pa
             target.rmdir()  # empty by the caller's check; a file added since makes this fail loudly
     os.replace(partial, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def new_file_mode(directory: str | os.PathLike) -> int:
+    """The permission bits a file created in `directory` gets (the umask, and a default ACL where
+    there is one), found by creating one: reading the umask would set it, process-wide, meanwhile."""
+    probe = os.path.join(directory, f".mode-probe-{os.getpid()}")
+    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    try:
+        return os.stat(probe).st_mode & 0o777
+    finally:
+        os.unlink(probe)
+
+
+def widen_safetensors_modes(directory: str | os.PathLike) -> None:
+    """Give the `.safetensors` files under `directory` the mode every other file there has.
+
+    safetensors 0.8 writes through a temporary file that is created 0600 whatever the umask
+    (safetensors#782), so `save_pretrained`'s weights were the one file of final/ that another user
+    of a shared directory could not read."""
+    found = [path for path in Path(directory).rglob("*.safetensors") if path.is_file()]
+    if found:
+        mode = new_file_mode(directory)
+        for path in found:
+            os.chmod(path, mode)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -229,6 +229,12 @@ def check_model_dir(path: str | Path) -> None:
         problems = manifest.verify(path)
     except manifest.ManifestError as error:
         problems = [str(error)]
+    unreadable = [p for p in problems if "(Permission denied)" in p]
+    if unreadable:  # another user's files: intact, but not theirs to read
+        raise RecipeError.single(
+            f"{path} cannot be read by this user: " + "; ".join(unreadable),
+            fix=f"ask the owner of {path} to make its files readable (chmod a+r {path}/*), or work from a copy",
+        )
     if problems:
         run_dir = path.parent if path.name == "final" else path
         raise RecipeError.single(
