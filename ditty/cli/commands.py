@@ -306,22 +306,19 @@ def cmd_init(args: list[str]) -> int:
     too_long = [p for p in plan.errors if p.key == "data.max_seq_len"]
     if too_long:  # a recipe whose sequences outgrow the model's positions is never written
         raise RecipeError(too_long)
+    if any(_set_by(problem.key, args) for problem in plan.errors):  # a flag's value is wrong: fix the flag
+        raise RecipeError(plan.errors)
+    from ditty.cli.memory_plan import writable_recipe_path
     from ditty.config.writer import recipe_to_toml
 
     text = recipe_to_toml(
         loaded.config,
         header="ditty recipe written by `ditty init`.\nCheck it with `ditty check FILE`, train with `ditty run FILE`.",
     )
-    if output is None:
+    path = writable_recipe_path(output, bool(force))
+    if path is None:
         print(text, end="")
     else:
-        path = Path(output)
-        if path.exists() and not force:
-            raise RecipeError.single(
-                f"{output} already exists", fix="choose another -o FILE, or add --force to replace it"
-            )
-        if path.parent and not path.parent.exists():
-            raise RecipeError.single(f"directory {path.parent} does not exist", fix="create it first")
         path.write_text(text, encoding="utf-8")
         print(f"wrote {output}")
     _print_warnings(plan)
@@ -329,6 +326,16 @@ def cmd_init(args: list[str]) -> int:
         print("note: the recipe has problems to fix before it can run:", file=sys.stderr)
         print(RecipeError(plan.errors).format(), file=sys.stderr)
     return 0
+
+
+def _set_by(key: str, flags: list[str]) -> bool:
+    """Whether one of `flags` (--section.field VALUE) set `key`, or a table above or below it."""
+    for flag in flags:
+        if flag.startswith("--"):
+            name = flag[2:].split("=", 1)[0]
+            if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+                return True
+    return False
 
 
 def cmd_ls(args: list[str]) -> int:

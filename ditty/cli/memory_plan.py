@@ -104,10 +104,13 @@ def _probe_seconds(loaded: LoadedRecipe, steps: int) -> float:
     return (elapsed[-1] - elapsed[0]) / max(1, len(elapsed) - 1)
 
 
-def _writable(output: str | None, force: bool) -> Path | None:
+def writable_recipe_path(output: str | None, force: bool) -> Path | None:
+    """Where `ditty init -o FILE` may write: not a directory, not an existing file unless --force."""
     if output is None:
         return None
     path = Path(output)
+    if path.is_dir():
+        raise RecipeError.single(f"{output} is a directory", fix="give -o the path of a recipe file, e.g. -o r.toml")
     if path.exists() and not force:
         raise RecipeError.single(f"{output} already exists", fix="choose another -o FILE, or add --force to replace it")
     if path.parent and not path.parent.exists():
@@ -126,7 +129,7 @@ def init_from_intent(intent: dict[str, str], flags: list[str], output: str | Non
             f"`ditty init` from intent needs --{' --'.join(missing)}",
             fix="ditty init --model meta-llama/Meta-Llama-3-8B --method lora --gpus 1 --gpu-memory 24GB -o r.toml",
         )
-    path = _writable(output, force)
+    path = writable_recipe_path(output, force)
     device, memory = device_and_memory(intent["gpu-memory"])
     target = Target(
         device="cuda",

@@ -17,7 +17,8 @@ commands:
   check RECIPE [flags] [--explain]            compile only and print the plan
         [--plan [--gpus N] [--gpu-memory 80GB] [--nodes M] [--probe N]]
                                               ... with the per-rank memory and time plan
-  init [--section.field VALUE ...] [-o FILE]  write a complete, commented recipe
+  init [--section.field VALUE ...] [-o FILE [--force]]
+                                              write a complete, commented recipe
   init --model ID --method full|lora|qlora --gpus N --gpu-memory 24GB [--data PATH] [--seq-len L]
                                               a recipe chosen to fit, with its plan
   ls                                          list the bundled recipes
@@ -48,6 +49,16 @@ LAUNCH_HELP = """launching (run and check):
 """
 
 
+INIT_HELP = """writing a recipe (init):
+  -o FILE                 write it to FILE (else print it); FILE must not exist
+  --force                 replace an existing FILE
+  --model ID --method full|lora|qlora --gpu-memory 24GB [--gpus N] [--nodes M]
+      [--data PATH] [--seq-len L] [--global-batch B]
+                          choose a recipe that fits that machine, and print its plan
+  --section.field VALUE   any field below, on top of the starter (or the chosen) recipe
+"""
+
+
 def command_usage(command: str) -> str:
     """The lines of USAGE that describe `command`, under a usage heading."""
     lines = USAGE.splitlines()
@@ -63,6 +74,8 @@ def print_help(schema: type, prog: str) -> int:
 
     if prog.startswith(("ditty run", "ditty check")):
         print(LAUNCH_HELP)
+    if prog.startswith("ditty init"):
+        print(INIT_HELP)
     try:
         tyro.cli(
             schema,

@@ -137,6 +137,19 @@ def test_init_never_overwrites(capsys, tmp_path):
     assert target.read_text() == "precious"
 
 
+def test_init_refuses_a_directory_and_a_flag_the_recipe_cannot_run_with(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    for flags in (["-o", "recipes"], ["-o", "recipes", "--force"]):
+        code, _, err = run_cli(capsys, "init", *flags)
+        assert code == 2 and "recipes is a directory" in err and "Traceback" not in err, err
+    code, _, err = run_cli(capsys, "init", "--train.steps", "-1", "-o", "r.toml")
+    assert code == 2 and "`train.steps` must be at least 1" in err
+    assert not (tmp_path / "r.toml").exists()  # never a recipe that `ditty check` refuses
+    code, out, _ = run_cli(capsys, "init", "--help")
+    assert code == 0 and "--force" in out and "--gpu-memory" in out
+
+
 def test_init_writes_comments_for_every_field(capsys):
     code, out, _ = run_cli(capsys, "init")
     assert code == 0
