@@ -43,6 +43,7 @@ def _device(want: str) -> torch.device:
     """cuda when asked or available ("auto"), else the CPU with one thread per available core."""
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         local = int(os.environ.get("LOCAL_RANK", "0"))
+        _require_cuda_device(local)
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     if "OMP_NUM_THREADS" not in os.environ:
@@ -51,6 +52,25 @@ def _device(want: str) -> torch.device:
         local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, cores // local_procs))
     return torch.device("cpu")
+
+
+def _require_cuda_device(local_rank: int) -> None:
+    """run.device = "cuda" where there is no such device: exit 2 naming the setting, not torch's error."""
+    from ditty.config.errors import RecipeError
+
+    if not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
+        raise RecipeError.single(
+            f'is "cuda", but this machine has no usable CUDA device (torch {torch.__version__}, {built})',
+            key="run.device",
+            fix='set run.device = "auto" (CUDA where there is a device, else the CPU) or "cpu"',
+        )
+    if local_rank >= torch.cuda.device_count():
+        raise RecipeError.single(
+            f"local rank {local_rank} has no CUDA device: this node has {torch.cuda.device_count()}",
+            key="run.device",
+            fix=f"start at most {torch.cuda.device_count()} processes per node (--nproc-per-node)",
+        )
 
 
 def seed_everything(seed: int) -> None:

@@ -247,3 +247,22 @@ def test_export_of_a_missing_path_exits_2_naming_no_recipe_key(capsys, tmp_path)
     assert code == 2 and "no complete checkpoint at" in err
     assert "checkpoint.resume" not in err  # the path came from the command line, not a recipe key
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine with a CUDA device runs it")
+def test_cuda_asked_for_where_there_is_none_is_named(capsys, tmp_path):
+    code, _, err = run_cli(
+        capsys,
+        "run",
+        "tiny_sft",
+        "--run.device",
+        "cuda",
+        "--train.steps",
+        "1",
+        "--scheduler.warmup_steps",
+        "0",
+        "--run.output_dir",
+        tmp_path / "run",
+    )
+    assert code == 2 and '`run.device` is "cuda", but this machine has no usable CUDA device' in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
