@@ -43,7 +43,8 @@ class StepRecords:
         interval = self.meter.flush()
         record.update(loss=interval.pop("loss"), lr=out.metrics.get("lr"), grad_norm=interval.pop("grad_norm"))
         record.update(tokens=self.state.tokens, **interval)
-        record.update({k: v for k, v in out.metrics.items() if k != "lr"})
+        # The step's own values only where the interval has no mean (a skipped step's, alone in its interval).
+        record.update({k: v for k, v in out.metrics.items() if k != "lr" and k not in record})
         record.update(self.memory.record(self.model, self.optimizer))
         if self.data.skipped_rows:  # bad data rows left out (data.on_bad_rows = "skip")
             record["skipped_rows"] = self.data.skipped_rows

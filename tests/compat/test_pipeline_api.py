@@ -320,6 +320,26 @@ def test_a_finished_run_and_a_trainer_trained_twice(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in final.iterdir()} == written
 
 
+def test_a_loss_metric_is_logged_as_its_mean_over_the_logging_interval(tmp_path):
+    """A record every 3 steps carries the mean of the 3 steps' metric, as the loss is, not the third's."""
+    from ditty.loss import LossOutput
+
+    class MSEWithMean(MSELoss):
+        def __call__(self, output, ctx):
+            out = super().__call__(output, ctx)
+            return LossOutput(loss=out.loss, metrics={"mean_prediction": float(output.mean())})
+
+    runs = {}
+    for every in (1, 3):
+        torch.manual_seed(0)
+        result = pipeline(tmp_path / f"every{every}", steps=3, log_every=every, loss_calculator=MSEWithMean()).run()
+        runs[every] = [r for r in records(result.run_dir) if "loss" in r]
+    per_step = [r["mean_prediction"] for r in runs[1]]
+    assert len(set(per_step)) == 3  # the metric moves from step to step
+    assert runs[3][-1]["mean_prediction"] == pytest.approx(sum(per_step) / 3, rel=1e-9)
+    assert runs[3][-1]["loss"] == pytest.approx(sum(r["loss"] for r in runs[1]) / 3, rel=1e-6)
+
+
 def test_the_readme_imports():
     from ditty import CompositeLoss as C  # noqa: F401
     from ditty import FSDPConfig as F
