@@ -135,3 +135,15 @@ class OriginalCalculatorGame:
         if not matched:
             return EnvironmentStepResult("wrong branch", 0.0, True, {"wrong_branch": True})
         return EnvironmentStepResult(str(eval(self.expected)), 1.0, False, {"matched": True, "note": "ok"})
+
+
+class ExitsInStep:
+    """Calls sys.exit(0) on its first turn: a script's habit that would end the run as if it had finished."""
+
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, completion):
+        import sys
+
+        sys.exit(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,91 @@ def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_
     assert len(functions) == 3 and len({row[2] for row in functions}) > 1 and functions[0][0] != 0
     for ours, today in zip(environment, functions):
         assert ours == pytest.approx(today, rel=1e-6, abs=1e-9)
+
+
+def test_an_environment_that_calls_sys_exit_stops_the_run_with_exit_2(tmp_path, capsys):
+    code, out = run(tmp_path, capsys, environment=f"{ENVS}:ExitsInStep", rewards=[])
+    assert code == 2, out
+    assert f"environment {ENVS}:ExitsInStep raised SystemExit in step (turn 1)" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "final").exists()
+
+
+class _Scripted:
+    """An environment whose reset, step and reward_columns answer what the test gives them."""
+
+    def __init__(self, reset=None, step=None, columns=None):
+        self.answers = {"reset": reset, "step": step, "columns": columns}
+
+    def _answer(self, name, default):
+        answer = self.answers[name]
+        if isinstance(answer, BaseException):
+            raise answer
+        return default if answer is None else answer
+
+    def reset(self, row):
+        return self._answer("reset", row["prompt"])
+
+    def step(self, completion):
+        from ditty.objectives.rl.environment import StepResult
+
+        return self._answer("step", StepResult(done=True))
+
+    def reward_columns(self):
+        return self._answer("columns", {})
+
+
+def _step_result(**fields):
+    from ditty.objectives.rl.environment import StepResult
+
+    result = StepResult(done=True)
+    for name, value in fields.items():
+        setattr(result, name, value)
+    return result
+
+
+@pytest.mark.parametrize(
+    "environment, words",
+    [
+        (lambda: _Scripted(reset=SystemExit(0)), "raised SystemExit in reset"),
+        (lambda: _Scripted(reset=42), "reset returned a int, not chat messages"),
+        (lambda: _Scripted(reset=["1+1="]), "reset returned a list whose item 0 is '1+1=', not a chat message"),
+        (lambda: _Scripted(reset=[{"role": "user"}]), "item 0 is {'role': 'user'}, not a chat message"),
+        (lambda: _Scripted(step=SystemExit(3)), "raised SystemExit in step (turn 0)"),
+        (lambda: _Scripted(step=_step_result(metrics={"x": "abc"})), "metrics['x'] = 'abc', not a finite number"),
+        (lambda: _Scripted(step=_step_result(metrics=None)), "metrics = None, not a mapping of names to numbers"),
+        (lambda: _Scripted(step=_step_result(rewards={"part": "x"})), "rewards['part'] = 'x', not a finite number"),
+        (lambda: _Scripted(step=_step_result(reward=float("nan"))), "the reward nan, not a finite number"),
+        (lambda: _Scripted(step=_step_result(observation=42)), "the observation a int, not chat messages"),
+        (lambda: _Scripted(step=_step_result(observation={"role": "user"})), "the observation a dict, not chat"),
+        (lambda: _Scripted(columns=RuntimeError("no score")), "raised RuntimeError in reward_columns: no score"),
+    ],
+)
+def test_what_an_environment_answers_is_checked_naming_the_field(environment, words):
+    """An environment's answers are checked where they arrive: a wrong one is an EnvironmentFailure
+    (exit 2) naming what was wrong, never a traceback from the renderer or the metrics, nor a silent exit."""
+    from types import SimpleNamespace
+
+    from ditty.objectives.rl.environment import EnvironmentFailure
+    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+
+    env = EpisodeEnvironment(environment, "Scripted", [], None, SimpleNamespace(reward_timeout_s=0.0))
+    row = {"prompt": "1+1=", "completion": "2"}
+    with pytest.raises(EnvironmentFailure, match=re.escape(words)):
+        made = environment()
+        if made.answers["reset"] is not None:
+            env.open(row)
+        episode = Episode(row=row, environment=made, prompt_ids=[], conversation=None, turn_rewards=[0.0])
+        env.step(episode, "2")
+        env.environment_columns([episode], set())
+
+
+def test_the_documented_environment_trains_on_the_built_in_data(tmp_path, capsys, monkeypatch):
+    """docs/objectives/tools.md's `Guess`, as the page shows it, plays episodes of tiny GRPO."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "objectives" / "tools.md").read_text()
+    code_block = page.split("## Environments of your own", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    (tmp_path / "documented_guess.py").write_text(code_block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out = run(tmp_path, capsys, environment="documented_guess:Guess", rewards=[])
+    assert code == 0, out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all("env/right" in r for r in records if "loss" in r)

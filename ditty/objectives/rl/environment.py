@@ -11,9 +11,10 @@ the rewards filled in):
 without arguments, one instance per episode): `reset(row)` gives the first observation from the
 prompt row, `step(completion)` answers each model turn with a `StepResult`. An observation is a list
 of chat messages (rendered with the tokenizer's chat template, the generation prompt after them) or
-a string (its text as it is). A `reset` or `step` that raises or answers something else stops the run
-with exit code 2 (`EnvironmentFailure`, naming the environment and the row) before any update, so the
-last checkpoint is untouched. An environment may also have `reward_columns() -> {name: value}`, read
+a string (its text as it is). A `reset` or `step` that raises (SystemExit too) or answers something
+else (a field of the wrong type: `step_result_problem`) stops the run with exit code 2
+(`EnvironmentFailure`, naming the environment, the fault and the row) before any update, so the last
+checkpoint is untouched. An environment may also have `reward_columns() -> {name: value}`, read
 when its episode ends: the reward functions get each name as a keyword, one value per episode (the
 built-in tool environment gives `tool_calls`, the episode's calls).
 """
@@ -61,18 +62,54 @@ class EnvironmentFailure(RecipeError):
     """An environment raised or answered something that is not a StepResult (exit code 2)."""
 
 
-def environment_failure(name: str, row: Any, what: str, key: str = "rl.environment") -> EnvironmentFailure:
+ENDS_AN_EPISODE = "fix the environment: an episode it cannot go on with ends with StepResult(done=True)"
+
+
+def environment_failure(
+    name: str, row: Any, what: str, key: str = "rl.environment", fix: str = ENDS_AN_EPISODE
+) -> EnvironmentFailure:
     shown = repr(dict(row) if isinstance(row, Mapping) else row)
     shown = shown if len(shown) <= 300 else shown[:297] + "..."
-    return EnvironmentFailure(
-        [
-            Problem(
-                key,
-                f"environment {name} {what} (row {shown}); the run stopped",
-                fix="fix the environment: an episode it cannot go on with ends with StepResult(done=True)",
-            )
-        ]
-    )
+    return EnvironmentFailure([Problem(key, f"environment {name} {what} (row {shown}); the run stopped", fix=fix)])
+
+
+def observation_problem(observation: Any) -> Optional[str]:
+    """Why `observation` is neither text nor a list of chat messages ({role, content}), or None."""
+    if observation is None or isinstance(observation, str):
+        return None
+    if not isinstance(observation, list):
+        return f"a {type(observation).__name__}, not chat messages (a list of {{role, content}}) or text"
+    for index, message in enumerate(observation):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or "content" not in message:
+            return f"a list whose item {index} is {_short(message)}, not a chat message {{role, content}}"
+    return None
+
+
+def step_result_problem(result: Any) -> Optional[str]:
+    """Why a step's result (a StepResult, or the like) cannot be used, naming the field, or None."""
+    if not _finite(result.reward):
+        return f"the reward {_short(result.reward)}, not a finite number"
+    for field_name in ("rewards", "metrics"):
+        values = getattr(result, field_name)
+        if not isinstance(values, Mapping):
+            return f"{field_name} = {_short(values)}, not a mapping of names to numbers"
+        for name, value in values.items():
+            if not _finite(value):
+                return f"{field_name}[{name!r}] = {_short(value)}, not a finite number"
+    problem = observation_problem(result.observation)
+    return f"the observation {problem}" if problem else None
+
+
+def _finite(value: Any) -> bool:
+    import math
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 class RewardEnvironment:

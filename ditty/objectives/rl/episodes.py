@@ -30,7 +30,12 @@ import torch.distributed as dist
 from ditty.config.errors import RecipeError
 from ditty.objectives.rewards import RewardFunction, score_completions
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.environment import StepResult, environment_failure
+from ditty.objectives.rl.environment import (
+    StepResult,
+    environment_failure,
+    observation_problem,
+    step_result_problem,
+)
 from ditty.objectives.rl.rendering import ObservationRenderer
 from ditty.objectives.rl.sampling import TurnRequest
 
@@ -97,19 +102,19 @@ class EpisodeEnvironment:
     def open(self, row: dict) -> Episode:
         try:
             environment = self.make()
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # SystemExit too: a user's sys.exit() would end the run unreported
             what = f"could not be built: {type(error).__name__}: {error}"
-            raise environment_failure(self.name, row, what, self.key) from error
+            fix = "an environment is built without arguments, once per episode: give every argument a default"
+            raise environment_failure(self.name, row, what, self.key, fix) from error
         try:
             observation = environment.reset(row)
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             raise environment_failure(
-                self.name, row, f"raised {type(error).__name__} in reset: {error}", self.key
+                self.name, row, f"raised {type(error).__name__} in reset: {error}", self.key, _RESET_FIX
             ) from error
-        if not isinstance(observation, (str, list)):
-            raise environment_failure(
-                self.name, row, f"reset returned a {type(observation).__name__}, not messages or text", self.key
-            )
+        problem = observation_problem(observation) if observation is not None else "None"
+        if problem:
+            raise environment_failure(self.name, row, f"reset returned {problem}", self.key, _RESET_FIX)
         prompt_ids, conversation = self.renderer.prompt(observation)
         return Episode(row=row, environment=environment, prompt_ids=prompt_ids, conversation=conversation)
 
@@ -178,7 +183,11 @@ class EpisodeEnvironment:
         given = []
         for episode in episodes:
             method = getattr(episode.environment, "reward_columns", None)
-            values = method() if method is not None else {}
+            try:
+                values = method() if method is not None else {}
+            except (Exception, SystemExit) as error:
+                what = f"raised {type(error).__name__} in reward_columns: {error}"
+                raise environment_failure(self.name, episode.row, what, self.key) from error
             if not isinstance(values, Mapping):
                 what = f"reward_columns returned a {type(values).__name__}, not a mapping of names to values"
                 raise environment_failure(self.name, episode.row, what, self.key)
@@ -195,16 +204,20 @@ class EpisodeEnvironment:
         return {name: [values.get(name) for values in given] for name in names}
 
     def step(self, episode: Episode, completion: str) -> StepResult:
+        turn = len(episode.turn_spans)
         try:
             result = episode.environment.step(completion)
-        except Exception as error:
-            what = f"raised {type(error).__name__} in step (turn {len(episode.turn_spans)}): {error}"
+        except (Exception, SystemExit) as error:
+            what = f"raised {type(error).__name__} in step (turn {turn}): {error}"
             raise environment_failure(self.name, episode.row, what, self.key) from error
         if not isinstance(result, StepResult) and not _looks_like_step_result(result):
             what = f"step returned a {type(result).__name__}, not a StepResult"
-            raise environment_failure(self.name, episode.row, what, self.key)
-        if not _finite(result.reward) or not all(_finite(v) for v in result.rewards.values()):
-            raise environment_failure(self.name, episode.row, f"step returned the reward {result.reward!r}", self.key)
+            raise environment_failure(self.name, episode.row, what, self.key, _STEP_FIX)
+        problem = step_result_problem(result)
+        if problem:
+            raise environment_failure(
+                self.name, episode.row, f"step (turn {turn}) returned {problem}", self.key, _STEP_FIX
+            )
         return result
 
     # ---------------------------------------------------------------- the rollouts
@@ -269,8 +282,8 @@ def _looks_like_step_result(result: Any) -> bool:
     return all(hasattr(result, name) for name in ("observation", "reward", "done", "metrics", "rewards"))
 
 
-def _finite(value: Any) -> bool:
-    import math
-    import numbers
-
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+_RESET_FIX = 'reset(row) returns the first observation: text, or chat messages [{"role": "user", "content": ...}]'
+_STEP_FIX = (
+    "step(completion) returns StepResult(observation=text or messages or None, reward=a number, done=..., "
+    "metrics={name: number}, rewards={name: number})"
+)
