@@ -187,8 +187,13 @@ def score_completions(
     if len(prompts) != count or any(len(values) != count for values in columns.values()):
         raise ValueError("score_completions: prompts and every column need one entry per completion")
     clash = {"prompts", "completions"} & set(columns)
-    if clash:
-        raise ValueError(f"score_completions: a data column may not be called {', '.join(sorted(clash))}")
+    if clash:  # each column is passed by its name, beside these two arguments
+        raise RecipeError.single(
+            f"the prompt rows have a column {sorted(clash)[0]!r}: reward functions take their columns as keywords, "
+            "and that name is the reward functions' own argument",
+            key="data",
+            fix="rename the column in the data",
+        )
     total = torch.zeros(count, dtype=torch.float64)
     per_function, details = {}, {}
     for function in functions:

@@ -75,6 +75,36 @@ def test_rewards_whose_weighted_sum_overflows_stop_the_run(tmp_path, capsys):
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_rewards_too_large_to_normalise_stop_the_run_naming_them(tmp_path, capsys):
+    """One reward of 1e308 a completion: finite, but its group's mean overflows; the run used to train
+    on NaN advantages until it stopped as 'diverging'."""
+    config = with_rl(grpo_config(tmp_path, train=dict(steps=2)), rewards=["tests.rl.rewards_for_tests:huge"])
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert "`rl.rewards` the rewards (up to 1e+308 in magnitude) are too large to normalise" in out, out
+    assert "diverging" not in out and not (tmp_path / "run" / "final").exists()
+
+
+def test_a_data_column_named_as_a_reward_argument_is_exit_2(tmp_path, capsys):
+    import json
+
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completions": str(i + 1)}) + "\n" for i in range(16)))
+    config = grpo_config(tmp_path, train=dict(steps=1))
+    from dataclasses import replace
+
+    config = replace(config, data=replace(config.data, source="file", path=str(rows), name=None, num_samples=None))
+    path = tmp_path / "grpo.toml"
+    path.write_text(recipe_to_toml(config))
+    code = main(["run", str(path)])
+    out = "".join(capsys.readouterr())
+    assert code == 2, out
+    assert "`data` the prompt rows have a column 'completions'" in out and "Traceback" not in out, out
+
+
 def test_a_reward_function_that_never_returns_stops_at_the_timeout_with_the_checkpoint_intact(tmp_path, capsys):
     rewards_for_tests.CALLS["count"] = 0
     rewards_for_tests.FAIL_FROM_CALL["value"] = 3  # steps 1 and 2 score, step 3 hangs

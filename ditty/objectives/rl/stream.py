@@ -176,6 +176,7 @@ class RolloutStream:
         the step's reward and completion metrics, over the whole global batch too."""
         totals = _gather(rollouts.rewards.to(torch.float64), self.world_size)
         advantages = self.advantage(totals)
+        _require_finite_advantages(advantages.advantages, totals)
         local = len(rollouts)
         rollouts.advantages = advantages.advantages[self.rank * local : (self.rank + 1) * local]
         if self.rl.credit == "turn" and rollouts.turn_rewards is not None:
@@ -256,3 +257,19 @@ def _max_across(value: float, world_size: int) -> float:
     t = _comm(torch.tensor([value], dtype=torch.float64))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.cpu())
+
+
+def _require_finite_advantages(advantages: torch.Tensor, rewards: torch.Tensor) -> None:
+    """Finite rewards whose group statistics overflow float64 (each near 1e308) would train on NaN
+    advantages, and the run would stop later as 'diverging': name the rewards instead (exit 2)."""
+    if bool(torch.isfinite(advantages).all()):
+        return
+    from ditty.config.errors import RecipeError
+
+    largest = float(rewards.abs().max())
+    raise RecipeError.single(
+        f"the rewards (up to {largest:.3g} in magnitude) are too large to normalise: their group mean or "
+        "spread overflows, which makes the advantages NaN",
+        key="rl.rewards",
+        fix="scale the reward functions' values down (or their rl.reward_weights)",
+    )
