@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from ditty.config.errors import RecipeError
+from ditty.config.errors import Problem, RecipeError
 
 
 def as_section(value: Any, section: type, key: str) -> Any:
@@ -53,6 +53,17 @@ def as_section(value: Any, section: type, key: str) -> Any:
         key=key,
         fix=f"pass {key}={section.__name__}(...)",
     )
+
+
+def reward_function_problems(functions: list, config: Any) -> list[Problem]:
+    """`reward_fn=` checked as the run will load it, with rl.reward_weights (one per function)."""
+    if not functions:
+        return []
+    from ditty.objectives.rewards import resolve_reward_functions
+    from ditty.objectives.rl.row import as_reward_function
+
+    given = [as_reward_function(f) for f in functions]  # as the run calls them
+    return resolve_reward_functions(given, config.rl.reward_weights, key="reward_fn")[1]
 
 
 def reward_function_list(reward_fn: Any) -> Optional[list]:

@@ -50,7 +50,13 @@ import torch
 
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
-from ditty.compat.objectives import objective_row, reward_function_list, with_objective, with_text_row_format
+from ditty.compat.objectives import (
+    objective_row,
+    reward_function_list,
+    reward_function_problems,
+    with_objective,
+    with_text_row_format,
+)
 from ditty.compat.pipeline_options import build_config, keyword_problems, slot_problems, unknown_keyword_problems
 from ditty.config.errors import Problem, RecipeError
 from ditty.objectives.preference_loss import PreferenceLoss
@@ -247,8 +253,9 @@ class Pipeline:
         problems = slot_problems(self) + keyword_problems(self.settings, peek, self.model_factory, self.val_dataset)
         if not [p for p in problems if p.severity == "error"]:
             replaced = self.replaced_sections()
-            self.plan = compile_config(self.config(data), world_size=self.world_size(), replaced=replaced)
-            problems += self.plan.problems
+            config = self.config(data)
+            self.plan = compile_config(config, world_size=self.world_size(), replaced=replaced)
+            problems += self.plan.problems + reward_function_problems(self.reward_functions, config)
         if not [p for p in problems if p.severity == "error"]:
             problems += check_instances(
                 self.preprocessors,
@@ -321,7 +328,8 @@ class Pipeline:
         if self._dataset is not None or self._dataloader is not None or "data" not in given:
             replaced.append("data.")
         if self.reward_functions:
-            replaced.append("rl.reward")  # the functions stand in for rl.rewards
+            # The functions stand in for rl.rewards; their weights are checked against them (check()).
+            replaced += ["rl.rewards", "rl.reward_weights"]
         return tuple(replaced)
 
     # ---------------------------------------------------------------- running

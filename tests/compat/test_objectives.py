@@ -7,6 +7,7 @@ distils a teacher with the losses of the same recipe run."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,26 @@ def _shape(kind: str, reward: float, length: int):
     if kind == "pair":
         return reward, {"length": length}
     return {"reward": reward, "metrics": {"length": length}}
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"reward_timeout_s": -1.0}, "`rl.reward_timeout_s`"),
+        ({"reward_timeout_s": float("nan")}, "`rl.reward_timeout_s` is nan"),
+        ({"reward_weights": [1.0, 2.0]}, "`rl.reward_weights` has 2 weights for 1 reward functions"),
+    ],
+)
+def test_rl_reward_settings_beside_reward_fn_are_checked_at_construction(tiny_llama_dir, settings, words):
+    """reward_fn= stands in for rl.rewards only: the other rl.reward_* settings are checked as a
+    recipe's are, and the weights against the functions given."""
+    with pytest.raises(RecipeError, match=re.escape(words)):
+        Pipeline(
+            model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
+            dataset=PROMPTS,
+            reward_fn=lambda prompts, completions, **columns: [0.0] * len(completions),
+            rl=RLConfig(group_size=4, max_new_tokens=4, **settings),
+        )
 
 
 @pytest.mark.parametrize("kind", ["float", "pair", "dict"])
