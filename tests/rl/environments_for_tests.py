@@ -147,3 +147,19 @@ class ExitsInStep:
         import sys
 
         sys.exit(0)
+
+
+class OriginalGameWithALevel(OriginalCalculatorGame):
+    """An original-protocol environment that must be told its level."""
+
+    def __init__(self, level):
+        self.level = level
+
+
+def _wrapped_original_needing_a_level():
+    from ditty.compat.environments import as_environment
+
+    return as_environment(OriginalGameWithALevel)
+
+
+WrappedOriginalNeedingALevel = _wrapped_original_needing_a_level()

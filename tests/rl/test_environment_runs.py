@@ -29,6 +29,11 @@ ENVS = "tests.rl.environments_for_tests"
         (["--rl.environment", f"{ENVS}:NOT_A_CLASS"], "rl.environment", "is not a class"),
         (["--rl.environment", f"{ENVS}:echo"], "rl.environment", "is not a class"),
         (["--rl.environment", f"{ENVS}:NeedsALevel"], "rl.environment", "cannot be built without arguments"),
+        (
+            ["--rl.environment", f"{ENVS}:WrappedOriginalNeedingALevel"],
+            "rl.environment",
+            "cannot be built without arguments",
+        ),
         (["--rl.tools", '["calculator"]'], "rl.tools[0]", 'not of the form "package.module:Name"'),
         (["--rl.tools", '["ditty.objectives.rl.builtin_tools:abacus"]'], "rl.tools[0]", "no attribute 'abacus'"),
         (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),

@@ -129,9 +129,14 @@ def vllm_backend(ctx) -> Iterator[Problem]:
 
 
 def arguments_needed(cls: type) -> list[str]:
-    """The parameters `cls()` would miss (none when its signature cannot be read)."""
+    """The parameters `cls()` would miss (none when its signature cannot be read). A wrapper of the
+    original Ditty's environments (ditty.compat.environments.as_environment) builds its
+    `original_class()`: that class's parameters are the ones that count."""
     import inspect
 
+    wrapped = getattr(cls, "original_class", None)
+    if isinstance(wrapped, type):
+        cls = wrapped
     try:
         params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
