@@ -138,6 +138,10 @@ def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
     assert main(["generate", run_dir, "12*3=", "--tools", "[1]"]) == 2
     assert main(["generate", run_dir, "12*3=", "--tools", '["ditty.objectives.rl.builtin_tools:abacus"]']) == 2
     assert "--tools[0]" in capsys.readouterr().err
+    assert main(["generate", run_dir, "12*3=", "--tools", f'["{ENVS}:NOT_A_CLASS"]']) == 2
+    assert (
+        "`--tools[0]` tests.rl.environments_for_tests:NOT_A_CLASS is a int, not a function" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow

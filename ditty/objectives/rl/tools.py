@@ -139,14 +139,17 @@ def tool_name(reference: str) -> str:
 def load_tools(references: Sequence[str], key: str = "rl.tools") -> dict[str, Callable[..., Any]]:
     """{name: function} of `rl.tools` (the compiler has checked that each resolves); `key` names the
     list in messages."""
-    from ditty.config.errors import RecipeError
+    from ditty.config.errors import Problem, RecipeError
     from ditty.config.references import resolve_reference
 
     tools, problems = {}, []
     for index, reference in enumerate(references):
         function, found = resolve_reference(reference, key=f"{key}[{index}]")
         problems += found
-        if not found:
+        if not found and not callable(function):
+            what = f"{reference} is a {type(function).__name__}, not a function"
+            problems.append(Problem(f"{key}[{index}]", what, fix="name a function"))
+        elif not found:
             tools[tool_name(reference)] = function
     if problems:
         raise RecipeError(problems)
