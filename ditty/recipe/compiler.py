@@ -91,8 +91,9 @@ def _value_at(config, key: str):
 
 def _locate(problem, loaded: LoadedRecipe):
     """Point a problem at its TOML line, or say it came from a flag."""
-    if loaded.provenance.get(problem.key) == "flag":
-        return replace(problem, line=None, message=f"{problem.message} (set by --{problem.key})")
+    field_key = problem.key.split("[", 1)[0]  # "rl.tools[0]": an entry of the list a flag set
+    if loaded.provenance.get(field_key) == "flag":
+        return replace(problem, line=None, message=f"{problem.message} (set by --{field_key})")
     return replace(problem, line=problem.line or loaded.lines.line_of(problem.key))
 
 

@@ -50,6 +50,11 @@ def test_bad_environment_input_is_exit_2_naming_the_key(tmp_path, capsys, flags,
     assert "Traceback" not in out
 
 
+def test_a_list_entry_set_by_a_flag_is_attributed_to_the_flag(tmp_path, capsys):
+    code, out = check(tmp_path, capsys, "--rl.tools", f'["{ENVS}:echo", "{ENVS}:NOT_A_CLASS"]')
+    assert code == 2 and "`rl.tools[1]`" in out and "is a int, not a function (set by --rl.tools)" in out, out
+
+
 def test_a_malformed_tools_list_is_exit_2(tmp_path, capsys):
     code, out = check(tmp_path, capsys, "--rl.tools", '"ditty.objectives.rl.builtin_tools:calculator"')
     assert code == 2 and "rl.tools" in out and "Traceback" not in out, out
