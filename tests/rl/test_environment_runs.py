@@ -256,7 +256,11 @@ def test_the_documented_environment_trains_on_the_built_in_data(tmp_path, capsys
     code_block = page.split("## Environments of your own", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     (tmp_path / "documented_guess.py").write_text(code_block)
     monkeypatch.syspath_prepend(str(tmp_path))
-    code, out = run(tmp_path, capsys, environment="documented_guess:Guess", rewards=[])
+    code, out = run(
+        tmp_path, capsys, train=dict(eval_samples=8), environment="documented_guess:Guess", rewards=[], max_turns=2
+    )
     assert code == 0, out
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all("env/right" in r for r in records if "loss" in r)
+    evaluated = [r for r in records if "val_exact_match" in r]
+    assert evaluated and all("val_env/right" in r and "val_env/tool_calls" not in r for r in evaluated)

@@ -4,9 +4,10 @@
 - `val_exact_match`: the final model turn equals the row's reference answer (column `answer`, else
   `completion`), stripped; the task's one-turn exact match would score the tool call instead;
 - `val_reward` (and `val_reward/NAME` with several functions): the episodes' reward;
-- `val_env/turns`, `val_env/tool_calls`, `val_env/tool_errors`, `val_env/truncated` (per episode) and
-  `val_env/well_formed_calls`: the share of the tool calls the model attempted that were well formed
-  (0 when it attempted none).
+- `val_env/NAME` (per episode) for every metric the episodes report: `turns`, `episode_tokens`,
+  `truncated`, the environment's own (a custom environment's `env/right`, say), and with the built-in
+  tool environment `tool_calls` and `tool_errors`, and `val_env/well_formed_calls`: the share of the
+  tool calls the model attempted that were well formed (0 when it attempted none).
 """
 
 from __future__ import annotations
@@ -17,16 +18,7 @@ from typing import Any
 import torch
 
 from ditty._utils.dist import all_reduce_sum, rank, world_size
-
-TOTALS = (
-    "reward",
-    "exact",
-    "env/turns",
-    "env/tool_calls",
-    "env/tool_errors",
-    "env/tool_errors/malformed",
-    "env/truncated",
-)
+from ditty.objectives.rl.stream import names_across
 
 
 class EpisodeEvaluation:
@@ -43,7 +35,8 @@ class EpisodeEvaluation:
         size = max(1, request.micro_batch_size)
         calls = math.ceil(math.ceil(count / world_size()) / size)  # the same on every rank (fsdp's forwards)
         functions = [f.name for f in self.environment.functions]
-        totals = torch.zeros(len(TOTALS) + len(functions), dtype=torch.float64)
+        totals = torch.zeros(2 + len(functions), dtype=torch.float64)  # reward, exact, each function's
+        env_sums: dict[str, float] = {}
         for call in range(calls):
             chunk = indices[call * size : (call + 1) * size]
             batch = self.bundle.collator([val[i] for i in (chunk or [0])])  # an idle rank plays with the others
@@ -56,26 +49,21 @@ class EpisodeEvaluation:
                 float(references is not None and t.strip() == str(r).strip())
                 for t, r in zip(rollouts.texts, references or [])
             ]
-            values = {"reward": rollouts.rewards, "exact": torch.tensor(exact, dtype=torch.float64)}
-            for index, name in enumerate(TOTALS):
-                found = values.get(name, rollouts.episode_metrics.get(name))
-                totals[index] += float(found.sum()) if found is not None else 0.0
+            totals[0] += float(rollouts.rewards.sum())
+            totals[1] += sum(exact)
             for index, name in enumerate(functions):
-                totals[len(TOTALS) + index] += float(rollouts.rewards_per_function[name].sum())
-        totals = all_reduce_sum(totals)
-        sums = dict(zip(TOTALS, totals.tolist()))
-        metrics = {
-            "val_reward": sums["reward"] / count,
-            "val_exact_match": sums["exact"] / count,
-            "val_env/turns": sums["env/turns"] / count,
-            "val_env/tool_calls": sums["env/tool_calls"] / count,
-            "val_env/tool_errors": sums["env/tool_errors"] / count,
-            "val_env/truncated": sums["env/truncated"] / count,
-            "val_env/well_formed_calls": (
-                1 - sums["env/tool_errors/malformed"] / sums["env/tool_calls"] if sums["env/tool_calls"] else 0.0
-            ),
-        }
+                totals[2 + index] += float(rollouts.rewards_per_function[name].sum())
+            for name, values in rollouts.episode_metrics.items():
+                env_sums[name] = env_sums.get(name, 0.0) + float(values.sum())
+        names = names_across(env_sums, world_size())  # every rank reduces the same metrics
+        totals = all_reduce_sum(torch.cat([totals, torch.tensor([env_sums.get(n, 0.0) for n in names])]))
+        metrics = {"val_reward": float(totals[0]) / count, "val_exact_match": float(totals[1]) / count}
         if len(functions) > 1:
             for index, name in enumerate(functions):
-                metrics[f"val_reward/{name}"] = float(totals[len(TOTALS) + index]) / count
+                metrics[f"val_reward/{name}"] = float(totals[2 + index]) / count
+        sums = dict(zip(names, totals[2 + len(functions) :].tolist()))
+        metrics.update({f"val_{name}": value / count for name, value in sums.items() if name.count("/") == 1})
+        if "env/tool_calls" in sums:
+            malformed, calls_made = sums.get("env/tool_errors/malformed", 0.0), sums["env/tool_calls"]
+            metrics["val_env/well_formed_calls"] = 1 - malformed / calls_made if calls_made else 0.0
         return metrics

@@ -195,7 +195,7 @@ class RolloutStream:
         metrics.update(
             {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
         )
-        for name in _names_across(rollouts.episode_metrics, self.world_size):  # every rank logs every name
+        for name in names_across(rollouts.episode_metrics, self.world_size):  # every rank logs every name
             values = rollouts.episode_metrics.get(name, torch.zeros(local, dtype=torch.float64))
             metrics[name] = float(_gather(values, self.world_size).mean())
         metrics.update(
@@ -241,7 +241,7 @@ def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts).cpu()
 
 
-def _names_across(values: dict, world_size: int) -> list[str]:
+def names_across(values: dict, world_size: int) -> list[str]:
     """The sorted names of `values` on any rank (an environment may report a metric on one rank only)."""
     names = set(values)
     if _distributed(world_size):
