@@ -155,6 +155,17 @@ COMPAT_RULES: list[CompatRule] = [
         condition='quant.kind set, peft.kind = "none"',
     ),
     CompatRule(
+        "compat.quant-needs-pretrained",
+        # On the model's key: in the Python API a model instance stands in for [model] and is quantized as given.
+        "model.init",
+        lambda c: c.quant.kind != "none" and (bool(c.model.factory) or c.model.resolved_init == "random"),
+        "is a random init (or a model.factory), and quant.kind asks for quantized loading, which needs pretrained "
+        "Hugging Face weights: random weights quantized to 4 or 8 bits and then frozen would leave only the "
+        "adapter to learn, on top of noise",
+        'set quant.kind = "none", or load a pretrained model (model.path with model.init = "pretrained")',
+        condition="quant.kind set on a random init or a model.factory",
+    ),
+    CompatRule(
         "compat.qlora-fsdp-storage-dtype",
         "quant.storage_dtype",
         lambda c: (

@@ -36,6 +36,7 @@ FAILING = {
     "compat.schedulefree-scheduler": ('[optimizer]\nkind = "adamw_schedulefree"\n[scheduler]\nkind = "cosine"\n', 1),
     "compat.schedulefree-missing": ('[optimizer]\nkind = "adamw_schedulefree"\n[scheduler]\nkind = "constant"\n', 1),
     "compat.quantized-needs-adapter": ('[quant]\nkind = "bnb-4bit"\n', 1),
+    "compat.quant-needs-pretrained": ('[quant]\nkind = "bnb-4bit"\n[peft]\nkind = "lora"\n', 1),
     "compat.qlora-fsdp-storage-dtype": (
         '[quant]\nkind = "bnb-4bit"\nstorage_dtype = "uint8"\n[peft]\nkind = "lora"\n[parallel]\nkind = "fsdp"\n',
         2,
