@@ -90,6 +90,13 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
     saved = doc.get(SIDECAR_RECIPE)
     stopped = bool(doc.get("train_state", {}).get("stopped_early")) and same_stop_condition(doc, config)
     finished = ckpt_cfg.resume == "auto" and final_exists and (reached or stopped)
+    # First: no setting continues a run past a train.steps below its checkpoint (force_resume neither).
+    if steps is not None and step > steps:
+        raise RecipeError.single(
+            f"checkpoint {found} is at step {step}, past train.steps = {steps}",
+            key="train.steps",
+            fix=f"use train.steps >= {step}, or a new run.output_dir",
+        )
     if isinstance(saved, dict):
         diffs = recipe_differences(saved, flatten_recipe(config, trainer_ref), step=step)
         if diffs and finished and not (ckpt_cfg.force_resume and ckpt_cfg.overwrite_finished):
@@ -115,12 +122,6 @@ def plan_resume(config: Any, trainer_ref: Optional[str], world_size: int = 1) ->
 
     # Before anything is built or written: a checkpoint resumes only with an engine that can read it.
     engine_class(config.parallel.kind, world_size).check_resumable(found, doc.get("world_size"), world_size)
-    if steps is not None and step > steps:
-        raise RecipeError.single(
-            f"checkpoint {found} is at step {step}, past train.steps = {steps}",
-            key="train.steps",
-            fix=f"use train.steps >= {step}, or a new run.output_dir",
-        )
     if finished:
         return ResumePlan(found, finished=True, step=step)
     _check_data_unchanged(doc, config, found)

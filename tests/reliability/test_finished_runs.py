@@ -128,3 +128,15 @@ def test_a_finished_run_rerun_with_a_changed_value_says_it_is_finished(runs, tmp
     trial.update(exit_code=result.code, lost_steps=0)
     _refused(result, run, before, f"{run} holds a finished run (step 4, final/)", "optimizer.lr: 0.003 -> 0.001")
     assert "choose a new run.output_dir" in result.err and "--checkpoint.overwrite_finished true" in result.err
+
+
+def test_fewer_steps_than_the_checkpoint_is_refused_without_advice_that_cannot_work(runs, tmp_path):
+    """train.steps below the newest checkpoint's step: exit 2 saying so, before any advice to force
+    the resume (which would fail on the same step count)."""
+    recipe, run = _copy(runs, tmp_path)
+    shutil.rmtree(run / "final")  # an interrupted run, its last checkpoint at step 4
+    before = _snapshot(run)
+    for flags in ((), ("--checkpoint.force_resume", "true")):
+        result = ditty("run", str(recipe), "--train.steps", "2", "--scheduler.warmup_steps", "0", *flags)
+        _refused(result, run, before, "is at step 4, past train.steps = 2")
+        assert "force_resume" not in result.err
