@@ -352,10 +352,21 @@ def cmd_plot(args: list[str]) -> int:
     run_dir = Path(args[0])
     if not (run_dir / "metrics.jsonl").is_file():
         raise RecipeError.single(f"{run_dir} holds no metrics.jsonl", fix="name the output_dir of a ditty run")
+    if not (run_dir / "recipe.toml").is_file():  # curves.png there would be somebody else's file
+        raise RecipeError.single(
+            f"{run_dir} is not a ditty run directory (it has no recipe.toml), so its curves.png is not ditty's to "
+            "replace",
+            fix="name the output_dir of a ditty run",
+        )
     from ditty.metrics.logger import load_metrics
     from ditty.metrics.plot import plot_run
 
     records, skipped = load_metrics(str(run_dir))
+    if not records:
+        raise RecipeError.single(
+            f"{run_dir}/metrics.jsonl holds no readable record ({skipped} unreadable lines): there is nothing to plot",
+            fix="plot a run that has logged at least one step",
+        )
     note = f" (skipped {skipped} unreadable line{'s' if skipped != 1 else ''} of metrics.jsonl)" if skipped else ""
     print(f"wrote {plot_run(str(run_dir), records=records)}{note}")
     return 0

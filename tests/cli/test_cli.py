@@ -266,3 +266,16 @@ def test_cuda_asked_for_where_there_is_none_is_named(capsys, tmp_path):
     )
     assert code == 2 and '`run.device` is "cuda", but this machine has no usable CUDA device' in err, err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_plot_never_replaces_a_file_in_a_directory_that_is_not_a_run(capsys, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (tmp_path / "curves.png").write_bytes(b"the user's own picture")
+    code, _, err = run_cli(capsys, "plot", tmp_path)
+    assert code == 2 and "is not a ditty run directory" in err
+    assert (tmp_path / "curves.png").read_bytes() == b"the user's own picture"
+    (tmp_path / "recipe.toml").write_text("")
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
+    code, _, err = run_cli(capsys, "plot", tmp_path)
+    assert code == 2 and "holds no readable record (1 unreadable lines)" in err
+    assert (tmp_path / "curves.png").read_bytes() == b"the user's own picture"
