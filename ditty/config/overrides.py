@@ -1,9 +1,11 @@
 """Command-line overrides: `--section.field VALUE` on top of a loaded recipe.
 
 Values are written as in TOML (`--train.compile false`, `--optimizer.lr 1e-4`,
-`--peft.target_modules '["q_proj","v_proj"]'`, `--model.config '{hidden_size = 128}'`); a value
-that is not valid TOML is taken as a bare string (`--run.name demo`). Each value is checked by the
-same strict converter as the TOML loader, so a flag error reads like a recipe error. tyro then
+`--peft.target_modules '["q_proj","v_proj"]'`, `--model.config '{hidden_size = 128}'`, which replaces
+the whole table, or `--model.config.hidden_size 128`, which sets one entry of it); a value that is
+not valid TOML is taken as a bare string (`--run.name demo`). A flag given twice is an error. Each
+value is checked by the same strict converter as the TOML loader, so a flag error reads like a
+recipe error. tyro then
 builds the new config from the checked values (it also renders `--help` from the docstrings).
 tyro cannot express free-form tables, arrays of tables (`model.config`, `pipeline.loss`) or a
 one-item list where a string would also do, so those few values are set directly.
@@ -76,8 +78,22 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
     switches = frozenset(path for path, leaf in leaves.items() if leaf.type is bool)
     pairs, problems = split_flags(argv, switches)
     checked: dict[str, Any] = {}
+    seen: set[str] = set()
     for path, text in pairs:
+        if path in seen:  # the shell's last-one-wins would hide a typo in a long command line
+            problems.append(Problem(path, f"--{path} is given twice", fix="give each flag once"))
+            continue
+        seen.add(path)
         leaf = leaves.get(path)
+        table = _table_of(path, leaves) if leaf is None else None
+        if table is not None:  # --model.config.hidden_size 64: one entry of a table field
+            table_path, entry = table
+            current = checked.get(table_path, _value_at(loaded.config, table_path))
+            merged = _with_entry(dict(current or {}), entry, parse_flag_value(text))
+            value = convert_or_report(merged, leaves[table_path].type, table_path, problems, schema)
+            if value is not MISSING:
+                checked[table_path] = value
+            continue
         if leaf is None:
             problems.append(_unknown_flag(path, leaves))
             continue
@@ -94,6 +110,32 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
     provenance = dict(loaded.provenance)
     provenance.update({path: "flag" for path in checked})
     return dataclasses.replace(loaded, config=config, provenance=provenance)
+
+
+def _table_of(path: str, leaves: dict[str, FieldInfo]) -> tuple[str, list[str]] | None:
+    """(the table field, the entry's keys in it) when `path` goes on past a field that is a free
+    table (`model.config.hidden_size`: model.config, ["hidden_size"]), else None."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        leaf = leaves.get(".".join(parts[:cut]))
+        if leaf is not None:
+            return (leaf.path, parts[cut:]) if typing.get_origin(leaf.type) is dict else None
+    return None
+
+
+def _value_at(config: Any, path: str) -> Any:
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def _with_entry(table: dict, keys: list[str], value: Any) -> dict:
+    """`table` with the entry at `keys` set (tables on the way made or copied, never changed in place)."""
+    head, rest = keys[0], keys[1:]
+    if rest:
+        inner = table.get(head)
+        value = _with_entry(dict(inner) if isinstance(inner, dict) else {}, rest, value)
+    return {**table, head: value}
 
 
 def replace_path(config: Any, path: str, value: Any) -> Any:
