@@ -17,7 +17,7 @@ from typing import Callable
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
 from ditty._utils.quiet import VERBOSE_ENV, ignore_known_warnings, quiet_libraries
-from ditty.cli.options import take_option
+from ditty.cli.options import refuse_unknown_options, take_option
 from ditty.cli.readers import cmd_eval, cmd_export, cmd_generate, cmd_push
 from ditty.cli.trust import TRUST_FLAG, import_path, imports_user_code, run_dir_recipe
 from ditty.cli.usage import USAGE, command_usage, help_schema, print_help
@@ -138,6 +138,12 @@ def _world_size(options: dict[str, str]) -> int:
 
 def _recipe_and_flags(args: list[str], command: str) -> tuple[str, list[str]]:
     if not args or args[0].startswith("-"):
+        # Flags come in pairs with their values: a word left over at the end is a recipe given late.
+        if len(args) % 2 == 1 and not args[-1].startswith("-"):
+            raise RecipeError.single(
+                f"`ditty {command}` takes the recipe first, before its flags (found {args[-1]!r} last)",
+                fix=f"ditty {command} {args[-1]} {' '.join(args[:-1])}",
+            )
         raise RecipeError.single(f"`ditty {command}` needs a recipe", fix=f"ditty {command} RECIPE (see `ditty ls`)")
     return args[0], args[1:]
 
@@ -339,6 +345,8 @@ def _set_by(key: str, flags: list[str]) -> bool:
 
 
 def cmd_ls(args: list[str]) -> int:
+    if args:
+        raise RecipeError.single(f"`ditty ls` takes no arguments, got {' '.join(args)}", fix="ditty ls")
     recipes = bundled_recipes()
     width = max((len(r.name) for r in recipes), default=0)
     for recipe in recipes:
@@ -347,6 +355,7 @@ def cmd_ls(args: list[str]) -> int:
 
 
 def cmd_plot(args: list[str]) -> int:
+    refuse_unknown_options(args, "plot")
     if len(args) != 1:
         raise RecipeError.single("`ditty plot` takes one run directory", fix="ditty plot runs/tiny_sft")
     run_dir = Path(args[0])

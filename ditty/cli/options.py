@@ -27,3 +27,13 @@ def take_option(args: list[str], names: tuple[str, ...], has_value: bool = True)
             rest.append(token)
         position += 1
     return found, rest
+
+
+def refuse_unknown_options(args: list[str], command: str) -> None:
+    """What is left of `args` once a command took its options: a `--word` there is an option the
+    command does not have, named rather than counted as a stray argument."""
+    unknown = [token.partition("=")[0] for token in args if token.startswith("--")]
+    if unknown:
+        raise RecipeError.single(
+            f"`ditty {command}` has no option {unknown[0]}", fix=f"`ditty {command} --help` lists its options"
+        )

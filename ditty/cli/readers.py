@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ditty.cli.options import take_option
+from ditty.cli.options import refuse_unknown_options, take_option
 from ditty.cli.trust import TRUST_FLAG
 from ditty.config import RecipeError
 
@@ -20,6 +20,7 @@ def cmd_generate(args: list[str]) -> int:
     tools, args = take_option(args, ("--tools",))
     max_turns, args = take_option(args, ("--max-turns",))
     _, args = take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
+    refuse_unknown_options(args, "generate")
     if len(args) != 2:
         raise RecipeError.single(
             "`ditty generate` takes a run directory and a prompt", fix='ditty generate runs/tiny_sft "12+34="'
@@ -81,6 +82,7 @@ def cmd_export(args: list[str]) -> int:
     output, args = take_option(args, ("-o", "--output"))
     merge, args = take_option(args, ("--merge-lora", "--merge_lora"), has_value=False)
     trust, args = take_option(args, (TRUST_FLAG,), has_value=False)
+    refuse_unknown_options(args, "export")
     if len(args) != 1 or output is None:
         raise RecipeError.single(
             "`ditty export` takes a run directory or checkpoint and -o DIR",
@@ -95,6 +97,7 @@ def cmd_export(args: list[str]) -> int:
 def cmd_push(args: list[str]) -> int:
     repo_id, args = take_option(args, ("--repo-id", "--repo_id"))
     _, args = take_option(args, (TRUST_FLAG,), has_value=False)  # push imports no code either way
+    refuse_unknown_options(args, "push")
     if len(args) != 1:
         raise RecipeError.single(
             "`ditty push` takes one run directory", fix="ditty push runs/tiny_sft --repo-id me/tiny"
@@ -113,6 +116,7 @@ def cmd_eval(args: list[str]) -> int:
     batch_size, args = take_option(args, ("--batch-size", "--batch_size"))
     device, args = take_option(args, ("--device",))
     trust, args = take_option(args, (TRUST_FLAG,), has_value=False)
+    refuse_unknown_options(args, "eval")
     if len(args) != 1:
         raise RecipeError.single(
             "`ditty eval` takes one run or model directory",

@@ -223,6 +223,7 @@ def test_help_lists_every_section(capsys):
         ["plot", "/nonexistent"],
         ["generate", "/nonexistent", "hi"],
         ["check", "."],
+        ["ls", "extra"],
     ],
 )
 def test_user_errors_exit_2_without_traceback(capsys, args):
@@ -279,3 +280,22 @@ def test_plot_never_replaces_a_file_in_a_directory_that_is_not_a_run(capsys, tmp
     code, _, err = run_cli(capsys, "plot", tmp_path)
     assert code == 2 and "holds no readable record (1 unreadable lines)" in err
     assert (tmp_path / "curves.png").read_bytes() == b"the user's own picture"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["check", "--train.steps", "5", "tiny_sft"],
+            "takes the recipe first, before its flags (found 'tiny_sft' last)",
+        ),
+        (["generate", "runs/x", "1+1=", "--bogus"], "`ditty generate` has no option --bogus"),
+        (["export", "runs/x", "-o", "out", "--merge"], "`ditty export` has no option --merge"),
+        (["push", "runs/x", "--repo", "me/x"], "`ditty push` has no option --repo"),
+        (["eval", "runs/x", "--task", "hellaswag"], "`ditty eval` has no option --task"),
+        (["plot", "runs/x", "--all"], "`ditty plot` has no option --all"),
+    ],
+)
+def test_a_misplaced_recipe_and_an_unknown_option_are_named(capsys, args, words):
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and words in err, err
