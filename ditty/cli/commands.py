@@ -303,6 +303,13 @@ def cmd_init(args: list[str]) -> int:
     if intent:
         from ditty.cli import memory_plan as cli_plan
 
+        given_path = [a for a in args if a.partition("=")[0] == "--model.path"]
+        if "model" in intent and given_path:
+            raise RecipeError.single(
+                f"--model {intent['model']} and --model.path both name the model",
+                fix="give one: --model ID plans for that model and sets model.path",
+            )
+
         return cli_plan.init_from_intent(intent, args, output, bool(force))
     names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
     loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)

@@ -294,6 +294,20 @@ def test_plot_never_replaces_a_file_in_a_directory_that_is_not_a_run(capsys, tmp
         (["push", "runs/x", "--repo", "me/x"], "`ditty push` has no option --repo"),
         (["eval", "runs/x", "--task", "hellaswag"], "`ditty eval` has no option --task"),
         (["plot", "runs/x", "--all"], "`ditty plot` has no option --all"),
+        (
+            [
+                "init",
+                "--model",
+                "meta-llama/Meta-Llama-3-8B",
+                "--method",
+                "lora",
+                "--gpu-memory",
+                "24GB",
+                "--model.path",
+                "x",
+            ],
+            "--model meta-llama/Meta-Llama-3-8B and --model.path both name the model",
+        ),
     ],
 )
 def test_a_misplaced_recipe_and_an_unknown_option_are_named(capsys, args, words):
