@@ -17,6 +17,11 @@ from tests.rl.helpers import grpo_config, with_rl
 
 def run(tmp_path, capsys, reward: str, **train):
     config = with_rl(grpo_config(tmp_path, train=dict(steps=4, **train), checkpoint=dict(every=2)), rewards=[reward])
+    return run_config(tmp_path, capsys, config)
+
+
+def run_config(tmp_path, capsys, config):
+    """`ditty run` of `config` written as a recipe, in-process: its exit code and what it printed."""
     path = tmp_path / "grpo.toml"
     path.write_text(recipe_to_toml(config))
     code = main(["run", str(path)])
@@ -66,10 +71,7 @@ def test_rewards_whose_weighted_sum_overflows_stop_the_run(tmp_path, capsys):
     # Two rewards of 1e308 each: finite alone, inf summed (the run used to end at exit 0 with val_reward inf).
     huge = "tests.rl.rewards_for_tests:huge"
     config = with_rl(grpo_config(tmp_path, train=dict(steps=2)), rewards=[huge, huge])
-    path = tmp_path / "grpo.toml"
-    path.write_text(recipe_to_toml(config))
-    code = main(["run", str(path)])
-    out = "".join(capsys.readouterr())
+    code, out = run_config(tmp_path, capsys, config)
     assert code == 2, out
     assert f"the weighted sum of {huge}, {huge} is inf for a completion" in out, out
     assert not (tmp_path / "run" / "final").exists()
@@ -79,10 +81,7 @@ def test_rewards_too_large_to_normalise_stop_the_run_naming_them(tmp_path, capsy
     """One reward of 1e308 a completion: finite, but its group's mean overflows; the run used to train
     on NaN advantages until it stopped as 'diverging'."""
     config = with_rl(grpo_config(tmp_path, train=dict(steps=2)), rewards=["tests.rl.rewards_for_tests:huge"])
-    path = tmp_path / "grpo.toml"
-    path.write_text(recipe_to_toml(config))
-    code = main(["run", str(path)])
-    out = "".join(capsys.readouterr())
+    code, out = run_config(tmp_path, capsys, config)
     assert code == 2, out
     assert "`rl.rewards` the rewards (up to 1e+308 in magnitude) are too large to normalise" in out, out
     assert "diverging" not in out and not (tmp_path / "run" / "final").exists()
@@ -97,10 +96,7 @@ def test_a_data_column_named_as_a_reward_argument_is_exit_2(tmp_path, capsys):
     from dataclasses import replace
 
     config = replace(config, data=replace(config.data, source="file", path=str(rows), name=None, num_samples=None))
-    path = tmp_path / "grpo.toml"
-    path.write_text(recipe_to_toml(config))
-    code = main(["run", str(path)])
-    out = "".join(capsys.readouterr())
+    code, out = run_config(tmp_path, capsys, config)
     assert code == 2, out
     assert "`data` the prompt rows have a column 'completions'" in out and "Traceback" not in out, out
 
@@ -113,10 +109,7 @@ def test_a_reward_function_that_never_returns_stops_at_the_timeout_with_the_chec
         rewards=["tests.rl.rewards_for_tests:hangs_later"],
         reward_timeout_s=1.0,
     )
-    path = tmp_path / "grpo.toml"
-    path.write_text(recipe_to_toml(config))
-    code = main(["run", str(path)])
-    out = "".join(capsys.readouterr())
+    code, out = run_config(tmp_path, capsys, config)
     assert code == 2, out
     assert "hangs_later did not return within rl.reward_timeout_s = 1 s" in out, out
     checkpoints = Path(tmp_path / "run" / "checkpoints")
