@@ -229,7 +229,7 @@ def check_model_dir(path: str | Path) -> None:
         problems = manifest.verify(path)
     except manifest.ManifestError as error:
         problems = [str(error)]
-    unreadable = [p for p in problems if "(Permission denied)" in p]
+    unreadable = [p for p in problems or [] if "(Permission denied)" in p]  # None: no manifest to verify
     if unreadable:  # another user's files: intact, but not theirs to read
         raise RecipeError.single(
             f"{path} cannot be read by this user: " + "; ".join(unreadable),

@@ -3,8 +3,8 @@
 Values are written as in TOML (`--train.compile false`, `--optimizer.lr 1e-4`,
 `--peft.target_modules '["q_proj","v_proj"]'`, `--model.config '{hidden_size = 128}'`, which replaces
 the whole table, or `--model.config.hidden_size 128`, which sets one entry of it); a value that is
-not valid TOML is taken as a bare string (`--run.name demo`). A flag given twice is an error. Each
-value is checked by the same strict converter as the TOML loader, so a flag error reads like a
+not valid TOML is taken as a bare string (`--run.name demo`). Of a flag given twice, the last wins.
+Each value is checked by the same strict converter as the TOML loader, so a flag error reads like a
 recipe error. tyro then
 builds the new config from the checked values (it also renders `--help` from the docstrings).
 tyro cannot express free-form tables, arrays of tables (`model.config`, `pipeline.loss`) or a
@@ -78,12 +78,7 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
     switches = frozenset(path for path, leaf in leaves.items() if leaf.type is bool)
     pairs, problems = split_flags(argv, switches)
     checked: dict[str, Any] = {}
-    seen: set[str] = set()
-    for path, text in pairs:
-        if path in seen:  # the shell's last-one-wins would hide a typo in a long command line
-            problems.append(Problem(path, f"--{path} is given twice", fix="give each flag once"))
-            continue
-        seen.add(path)
+    for path, text in pairs:  # a flag given again wins over the earlier one: scripts append overrides
         leaf = leaves.get(path)
         table = _table_of(path, leaves) if leaf is None else None
         if table is not None:  # --model.config.hidden_size 64: one entry of a table field

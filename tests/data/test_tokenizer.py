@@ -72,10 +72,18 @@ def test_build_tokenizer_sets_a_missing_pad_token_to_eos(tmp_path):
         (TokenizerConfig(path="/no/such/tokenizer/dir"), ModelConfig(), "tokenizer.path"),
         (TokenizerConfig(), ModelConfig(path="./missing-model-dir"), "model.path"),
         (TokenizerConfig(), ModelConfig(path="ditty-test/no-such-model"), "model.path"),  # hub id, offline
-        (TokenizerConfig(), ModelConfig(), "tokenizer.path"),
     ],
 )
 def test_build_tokenizer_bad_paths_are_recipe_errors(tok, model, key):
     with pytest.raises(RecipeError) as caught:
         build_tokenizer(tok, model)
     assert f"`{key}`" in str(caught.value)
+
+
+def test_auto_with_no_path_is_the_byte_tokenizer_as_the_compiler_and_planner_take_it():
+    """`ditty init`'s starter recipe: a random init, tokenizer.kind "auto" and no path anywhere."""
+    from ditty.plan.source import BYTE_TOKENIZER_SIZE
+
+    tok, model = TokenizerConfig(), ModelConfig()
+    assert tok.source(model) is None
+    assert len(build_tokenizer(tok, model)) == BYTE_TOKENIZER_SIZE
