@@ -118,7 +118,8 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision: autocast (or FSDP mixed precision) dtype. fp16 uses dynamic loss scaling."""
     log_every: int = 10
-    """Log metrics every this many steps."""
+    """Log metrics every this many steps: each record holds the means over the steps since the last one
+    (loss, grad_norm and the objective's metrics, rewards included) and the learning rate at its step."""
     eval_every: int = 0
     """Evaluate every this many steps (0: only at the end)."""
     eval_at_start: Optional[bool] = None
