@@ -115,6 +115,12 @@ class ChatLayout:
                     f"system or (after an assistant turn) tool{self._role_names_hint(keys)}; map other role "
                     "names with data.chat_keys"
                 )
+            if turn.get("tool_calls"):  # dropped by the rendering, the turn would train as an empty reply
+                return None, (
+                    f"{column!r} message {index} ({role}) has 'tool_calls', which ditty's chat rendering does not "
+                    "carry: write the call into the message's content as the model should emit it (the tool "
+                    'episodes\' format: <tool_call>{"name": ..., "arguments": {...}}</tool_call>)'
+                )
             if not isinstance(content, str):  # null would render as "None", or train an empty reply
                 found = "null" if content is None else _kind(content)
                 return None, f"{column!r} message {index} ({role}) has {keys.content!r} {found}, not text"

@@ -80,6 +80,24 @@ def test_a_row_in_neither_layout_is_a_bad_row_named_by_file_and_line(tmp_path):
     assert len(samples(path, on_bad_rows="skip")) == 3  # the three good rows, both layouts in one file
 
 
+def test_an_assistant_turn_with_tool_calls_is_a_bad_row_not_an_empty_reply(tmp_path):
+    """OpenAI's function-calling turns: the rendering carries content only, so a turn whose call is in
+    `tool_calls` would train the model to answer with an empty turn."""
+    call = [{"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
+    rows = [
+        openai_row(OPENAI[0]),
+        {"messages": [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": "", "tool_calls": call}]},
+        {"messages": [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": None, "tool_calls": call}]},
+    ]
+    path = write_jsonl(tmp_path / "calls.jsonl", rows)
+    with pytest.raises(RecipeError) as caught:
+        samples(path)
+    message = str(caught.value)
+    for line in (2, 3):
+        assert f"{path}:{line}" in message
+    assert "message 1 (assistant) has 'tool_calls', which ditty's chat rendering does not carry" in message
+
+
 def _problems(tmp_path, data: str, tokenizer: str = 'kind = "byte"') -> dict:
     head = f'[run]\noutput_dir = "{tmp_path}/run"\n[model]\narchitecture = "llama"\n[tokenizer]\n{tokenizer}\n'
     plan = compile_recipe(

@@ -98,6 +98,19 @@ def test_unpaired_examples_carry_their_label(tmp_path, tokenizer):
         build_data(DataConfig(source="file", path=bad, format="unpaired_preference", val_fraction=0), tokenizer, seed=0)
 
 
+def test_unpaired_examples_from_csv_take_their_text_labels(tmp_path, tokenizer):
+    """A CSV cell is text: "true"/"false" labels are read as booleans ("false" is not desirable), and
+    cells such as "None" or "N/A" stay the text they are instead of becoming empty completions."""
+    path = tmp_path / "kto.csv"
+    path.write_text("prompt,completion,label\n1+1=,2,true\nIs it one?,N/A,False\nNone,3,false\n")
+    data = DataConfig(source="file", path=str(path), format="unpaired_preference", val_fraction=0)
+    bundle = build_data(data, tokenizer, seed=0)
+    batch = bundle.collator([bundle.train[i] for i in range(3)])
+    assert batch["label"].tolist() == [1, 0, 0]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in batch["input_ids"]]
+    assert texts[1].startswith("Is it one?N/A") and texts[2].startswith("None3"), texts
+
+
 def test_held_out_pairs_and_a_mixture_of_pair_files(tmp_path, tokenizer):
     first = _jsonl(tmp_path / "a.jsonl", PAIRS)
     second = _jsonl(tmp_path / "b.jsonl", [dict(p, prompt="x" + p["prompt"]) for p in PAIRS])

@@ -231,8 +231,20 @@ def _unpaired_problem(row: dict, *, prompt: str, completion: str) -> Optional[st
         problem = _value_problem(row[column], column)
         if problem:
             return problem
-    if not isinstance(row[LABEL], bool):
-        return f"'label' should be true or false, got {row[LABEL]!r}"
+    if label_value(row[LABEL]) is None:
+        return (
+            f'\'label\' should be true or false (or the text "true" or "false", as in a CSV cell), got {row[LABEL]!r}'
+        )
+    return None
+
+
+def label_value(value: Any) -> Optional[bool]:
+    """A KTO label: a boolean, or its text "true"/"false" (a CSV cell is text); None for anything else
+    (a 0/1 or "yes" is refused rather than guessed, and bool("false") would read as desirable)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
     return None
 
 
@@ -322,7 +334,7 @@ def encode_unpaired(
             continue
         out["input_ids"].append(sample[0])
         out["labels"].append(sample[1])
-        out["label"].append(int(bool(label)))
+        out["label"].append(int(label_value(label)))
     return out
 
 
