@@ -87,7 +87,7 @@ def _json_rows(
     path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
     """(row, problem, raw line) for every line of a JSON lines file (blank lines at the end excluded)."""
-    types: dict[str, tuple[str, int]] = {}
+    seen = _Fields(fields)
     blank_run: list[int] = []
     with open(path, "rb") as handle:
         for number, raw, length in read_lines(handle, max_row_bytes):
@@ -108,7 +108,7 @@ def _json_rows(
             except ValueError as error:
                 yield None, BadRow(label, number, f"malformed JSON: {_json_error(error)}"), raw
                 continue
-            problem = row_problem(row, fields, partial(_type_change, row, types, number))
+            problem = row_problem(row, fields, partial(seen.problem, row, number))
             yield row, (BadRow(label, number, problem) if problem else None), raw
 
 
@@ -122,6 +122,30 @@ def _json_error(error: ValueError) -> str:
     if isinstance(error, json.JSONDecodeError):
         return f"{error.msg} (column {error.colno})"
     return str(error)
+
+
+class _Fields:
+    """What the rows of one JSON file have shown so far: each field's first JSON type and, where the
+    format hands every column on (`RowCheck.every_column`), the first row's fields."""
+
+    def __init__(self, fields: Checks) -> None:
+        self.types: dict[str, tuple[str, int]] = {}
+        self.every_column = as_check(fields).every_column
+        self.first: Optional[tuple[set, int]] = None
+
+    def problem(self, row: Any, number: int) -> Optional[str]:
+        if not isinstance(row, dict):
+            return None
+        if self.every_column:
+            if self.first is None:
+                self.first = (set(row), number)
+            missing = sorted(self.first[0] - set(row))
+            if missing:
+                return f"{missing[0]!r} is missing (line {self.first[1]} has it, and every column reaches the rewards)"
+            null = next((name for name, value in row.items() if value is None), None)
+            if null is not None:
+                return f"{null!r} is null (every column reaches the reward functions)"
+        return _type_change(row, self.types, number)
 
 
 def _type_change(row: dict, types: dict[str, tuple[str, int]], number: int) -> Optional[str]:
@@ -154,7 +178,7 @@ def _json_array_rows(
         return
     decoder = json.JSONDecoder()
     position = text.index("[") + 1
-    types: dict[str, tuple[str, int]] = {}
+    seen = _Fields(fields)
     while True:
         position = _skip_space(text, position)
         if position >= len(text):
@@ -172,7 +196,7 @@ def _json_array_rows(
         problem = (
             _too_long(len(element), max_row_bytes)
             if len(element) > max_row_bytes
-            else row_problem(row, fields, partial(_type_change, row, types, line))
+            else row_problem(row, fields, partial(seen.problem, row, line))
         )
         yield row, (BadRow(label, line, problem) if problem else None), element
         position = _skip_space(text, end)

@@ -54,6 +54,9 @@ class RowCheck:
     optional: tuple[str, ...] = ()
     """Columns `row` also reads where the data has them (the preference prompt, which TRL's
     implicit-prompt pairs leave out)."""
+    every_column: bool = False
+    """Every column counts (the prompt format hands each to the reward functions): a row of a JSON
+    file may not lack a field the file's first row has, nor hold null."""
 
 
 Checks = Union[RowCheck, Mapping[str, str]]

@@ -140,6 +140,35 @@ def test_prompt_rows_keep_their_columns_for_the_rewards(tmp_path):
     assert tokenizer.decode(chat_ids).endswith("assistant\n")  # the chat template's generation prompt
 
 
+@pytest.mark.parametrize("layout", ["jsonl", "json"])
+def test_a_prompt_row_without_a_column_the_others_have_is_a_bad_row(tmp_path, layout):
+    """Every column reaches the reward functions: a row lacking `answer` (or holding null) would score
+    against None, so it is a bad row naming its line, as a missing prompt is."""
+    from ditty.config.errors import RecipeError
+    from ditty.config.sections import DataConfig, ModelConfig, TokenizerConfig
+    from ditty.data.build import build_data
+    from ditty.data.tokenizer import build_tokenizer
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    rows[3] = {"prompt": "3+1="}
+    rows[5] = {"prompt": "5+1=", "answer": None}
+    path = tmp_path / f"prompts.{layout}"
+    text = (
+        "".join(json.dumps(r) + "\n" for r in rows)
+        if layout == "jsonl"
+        else "[\n" + ",\n".join(map(json.dumps, rows)) + "\n]"
+    )
+    path.write_text(text)
+    tokenizer = build_tokenizer(TokenizerConfig(kind="byte"), ModelConfig())
+    data = DataConfig(source="file", path=str(path), format="prompt", max_seq_len=64, val_fraction=0.0)
+    with pytest.raises(RecipeError) as caught:
+        build_data(data, tokenizer, seed=0)
+    message = str(caught.value)
+    first = 1 if layout == "jsonl" else 2  # the array's "[" takes line 1
+    assert f"{path}:{first + 3}: 'answer' is missing (line {first} has it" in message, message
+    assert f"{path}:{first + 5}: 'answer' is null" in message, message
+
+
 def test_a_prompt_is_text_or_chat_messages():
     from ditty.data.formats.prompt import prompt_problem
 

@@ -34,7 +34,7 @@ class PromptFormat(DataFormat):
 
     def row_check(self, data: "DataConfig") -> RowCheck:
         column = data.prompt_column
-        return RowCheck({column: ANY}, lambda row: prompt_problem(row[column], column))
+        return RowCheck({column: ANY}, lambda row: prompt_problem(row[column], column), every_column=True)
 
     def check_tokenizer(self, tokenizer: Any, data: "DataConfig") -> None:
         """Chat prompts need a chat template; that is only known per row, so it is checked when encoding."""
