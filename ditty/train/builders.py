@@ -9,6 +9,7 @@ call.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import torch
 
 from ditty._utils.dist import is_main_process
 from ditty.models.recipe_model import base_model_for, converters_for
+
+log = logging.getLogger("ditty.train")
 
 
 @dataclass
@@ -36,15 +39,13 @@ class Builders:
     def build_plan(self):
         """The recipe compiler on this config (the CLI and `Pipeline` pass their compiled plan instead):
         every error at once as a RecipeError, warnings logged."""
-        import logging
-
         from ditty._utils.dist import world_size
         from ditty.recipe import compile_config
 
         plan = compile_config(self.config, world_size=world_size(), replaced=self.components.replaced_sections())
         if is_main_process():
             for problem in plan.warnings:
-                logging.getLogger("ditty.train").warning("%s", problem.format(plan.source))
+                log.warning("%s", problem.format(plan.source))
         plan.raise_for_errors()
         return plan
 
@@ -136,7 +137,16 @@ class Builders:
         t = self.config.train
         if t.steps is not None:
             return t.steps
-        return max(1, math.ceil((t.epochs or 1.0) * data.train_samples() / t.global_batch_size))
+        samples = data.train_samples()
+        if 0 < samples < t.global_batch_size and is_main_process():
+            log.warning(
+                "the global batch (%d samples) is larger than the training data (%d samples): every step repeats "
+                "samples, so one step is already %.1f epochs; lower train.global_batch_size or add data",
+                t.global_batch_size,
+                samples,
+                t.global_batch_size / samples,
+            )
+        return max(1, math.ceil((t.epochs or 1.0) * samples / t.global_batch_size))
 
     def build_optimizer(self, model: torch.nn.Module, converters: list):
         """`[optimizer]` over the trainable parameters; the converters' post-step hooks (float8's scale

@@ -44,3 +44,19 @@ def test_packed_rows_and_epochs(tmp_path, tiny_llama_dir):
     assert trainer.stream.cursor >= len(trainer.data.train)
     records = read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
     assert all(r["loss"] > 0 for r in records if "loss" in r)
+
+
+def test_a_global_batch_larger_than_the_data_says_so(tmp_path, tiny_llama_dir, caplog):
+    """One "epoch" of 2 samples at a global batch of 8 trains each sample four times: a warning says so."""
+    import logging
+
+    path = write_prompt_completion(tmp_path / "pc.jsonl", n=2)
+    config = small_config(
+        tmp_path, tiny_llama_dir, path, steps=None, epochs=1.0, global_batch_size=8, micro_batch_size=4
+    )
+    from dataclasses import replace
+
+    config = replace(config, data=replace(config.data, val_fraction=0.0))
+    with caplog.at_level(logging.WARNING, logger="ditty.train"):
+        assert Trainer(config).train().steps == 1
+    assert "the global batch (8 samples) is larger than the training data (2 samples)" in caplog.text
