@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ditty._utils.errors import condensed
-from ditty.config.errors import RecipeError
+from ditty.config.errors import Problem, RecipeError
 from ditty.data.bad_rows import RowReport, check_table, raise_for_bad_rows, scan_file, write_clean_copy
 from ditty.data.fingerprint import files_fingerprint
 from ditty.data.row_files import good_json_rows, is_json_lines
@@ -86,47 +86,12 @@ def load_checked_files(
     scanned ahead (that would read the whole corpus first). `reader_options`: {builder ("json",
     "text", ...): its extra `load_dataset` options}.
     """
-    if not pattern:
-        raise RecipeError.single(
-            "no data file given", key=key, fix="set it to a .jsonl/.json/.csv/.parquet/.txt file or glob"
-        )
+    problems = file_set_problems(pattern, key)
+    if problems:
+        raise RecipeError(problems[:1])
     files = sorted(glob.glob(os.path.expanduser(pattern)))
-    if not files:
-        raise RecipeError.single(
-            f"no file matches {pattern!r}", key=key, fix="check the path (globs like data/*.jsonl work)"
-        )
+    builders = {FILE_BUILDERS[_suffix(file)] for file in files}
     suffixes = {_suffix(file) for file in files}
-    unknown = suffixes - FILE_BUILDERS.keys()
-    if unknown:
-        raise RecipeError.single(
-            f"cannot read files ending in {', '.join(sorted(unknown))}",
-            key=key,
-            fix=f"use one of {', '.join(FILE_BUILDERS)}",
-        )
-    for file in files:
-        try:
-            os.stat(file)  # a symlink loop (ELOOP), a dangling link, a file without read permission
-            with open(file, "rb"):
-                pass
-        except OSError as error:
-            raise RecipeError.single(
-                f"cannot read the data file {file!r}: {error.strerror}",
-                key=key,
-                fix="point it at a readable file (`ls -lL` shows where a link leads)",
-            ) from None
-    empty = [file for file in files if os.path.getsize(file) == 0]
-    if empty:
-        # Caught here because the readers fail on an empty file with a bare StopIteration.
-        raise RecipeError.single(
-            f"the data file {empty[0]!r} is empty", key=key, fix="point it at data with at least one sample"
-        )
-    builders = {FILE_BUILDERS[suffix] for suffix in suffixes}
-    if len(builders) > 1:
-        raise RecipeError.single(
-            f"the files matching {pattern!r} mix formats ({', '.join(sorted(suffixes))})",
-            key=key,
-            fix="point it at files of one format",
-        )
     fields = fields or {}
     skipped = 0
     if not streaming:
@@ -157,6 +122,47 @@ def load_checked_files(
     if suffixes == {".parquet"} and not streaming:
         dataset, skipped = checked_table(dataset, fields, pattern, key, on_bad_rows)
     return dataset, skipped
+
+
+def file_set_problems(pattern: Optional[str], key: str) -> list[Problem]:
+    """What makes the files `pattern` names unreadable before a row is read: no file, a suffix no
+    reader takes, one that cannot be opened, an empty one (the readers fail on it with a bare
+    StopIteration), or formats mixed. Cheap (a glob and a stat a file): `ditty check` asks too."""
+    if not pattern:
+        return [Problem(key, "no data file given", fix="set it to a .jsonl/.json/.csv/.parquet/.txt file or glob")]
+    files = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not files:
+        return [Problem(key, f"no file matches {pattern!r}", fix="check the path (globs like data/*.jsonl work)")]
+    suffixes = {_suffix(file) for file in files}
+    unknown = suffixes - FILE_BUILDERS.keys()
+    if unknown:
+        return [
+            Problem(
+                key,
+                f"cannot read files ending in {', '.join(sorted(unknown))}",
+                fix=f"use one of {', '.join(FILE_BUILDERS)}",
+            )
+        ]
+    for file in files:
+        try:
+            os.stat(file)  # a symlink loop (ELOOP), a dangling link, a file without read permission
+            with open(file, "rb"):
+                pass
+        except OSError as error:
+            fix = "point it at a readable file (`ls -lL` shows where a link leads)"
+            return [Problem(key, f"cannot read the data file {file!r}: {error.strerror}", fix=fix)]
+    empty = [file for file in files if os.path.getsize(file) == 0]
+    if empty:
+        return [Problem(key, f"the data file {empty[0]!r} is empty", fix="point it at data with at least one sample")]
+    if len({FILE_BUILDERS[suffix] for suffix in suffixes}) > 1:
+        return [
+            Problem(
+                key,
+                f"the files matching {pattern!r} mix formats ({', '.join(sorted(suffixes))})",
+                fix="point it at files of one format",
+            )
+        ]
+    return []
 
 
 def _checked_files(

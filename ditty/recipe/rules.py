@@ -9,7 +9,6 @@ network.
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any, Iterator
 
@@ -117,6 +116,8 @@ def output_directory(ctx: Context) -> Iterator[Problem]:
 @rule("paths.data")
 def data_paths(ctx: Context) -> Iterator[Problem]:
     """Data sources name what they need, and local files exist."""
+    from ditty.data.sources import file_set_problems
+
     data = ctx.config.data
     if data.source == "file":
         if not data.path:
@@ -125,10 +126,10 @@ def data_paths(ctx: Context) -> Iterator[Problem]:
                 'is required when data.source = "file"',
                 "set data.path to a .jsonl/.json/.csv/.parquet/.txt file",
             )
-        elif not glob.glob(os.path.expanduser(data.path)):
-            yield error("data.path", f"no file matches {data.path}", "check the path (globs like data/*.jsonl work)")
         elif os.path.isdir(data.path):
             yield error("data.path", f"{data.path} is a directory", "name the files, e.g. data/*.jsonl")
+        else:  # what the loader would refuse before reading a row: no match, a suffix, an empty file, ...
+            yield from file_set_problems(data.path, "data.path")
     elif data.path and not data.sources:  # [[data.sources]] warn about it themselves
         yield error(
             "data.path",
@@ -144,8 +145,8 @@ def data_paths(ctx: Context) -> Iterator[Problem]:
             yield warning(
                 "data.name", f"hub dataset {data.name!r} cannot be verified offline; it is fetched at build time"
             )
-    if data.val_path and not glob.glob(os.path.expanduser(data.val_path)):
-        yield error("data.val_path", f"no file matches {data.val_path}", "check the path")
+    if data.val_path:
+        yield from file_set_problems(data.val_path, "data.val_path")
 
 
 @rule("paths.resume")

@@ -164,3 +164,26 @@ harness_limit = 0
         "eval.harness_limit",
     }
     assert "pip install 'ditty[eval]'" in found[("eval.harness", "eval.harness_tasks")].fix
+
+
+def test_check_refuses_the_files_the_loader_would_refuse_before_reading_a_row(tmp_path):
+    """An empty file, a suffix no reader takes, and files of mixed formats: `ditty check` says so,
+    as `ditty run` does, instead of "ok"."""
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "rows.tsv").write_text("a\tb\n")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "mixed" / "b.csv").write_text("text\nb\n")
+    cases = {
+        "empty.jsonl": "the data file '{tmp}/empty.jsonl' is empty",
+        "rows.tsv": "cannot read files ending in .tsv",
+        "mixed/*": "mix formats (.csv, .jsonl)",
+    }
+    good = '[data]\nsource = "file"\nformat = "text"\npath = "{tmp}/mixed/a.jsonl"\n'
+    for name, words in cases.items():
+        for key, body in (
+            ("data.path", good.replace("mixed/a.jsonl", name)),
+            ("data.val_path", good + f'val_path = "{{tmp}}/{name}"\n'),
+        ):
+            problem = _problems(tmp_path, body)[("paths.data", key)]
+            assert words.format(tmp=tmp_path) in problem.message and problem.severity == "error", problem
