@@ -112,10 +112,19 @@ def build_data(
                 fmt.check_labels_known(r.val, s.data, labels, r.val_what or s.key, r.val_key or s.key)
         trains, vals, skipped = [], [], sum(r.skipped for r in read)
         for s, r in zip(sources, read):  # samples the cut to max_seq_len leaves unusable are bad rows too
-            train, unusable = tokenize_counted(r.train, tokenizer, s.data, source_key=_key(s, "path"), labels=labels)
+            named = _described(s)  # which data a missing column or an empty set is in
+            train, unusable = tokenize_counted(
+                r.train, tokenizer, s.data, source_key=_key(s, "path"), description=named, labels=labels
+            )
+            val_named = f"the held-out rows of {r.val_what!r}" if r.val_what else f"the held-out part of {named}"
             val, unusable_val = (
                 tokenize_counted(
-                    r.val, tokenizer, s.data, source_key=r.val_key or _key(s, "val_fraction"), labels=labels
+                    r.val,
+                    tokenizer,
+                    s.data,
+                    source_key=r.val_key or _key(s, "val_fraction"),
+                    description=val_named,
+                    labels=labels,
                 )
                 if r.val is not None
                 else (None, 0)
@@ -137,6 +146,13 @@ def build_data(
         return DataBundle(
             train=train, val=None, task=None if data.sources else read[0].task, val_sets=tuple(held_out), **common
         )
+
+
+def _described(source: ResolvedSource) -> str:
+    """The data of one source in messages: its file or dataset, and the key that names it."""
+    data = source.data
+    where = data.path if data.source == "file" else data.name
+    return f"{where!r} ({_key(source, 'path')})" if where else "the data"
 
 
 def _key(source: ResolvedSource, name: str) -> str:

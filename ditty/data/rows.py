@@ -105,7 +105,11 @@ def require_columns(dataset: Any, columns: Mapping[str, str], description: str, 
             raise RecipeError.single(
                 f"column {column!r} is missing from {description} (columns found: {', '.join(found) or 'none'})",
                 key=column_key,
-                fix=f"set {column_key} to one of the columns found, or pick the data.format that matches the data",
+                fix=(
+                    f"set {column_key} to one of the columns found, or pick the data.format that matches the data"
+                    if column_key.endswith("_column")
+                    else f"give the rows the column {column!r}, or change {column_key} (it reads that column)"
+                ),
             )
 
 

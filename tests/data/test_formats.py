@@ -182,3 +182,17 @@ def test_a_hub_dataset_offline_is_a_recipe_error(tokenizer, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _expect_recipe_error(DataConfig(source="hub", name="ditty-test/no-such-dataset"), tokenizer, "data.name", "offline")
+
+
+def test_a_missing_column_names_the_file_and_whether_it_is_the_held_out_one(tmp_path, tokenizer):
+    """The column error says which data lacks it: the training file, or the data.val_path file."""
+    import json
+
+    train = tmp_path / "pc.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(8)))
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"text": "a"}\n{"text": "b"}\n')
+    config = DataConfig(source="file", path=str(train), val_path=str(held), format="prompt_completion")
+    _expect_recipe_error(config, tokenizer, "data.prompt_column", f"is missing from the held-out rows of '{held}'")
+    config = DataConfig(source="file", path=str(held), format="prompt_completion", val_fraction=0)
+    _expect_recipe_error(config, tokenizer, "data.prompt_column", f"is missing from '{held}' (data.path)")
