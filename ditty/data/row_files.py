@@ -285,14 +285,31 @@ def _csv_rows(
 def _text_rows(
     path: Path, label: str, fields: Checks, max_row_bytes: int
 ) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
-    """Lines of a plain text file: each is a row; only the encoding and the length can be bad."""
+    """Lines of a plain text file: each is a row. The encoding and the length can be bad, and a blank
+    line, which would train a sample of no text (blank lines at the end of the file are not rows)."""
+    blank_run: list[int] = []
     with open(path, "rb") as handle:
         for number, raw, length in read_lines(handle, max_row_bytes):
             if raw is None:
+                yield from _flush_blank_text(blank_run, label)
                 yield None, BadRow(label, number, _too_long(length, max_row_bytes)), b""
                 continue
+            if not raw.removeprefix(BOM).strip():
+                blank_run.append(number)  # reported only if a non-blank line follows
+                continue
+            yield from _flush_blank_text(blank_run, label)
             _, problem = _decode(raw)
             yield None, (BadRow(label, number, problem) if problem else None), raw
+
+
+def _flush_blank_text(blank_run: list[int], label: str) -> Iterator[tuple[Any, Optional[BadRow], bytes]]:
+    for number in blank_run:
+        yield (
+            None,
+            BadRow(label, number, "blank line (each line of a text file is a sample: this one has no text)"),
+            b"",
+        )
+    blank_run.clear()
 
 
 def rows_of(

@@ -106,6 +106,8 @@ def load_checked_files(
         options = dict((reader_options or {}).get(builder, {}))
         if builder == "csv":  # pandas would read the cells "None", "NA", "null", "nan" as missing: empty text
             options.setdefault("keep_default_na", False)
+        if builder == "text":  # a byte-order mark would start the first sample as U+FEFF
+            options.setdefault("encoding", "utf-8-sig")
         if not streaming:
             # `datasets` keys its cache on each file's path and modification time only; the content's
             # fingerprint in the config name makes a file rewritten with other rows a cache miss.

@@ -196,3 +196,18 @@ def test_a_missing_column_names_the_file_and_whether_it_is_the_held_out_one(tmp_
     _expect_recipe_error(config, tokenizer, "data.prompt_column", f"is missing from the held-out rows of '{held}'")
     config = DataConfig(source="file", path=str(held), format="prompt_completion", val_fraction=0)
     _expect_recipe_error(config, tokenizer, "data.prompt_column", f"is missing from '{held}' (data.path)")
+
+
+def test_a_text_file_s_blank_lines_are_bad_rows_and_its_byte_order_mark_is_not_text(tmp_path, tokenizer):
+    """A blank line would train a sample of no text: a bad row named by line (or skipped and counted);
+    a byte-order mark (Windows editors write one) is not the first sample's first character."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"\xef\xbb\xbffirst line\r\n\r\nsecond line\r\n\n")
+    _expect_recipe_error(_file_config(str(path), format="text"), tokenizer, "data.path", f"{path}:2: blank line")
+    config = replace(_file_config(str(path), format="text"), on_bad_rows="skip")
+    bundle = build_data(config, tokenizer, seed=0)
+    texts = sorted(tokenizer.decode(ids, skip_special_tokens=True) for ids in bundle.train["input_ids"])
+    assert texts == ["first line", "second line"] and bundle.skipped_rows == 1
+    path.write_bytes(b"\xef\xbb\xbffirst line\nsecond line\n")
+    train = build_data(_file_config(str(path), format="text"), tokenizer, seed=0).train
+    assert sorted(tokenizer.decode(ids, skip_special_tokens=True) for ids in train["input_ids"]) == texts
