@@ -86,7 +86,7 @@ class BadRow:
     def where(self) -> str:
         if self.line is not None:
             return f"{self.file}:{self.line}"
-        return f"{self.file} row {self.row}"
+        return f"{self.file} row {self.row + 1}"  # counted from 1, as lines and the label checks count
 
 
 def require_columns(dataset: Any, columns: Mapping[str, str], description: str, key: str) -> None:

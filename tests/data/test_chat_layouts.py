@@ -116,7 +116,7 @@ def test_chat_keys_are_checked_and_ignored_outside_chat(tmp_path):
     )
 
 
-def test_a_parquet_row_in_neither_layout_is_a_bad_row_named_by_index(tmp_path):
+def test_a_parquet_row_in_neither_layout_is_a_bad_row_named_by_its_number(tmp_path):
     from datasets import Dataset
 
     rows = [sharegpt_row(OPENAI[0]), {"conversations": [{"speaker": "a", "text": "b"}]}, sharegpt_row(OPENAI[1])]
@@ -124,7 +124,7 @@ def test_a_parquet_row_in_neither_layout_is_a_bad_row_named_by_index(tmp_path):
     Dataset.from_list(rows).to_parquet(path)
     with pytest.raises(RecipeError) as caught:
         samples(path)
-    assert f"{path} row 1" in str(caught.value) and "neither 'role'/'content'" in str(caught.value)
+    assert f"{path} row 2" in str(caught.value) and "neither 'role'/'content'" in str(caught.value)
     assert len(samples(path, on_bad_rows="skip")) == 2
 
 
