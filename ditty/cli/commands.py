@@ -10,25 +10,24 @@ import contextlib
 import difflib
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from ditty._utils.dist import record_failure, record_stop, record_user_error
 from ditty._utils.errors import RunFailure, collective_timeout, interrupted
 from ditty._utils.quiet import VERBOSE_ENV, ignore_known_warnings, quiet_libraries
+from ditty.cli.init import cmd_init
 from ditty.cli.options import refuse_unknown_options, take_option
 from ditty.cli.readers import cmd_eval, cmd_export, cmd_generate, cmd_push
 from ditty.cli.trust import TRUST_FLAG, import_path, imports_user_code, run_dir_recipe
-from ditty.cli.usage import USAGE, command_usage, help_schema, print_help
-from ditty.config import RecipeError, TrainerConfig
+from ditty.cli.usage import USAGE, command_usage, help_schema, print_help, print_warnings
+from ditty.config import RecipeError
 from ditty.config.bundled import bundled_recipes
-from ditty.config.loader import LoadedRecipe, from_config, load_any
+from ditty.config.loader import LoadedRecipe, load_any
 from ditty.config.overrides import apply_overrides
 from ditty.config.schema import walk_leaves
-from ditty.config.starter import fit_starter_positions, starter_config
 from ditty.parallel.allocator import cpu_allocator_choice
-from ditty.recipe import Plan, compile_recipe
+from ditty.recipe import compile_recipe
 
 LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
 MODEL_COMMANDS = ("run", "export", "generate", "eval", "push")
@@ -152,11 +151,6 @@ def _load(ref: str, flags: list[str]) -> LoadedRecipe:
     return apply_overrides(load_any(ref), flags)
 
 
-def _print_warnings(plan: Plan) -> None:
-    for problem in plan.warnings:
-        print(f"warning: {problem.format(plan.source)}", file=sys.stderr)
-
-
 # --- commands ------------------------------------------------------------------------------------
 
 
@@ -174,7 +168,7 @@ def cmd_run(args: list[str]) -> int:
     # Inside a torchrun worker the world comes from the environment.
     world_size = int(os.environ.get("WORLD_SIZE", "0")) or _world_size(launch_options)
     plan = compile_recipe(loaded, world_size=world_size)
-    _print_warnings(plan)
+    print_warnings(plan)
     plan.raise_for_errors()
     if world_size > 1 and "LOCAL_RANK" not in os.environ:
         # The recipe compiled for the whole world; now torchrun starts the workers, each of
@@ -235,7 +229,7 @@ def cmd_check(args: list[str]) -> int:
     print(plan.summary())
     if explain:
         print(explain_values(loaded))
-    _print_warnings(plan)
+    print_warnings(plan)
     if plan.errors:
         raise RecipeError(plan.errors, source=plan.source)
     from ditty.plan.groups import describe_groups
@@ -285,70 +279,6 @@ def explain_values(loaded: LoadedRecipe) -> str:
     width = max(len(path) for path, _, _ in rows)
     value_width = min(40, max(len(shown) for _, shown, _ in rows))
     return "\n".join(f"  {path.ljust(width)} = {shown.ljust(value_width)}  [{origin}]" for path, shown, origin in rows)
-
-
-INTENT_FLAGS = ("--model", "--method", "--gpus", "--gpu-memory", "--nodes", "--data", "--seq-len", "--global-batch")
-
-
-def cmd_init(args: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in args):
-        return print_help(TrainerConfig, "ditty init [-o FILE]")
-    output, args = take_option(args, ("-o", "--output"))
-    force, args = take_option(args, ("--force",), has_value=False)
-    intent: dict[str, str] = {}
-    for flag in INTENT_FLAGS:
-        value, args = take_option(args, (flag, flag.replace("-", "_")))
-        if value is not None:
-            intent[flag.lstrip("-")] = value
-    if intent:
-        from ditty.cli import memory_plan as cli_plan
-
-        given_path = [a for a in args if a.partition("=")[0] == "--model.path"]
-        if "model" in intent and given_path:
-            raise RecipeError.single(
-                f"--model {intent['model']} and --model.path both name the model",
-                fix="give one: --model ID plans for that model and sets model.path",
-            )
-
-        return cli_plan.init_from_intent(intent, args, output, bool(force))
-    names_a_model = any(arg.startswith(("--model.", "--model-")) for arg in args)
-    loaded = apply_overrides(from_config(starter_config(keep_model_defaults=names_a_model)), args)
-    if not names_a_model:
-        loaded = replace(loaded, config=fit_starter_positions(loaded.config))
-    plan = compile_recipe(loaded)
-    too_long = [p for p in plan.errors if p.key == "data.max_seq_len"]
-    if too_long:  # a recipe whose sequences outgrow the model's positions is never written
-        raise RecipeError(too_long)
-    if any(_set_by(problem.key, args) for problem in plan.errors):  # a flag's value is wrong: fix the flag
-        raise RecipeError(plan.errors)
-    from ditty.cli.memory_plan import writable_recipe_path
-    from ditty.config.writer import recipe_to_toml
-
-    text = recipe_to_toml(
-        loaded.config,
-        header="ditty recipe written by `ditty init`.\nCheck it with `ditty check FILE`, train with `ditty run FILE`.",
-    )
-    path = writable_recipe_path(output, bool(force))
-    if path is None:
-        print(text, end="")
-    else:
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote {output}")
-    _print_warnings(plan)
-    if plan.errors:
-        print("note: the recipe has problems to fix before it can run:", file=sys.stderr)
-        print(RecipeError(plan.errors).format(), file=sys.stderr)
-    return 0
-
-
-def _set_by(key: str, flags: list[str]) -> bool:
-    """Whether one of `flags` (--section.field VALUE) set `key`, or a table above or below it."""
-    for flag in flags:
-        if flag.startswith("--"):
-            name = flag[2:].split("=", 1)[0]
-            if key == name or key.startswith(name + ".") or name.startswith(key + "."):
-                return True
-    return False
 
 
 def cmd_ls(args: list[str]) -> int:

@@ -8,7 +8,6 @@ first so that a recipe `ditty check` would refuse is never written.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ditty.config import RecipeError
 from ditty.config.loader import LoadedRecipe, from_config
@@ -104,20 +103,6 @@ def _probe_seconds(loaded: LoadedRecipe, steps: int) -> float:
     return (elapsed[-1] - elapsed[0]) / max(1, len(elapsed) - 1)
 
 
-def writable_recipe_path(output: str | None, force: bool) -> Path | None:
-    """Where `ditty init -o FILE` may write: not a directory, not an existing file unless --force."""
-    if output is None:
-        return None
-    path = Path(output)
-    if path.is_dir():
-        raise RecipeError.single(f"{output} is a directory", fix="give -o the path of a recipe file, e.g. -o r.toml")
-    if path.exists() and not force:
-        raise RecipeError.single(f"{output} already exists", fix="choose another -o FILE, or add --force to replace it")
-    if path.parent and not path.parent.exists():
-        raise RecipeError.single(f"directory {path.parent} does not exist", fix="create it first")
-    return path
-
-
 def init_from_intent(intent: dict[str, str], flags: list[str], output: str | None, force: bool) -> int:
     """Choose a recipe that fits (ditty/plan/intent.py), apply the flags on top, compile it, and
     write it only when the compiler accepts it; then print its plan."""
@@ -129,6 +114,8 @@ def init_from_intent(intent: dict[str, str], flags: list[str], output: str | Non
             f"`ditty init` from intent needs --{' --'.join(missing)}",
             fix="ditty init --model meta-llama/Meta-Llama-3-8B --method lora --gpus 1 --gpu-memory 24GB -o r.toml",
         )
+    from ditty.cli.init import writable_recipe_path
+
     path = writable_recipe_path(output, force)
     device, memory = device_and_memory(intent["gpu-memory"])
     target = Target(

@@ -26,15 +26,16 @@ SERVED_NAME = "ditty-policy"
 
 
 def cmd_rollout_server(args: list[str]) -> int:
-    from ditty.cli.commands import _load, _print_warnings, _recipe_and_flags
+    from ditty.cli.commands import _load, _recipe_and_flags
     from ditty.cli.options import take_option
+    from ditty.cli.usage import print_warnings
     from ditty.recipe import compile_recipe
 
     dry, args = take_option(args, ("--print-command",), has_value=False)
     ref, flags = _recipe_and_flags(args, "rollout-server")
     loaded = _load(ref, flags)
     plan = compile_recipe(loaded)
-    _print_warnings(plan)
+    print_warnings(plan)
     if plan.errors:
         raise RecipeError(plan.errors, source=plan.source)
     command, env = server_command(loaded.config)

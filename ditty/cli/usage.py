@@ -3,6 +3,9 @@ init every field of the recipe's schema (through tyro), with the launch flags.""
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from ditty.config import TrainerConfig
 from ditty.config.loader import load_any
 from ditty.config.schema import walk_leaves
@@ -103,3 +106,9 @@ def help_schema(args: list[str]) -> type:
     if args and not args[0].startswith("-"):
         return type(load_any(args[0]).config)
     return TrainerConfig
+
+
+def print_warnings(plan: Any) -> None:
+    """The compiler's warnings of a plan, on stderr (run, check, init and rollout-server print them)."""
+    for problem in plan.warnings:
+        print(f"warning: {problem.format(plan.source)}", file=sys.stderr)
