@@ -270,13 +270,6 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         )
     if cfg.model.task != "causal-lm":
         yield error("distill.kind", f'distils a causal LM, and model.task is "{cfg.model.task}"', "remove [distill]")
-    if cfg.data.format not in ("prompt_completion", "chat"):
-        yield error(
-            "data.format",
-            f'distillation reads prompts and completions (data.format "prompt_completion" or "chat"), not '
-            f'"{cfg.data.format}"',
-            'set data.format = "prompt_completion"',
-        )
     if cfg.data.packing and distill.lmbda > 0:
         yield error(
             "data.packing",

@@ -31,13 +31,6 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
 
     cfg = ctx.config
     pref, rl = cfg.preference, cfg.rl
-    if cfg.data.format not in ("prompt", "preference"):
-        yield error(
-            "data.format",
-            f'pairs = "online" samples its pairs from prompts: data.format "prompt" (or the prompts of "preference" '
-            f'pairs), not "{cfg.data.format}"',
-            'set data.format = "prompt"',
-        )
     if pref.kind == "kto":
         yield error(
             "preference.kind", 'pairs = "online" makes pairs, and kto reads unpaired examples', 'use kind = "dpo"'

@@ -35,19 +35,9 @@ def build_pairs(run: Any) -> ObjectiveParts:
 
 
 def pair_rules(ctx: Any) -> Iterator[Problem]:
-    """The loss reads the data it is given; its numbers are in range; the reference is one the kind
-    takes and one that exists."""
+    """Its numbers are in range; the reference is one the kind takes and one that exists (the data
+    format is the table's check, ditty.recipe.objective_rules)."""
     cfg = ctx.config
-    pref = cfg.preference
-    wanted = "unpaired_preference" if pref.kind == "kto" else "preference"
-    if cfg.data.format != wanted:
-        yield error(
-            "preference.kind",
-            f'preference.kind = "{pref.kind}" reads data.format = "{wanted}", and the data is "{cfg.data.format}"',
-            'use kind = "kto" for unpaired examples (prompt, completion, label)'
-            if cfg.data.format == "unpaired_preference"
-            else 'use data.format = "unpaired_preference" rows (prompt, completion, label) for kto, or another kind',
-        )
     yield from pair_values(ctx)
     if cfg.data.packing:
         yield error(

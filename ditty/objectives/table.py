@@ -53,7 +53,8 @@ class Objective:
     summary: str
     """One line: what it trains, for `ditty check` and the docs."""
     data_formats: tuple[str, ...]
-    """The `data.format` values it reads (empty: whatever the model task reads)."""
+    """The `data.format` values it reads (empty: whatever the model task reads). A row with sections of
+    its own is held to them by the compiler (ditty.recipe.objective_rules), in the words of `reads`."""
     sections: tuple[str, ...]
     """The recipe sections it reads beyond the core ones; a set key of another row's section has no effect."""
     build: Callable[[Any], Any]
@@ -69,6 +70,8 @@ class Objective:
     given_loss: bool = False
     """A loss the recipe or the Python API names ([[pipeline.loss]], loss_calculator=) takes the place of
     the row's loss, and the row builds nothing else; False: such a loss is refused."""
+    reads: str = ""
+    """Why it reads those formats, in a few words, for the compiler's message."""
     post_training: bool = True
     """A stage after SFT, read against where it started: by default it is evaluated at step 0
     (`train.eval_at_start`) and by greedy exact match where its data has answers (`data.val_exact_match`)."""
@@ -101,6 +104,7 @@ def _pairs_row(kind: str, summary: str, data_format: str = "preference") -> Obje
         name=kind,
         summary=summary,
         data_formats=(data_format,),
+        reads="unpaired examples: prompt, completion, label" if data_format != "preference" else "preference pairs",
         sections=("preference",),
         build=_lazy("ditty.objectives.pairs", "build_pairs"),
         rules=_lazy("ditty.objectives.pairs", "pair_rules"),
@@ -116,6 +120,7 @@ def _rl_row(name: str, summary: str, build: Callable[[Any], Any]) -> Objective:
         name=name,
         summary=summary,
         data_formats=("prompt",),
+        reads="it samples its own completions: a `prompt` column; other columns go to the reward functions",
         sections=("rl",),
         build=build,
         rules=_lazy("ditty.objectives.rl.rl_rules", "rl_rules"),
@@ -149,6 +154,7 @@ OBJECTIVES: dict[str, Objective] = {
             name="online-pairs",
             summary="preference optimisation on pairs the policy samples: the best and worst of each group",
             data_formats=("prompt", "preference"),
+            reads="pairs are sampled from prompts, or from the prompts of preference pairs",
             sections=("preference", "rl"),
             build=_lazy("ditty.objectives.online_pairs", "build_online_pairs"),
             rules=_lazy("ditty.objectives.online_pairs_rules", "online_rules"),
@@ -160,6 +166,7 @@ OBJECTIVES: dict[str, Objective] = {
             name="gkd",
             summary="on-policy distillation from a teacher: the generalised JSD on the student's own samples",
             data_formats=("prompt_completion", "chat"),
+            reads="distillation reads prompts and completions",
             sections=("distill",),
             build=_lazy("ditty.objectives.gkd", "build_distill"),
             rules=_lazy("ditty.objectives.gkd", "distill_rules"),

@@ -27,9 +27,29 @@ def objective_problems(ctx: Context) -> Iterator[Problem]:
     if row is None:
         yield error(key, f"{value_at(ctx.config, key)!r} names no objective ditty trains", _available())
         return
-    for problem in row.rules(ctx):
+    for problem in [*data_format_problems(ctx, row), *row.rules(ctx)]:
         yield replace(problem, rule=problem.rule or f"objective.{row.name}")
     yield from unused_sections(ctx, row)
+
+
+def data_format_problems(ctx: Context, row) -> Iterator[Problem]:
+    """A row chosen by a section of its own reads the formats it declares (`data_formats`); the model
+    tasks' rows are held to theirs by the task rules. The first format it does not read, of the data
+    or of a source, is the error; the fix names the rows that do read it."""
+    if not row.sections or not row.data_formats:
+        return
+    data = ctx.config.data
+    for fmt in [data.format, *(s.format for s in data.sources if s.format is not None)]:
+        if fmt in row.data_formats:
+            continue
+        wanted = " or ".join(f'"{f}"' for f in row.data_formats)
+        readers = [r.name for r in OBJECTIVES.values() if r.sections and fmt in r.data_formats]
+        fix = f'set data.format = "{row.data_formats[0]}"'
+        if readers:
+            fix += f", or train {' or '.join(readers)}, which read{'s' if len(readers) == 1 else ''} it"
+        message = f'{row.name} reads data.format = {wanted} ({row.reads}), not data.format = "{fmt}"'
+        yield error("data.format", message, fix)
+        return
 
 
 def unused_sections(ctx: Context, row) -> Iterator[Problem]:

@@ -18,26 +18,10 @@ BUILTIN_COLUMNS = ("completion",)
 
 def rl_rules(ctx) -> Iterator[Problem]:
     """Every check of an RL row, in order."""
-    yield from reads_prompts(ctx)
     yield from rl_values(ctx)
     yield from rewards_resolve(ctx)
     yield from vllm_backend(ctx)
     yield from episodes(ctx)
-
-
-def reads_prompts(ctx) -> Iterator[Problem]:
-    """The RL rows sample their own completions: they read prompts."""
-    cfg = ctx.config
-    sources = [s.format for s in cfg.data.sources if s.format is not None]
-    for fmt in [cfg.data.format, *sources]:
-        if fmt != "prompt":
-            yield error(
-                "data.format",
-                f'rl.kind = "{cfg.rl.kind}" samples its own completions, so it reads prompts, '
-                f'not data.format = "{fmt}"',
-                'set data.format = "prompt" (a `prompt` column; other columns go to the reward functions)',
-            )
-            break
 
 
 def rl_values(ctx) -> Iterator[Problem]:
