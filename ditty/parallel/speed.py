@@ -24,7 +24,17 @@ Compile (`train.compile`, `train.compile_scope`):
   `OptimizedModule` wrapper appears, the model's class, state dict and `generate` are untouched, and
   one compiled graph serves every block of the same shape (speed-ups in BENCHMARKS.md).
 - "model": `model.compile()` on the whole model (also in place): one graph, no gain on CPU, ~37 s.
-Compilation happens lazily on the first forward, so the first step carries the compile time.
+Compilation happens lazily on the first forward, so the first step carries the compile time;
+`ditty.parallel.compile_report` then says how many graphs it made, and warns when it fell back.
+
+Compile over activation checkpointing allows a block's forward Python side effects
+(`_compiled_with_side_effects`): transformers 5.25 and newer route attention through the `kernels`
+package, whose `use_kernelized_func` wrapper sets and resets a module-level variable around every
+attention forward while compiling. Dynamo refuses any side effect inside a checkpointed region (eager
+checkpointing would replay it in the backward's recomputation, compiled code cannot), breaks the graph
+and runs the whole block eagerly: no graph at all, without an error. That set-and-reset leaves nothing
+the recomputation needs, so not replaying it is safe; the setting is scoped to the compiled blocks'
+calls, not set for the process.
 """
 
 from __future__ import annotations
@@ -92,12 +102,20 @@ def apply_compile(
     wrapper) or the whole model ("model"). Returns the same module object."""
     if scope not in COMPILE_SCOPES:
         raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, not {scope!r}")
-    if scope == "model":
-        model.compile(**compile_kwargs)
-        return model
-    for block in outer_blocks(model, block_classes, block_names):
-        block.compile(**compile_kwargs)
+    targets = [model] if scope == "model" else outer_blocks(model, block_classes, block_names)
+    for module in targets:
+        module.compile(**compile_kwargs)
+        module._compiled_call_impl = _compiled_with_side_effects(module._compiled_call_impl)
     return model
+
+
+def _compiled_with_side_effects(compiled_call):
+    """The compiled call, traced with dynamo's `skip_fwd_side_effects_in_bwd_under_checkpoint` (the
+    module's docstring says why). Tracing happens inside the call, so the setting holds exactly there.
+    Cost: one config patch (a few attribute sets) per block call."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)(compiled_call)
 
 
 def outer_blocks(

@@ -122,9 +122,13 @@ class Builders:
     def build_model_ready(self, built: BuiltModel) -> torch.nn.Module:
         """Activation checkpointing and compile (in torchtitan's order, before wrapping), then the
         engine's wrapping (DDP, FSDP2 shards, a meta-built model's weights)."""
-        from ditty.parallel.speed import apply_speedups
+        from ditty.parallel.compile_report import CompileWatch
+        from ditty.parallel.speed import apply_speedups, compiled_modules
 
-        return self.engine.wrap(apply_speedups(built.model, self.config), built.pending)
+        model = apply_speedups(built.model, self.config)
+        # Dynamo compiles at the first forward; the watch reads what it made after the first step.
+        self.compile_watch = CompileWatch(len(compiled_modules(model))) if self.config.train.compile else None
+        return self.engine.wrap(model, built.pending)
 
     def build_data(self, tokenizer: Any):
         """The data mode: the recipe's [data], or the Python API's dataset/dataloader."""

@@ -172,6 +172,9 @@ class RunEnding:
             return
         shown = ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items() if isinstance(v, float))
         print(f"done: {result.steps} steps in {result.elapsed_s:.1f} s; {shown}")
+        self.check_compile(at_end=True)  # a run too short for the check after its second step
+        if self.compile_report is not None:  # counted again: evaluation and later shapes compile more
+            print(self.compile_watch.report().summary())
         if self.state.stopped_early and result.steps < self.total_steps:
             print(f"stopped before train.steps ({self.total_steps}): {self.state.stopped_early} (train.stop_when)")
         if self.data.skipped_rows:

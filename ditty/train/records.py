@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ditty._utils.dist import is_main_process
 from ditty.data.mixture import source_token_record
 from ditty.metrics.harness import harness_on_model
 from ditty.metrics.mfu import utilization
@@ -26,6 +27,7 @@ log = logging.getLogger("ditty.train")
 class StepRecords:
     def log_step(self, out: StepOutput, due: Due) -> None:
         """The step's record when one is due: metrics, then evaluation and lm-eval scores of the live model."""
+        self.check_compile()
         record: dict[str, Any] = self.step_record(out) if (due.log or due.evaluate or due.harness) else {}
         if due.evaluate:
             record.update(self.evaluate())
@@ -36,6 +38,21 @@ class StepRecords:
             record.update(scores)
         if record:
             self.log(record)
+
+    def check_compile(self, *, at_end: bool = False) -> None:
+        """Once, after this process's second step, or at the end of a shorter run: a `train.compile`
+        that fell back to eager says so, with dynamo's reason (ditty.parallel.compile_report). Not the
+        first step: dynamo compiles at the first forward it sees, and a custom model's first forward
+        runs under the FLOP counter (mfu), where dynamo does not compile."""
+        watch = getattr(self, "compile_watch", None)
+        if watch is None or self.compile_report is not None:
+            return
+        self.compile_steps_seen = getattr(self, "compile_steps_seen", 0) + 1
+        if self.compile_steps_seen < 2 and not at_end:
+            return
+        self.compile_report = watch.report()
+        if self.compile_report.fell_back and is_main_process():
+            log.warning(self.compile_report.warning(self.config.train.activation_checkpointing))
 
     def step_record(self, out: StepOutput) -> dict[str, Any]:
         """The metrics.jsonl record of this step: interval means, counters, and skip marks."""

@@ -98,6 +98,7 @@ class Trainer(Builders, StepRecords, RunEnding):
         self.cadence = Cadence.of(config)
         self.meter = IntervalMeter(offset_s=self.state.elapsed_s)  # train() starts a fresh one; saves read it
         self.slow_hint_shown = False
+        self.compile_report = None  # what train.compile made, read after the first step (check_compile)
 
     # ------------------------------------------------------------------ the loop
 

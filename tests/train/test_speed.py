@@ -90,6 +90,7 @@ def test_compile_with_activation_checkpointing(tmp_path, eager):
     trainer, losses, graphs = _compiled_run(tmp_path, "blocks", activation_checkpointing="full")
     blocks = compiled_modules(trainer.model)
     assert len(blocks) == 4 and blocks == checkpointed_modules(trainer.model) and graphs > 0
+    assert trainer.compile_report.graphs > 0 and not trainer.compile_report.fell_back
     assert losses == pytest.approx(eager, rel=1e-4, abs=1e-4)
 
 
