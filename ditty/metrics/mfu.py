@@ -161,13 +161,18 @@ def _numel(param: Any) -> int:
 def measure_forward_flops(model: Any, samples: int) -> Iterator[None]:
     """Around a custom model's first training forward: count its FLOPs with torch's FlopCounterMode
     and keep 3x per sample (forward and a backward of twice its cost). Once per model; a no-op for
-    models with a transformer config and afterwards. Cost: one forward through a Python dispatch mode."""
+    models with a transformer config and afterwards. Cost: one forward through a Python dispatch mode.
+
+    That forward runs eagerly (dynamo's "force_eager" stance): dynamo skips a frame it meets under a
+    Python dispatch mode and never compiles that code again, so a compiled model counted here would
+    have trained eagerly for the whole run. Compilation waits for the second forward instead."""
     if model in _MEASURED or _transformer_config(unwrap(model, peft=True)) is not None or samples <= 0:
         yield
         return
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter:
+    with torch.compiler.set_stance("force_eager"), counter:
         yield
     _MEASURED[model] = 3.0 * counter.get_total_flops() / samples
