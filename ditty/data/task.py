@@ -105,6 +105,8 @@ def greedy_generate_ids(
     """
     import torch
 
+    from ditty._utils.eager import eager_decoding
+
     width = max(len(ids) for ids in prompt_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in prompt_ids], device=device)
@@ -113,7 +115,7 @@ def greedy_generate_ids(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eager_decoding():
             if use_cache and _can_generate(model):
                 generated = _cached(model, input_ids, attention_mask, max_new_tokens, tokenizer.eos_token_id, pad_id)
             else:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ditty._utils.dist import on_every_rank
+from ditty._utils.eager import eager_decoding
 from ditty._utils.modules import unwrap
 from ditty.objectives.rl.batch import RolloutBatch
 from ditty.objectives.rl.samplers import new_tokens
@@ -77,7 +78,7 @@ class GenerateSampler:
         was_training = model.training
         model.eval()
         try:
-            with seeded(self.seed, turn.seed_position, self.device, turn.turn):
+            with seeded(self.seed, turn.seed_position, self.device, turn.turn), eager_decoding():
                 rows = generate_from_contexts(model, turn, self.rl, self.tokenizer, self.device)
         finally:
             model.train(was_training)
@@ -183,7 +184,7 @@ def generate_groups(
     try:
         for start in range(0, len(prompt_ids), per_call):
             prompts = prompt_ids[start : start + per_call]
-            with seeded(seed, first_position + start, device):
+            with seeded(seed, first_position + start, device), eager_decoding():
                 yield prompts, generate_group(model, prompts, config, rl.group_size, pad, device)
     finally:
         model.train(was_training)
