@@ -21,8 +21,9 @@ import torch
 
 from ditty.config.errors import RecipeError
 
-REWARDS = ("rl.reward",)
-"""The keys export leaves out of its compile: the reward functions, which it does not load."""
+REWARDS = ("rl.reward", "rl.environment", "rl.tools")
+"""The keys export leaves out of its compile: the reward functions, the environment and the tools,
+which it does not load."""
 
 
 def _check_output(out: Path) -> None:
@@ -79,11 +80,11 @@ def _recipe(checkpoint: Path, doc: dict, *, trust_code: bool):
     loaded = parse_run_recipe(text, source, trust_code=trust_code)
     from dataclasses import replace
 
-    # Reward functions score rollouts; rebuilding the model needs none, so they are never imported
-    # (the run may have come without them), trusted or not. export() compiles without their rule.
-    loaded = replace(
-        loaded, config=replace(loaded.config, rl=replace(loaded.config.rl, rewards=[], reward_weights=None))
-    )
+    # Reward functions, environments and tools play and score rollouts; rebuilding the model needs
+    # none, so they are never imported (the run may have come without them), trusted or not.
+    # export() compiles without their rules.
+    rl = replace(loaded.config.rl, rewards=[], reward_weights=None, environment="", tools=[])
+    loaded = replace(loaded, config=replace(loaded.config, rl=rl))
     if not trust_code:
         # Neither the trainer class nor the [pipeline] stages take part in rebuilding the model, so
         # they are left out (never imported); a factory, converter classes or remote code do.

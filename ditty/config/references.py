@@ -95,9 +95,10 @@ def _where(error: BaseException) -> str:
 def code_references(config: Any, trainer: str | None = None) -> list[str]:
     """Every piece of code a recipe makes ditty import or run, as `key = value` lines: its trainer,
     each [pipeline] stage, `model.factory`, converter classes in `model.converters`, reward
-    functions in `rl.rewards` (the compiler imports them to check their signature) other than
-    ditty's own, and `model.trust_remote_code` (code shipped beside the model). Readers of someone
-    else's run refuse to go on while this is not empty, unless told to trust it."""
+    functions in `rl.rewards` and tools in `rl.tools` (the compiler imports them to check their
+    signature) and the environment class of `rl.environment`, each other than ditty's own, and
+    `model.trust_remote_code` (code shipped beside the model). Readers of someone else's run refuse
+    to go on while this is not empty, unless told to trust it."""
     import dataclasses
 
     found = [f"trainer = {trainer!r}"] if trainer else []
@@ -114,13 +115,15 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
                     elif item.name == "converters" and isinstance(entry, str) and ":" in entry:
                         found.append(f"{key}[{index}] = {entry!r}")
                     elif (
-                        item.name == "rewards"
+                        item.name in ("rewards", "tools")
                         and isinstance(entry, str)
                         and is_code_reference(entry)
                         and not _ditty_own(entry)
                     ):
                         found.append(f"{key}[{index}] = {entry!r}")
             elif item.name in ("use", "factory") and isinstance(value, str) and value:
+                found.append(f"{key} = {value!r}")
+            elif item.name == "environment" and isinstance(value, str) and value and not _ditty_own(value):
                 found.append(f"{key} = {value!r}")
             elif item.name == "trust_remote_code" and value is True:
                 found.append(f"{key} = true")

@@ -228,3 +228,59 @@ def test_ditty_s_own_reward_functions_are_no_code_to_trust():
     assert code_references(config) == []  # ditty.objectives.builtin_rewards:exact_match
     foreign = __import__("dataclasses").replace(config, rl=RLConfig(kind="grpo", rewards=["mine:score"]))
     assert code_references(foreign) == ["rl.rewards[0] = 'mine:score'"]
+
+
+def test_a_run_s_environment_and_tool_modules_are_never_imported_by_its_readers(tmp_path, monkeypatch, trial):
+    trial.update(
+        fault="run dir: environment and tool modules named by rl.environment and rl.tools",
+        injected="rl.environment and rl.tools name modules that write a marker when imported",
+    )
+    from ditty.config.writer import recipe_to_toml
+    from tests.rl.helpers import grpo_config, with_rl
+
+    tag = uuid.uuid4().hex[:8]  # fresh for sys.modules
+    game, tools = f"run_game_{tag}", f"run_tools_{tag}"
+    code_dir, marker = tmp_path / "code", tmp_path / "MODULE_IMPORTED"
+    code_dir.mkdir()
+    plant = f"import pathlib\npathlib.Path({str(marker)!r}).write_text(__name__)\n\n"
+    (code_dir / f"{game}.py").write_text(
+        plant + "from ditty.objectives.rl.environment import StepResult\n\n\n"
+        "class Game:\n    def reset(self, row):\n        return row['prompt']\n\n"
+        "    def step(self, completion):\n        return StepResult(reward=float(len(completion)), done=True)\n"
+    )
+    (code_dir / f"{tools}.py").write_text(plant + "def shout(text: str) -> str:\n    return text.upper()\n")
+    config = grpo_config(tmp_path, train=dict(steps=2), checkpoint=dict(every=2))
+    config = with_rl(config, rewards=[], environment=f"{game}:Game", tools=[f"{tools}:shout"])
+    recipe = tmp_path / "grpo.toml"
+    recipe.write_text(recipe_to_toml(config))
+    monkeypatch.syspath_prepend(str(code_dir))
+    trained = ditty("run", str(recipe))
+    assert trained.code == 0, trained.err[-3000:]
+    run = tmp_path / "run"
+
+    # Both modules are still importable: the readers must import neither.
+    marker.unlink()
+    for module in (game, tools):
+        sys.modules.pop(module, None)
+    checked = ditty("check", str(run))
+    assert checked.code == 2 and no_traceback(checked), checked.err[-3000:]
+    assert f"rl.environment = '{game}:Game'" in checked.err and f"rl.tools[0] = '{tools}:shout'" in checked.err
+    assert "--trust-run-code" in checked.err
+    exported = ditty("export", str(run), "-o", str(tmp_path / "exported"))
+    trial.update(exit_code=exported.code, lost_steps=0)
+    assert exported.code == 0 and no_traceback(exported), exported.err[-3000:]
+    assert not marker.exists() and game not in sys.modules and tools not in sys.modules, marker.read_text()
+    assert same_weights(final_weights(run), _load(tmp_path / "exported"))
+    # Trusted, check imports them as a run would.
+    trusted = ditty("check", str(run), "--trust-run-code")
+    assert trusted.code == 0 and marker.exists(), trusted.err[-3000:]
+
+
+def test_ditty_s_own_tools_are_no_code_to_trust():
+    from ditty.config.references import code_references
+    from tests.rl.helpers import grpo_config, with_rl
+
+    config = with_rl(grpo_config(Path("/nonexistent")), tools=["ditty.objectives.rl.builtin_tools:calculator"])
+    assert code_references(config) == []
+    foreign = with_rl(config, tools=["mine:search"], environment="games:Maze")
+    assert code_references(foreign) == ["rl.environment = 'games:Maze'", "rl.tools[0] = 'mine:search'"]
