@@ -42,6 +42,19 @@ def causes(error: BaseException):
             todo += [f for f in wrapped if isinstance(f, BaseException)]
 
 
+class UserInterrupt(KeyboardInterrupt):
+    """The user's Ctrl-C as the trainer's SIGINT handler raises it (the second one: the first asks for
+    a checkpoint), told apart from a KeyboardInterrupt that user code (an environment) raises itself."""
+
+
+def users_ctrl_c(error: KeyboardInterrupt) -> bool:
+    """Whether `error` is the user's Ctrl-C: raised by the trainer's handler, or by Python's own
+    while that handler is not installed; else user code raised it."""
+    import signal
+
+    return isinstance(error, UserInterrupt) or signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def interrupted(error: BaseException) -> bool:
     """A KeyboardInterrupt that a library caught and wrapped (a second Ctrl-C inside a checkpoint save)."""
     return any(isinstance(cause, KeyboardInterrupt) for cause in causes(error))

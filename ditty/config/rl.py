@@ -107,6 +107,10 @@ class RLConfig:
     an episode that reaches it is cut there and counted as truncated."""
     tool_timeout_s: float = 10.0
     """Seconds a tool call may take; a call still running then is answered with an error message."""
+    environment_timeout_s: float = 600.0
+    """Seconds one call into the environment may take (building it, `reset`, `step`,
+    `reward_columns`); a call still running then stops the run (exit code 2, naming the environment;
+    the last checkpoint intact). 0: no limit."""
     credit: Literal["episode", "turn"] = "episode"
     """"episode": every model token of an episode takes the advantage of its total reward; "turn":
     each turn's tokens take the sum of the group-normalised rewards of that turn and the later ones

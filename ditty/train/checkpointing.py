@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ditty._utils.dist import is_main_process
+from ditty._utils.errors import UserInterrupt
 from ditty.checkpoint import lineage
 from ditty.checkpoint.resume_diff import SIDECAR_DATA_FILES, SIDECAR_RECIPE, flatten_recipe, jsonable
 from ditty.config.errors import RecipeError
@@ -161,7 +162,7 @@ class Checkpointer:
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+            raise UserInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self.stop_signal = signum
         if is_main_process():
             print(f"\nreceived {signal_name(signum)}: finishing this step, then saving a checkpoint", flush=True)

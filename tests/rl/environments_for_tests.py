@@ -163,3 +163,33 @@ def _wrapped_original_needing_a_level():
 
 
 WrappedOriginalNeedingALevel = _wrapped_original_needing_a_level()
+
+
+class HangsInStep:
+    """Steps normally until the episode opened by its DITTY_TEST_ENV_HANG_AT-th reset (counted per
+    process), whose step sleeps 600 s: a simulator that never answers."""
+
+    resets = {"pid": None, "count": 0}
+
+    def reset(self, row):
+        if HangsInStep.resets["pid"] != os.getpid():
+            HangsInStep.resets.update(pid=os.getpid(), count=0)
+        HangsInStep.resets["count"] += 1
+        self.reset_number = HangsInStep.resets["count"]
+        return row["prompt"]
+
+    def step(self, completion):
+        hang_at = int(os.environ.get("DITTY_TEST_ENV_HANG_AT", "0"))
+        if hang_at and self.reset_number >= hang_at:
+            time.sleep(600)
+        return StepResult(reward=float(len(completion) % 3), done=True)
+
+
+class InterruptsInStep:
+    """Raises KeyboardInterrupt in its step: its own, not the user's Ctrl-C."""
+
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, completion):
+        raise KeyboardInterrupt

@@ -39,6 +39,11 @@ ENVS = "tests.rl.environments_for_tests"
         (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.max_turns", "0"], "rl.max_turns", "at least 1"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tool_timeout_s", "0"], "rl.tool_timeout_s", "above 0"),
+        (
+            ["--rl.environment", f"{ENVS}:CountingTurns", "--rl.environment_timeout_s", "-1"],
+            "rl.environment_timeout_s",
+            "0 (no limit) or more",
+        ),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.backend", "vllm-server"], "rl.backend", "the generate or the vllm"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.sampler_correction", "tis"], "rl.sampler_correction", "no sampler"),
     ],
@@ -91,6 +96,86 @@ def test_an_environment_whose_step_raises_stops_the_run_naming_it_and_the_row(tm
     assert sorted(n for n in os.listdir(checkpoints) if n.startswith("step-")) == ["step-2"]
     assert checkpoint_problems(checkpoints / "step-2") == []
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_an_environment_whose_step_never_returns_stops_at_its_timeout(tmp_path, capsys, monkeypatch):
+    """A step that sleeps 600 s with rl.environment_timeout_s = 5: exit 2 naming the environment well
+    within a minute, the checkpoint before it intact."""
+    import time
+
+    monkeypatch.setenv("DITTY_TEST_ENV_HANG_AT", "17")  # 8 episodes a step: the third step's first episode
+    started = time.monotonic()
+    code, out = run(tmp_path, capsys, environment=f"{ENVS}:HangsInStep", rewards=[], environment_timeout_s=5.0)
+    took = time.monotonic() - started
+    assert code == 2, out
+    assert (
+        f"environment {ENVS}:HangsInStep did not return from step (turn 1) within rl.environment_timeout_s = 5 s" in out
+    )
+    assert "`rl.environment`" in out and "Traceback" not in out, out
+    assert took < 120, took
+    checkpoints = Path(tmp_path / "run" / "checkpoints")
+    assert sorted(n for n in os.listdir(checkpoints) if n.startswith("step-")) == ["step-2"]
+    assert checkpoint_problems(checkpoints / "step-2") == []
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_an_environment_that_raises_keyboard_interrupt_is_not_a_ctrl_c(tmp_path, capsys):
+    code, out = run(tmp_path, capsys, environment=f"{ENVS}:InterruptsInStep", rewards=[])
+    assert code == 2, out
+    assert f"environment {ENVS}:InterruptsInStep raised KeyboardInterrupt in step (turn 1)" in out, out
+    assert "Traceback" not in out and "interrupted" not in out.splitlines()[-1]
+
+
+class _Slow:
+    """An environment one of whose calls (the constructor, reset, step, reward_columns) sleeps."""
+
+    def __init__(self, slow="", sleep_s=30.0):
+        self.slow, self.sleep_s = slow, sleep_s
+        self._wait("make")
+
+    def _wait(self, name):
+        if self.slow == name:
+            import time
+
+            time.sleep(self.sleep_s)
+
+    def reset(self, row):
+        self._wait("reset")
+        return row["prompt"]
+
+    def step(self, completion):
+        from ditty.objectives.rl.environment import StepResult
+
+        self._wait("step")
+        return StepResult(done=True)
+
+    def reward_columns(self):
+        self._wait("reward_columns")
+        return {}
+
+
+@pytest.mark.parametrize("slow", ["make", "reset", "step", "reward_columns"])
+def test_every_call_into_an_environment_is_bounded_by_its_timeout(slow):
+    import time
+    from types import SimpleNamespace
+
+    from ditty.objectives.rl.environment import EnvironmentFailure
+    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+
+    rl = SimpleNamespace(reward_timeout_s=0.0, environment_timeout_s=0.5)
+    env = EpisodeEnvironment(lambda: _Slow(slow), "Slow", [], None, rl)
+    row = {"prompt": "1+1=", "completion": "2"}
+    started = time.monotonic()
+    with pytest.raises(EnvironmentFailure, match=re.escape("within rl.environment_timeout_s = 0.5 s")) as failed:
+        if slow in ("make", "reset"):
+            env.open(row)
+        made = _Slow()
+        made.slow = slow
+        episode = Episode(row=row, environment=made, prompt_ids=[], conversation=None, turn_rewards=[0.0])
+        env.step(episode, "2")
+        env.environment_columns([episode], set())
+    assert f"did not return from {'its constructor' if slow == 'make' else slow}" in str(failed.value)
+    assert time.monotonic() - started < 5
 
 
 def test_a_reward_function_that_hangs_in_an_episode_stops_at_the_timeout(tmp_path, capsys):

@@ -27,10 +27,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ditty._utils.deadline import DeadlinePassed, deadline
+from ditty._utils.errors import users_ctrl_c
 from ditty.config.errors import RecipeError
 from ditty.objectives.rewards import RewardFunction, score_completions
 from ditty.objectives.rl.batch import RolloutBatch
 from ditty.objectives.rl.environment import (
+    ENDS_AN_EPISODE,
     StepResult,
     environment_failure,
     observation_problem,
@@ -100,23 +103,36 @@ class EpisodeEnvironment:
     # ---------------------------------------------------------------- one batch of episodes
 
     def open(self, row: dict) -> Episode:
-        try:
-            environment = self.make()
-        except (Exception, SystemExit) as error:  # SystemExit too: a user's sys.exit() would end the run unreported
-            what = f"could not be built: {type(error).__name__}: {error}"
-            fix = "an environment is built without arguments, once per episode: give every argument a default"
-            raise environment_failure(self.name, row, what, self.key, fix) from error
-        try:
-            observation = environment.reset(row)
-        except (Exception, SystemExit) as error:
-            raise environment_failure(
-                self.name, row, f"raised {type(error).__name__} in reset: {error}", self.key, _RESET_FIX
-            ) from error
+        build_fix = "an environment is built without arguments, once per episode: give every argument a default"
+        environment = self.call(row, "its constructor", self.make, fix=build_fix, raised="could not be built")
+        observation = self.call(row, "reset", environment.reset, row, fix=_RESET_FIX)
         problem = observation_problem(observation) if observation is not None else "None"
         if problem:
             raise environment_failure(self.name, row, f"reset returned {problem}", self.key, _RESET_FIX)
         prompt_ids, conversation = self.renderer.prompt(observation)
         return Episode(row=row, environment=environment, prompt_ids=prompt_ids, conversation=conversation)
+
+    def call(self, row: Any, what: str, function: Callable[..., Any], *args: Any, fix: str, raised: str = "") -> Any:
+        """function(*args), a call into the environment, bounded by `rl.environment_timeout_s`.
+        Whatever it raises is an EnvironmentFailure naming `what` (SystemExit too: a user's sys.exit()
+        would end the run unreported; and a KeyboardInterrupt of its own, which is not the user's Ctrl-C)."""
+        timeout_s = getattr(self.rl, "environment_timeout_s", 0.0)
+        try:
+            with deadline(timeout_s):
+                return function(*args)
+        except DeadlinePassed:
+            what = f"did not return from {what} within rl.environment_timeout_s = {timeout_s:g} s"
+            raise environment_failure(self.name, row, what, self.key, _HANG_FIX) from None
+        except (Exception, SystemExit, KeyboardInterrupt) as error:
+            if isinstance(error, KeyboardInterrupt) and users_ctrl_c(error):
+                raise
+            said = f": {error}" if str(error) else ""
+            what = (
+                f"{raised}: {type(error).__name__}{said}"
+                if raised
+                else f"raised {type(error).__name__} in {what}{said}"
+            )
+            raise environment_failure(self.name, row, what, self.key, fix) from error
 
     def play(self, sampler: Any, episodes: list[Episode], position: int, greedy: bool) -> None:
         eos = sampler.tokenizer.eos_token_id
@@ -183,11 +199,7 @@ class EpisodeEnvironment:
         given = []
         for episode in episodes:
             method = getattr(episode.environment, "reward_columns", None)
-            try:
-                values = method() if method is not None else {}
-            except (Exception, SystemExit) as error:
-                what = f"raised {type(error).__name__} in reward_columns: {error}"
-                raise environment_failure(self.name, episode.row, what, self.key) from error
+            values = self.call(episode.row, "reward_columns", method, fix=ENDS_AN_EPISODE) if method is not None else {}
             if not isinstance(values, Mapping):
                 what = f"reward_columns returned a {type(values).__name__}, not a mapping of names to values"
                 raise environment_failure(self.name, episode.row, what, self.key)
@@ -205,11 +217,9 @@ class EpisodeEnvironment:
 
     def step(self, episode: Episode, completion: str) -> StepResult:
         turn = len(episode.turn_spans)
-        try:
-            result = episode.environment.step(completion)
-        except (Exception, SystemExit) as error:
-            what = f"raised {type(error).__name__} in step (turn {turn}): {error}"
-            raise environment_failure(self.name, episode.row, what, self.key) from error
+        result = self.call(
+            episode.row, f"step (turn {turn})", episode.environment.step, completion, fix=ENDS_AN_EPISODE
+        )
         if not isinstance(result, StepResult) and not _looks_like_step_result(result):
             what = f"step returned a {type(result).__name__}, not a StepResult"
             raise environment_failure(self.name, episode.row, what, self.key, _STEP_FIX)
@@ -282,6 +292,9 @@ def _looks_like_step_result(result: Any) -> bool:
     return all(hasattr(result, name) for name in ("observation", "reward", "done", "metrics", "rewards"))
 
 
+_HANG_FIX = (
+    "find why it hangs (a network call, a lock, a simulator that never answers), or raise rl.environment_timeout_s"
+)
 _RESET_FIX = 'reset(row) returns the first observation: text, or chat messages [{"role": "user", "content": ...}]'
 _STEP_FIX = (
     "step(completion) returns StepResult(observation=text or messages or None, reward=a number, done=..., "

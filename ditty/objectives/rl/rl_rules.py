@@ -129,7 +129,7 @@ def arguments_needed(cls: type) -> list[str]:
     return [p.name for p in params if p.default is p.empty and p.kind not in kinds]
 
 
-EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout_s", "credit")
+EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout_s", "environment_timeout_s", "credit")
 
 
 def episodes(ctx) -> Iterator[Problem]:
@@ -179,6 +179,7 @@ def episodes(ctx) -> Iterator[Problem]:
         ("max_turns", rl.max_turns >= 1, "at least 1"),
         ("max_episode_tokens", rl.max_episode_tokens >= 1, "at least 1"),
         ("tool_timeout_s", rl.tool_timeout_s > 0, "above 0"),
+        ("environment_timeout_s", rl.environment_timeout_s >= 0, "0 (no limit) or more"),
     ]
     for key, ok, wanted in checks:
         if not ok:
