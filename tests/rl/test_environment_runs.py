@@ -314,11 +314,32 @@ def _step_result(**fields):
         (lambda: _Scripted(step=_step_result(observation=42)), "the observation a int, not chat messages"),
         (lambda: _Scripted(step=_step_result(observation={"role": "user"})), "the observation a dict, not chat"),
         (lambda: _Scripted(columns=RuntimeError("no score")), "raised RuntimeError in reward_columns: no score"),
+        # What the data path refuses in a chat row is refused in an observation too.
+        (lambda: _Scripted(reset=[{"role": "user", "content": None}]), "message 0's content is None, not text"),
+        (lambda: _Scripted(reset=[{"role": "user", "content": 7}]), "message 0's content is 7, not text"),
+        (lambda: _Scripted(reset=[{"role": "wizard", "content": "hi"}]), "message 0 has the role 'wizard'"),
+        (lambda: _Scripted(reset=[{"role": "tool", "content": "4"}]), "has the role 'tool' but follows no assistant"),
+        (
+            lambda: _Scripted(step=_step_result(done=False, observation=[{"role": "user", "content": {"a": 1}}])),
+            "message 0's content is {'a': 1}, not text",
+        ),
+        (
+            lambda: _Scripted(step=_step_result(done=False, observation=[{"role": "wizard", "content": "x"}])),
+            "message 0 has the role 'wizard'",
+        ),
+        (lambda: _Scripted(step=_step_result(done="no")), "done = 'no', not True or False"),
+        (lambda: _Scripted(step=_step_result(done=None)), "done = None, not True or False"),
+        (lambda: _Scripted(step=_step_result(metrics={"turns": 1.0})), "metrics['turns']: env/turns is ditty's own"),
+        (
+            lambda: _Scripted(step=_step_result(metrics={"truncated": 0.0})),
+            "metrics['truncated']: env/truncated is ditty's own",
+        ),
     ],
 )
 def test_what_an_environment_answers_is_checked_naming_the_field(environment, words):
     """An environment's answers are checked where they arrive: a wrong one is an EnvironmentFailure
-    (exit 2) naming what was wrong, never a traceback from the renderer or the metrics, nor a silent exit."""
+    (exit 2) naming what was wrong, never a traceback from the renderer or the metrics, a silent exit
+    nor a silent result (a non-bool done that ends the episode, a metric that overwrites ditty's own)."""
     from types import SimpleNamespace
 
     from ditty.objectives.rl.environment import EnvironmentFailure

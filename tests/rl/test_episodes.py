@@ -252,3 +252,82 @@ def test_per_turn_advantages_reach_the_loss_aligned_with_their_tokens(tiny):
     out.loss.backward()
     expected = torch.where(mask, -batch["advantages"] / mask.sum(), torch.zeros(()))
     assert torch.allclose(logps.grad, expected)
+
+
+class AnswersAtLength:
+    """Answers the model's first turn with an observation of 10 MB (as messages, or as text)."""
+
+    as_text = False
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, completion):
+        from ditty.objectives.rl.environment import StepResult
+
+        huge = "7" * 10_000_000
+        return StepResult(observation=huge if self.as_text else [{"role": "user", "content": huge}])
+
+
+class AnswersAtLengthAsText(AnswersAtLength):
+    as_text = True
+
+
+@pytest.mark.parametrize("environment", [AnswersAtLength, AnswersAtLengthAsText])
+def test_a_huge_observation_is_cut_to_the_episodes_room_before_it_is_rendered(tiny, environment):
+    import time
+
+    rl = rl_settings(max_new_tokens=8, max_episode_tokens=48, max_turns=3, environment_timeout_s=0.0)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
+    renderer = ObservationRenderer(tiny.tokenizer, 32)
+    rendered, tokenized = [], []
+    render, tokenize = renderer.render, renderer.encode
+    renderer.render = lambda messages, generation_prompt: (
+        rendered.append(sum(len(m["content"]) for m in messages)) or render(messages, generation_prompt)
+    )
+    renderer.encode = lambda text: tokenized.append(len(text)) or tokenize(text)
+    env = EpisodeEnvironment(environment, "Huge", [], renderer, rl)
+    started = time.monotonic()
+    out = env.run(sampler, prompts([{"prompt": "1+2=", "completion": "3"}]), 0, 2)
+    assert time.monotonic() - started < 10
+    assert max(rendered + tokenized) <= 48 * renderer.chars_per_token + 100  # never the 10 MB
+    cut = out.episode_metrics["env/observations_cut"].tolist()
+    assert sum(cut) >= 1 and all(c in (0.0, 1.0) for c in cut), cut
+    for ids, trainable, was_cut in zip(out.completion_ids, out.trainable, cut):
+        assert len(ids) <= 48
+        if was_cut:  # the model's turn, then the observation's first tokens up to the room: cut there
+            assert len(ids) == 48 and not trainable[-1]
+            assert tiny.tokenizer.decode(ids[-10:]).endswith("7" * 5)
+
+
+class LongPrompt:
+    """reset returns a prompt of `length` characters."""
+
+    length = 100
+
+    def reset(self, row):
+        return "9" * self.length
+
+    def step(self, completion):
+        from ditty.objectives.rl.environment import StepResult
+
+        return StepResult(done=True)
+
+
+class HugePrompt(LongPrompt):
+    length = 10_000_000
+
+
+@pytest.mark.parametrize("environment, words", [(LongPrompt, "101 tokens"), (HugePrompt, "10,000,000 characters")])
+def test_a_reset_longer_than_max_seq_len_is_refused_not_cut(tiny, environment, words):
+    """rl.md: a prompt longer than data.max_seq_len is a bad row, not cut (without its start it loses
+    its question, without its end the generation prompt)."""
+    import re
+
+    from ditty.objectives.rl.environment import EnvironmentFailure
+
+    rl = rl_settings(environment_timeout_s=0.0)
+    env = EpisodeEnvironment(environment, "Long", [], ObservationRenderer(tiny.tokenizer, 32), rl)
+    with pytest.raises(EnvironmentFailure, match=re.escape(f"reset returned a prompt of {words}")) as failed:
+        env.open({"prompt": "1+2=", "completion": "3"})
+    assert "data.max_seq_len = 32" in str(failed.value) and "raise data.max_seq_len" in str(failed.value)

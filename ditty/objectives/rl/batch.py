@@ -47,8 +47,8 @@ class RolloutBatch:
     turn_rewards: Optional[list[list[float]]] = None
     """Episodes of several turns: each model turn's reward (the final answer's score in the last)."""
     episode_metrics: dict[str, Tensor] = field(default_factory=dict)
-    """Per row ([rows] float64 each): env/turns, env/episode_tokens, env/truncated and the
-    environment's own metrics (env/NAME); empty for one-turn rollouts."""
+    """Per row ([rows] float64 each): env/turns, env/episode_tokens, env/truncated,
+    env/observations_cut and the environment's own metrics (env/NAME); empty for one-turn rollouts."""
 
     def __len__(self) -> int:
         return len(self.completion_ids)

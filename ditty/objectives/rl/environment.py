@@ -73,15 +73,30 @@ def environment_failure(
     return EnvironmentFailure([Problem(key, f"environment {name} {what} (row {shown}); the run stopped", fix=fix)])
 
 
-def observation_problem(observation: Any) -> Optional[str]:
-    """Why `observation` is neither text nor a list of chat messages ({role, content}), or None."""
+OWN_METRICS = ("turns", "episode_tokens", "truncated", "observations_cut")
+"""The env/NAME metrics ditty logs of every episode: an environment's metric may not take their names."""
+
+
+def observation_problem(observation: Any, after_model_turn: bool = False) -> Optional[str]:
+    """Why `observation` is neither text nor a list of chat messages ({role, content}) that the
+    data path would take in a chat row, or None: every content text, every role user, assistant,
+    system, or tool right after the model's turn (`after_model_turn`) or another tool message."""
     if observation is None or isinstance(observation, str):
         return None
     if not isinstance(observation, list):
         return f"a {type(observation).__name__}, not chat messages (a list of {{role, content}}) or text"
+    from ditty.data.rows import role_problem
+
+    before = ["assistant"] if after_model_turn else []
+    roles = before + [m.get("role") if isinstance(m, Mapping) else None for m in observation]
     for index, message in enumerate(observation):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or "content" not in message:
             return f"a list whose item {index} is {_short(message)}, not a chat message {{role, content}}"
+        if not isinstance(message["content"], str):
+            return f"a list whose message {index}'s content is {_short(message['content'])}, not text"
+        problem = role_problem(roles, index + len(before))
+        if problem:
+            return f"a list whose {problem.replace(f'message {index + len(before)}', f'message {index}', 1)}"
     return None
 
 
@@ -89,6 +104,8 @@ def step_result_problem(result: Any) -> Optional[str]:
     """Why a step's result (a StepResult, or the like) cannot be used, naming the field, or None."""
     if not _finite(result.reward):
         return f"the reward {_short(result.reward)}, not a finite number"
+    if not _boolean(result.done):  # "no" or None would end (or not end) the episode by Python's truth
+        return f"done = {_short(result.done)}, not True or False"
     for field_name in ("rewards", "metrics"):
         values = getattr(result, field_name)
         if not isinstance(values, Mapping):
@@ -96,8 +113,15 @@ def step_result_problem(result: Any) -> Optional[str]:
         for name, value in values.items():
             if not _finite(value):
                 return f"{field_name}[{name!r}] = {_short(value)}, not a finite number"
-    problem = observation_problem(result.observation)
+    own = [name for name in result.metrics if name in OWN_METRICS]
+    if own:
+        return f"metrics[{own[0]!r}]: env/{own[0]} is ditty's own metric of every episode, which it would overwrite"
+    problem = observation_problem(result.observation, after_model_turn=True)
     return f"the observation {problem}" if problem else None
+
+
+def _boolean(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's too
 
 
 def _finite(value: Any) -> bool:

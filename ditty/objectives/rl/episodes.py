@@ -8,7 +8,8 @@ steps each on its completion, its observation is appended (ditty.objectives.rl.r
 episodes that are done drop out of the next turn's batch. An episode ends when its environment says
 done, or truncated: after `rl.max_turns` model turns, at `rl.max_episode_tokens` tokens after its
 prompt, or when a model turn is cut at `rl.max_new_tokens` before its end-of-sequence token (its
-environment still steps on what it wrote). Truncation is counted (`env/truncated`), never an error.
+environment still steps on what it wrote). Truncation is counted (`env/truncated`), never an error;
+an observation is cut to the episode's room before it is rendered, and counted (`env/observations_cut`).
 
 Sampling is seeded by the global position of a batch's first prompt and the turn (as the one-turn
 sampler is by the position), so the same prompts play the same episodes on any world size and after
@@ -62,6 +63,8 @@ class Episode:
     """The text of the model's last turn: what the reward functions score."""
     done: bool = False
     truncated: bool = False
+    observations_cut: int = 0
+    """Observations cut to the episode's room (env/observations_cut)."""
 
 
 class EpisodeEnvironment:
@@ -109,7 +112,19 @@ class EpisodeEnvironment:
         problem = observation_problem(observation) if observation is not None else "None"
         if problem:
             raise environment_failure(self.name, row, f"reset returned {problem}", self.key, _RESET_FIX)
-        prompt_ids, conversation = self.renderer.prompt(observation)
+        # A prompt longer than data.max_seq_len is a bad row, as in the prompt format: cut, it would lose
+        # its start (the question) or its end (the generation prompt). Text past what the limit's tokens
+        # can hold is refused before it is rendered or tokenized.
+        limit, renderer = self.renderer.max_prompt_tokens, self.renderer
+        if renderer.text_length(observation) > limit * renderer.chars_per_token:
+            what = f"reset returned a prompt of {renderer.text_length(observation):,} characters, more than"
+            raise environment_failure(
+                self.name, row, f"{what} data.max_seq_len = {limit} tokens hold", self.key, _LONG_FIX
+            )
+        prompt_ids, conversation = renderer.prompt(observation)
+        if len(prompt_ids) > limit:
+            what = f"reset returned a prompt of {len(prompt_ids)} tokens, longer than data.max_seq_len = {limit}"
+            raise environment_failure(self.name, row, what, self.key, _LONG_FIX)
         return Episode(row=row, environment=environment, prompt_ids=prompt_ids, conversation=conversation)
 
     def call(self, row: Any, what: str, function: Callable[..., Any], *args: Any, fix: str, raised: str = "") -> Any:
@@ -184,11 +199,13 @@ class EpisodeEnvironment:
             episode.done = True
             return
         if result.observation:
-            added, episode.conversation = self.renderer.after_turn(
-                episode.conversation, episode.last_text, result.observation
-            )
+            # Bounded before it is rendered: what runs past the episode's room is cut, and counted.
+            observation, cut = self.renderer.bounded(result.observation, room)
+            added, episode.conversation = self.renderer.after_turn(episode.conversation, episode.last_text, observation)
             if len(added) >= room:  # no room left for another model turn
+                cut = cut or len(added) > room
                 added, episode.done, episode.truncated = added[:room], True, True
+            episode.observations_cut += cut
             episode.tokens += added
             episode.trainable += [False] * len(added)
 
@@ -264,12 +281,13 @@ class EpisodeEnvironment:
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
-    """Per episode ([rows] each): env/turns, env/episode_tokens, env/truncated and the environment's
-    own metrics (env/NAME, summed over its turns; 0 where an episode reported none)."""
+    """Per episode ([rows] each): env/turns, env/episode_tokens, env/truncated, env/observations_cut and
+    the environment's own metrics (env/NAME, summed over its turns; 0 where an episode reported none)."""
     metrics = {
         "env/turns": [float(len(e.turn_spans)) for e in episodes],
         "env/episode_tokens": [float(len(e.tokens)) for e in episodes],
         "env/truncated": [float(e.truncated) for e in episodes],
+        "env/observations_cut": [float(e.observations_cut) for e in episodes],
     }
     for name in sorted({n for e in episodes for n in e.metrics}):
         metrics[f"env/{name}"] = [e.metrics.get(name, 0.0) for e in episodes]
@@ -295,6 +313,7 @@ def _looks_like_step_result(result: Any) -> bool:
 _HANG_FIX = (
     "find why it hangs (a network call, a lock, a simulator that never answers), or raise rl.environment_timeout_s"
 )
+_LONG_FIX = "a prompt is never cut: shorten what reset returns for this row, or raise data.max_seq_len"
 _RESET_FIX = 'reset(row) returns the first observation: text, or chat messages [{"role": "user", "content": ...}]'
 _STEP_FIX = (
     "step(completion) returns StepResult(observation=text or messages or None, reward=a number, done=..., "

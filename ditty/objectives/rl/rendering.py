@@ -13,10 +13,16 @@ new messages, and the next generation prompt. It is the difference between two r
 conversation, which needs a template that only appends (every common one does); one that rewrites
 earlier turns is a RecipeError naming `tokenizer.chat_template`. A string observation is text
 appended as it is.
+
+An observation is bounded before it is rendered or tokenized (`bounded`): no token stands for more
+characters than the longest entry of the vocabulary, so text past room x that many characters can
+only be cut afterwards, and is cut first (a tool's 10 MB answer is not rendered whole three times and
+tokenized to keep its first few hundred tokens).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 from ditty.config.errors import RecipeError
@@ -32,13 +38,42 @@ class ObservationRenderer:
 
     def prompt(self, observation: Any) -> tuple[list[int], Optional[list]]:
         """(the prompt's tokens, the conversation so far: None for text). Text is tokenized as the
-        prompt format tokenizes a text prompt (special tokens included); both are cut to their LAST
-        `max_prompt_tokens` tokens (data.max_seq_len), as the prompt format cuts prompts."""
+        prompt format tokenizes a text prompt (special tokens included). Not cut: a prompt longer than
+        `max_prompt_tokens` (data.max_seq_len) is the caller's to refuse, as the prompt format refuses one."""
         if isinstance(observation, str):
-            return self.tokenizer(observation)["input_ids"][-self.max_prompt_tokens :], None
+            return self.tokenizer(observation)["input_ids"], None
         messages = list(observation)
         text = self.render(messages, generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens :], messages
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], messages
+
+    @functools.cached_property
+    def chars_per_token(self) -> int:
+        """The most characters one token stands for: the longest entry of the vocabulary (a byte-level
+        BPE's entries are as long as the text they decode to, SentencePiece's too), special tokens
+        included. A text longer than n x this many characters is more than n tokens."""
+        vocabulary = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+        return max((len(token) for token in vocabulary), default=256) or 1
+
+    def text_length(self, observation: Any) -> int:
+        """The characters of an observation's text (its messages' contents)."""
+        if isinstance(observation, str):
+            return len(observation)
+        return sum(len(message["content"]) for message in observation or ())
+
+    def bounded(self, observation: Any, room: int) -> tuple[Any, bool]:
+        """(`observation` with its text cut where `room` tokens end at the latest, whether it was
+        cut): messages are kept in order and the content that runs past the room is cut (later ones
+        emptied), so the tokens it renders to begin as the whole observation's do."""
+        budget = max(room, 0) * self.chars_per_token
+        if isinstance(observation, str):
+            return (observation[:budget], True) if len(observation) > budget else (observation, False)
+        kept, cut = [], False
+        for message in observation:
+            if len(message["content"]) > budget:
+                message, cut = {**message, "content": message["content"][:budget]}, True
+            budget -= len(message["content"])
+            kept.append(message)
+        return kept, cut
 
     def after_turn(
         self, conversation: Optional[list], completion: str, observation: Any
