@@ -107,6 +107,11 @@ class RLConfig:
     an episode that reaches it is cut there and counted as truncated."""
     tool_timeout_s: float = 10.0
     """Seconds a tool call may take; a call still running then is answered with an error message."""
+    tools_isolation: Literal["process", "thread"] = "process"
+    """Where the tools run: "process", in a worker process that a tool calling os._exit(), crashing or
+    hanging takes down instead of the run (the call is answered with an error, a fresh worker takes
+    the next); "thread", in a thread of the training process (a hung tool's thread is left running,
+    and os._exit() ends the run)."""
     environment_timeout_s: float = 600.0
     """Seconds one call into the environment may take (building it, `reset`, `step`,
     `reward_columns`); a call still running then stops the run (exit code 2, naming the environment;

@@ -193,3 +193,40 @@ class InterruptsInStep:
 
     def step(self, completion):
         raise KeyboardInterrupt
+
+
+async def fetch(url: str) -> str:
+    """An async tool: called, it returns a coroutine, not a result."""
+    return url
+
+
+class Unprintable:
+    def __str__(self):
+        raise ValueError("no text for this")
+
+
+def unprintable() -> object:
+    """Returns a result whose str() raises (and that JSON cannot hold)."""
+    return Unprintable()
+
+
+def exits(code: int = 0) -> str:
+    """Ends its process at once, as os._exit does."""
+    os._exit(code)
+
+
+def crashes() -> str:
+    """Crashes the interpreter (SIGSEGV)."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return "never"
+
+
+def huge() -> str:
+    """A 10 MB answer."""
+    return "7" * 10_000_000
+
+
+def prints(text: str) -> str:
+    """Prints to stdout, then answers."""
+    print("a tool's own output")
+    return text

@@ -37,6 +37,8 @@ ENVS = "tests.rl.environments_for_tests"
         (["--rl.tools", '["calculator"]'], "rl.tools[0]", 'not of the form "package.module:Name"'),
         (["--rl.tools", '["ditty.objectives.rl.builtin_tools:abacus"]'], "rl.tools[0]", "no attribute 'abacus'"),
         (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),
+        (["--rl.tools", f'["{ENVS}:fetch"]'], "rl.tools[0]", "fetch is async (async def)"),
+        (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tools_isolation", "fork"], "rl.tools_isolation", "fork"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.max_turns", "0"], "rl.max_turns", "at least 1"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tool_timeout_s", "0"], "rl.tool_timeout_s", "above 0"),
         (

@@ -155,3 +155,90 @@ def test_an_environments_reward_columns_reach_the_reward_functions_and_a_bad_one
     assert env.environment_columns(episodes({"moves": 3}, {}), {"answer"}) == {"moves": [3, None]}
     with pytest.raises(EnvironmentFailure, match="environment Scored reward_columns returned a list"):
         env.environment_columns(episodes([1, 2]), set())
+
+
+TOOL_REFERENCES = {
+    name: f"tests.rl.environments_for_tests:{name}"
+    for name in ("echo", "broken", "hangs", "unprintable", "exits", "crashes", "huge", "prints", "fetch")
+}
+
+
+@pytest.fixture(params=["thread", "process"])
+def isolated(request):
+    """A ToolEnvironment maker for each rl.tools_isolation, over every test tool."""
+    from ditty.objectives.rl.tool_process import ToolProcess
+
+    tools = {name: function for name, function in load_tools(list(TOOL_REFERENCES.values())[:-1]).items()}
+    processes = []
+
+    def make(timeout_s=10.0):
+        process = None
+        if request.param == "process":
+            process = ToolProcess(TOOL_REFERENCES, timeout_s)
+            processes.append(process)
+        return ToolEnvironment(tools, timeout_s=timeout_s, process=process)
+
+    yield make
+    for process in processes:
+        process.close()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (call("unprintable"), "error: unprintable returned a Unprintable that cannot be shown as text: ValueError"),
+        (call("broken", x=1), "error: broken raised ZeroDivisionError: division by zero in the tool"),
+    ],
+)
+def test_a_result_that_cannot_be_text_is_the_tools_error_not_the_environments(isolated, text, words):
+    """A result whose __str__ raises is answered as the tool's error, in either isolation: it was an
+    EnvironmentFailure blaming "environment ToolEnvironment" with a fix about StepResult."""
+    result = isolated().step(text + call("echo", text="next"))
+    failed, echoed = result.observation
+    assert failed["content"].startswith(words), failed["content"]
+    assert echoed["content"] == "next" and result.metrics["tool_errors/raised"] == 1
+
+
+def test_a_tool_in_a_process_that_exits_crashes_or_hangs_is_answered_and_the_next_call_runs():
+    """rl.tools_isolation = "process": os._exit(0), a segfault and a hang end the worker, not the run."""
+    from ditty.objectives.rl.tool_process import ToolProcess
+
+    process = ToolProcess(TOOL_REFERENCES, timeout_s=2.0)
+    env = ToolEnvironment(load_tools(list(TOOL_REFERENCES.values())[:-1]), timeout_s=2.0, process=process)
+    try:
+        started = time.perf_counter()
+        result = env.step(
+            call("exits", code=0) + call("echo", text="a")
+            + call("crashes") + call("echo", text="b")
+            + call("hangs", seconds=600) + call("echo", text="c")
+            + call("prints", text="d")
+        )  # fmt: skip
+        assert time.perf_counter() - started < 30
+        contents = [m["content"] for m in result.observation]
+        assert contents[0] == "error: exits ended its process (exit code 0) before it answered"
+        assert contents[2] == "error: crashes ended its process (signal SIGSEGV) before it answered"
+        assert contents[4] == "error: hangs did not answer within 2 s"
+        assert contents[1::2] == ["a", "b", "c"] and contents[6] == "d"  # a fresh worker answers each next call
+        assert result.metrics["tool_errors/raised"] == 2 and result.metrics["tool_errors/timeout"] == 1
+    finally:
+        process.close()
+
+
+def test_a_tool_process_answers_a_huge_result_whole_and_goes_with_its_parent(tmp_path):
+    from ditty.objectives.rl.tool_process import ToolProcess
+
+    process = ToolProcess(TOOL_REFERENCES, timeout_s=30.0)
+    try:
+        assert process("huge", {}) == ("7" * 10_000_000, None)
+        worker = process.worker
+        assert worker.poll() is None
+    finally:
+        process.close()
+    assert worker.poll() is not None
+
+
+def test_an_async_tool_is_refused_naming_it():
+    from ditty.config.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"rl.tools\[0\].*fetch is async"):
+        load_tools(["tests.rl.environments_for_tests:fetch"])

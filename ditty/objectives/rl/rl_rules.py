@@ -129,7 +129,14 @@ def arguments_needed(cls: type) -> list[str]:
     return [p.name for p in params if p.default is p.empty and p.kind not in kinds]
 
 
-EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout_s", "environment_timeout_s", "credit")
+EPISODE_KEYS = (
+    "max_turns",
+    "max_episode_tokens",
+    "tool_timeout_s",
+    "tools_isolation",
+    "environment_timeout_s",
+    "credit",
+)
 
 
 def episodes(ctx) -> Iterator[Problem]:
@@ -138,6 +145,7 @@ def episodes(ctx) -> Iterator[Problem]:
     rl = ctx.config.rl
     from ditty.config.references import resolve_reference
     from ditty.objectives.rl.backend_rules import backend
+    from ditty.objectives.rl.tool_worker import ASYNC_FIX, ASYNC_TOOL, is_async
 
     if rl.environment:
         cls, problems = resolve_reference(rl.environment, key="rl.environment")
@@ -171,6 +179,8 @@ def episodes(ctx) -> Iterator[Problem]:
         yield from problems
         if function is not None and not callable(function):
             yield error(key, f"{reference} is a {type(function).__name__}, not a function", "name a function")
+        elif function is not None and is_async(function):
+            yield error(key, f"{reference} {ASYNC_TOOL}", ASYNC_FIX)
         name = str(reference).rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         if name in names and not problems:
             yield error(key, f"a second tool named {name!r} (rl.tools[{names[name]}])", "give every tool its own name")

@@ -95,7 +95,8 @@ def build_environment(run: Any, functions: list) -> Any:
     from ditty.objectives.rl.episodes import EpisodeEnvironment
     from ditty.objectives.rl.rendering import ObservationRenderer
     from ditty.objectives.rl.tool_calls import call_format_for
-    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+    from ditty.objectives.rl.tool_process import ToolProcess
+    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_name, tool_schemas
 
     rl, tokenizer = run.config.rl, run.tokenizer
     max_prompt = run.config.data.max_seq_len
@@ -108,7 +109,10 @@ def build_environment(run: Any, functions: list) -> Any:
         tools = load_tools(rl.tools)
         calls = call_format_for(getattr(tokenizer, "chat_template", None))
         renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
-        make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s)  # noqa: E731
+        process = None
+        if rl.tools_isolation == "process":  # one worker for the run's episodes (ditty.objectives.rl.tool_process)
+            process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s)
+        make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s, process)  # noqa: E731
         return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
     return RewardEnvironment(functions, rl.reward_timeout_s)
 

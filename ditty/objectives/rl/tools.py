@@ -13,9 +13,14 @@ timeout} (logged as env/..., per episode). The reward functions of `rl.rewards` 
 well-formed calls as the keyword `tool_calls` ([{"name": ..., "arguments": {...}}, ...] per episode, in
 order), so a reward can score the calls as well as the answer.
 
-A call runs in a thread of its own so that a hung tool can be left behind: Python cannot stop a
-thread, so one that never returns keeps its thread (and what it holds) until the run ends; a tool
-that may hang should bound its own work.
+Where a call runs is `rl.tools_isolation`. "process" (the default): in a worker process
+(ditty.objectives.rl.tool_process), which a tool that calls os._exit(), crashes or hangs takes down
+instead of the run; the call is answered with an error and the next one starts a fresh worker.
+"thread": in a thread of the training process, so that a hung tool can be left behind: Python cannot
+stop a thread, so one that never returns keeps its thread (and what it holds) until the run ends,
+and a tool that calls os._exit() ends the run. Either way a result is made text the same way (a
+string as it is, else JSON, else str()); one that cannot be (its `__str__` raises), or an awaitable
+(an async tool), is the tool's error.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ditty.objectives.rl.environment import StepResult
 from ditty.objectives.rl.tool_calls import HermesCalls, ToolCall
+from ditty.objectives.rl.tool_worker import ASYNC_FIX, ASYNC_TOOL, is_async
+from ditty.objectives.rl.tool_worker import answer as answer_call
 
 ERRORS = ("malformed", "unknown", "raised", "timeout")
 
@@ -33,11 +40,17 @@ class ToolEnvironment:
     """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.rl.tool_calls)."""
 
     def __init__(
-        self, tools: Mapping[str, Callable[..., Any]], call_format: Any = None, timeout_s: float = 10.0
+        self,
+        tools: Mapping[str, Callable[..., Any]],
+        call_format: Any = None,
+        timeout_s: float = 10.0,
+        process: Optional[Callable[[str, Mapping[str, Any]], tuple[str, Optional[str]]]] = None,
     ) -> None:
         self.tools = dict(tools)
         self.call_format = call_format or HermesCalls()
         self.timeout_s = timeout_s
+        self.process = process
+        """Runs the calls elsewhere (a ToolProcess: rl.tools_isolation = "process"); None: in a thread here."""
         self.calls: list[dict[str, Any]] = []
         """The episode's well-formed calls so far, {"name", "arguments"}, in order."""
 
@@ -77,39 +90,29 @@ class ToolEnvironment:
             return f"error: malformed tool call: {call.error}", "malformed"
         if call.name not in self.tools:
             return f"error: unknown tool {call.name!r} (the tools are {', '.join(sorted(self.tools))})", "unknown"
-        finished, value = call_with_timeout(self.tools[call.name], call.arguments, self.timeout_s)
+        if self.process is not None:
+            return self.process(call.name, call.arguments)
+        finished, answered = call_with_timeout(call.name, self.tools[call.name], call.arguments, self.timeout_s)
         if not finished:
             return f"error: {call.name} did not answer within {self.timeout_s:g} s", "timeout"
-        if isinstance(value, BaseException):
-            return f"error: {call.name} raised {type(value).__name__}: {value}", "raised"
-        return value if isinstance(value, str) else _as_text(value), None
+        return answered
 
 
-def call_with_timeout(function: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float) -> tuple[bool, Any]:
-    """(finished, the result or the exception it raised) of function(**arguments) within `timeout_s`."""
+def call_with_timeout(
+    name: str, function: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float
+) -> tuple[bool, tuple[str, Optional[str]]]:
+    """(finished, (text, error kind)) of function(**arguments) in a thread, within `timeout_s`."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
-        try:
-            outcome["value"] = function(**arguments)
-        except BaseException as error:  # noqa: BLE001  (reported to the model as the tool's error)
-            outcome["value"] = error
+        outcome["answer"] = answer_call(name, function, arguments)
 
     thread = threading.Thread(target=target, name="ditty-tool-call", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        return False, None
-    return True, outcome.get("value")
-
-
-def _as_text(value: Any) -> str:
-    import json
-
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
+        return False, ("", None)
+    return True, outcome["answer"]
 
 
 def tool_schemas(tools: Mapping[str, Callable[..., Any]]) -> Optional[list[dict]]:
@@ -149,6 +152,8 @@ def load_tools(references: Sequence[str], key: str = "rl.tools") -> dict[str, Ca
         if not found and not callable(function):
             what = f"{reference} is a {type(function).__name__}, not a function"
             problems.append(Problem(f"{key}[{index}]", what, fix="name a function"))
+        elif not found and is_async(function):
+            problems.append(Problem(f"{key}[{index}]", f"{reference} {ASYNC_TOOL}", fix=ASYNC_FIX))
         elif not found:
             tools[tool_name(reference)] = function
     if problems:
