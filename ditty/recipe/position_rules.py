@@ -66,3 +66,37 @@ def max_seq_len_within_positions(ctx: Context) -> Iterator[Problem]:
             "embeddings would fail in the first forward",
             fix,
         )
+
+
+@rule("rollout.positions")
+def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
+    """A rollout (a prompt of up to `data.max_seq_len` tokens and what sampling adds after it:
+    `rl.max_new_tokens`, or an episode's `rl.max_episode_tokens`) fits the model's positions, as
+    `data.max_seq_len` alone must for the rows that do not sample."""
+    from ditty.objectives.table import objective_name
+
+    cfg = ctx.config
+    row = objective_name(cfg)
+    if cfg.model.factory or row not in ("grpo", "rloo", "online-pairs"):
+        return
+    episodes = row != "online-pairs" and cfg.rl.plays_episodes
+    key, added = (
+        ("rl.max_episode_tokens", cfg.rl.max_episode_tokens)
+        if episodes
+        else ("rl.max_new_tokens", cfg.rl.max_new_tokens)
+    )
+    positions, rotary, where = model_positions(cfg.model)
+    prompt = cfg.data.max_seq_len
+    if positions is None or not isinstance(prompt, int) or not isinstance(added, int) or prompt + added <= positions:
+        return
+    what = (
+        f"a rollout of data.max_seq_len + {key} = {prompt} + {added} = {prompt + added} tokens is longer than the "
+        f"model's {positions} positions ({where})"
+    )
+    fix = f"set {key} to at most {max(positions - prompt, 1)} (or lower data.max_seq_len)"
+    if cfg.model.resolved_init == "random":
+        fix += f", or raise model.config.max_position_embeddings to {prompt + added} (random init only)"
+    if rotary:
+        yield warning(key, f"{what}; rotary positions run past it, with quality the model was not trained for", fix)
+    else:
+        yield error(key, f"{what}; its position embeddings would fail in the rollout's forward", fix)

@@ -254,3 +254,38 @@ def test_a_prompt_longer_than_max_seq_len_is_a_bad_row_not_cut(tmp_path):
     assert len(skipped.train) == 9 and skipped.skipped_rows == 1
     kept = [byte_tokenizer().decode(sample["input_ids"]) for sample in skipped.train]
     assert all(text.startswith("<s>") for text in kept)  # every prompt whole, from its first token
+
+
+GPT2 = [
+    "--model.architecture",
+    "gpt2",
+    "--model.config",
+    "{n_embd = 32, n_layer = 2, n_head = 2, n_positions = 64}",
+]
+
+
+@pytest.mark.parametrize(
+    "flags, key, words",
+    [
+        (["--rl.max_new_tokens", "40"], "rl.max_new_tokens", "+ 40 = "),
+        (
+            ["--rl.tools", '["ditty.objectives.rl.builtin_tools:calculator"]', "--rl.max_episode_tokens", "33"],
+            "rl.max_episode_tokens",
+            "+ 33 = ",
+        ),
+    ],
+)
+def test_a_rollout_longer_than_the_models_positions_is_refused_as_sft_refuses_it(
+    tmp_path, capsys, tiny_llama_dir, flags, key, words
+):
+    """A prompt of data.max_seq_len tokens and what a rollout adds after it must fit the model's learned
+    positions (GPT-2's n_positions), as data.max_seq_len alone must for SFT; rotary positions warn."""
+    code, out = check(tmp_path, capsys, *GPT2, *flags)
+    assert code == 2 and f"`{key}`" in out and words in out and "longer than the model's 64 positions" in out, out
+    assert "Traceback" not in out
+    code, out = check(tmp_path, capsys, *GPT2)  # 32 + 4 fit
+    assert code == 0 and "model's 64 positions" not in out, out
+    # A saved Llama (256 rotary positions in its config.json): they run past it, with a warning.
+    llama = ["--model.path", tiny_llama_dir, "--model.init", "pretrained", "--data.max_seq_len", "224"]
+    code, out = check(tmp_path, capsys, *llama, *flags)
+    assert code == 0 and f"`{key}`" in out and "rotary positions run past it" in out, out
