@@ -19,6 +19,7 @@ def cmd_generate(args: list[str]) -> int:
     chat, args = take_option(args, ("--chat",), has_value=False)
     tools, args = take_option(args, ("--tools",))
     max_turns, args = take_option(args, ("--max-turns",))
+    speculative, args = take_option(args, ("--speculative",))
     _, args = take_option(args, (TRUST_FLAG,), has_value=False)  # generate imports no code either way
     refuse_unknown_options(args, "generate")
     if len(args) != 2:
@@ -37,6 +38,13 @@ def cmd_generate(args: list[str]) -> int:
             f"--max-new-tokens {max_new_tokens}: it takes a number of tokens of at least 1",
             fix="e.g. --max-new-tokens 32",
         )
+    if speculative is not None and (speculative != "mtp" or sample or tools is not None):
+        raise RecipeError.single(
+            f"--speculative {speculative}: drafts come from the MTP heads (`--speculative mtp`), for greedy text "
+            "(not with --sample or --tools)",
+            key="--speculative",
+            fix=f'ditty generate {run_dir} "PROMPT" --speculative mtp',
+        )
     if tools is not None:
         from ditty.train.generate import generate_episode
 
@@ -45,7 +53,10 @@ def cmd_generate(args: list[str]) -> int:
         return 0
     from ditty.train.generate import generate
 
-    print(generate(run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample), chat=bool(chat)))
+    text = generate(
+        run_dir, prompt, max_new_tokens=max_new_tokens, sample=bool(sample), chat=bool(chat), speculative=speculative
+    )
+    print(text)
     return 0
 
 

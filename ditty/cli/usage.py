@@ -27,9 +27,11 @@ commands:
   ls                                          list the bundled recipes
   plot RUN_DIR                                redraw a run's curves.png from metrics.jsonl
   generate RUN_DIR PROMPT [--max-new-tokens N] [--sample] [--chat] [--tools LIST [--max-turns N]]
+        [--speculative mtp]
                                               text from a run's final model (--chat: the
                                               prompt as a user turn in its chat template;
-                                              --tools: an episode that calls those functions)
+                                              --tools: an episode that calls those functions;
+                                              --speculative mtp: greedy, drafted by the MTP heads)
   export RUN_OR_CHECKPOINT -o DIR [--merge-lora]
                                               a checkpoint as a Hugging Face model
   push RUN_DIR [--repo-id ID]                 push a finished run's model and card to the Hub

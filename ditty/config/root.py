@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ditty.config.distill import DistillConfig
+from ditty.config.mtp import MTPConfig
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
 from ditty.config.sections import (
@@ -73,3 +74,5 @@ class TrainerConfig:
     """Reinforcement learning with rollouts in the loop (GRPO, RLOO)."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """On-policy distillation from a teacher model (GKD)."""
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    """Multi-token prediction heads trained beside a causal LM (drafts for speculative decoding)."""

@@ -134,9 +134,12 @@ def save_merged(
     """
     from peft import PeftModel
 
-    merged = merge_to_full(model, state_dict) if isinstance(model, PeftModel) else model
+    from ditty.models.mtp.weights import saving_heads
+
     os.makedirs(directory, exist_ok=True)
-    merged.save_pretrained(directory)
+    with saving_heads(model, directory, state_dict, full=True) as state_dict:  # [mtp] heads: beside the model
+        merged = merge_to_full(model, state_dict) if isinstance(model, PeftModel) else model
+        merged.save_pretrained(directory)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(directory)
     return directory

@@ -87,6 +87,8 @@ def _applies(config: Any) -> bool:
     m = config.model
     if config.parallel.kind not in SHARDED_KINDS or m.factory or m.resolved_init != "pretrained" or not m.path:
         return False
+    if getattr(getattr(config, "mtp", None), "depth", 0) > 0:  # the heads' new weights are in no checkpoint file
+        return False
     if config.quant.kind == "none":
         return config.peft.kind == "none"  # peft would create the adapter on the meta device of its base layer
     fp8 = getattr(config, "fp8", None)

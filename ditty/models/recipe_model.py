@@ -6,6 +6,7 @@ reference models of preference and RL training build it the same way.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import torch
@@ -91,4 +92,24 @@ def converters_for(config: Any) -> list:
 
         builtin["fp8"] = lambda: Float8Converter(config.fp8, fsdp=sharded)
     order = list(config.model.converters or builtin)
-    return [builtin[name]() if name in builtin else import_reference(name, key="model.converters")() for name in order]
+    converters = [
+        builtin[name]() if name in builtin else import_reference(name, key="model.converters")() for name in order
+    ]
+    if config.mtp.depth > 0:  # last: new weights, trained in full beside an adapter (ditty.models.mtp)
+        from ditty.models.mtp.converter import MTPConverter
+
+        converters.append(MTPConverter(config.mtp.depth, source_dir=_local_source(config.model)))
+    return converters
+
+
+def _local_source(model: Any) -> Optional[str]:
+    """The local directory a pretrained model loads from (where saved MTP heads may wait), else None."""
+    if model.factory or model.resolved_init != "pretrained" or not model.path:
+        return None
+    from ditty.models.source import cached_hub_file, local_model_dir
+
+    local = local_model_dir(model.path)
+    if local is None:  # a hub id: its snapshot in the local cache, if it was downloaded
+        cached = cached_hub_file(model.path)
+        local = os.path.dirname(cached) if cached else None
+    return local

@@ -12,6 +12,7 @@ from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
     data_rules,
     loss_rules,
+    mtp_rules,
     optimizer_rules,
     pipeline_rules,
     position_rules,
@@ -177,6 +178,9 @@ def _builds(config) -> list[tuple[str, str]]:
     if train.loss_chunks > 0 and not config.pipeline.loss:
         rows.append(("loss", f"cross-entropy from hidden states in {train.loss_chunks} chunks ({train.loss_backend})"))
     rows += _objective_rows(config)
+    if config.mtp.depth > 0:
+        m = config.mtp
+        rows.append(("mtp", f"{m.depth} MTP head(s), loss weight {m.weight:g}, decay {m.decay:g}"))
     rows.append(("output", config.run.output_dir))
     return rows
 

@@ -190,7 +190,11 @@ class Builders:
         row = objective_for(self.config)
         given = self.components.loss if self.components.loss is not None else build_loss(self.config.pipeline)
         if given is None:
-            return row.build(self.run)
+            from ditty.models.mtp.loss import with_mtp
+
+            parts = row.build(self.run)
+            parts.loss = with_mtp(parts.loss, self.config.mtp, self.config.train)  # [mtp]: the heads' loss beside it
+            return parts
         if not row.given_loss:
             raise RecipeError.single(
                 f'the objective "{row.name}" brings its own loss, and {type(given).__name__} was given',

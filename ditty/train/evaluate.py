@@ -99,6 +99,9 @@ def evaluate_tokens(
         metrics.update(metric.compute(evaluation))
     if loss_metrics is not None:
         metrics.update({f"val_{name}": value for name, value in loss_metrics.result().items()})
+    held_out = getattr(request.pipeline.loss, "held_out", None)  # what a loss tallied itself (the MTP heads')
+    if held_out is not None:
+        metrics.update(held_out.result(all_reduce_sum))
     return metrics | hook_scores(bundle.hook, request)
 
 

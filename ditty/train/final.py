@@ -82,11 +82,14 @@ def save_model_files(
     nn.Module its weights as model.safetensors; then the tokenizer's files. `state_dict`: the full
     weights gathered from a sharded model, saved instead of the module's own (which hold one shard).
     `shown_as`: the directory's name in messages (the place it is renamed to, not the one written)."""
+    from ditty.models.mtp.weights import saving_heads
+
     model = unwrap(model)
     pretrained = hasattr(model, "save_pretrained")  # a transformers or peft model
     if pretrained:
-        extra = {"state_dict": state_dict} if state_dict is not None else {}
-        model.save_pretrained(directory, **extra)  # transformers 5 always writes safetensors
+        with saving_heads(model, directory, state_dict) as state_dict:  # [mtp] heads: beside the model
+            extra = {"state_dict": state_dict} if state_dict is not None else {}
+            model.save_pretrained(directory, **extra)  # transformers 5 always writes safetensors
     else:
         from safetensors.torch import save_file
 

@@ -65,6 +65,7 @@ def generate(
     seed: Optional[int] = 0,
     device: str = "cpu",
     chat: bool = False,
+    speculative: Optional[str] = None,
 ) -> str:
     """The model's continuation of `prompt` (the new text only, special tokens removed).
 
@@ -73,7 +74,8 @@ def generate(
 
     Greedy unless `sample` (the same KV-cached greedy search as validation's exact match,
     ditty.data.task.greedy_generate, stopping at the end-of-sequence token); sampling is seeded by
-    `seed` so a command line call is repeatable.
+    `seed` so a command line call is repeatable. `speculative = "mtp"`: the same greedy text, drafted by
+    the run's MTP heads and verified by the model (ditty.models.mtp.speculative).
     """
     model, tokenizer = load_final(run_dir, device)
     if chat:
@@ -84,6 +86,8 @@ def generate(
             )
         conversation = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    if speculative == "mtp":
+        return speculative_text(model, tokenizer, run_dir, prompt, max_new_tokens, add_special_tokens=not chat)
     if not sample:
         from ditty.data.task import greedy_generate
 
@@ -104,6 +108,40 @@ def generate(
     # A decoder-only model returns the prompt and its continuation; an encoder-decoder only the output.
     new_tokens = output[0] if model.config.is_encoder_decoder else output[0, inputs["input_ids"].shape[1] :]
     return tokenizer.decode(new_tokens, skip_special_tokens=True)
+
+
+def speculative_text(
+    model, tokenizer, run_dir: str, prompt: str, max_new_tokens: int, *, add_special_tokens: bool = True
+) -> str:
+    """Greedy text drafted by the MTP heads of the run's final/ (see `generate`); how many drafts the
+    model accepted goes to stderr."""
+    import sys
+
+    from ditty.models.mtp.heads import build_heads
+    from ditty.models.mtp.speculative import greedy_decode
+    from ditty.models.mtp.weights import depth_saved, load_heads
+
+    path = os.path.join(run_dir, FINAL_DIR) if os.path.isdir(os.path.join(run_dir, FINAL_DIR)) else run_dir
+    depth = depth_saved(path)
+    if depth == 0:
+        raise RecipeError.single(
+            f"{path} holds no MTP heads to draft with",
+            key="--speculative",
+            fix="train with [mtp] depth = 1 (or more), or leave out --speculative",
+        )
+    heads = build_heads(model, depth)
+    load_heads(heads, model, path)
+    heads.eval()
+    ids = tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+    new, stats = greedy_decode(model, ids, max_new_tokens, tokenizer.eos_token_id, heads)
+    print(
+        f"speculative (mtp, depth {depth}): {stats.new_tokens} tokens in {stats.model_forwards} forwards of the "
+        f"model; drafts accepted {stats.accepted} of {stats.drafted}",
+        file=sys.stderr,
+    )
+    if tokenizer.eos_token_id in new:
+        new = new[: new.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(new, skip_special_tokens=True)
 
 
 @torch.no_grad()
