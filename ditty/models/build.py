@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ditty._utils.dist import is_main_process
@@ -249,7 +250,13 @@ def _fetching(load, path: str):
         from safetensors import SafetensorError
     except ImportError:  # pragma: no cover - transformers depends on safetensors
         SafetensorError = OSError
+    unreachable = hub_out_of_reach(path)
     try:
+        if unreachable:  # the cache is used as it is, a missing file fails at once (no minute of retries)
+            from ditty.metrics.hub_offline import offline_switch
+
+            with offline_switch():
+                return load()
         return load()
     except SafetensorError as error:  # a truncated or corrupted weights file (not an OSError)
         raise RecipeError.single(
@@ -265,13 +272,35 @@ def _fetching(load, path: str):
                 fix="point it at a directory written by save_pretrained (config.json and weights)",
             ) from error
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        why = f" (the Hub at {unreachable} cannot be reached)" if unreachable else " (HF_HUB_OFFLINE is set)"
         raise RecipeError.single(
             f"model {path!r} could not be fetched from the Hugging Face Hub"
-            + (" (HF_HUB_OFFLINE is set)" if offline else "")
+            + (why if unreachable or offline else "")
             + f": {_summary(error)}",
             key="model.path",
             fix="download it first (`hf download ID`) or set model.path to a local directory; check the id's spelling",
         ) from error
+
+
+def hub_out_of_reach(path: str) -> Optional[str]:
+    """The Hub's address when `path` would be fetched from it (no local directory, offline mode off)
+    and one connection to it fails (a few seconds at most), else None: huggingface_hub would retry
+    each file for a minute before saying the same."""
+    if local_model_dir(path):
+        return None
+    from ditty.metrics.hub_offline import already_offline, hub_endpoint, hub_reachable
+
+    if already_offline():
+        return None
+    endpoint = hub_endpoint()
+    asked, reachable = _HUB_PROBES.get(endpoint, (-1e9, True))
+    if time.monotonic() - asked > 60:  # one probe serves the loads of a minute (config, tokenizer, weights)
+        reachable = hub_reachable(endpoint)
+        _HUB_PROBES[endpoint] = (time.monotonic(), reachable)
+    return None if reachable else endpoint
+
+
+_HUB_PROBES: dict[str, tuple[float, bool]] = {}
 
 
 LEGACY_ROPE_KEYS = frozenset({"rope_theta", "rope_scaling"})

@@ -152,8 +152,8 @@ def check_model_source(model: ModelConfig) -> list[Problem]:
 def frozen_model_problems(path: str, key: str, role: str) -> list[Problem]:
     """What can be told offline of a frozen model named by `path` at recipe key `key` (a preference
     reference, a distillation teacher): that it is a model directory or a hub id, as model.path is
-    checked, and that its architecture is a causal LM (from its config.json; an uncached hub id is
-    checked when it loads). `role` names it in the message: "reference", "teacher"."""
+    checked, and that its architecture and its weights' class are a causal LM's (from its config.json;
+    an uncached hub id is checked when it loads). `role` names it in the message: "reference", "teacher"."""
     from dataclasses import replace
 
     from ditty.models.task_support import task_problem
@@ -163,17 +163,53 @@ def frozen_model_problems(path: str, key: str, role: str) -> list[Problem]:
     if found:
         return found
     config = read_model_config(ModelConfig(path=path))
-    if not task_problem(config, model_task("causal-lm")):
-        return []
     owner = "student" if role == "teacher" else "policy"
-    return [
-        Problem(
-            key=key,
-            message=f"{path!r} is a {config['model_type']} model that is not a causal LM: the {role} scores the "
-            "next token of every completion with a causal LM's head",
-            fix=f"name a causal LM trained with the {owner}'s tokenizer",
-        )
-    ]
+    if task_problem(config, model_task("causal-lm")):
+        return [
+            Problem(
+                key=key,
+                message=f"{path!r} is a {config['model_type']} model that is not a causal LM: the {role} scores the "
+                "next token of every completion with a causal LM's head",
+                fix=f"name a causal LM trained with the {owner}'s tokenizer",
+            )
+        ]
+    head = headless_architecture(config)
+    if head:  # a causal LM's model type with another head: a classifier's, a reward model's, or none
+        return [
+            Problem(
+                key=key,
+                message=f"{path!r} is a {head} (its config.json's architectures), not a causal LM: the {role} "
+                "scores the next token of every completion with a causal LM's output head, which it does not "
+                "have (loading it as one gives that head random weights)",
+                fix=f"name a causal LM trained with the {owner}'s tokenizer (a reward model's final/ scores whole "
+                "answers: use it in rl.rewards)",
+            )
+        ]
+    return []
+
+
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""How transformers names the classes with a next-token head (LlamaForCausalLM, GPT2LMHeadModel, ...)."""
+OTHER_HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMaskedLM",
+    "ForMultipleChoice",
+    "Model",
+)
+"""Classes without one: a classifier's or a reward model's head, a masked LM's, or none (LlamaModel)."""
+
+
+def headless_architecture(config: Optional[dict]) -> Optional[str]:
+    """The class a config.json says its weights are, when none has a next-token head (a reward
+    model's LlamaForSequenceClassification), else None (also when it names none or unknown ones)."""
+    names = (config or {}).get("architectures")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return None
+    if any(name.endswith(CAUSAL_HEADS) for name in names):
+        return None
+    return names[0] if all(name.endswith(OTHER_HEADS) for name in names) else None
 
 
 def _check_path(path: str) -> list[Problem]:

@@ -68,15 +68,48 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
     if kind == "precompute":
         return Precomputed.for_run(run, policy, chunks)
     config = run.config
+    refuse_damaged(setting, key)
     refuse_another_tokenizer(run.tokenizer, setting, key, trust_remote_code=config.model.trust_remote_code)
     other = replace(config, model=loaded_as_is(config.model, setting))
     with errors_named(key):  # it loads as a model.path would: the user wrote `key`
         if sharded:
-            return FrozenModel(sharded_like_policy(run, other), chunks)
-        from ditty.models.recipe_model import base_model_for
+            separate = sharded_like_policy(run, other)
+        else:
+            from ditty.models.recipe_model import base_model_for
 
-        separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
-    return FrozenModel(frozen(separate), chunks)
+            separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
+    refuse_new_head(separate, setting, key)
+    return FrozenModel(separate if sharded else frozen(separate), chunks)
+
+
+def refuse_damaged(path: str, key: str) -> None:
+    """A RecipeError naming `key` when `path` is a saved model directory with a manifest (a run's
+    final/) whose files do not match it: damaged weights would score every token as NaN or noise."""
+    from ditty.checkpoint.integrity import check_model_dir
+    from ditty.config.errors import RecipeError
+
+    local = os.path.expanduser(path)
+    if not os.path.isdir(local):
+        return
+    try:
+        check_model_dir(local)
+    except RecipeError as damaged:
+        raise RecipeError([replace(p, key=key) for p in damaged.problems], source=damaged.source) from None
+
+
+def refuse_new_head(model: Any, path: str, key: str) -> None:
+    """A frozen model whose output head did not come from its checkpoint (a classifier's or reward
+    model's weights loaded as a causal LM): its head would be random, a teacher of noise."""
+    head = tuple(getattr(unwrap(model), "ditty_new_head", ()) or ())
+    if head:
+        from ditty.config.errors import RecipeError
+
+        raise RecipeError.single(
+            f"{path!r} has no weights for the causal LM's output head ({', '.join(head[:4])}): it is not a causal LM "
+            "(a classifier's or a reward model's weights), and that head would be random",
+            key=key,
+            fix="name a causal LM trained with the same tokenizer",
+        )
 
 
 @contextlib.contextmanager
@@ -87,8 +120,14 @@ def errors_named(key: str):
     try:
         yield
     except RecipeError as failed:
-        problems = [replace(p, key=key) if p.key == "model.path" else p for p in failed.problems]
+        problems = [_renamed(p, key) if p.key == "model.path" else p for p in failed.problems]
         raise RecipeError(problems, source=failed.source) from failed
+
+
+def _renamed(problem: Any, key: str) -> Any:
+    """`problem` about model.path, about `key` instead, in its fix as well ("set model.path to ...")."""
+    fix = problem.fix.replace("model.path", key) if problem.fix else problem.fix
+    return replace(problem, key=key, message=problem.message.replace("model.path", key), fix=fix)
 
 
 def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remote_code: bool = False) -> None:
@@ -130,6 +169,10 @@ def refuse_another_tokenizer(tokenizer: Any, path: str, key: str, *, trust_remot
         return
     from transformers import AutoTokenizer
 
+    from ditty.models.build import hub_out_of_reach
+
+    if hub_out_of_reach(path):
+        return  # not here and the Hub out of reach: loading the model says so, at once
     try:
         source = local if os.path.isdir(local) else path
         theirs = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)

@@ -361,3 +361,76 @@ def test_the_students_samples_are_cut_to_max_seq_len_with_their_prompt(tiny_llam
     assert out["input_ids"].shape[1] == 10  # the 20 sampled tokens of the longer row, cut with its prompt
     scored = (out["labels"] != IGNORE_INDEX).sum(dim=1).tolist()
     assert scored == [10 - len(p) for p in prompts], scored
+
+
+@pytest.fixture(scope="module")
+def finished_sft(tmp_path_factory):
+    """A finished 2-step SFT run of a tiny Llama with the byte tokenizer: final/ with its manifest."""
+    from tests.reliability.helpers import ditty, write_recipe
+
+    tmp = tmp_path_factory.mktemp("sft")
+    result = ditty("run", str(write_recipe(tmp, steps=3)))
+    assert result.code == 0, result.err[-3000:]
+    return tmp / "run" / "final"
+
+
+@pytest.fixture(scope="module")
+def reward_model_final(tmp_path_factory):
+    """A reward model's final/ (LlamaForSequenceClassification, the byte tokenizer) from a 2-step run."""
+    from tests.reliability.helpers import ditty
+    from tests.reward.helpers import reward_recipe
+
+    tmp = tmp_path_factory.mktemp("reward")
+    result = ditty("run", reward_recipe(tmp, steps=2))
+    assert result.code == 0, result.err[-3000:]
+    return tmp / "run" / "final"
+
+
+def test_a_reward_models_final_is_refused_as_a_teacher(tmp_path, reward_model_final):
+    """Its config's model_type is a causal LM's (llama), its head is not: loaded as a causal LM it got
+    a random lm_head, and the student distilled noise."""
+    from tests.reliability.helpers import ditty, no_traceback
+
+    recipe = str(distill_recipe(tmp_path, reward_model_final))
+    for command in ("check", "run"):
+        result = ditty(command, recipe)
+        assert result.code == 2 and no_traceback(result), result.err[-3000:]
+        assert "`distill.teacher`" in result.err and "LlamaForSequenceClassification" in result.err, result.err
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_damaged_teacher_is_refused_before_it_teaches(tmp_path, finished_sft):
+    """A teacher with a manifest (a run's final/) is verified as ditty generate verifies one: damaged
+    weights gave NaN every step and a stop that blamed the learning rate."""
+    import shutil
+
+    from tests.reliability.helpers import ditty, no_traceback, overwrite
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(finished_sft, teacher)
+    overwrite(teacher / "model.safetensors", 5_000)
+    result = ditty("run", str(distill_recipe(tmp_path, teacher)))
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    assert "`distill.teacher`" in result.err and "is damaged: model.safetensors" in result.err, result.err
+    assert "learning rate" not in result.err
+
+
+def test_a_teacher_that_is_neither_a_directory_nor_on_the_hub_is_named_at_once(tmp_path, monkeypatch):
+    """A hub-shaped path that is no directory, with the offline switch off (the suite sets it): exit 2
+    naming distill.teacher after one connection attempt where the Hub cannot be reached (as here), not
+    a minute of retries ending in "set model.path"; where it can, its answer (no such model) at once."""
+    import time
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    from tests.reliability.helpers import ditty, no_traceback
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    started = time.monotonic()
+    result = ditty("run", str(distill_recipe(tmp_path, "teachers/addition")))
+    assert time.monotonic() - started < 20
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    assert "`distill.teacher`" in result.err and "model.path" not in result.err, result.err
