@@ -16,6 +16,7 @@ from typing import Optional
 
 from ditty.plan.activations import Activations, LossMemory, plan_activations, plan_loss
 from ditty.plan.architecture import ModelShape
+from ditty.plan.mtp import heads_activation_bytes
 from ditty.plan.parameters import HeldTensor, StateBytes, held_tensors, local_numel, rank_state
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, GiB, Settings
 from ditty.plan.tensor_parallel import tp_local
@@ -108,6 +109,10 @@ def plan_memory(shape: ModelShape, s: Settings, *, activation_checkpointing: Opt
         ),
         Row("logits and loss", loss.bytes, loss.detail, "activations"),
     ]
+    heads = heads_activation_bytes(shape, activations.kept_per_block, activations.tokens, DTYPE_BYTES[s.weight_dtype])
+    if heads:
+        depth = shape.extra["mtp_depth"]
+        shared_rows.append(Row(f"MTP heads' activations ({depth} blocks)", heads, "ditty.plan.mtp", "activations"))
     shared_rows += _transients(shape, s, held)
     if s.device == "cpu":
         shared_rows += _cpu_rows(shape, s, held, activations, loss)

@@ -18,6 +18,7 @@ from typing import Iterable, Optional
 
 from ditty.optim.groups import ParamInfo, takes_muon
 from ditty.plan.architecture import ModelShape, TensorSpec
+from ditty.plan.mtp import is_head_tensor
 from ditty.plan.settings import DTYPE_BYTES, SHARDED, Settings
 from ditty.plan.tensor_parallel import tp_local
 
@@ -72,6 +73,25 @@ def held_tensors(shape: ModelShape, s: Settings) -> list[HeldTensor]:
     full = s.peft == "none"
     base_dtype = s.weight_dtype
     for tensor in shape.tensors:
+        if is_head_tensor(tensor.name):  # [mtp] heads: new weights, trained in full, never quantized
+            dtype = "float32" if s.upcast_unquantized and base_dtype != "float32" else base_dtype
+            held.append(
+                HeldTensor(
+                    tensor.name,
+                    tensor.numel,
+                    tensor.shape[0],
+                    tensor.numel,
+                    dtype,
+                    True,
+                    "MTP heads",
+                    tensor.block,
+                    0,
+                    tensor.kind == "linear",
+                    tensor.shape,
+                    tensor.kind,
+                )
+            )
+            continue
         quantized = s.quant != "none" and tensor.kind == "linear"
         adapted = not full and _is_target(tensor, s.lora_targets)
         if quantized:

@@ -25,7 +25,15 @@ random-init model trained with it (the trainer sizes the embedding from the toke
 
 
 def model_shape(config: Any) -> ModelShape:
-    """The shape of the model a recipe builds; a RecipeError when it cannot be known offline."""
+    """The shape of the model a recipe builds, `[mtp]` heads included; a RecipeError when it cannot be
+    known offline."""
+    from ditty.plan.mtp import with_heads
+
+    shape = _trunk_shape(config)
+    return with_heads(shape, config.mtp.depth) if not config.model.factory else shape
+
+
+def _trunk_shape(config: Any) -> ModelShape:
     model = config.model
     if model.factory:
         return _factory_shape(model)
