@@ -224,7 +224,7 @@ def test_a_tool_in_a_process_that_exits_crashes_or_hangs_is_answered_and_the_nex
         process.close()
 
 
-def test_a_tool_process_answers_a_huge_result_whole_and_goes_with_its_parent(tmp_path):
+def test_a_tool_process_answers_a_huge_result_up_to_its_limit_and_is_closed(tmp_path):
     from ditty.objectives.rl.tool_process import ToolProcess
 
     process = ToolProcess(TOOL_REFERENCES, timeout_s=30.0)
@@ -235,6 +235,11 @@ def test_a_tool_process_answers_a_huge_result_whole_and_goes_with_its_parent(tmp
     finally:
         process.close()
     assert worker.poll() is not None
+    bounded = ToolProcess(TOOL_REFERENCES, timeout_s=30.0, max_chars=100)  # what an episode can hold, at most
+    try:
+        assert bounded("huge", {}) == ("7" * 100, None)
+    finally:
+        bounded.close()
 
 
 def test_an_async_tool_is_refused_naming_it():

@@ -111,7 +111,8 @@ def build_environment(run: Any, functions: list) -> Any:
         renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
         process = None
         if rl.tools_isolation == "process":  # one worker for the run's episodes (ditty.objectives.rl.tool_process)
-            process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s)
+            longest = rl.max_episode_tokens * renderer.chars_per_token  # the most text an episode holds
+            process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s, longest)
         make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s, process)  # noqa: E731
         return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
     return RewardEnvironment(functions, rl.reward_timeout_s)

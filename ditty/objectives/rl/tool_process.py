@@ -29,17 +29,21 @@ START_S = 300.0
 
 
 class ToolProcess:
-    """`references`: {tool name: "package.module:function"}; `timeout_s`: the most one call may take."""
+    """`references`: {tool name: "package.module:function"}; `timeout_s`: the most one call may take;
+    `max_chars`: the most characters of an answer that cross the pipe (None: all)."""
 
-    def __init__(self, references: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(self, references: Mapping[str, str], timeout_s: float, max_chars: Optional[int] = None) -> None:
         self.references = dict(references)
         self.timeout_s = timeout_s
+        self.max_chars = max_chars
+        """Answers are cut to this many characters in the worker (what an episode can hold at most)."""
         self.worker: Optional[subprocess.Popen] = None
         self._buffer = b""
 
     def __call__(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, Optional[str]]:
         """(the tool message's text, the kind of error or None) of tool `name` called with `arguments`."""
-        request = (json.dumps({"name": name, "arguments": dict(arguments)}) + "\n").encode()
+        asked = {"name": name, "arguments": dict(arguments), "max_chars": self.max_chars}
+        request = (json.dumps(asked) + "\n").encode()
         worker = self._worker()
         if worker is None:
             return (

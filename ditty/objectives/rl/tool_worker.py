@@ -1,8 +1,9 @@
 """The child process of `rl.tools_isolation = "process"` (ditty.objectives.rl.tool_process).
 
 `python -m ditty.objectives.rl.tool_worker '{"name": "package.module:function", ...}'` imports the
-tools, says it is ready, then answers one call a line: a JSON request {"name", "arguments"} on stdin, a JSON answer
-{"text"} or {"error"} on the descriptor that was stdout, flushed at once. What the tools print goes
+tools, says it is ready, then answers one call a line: a JSON request {"name", "arguments",
+"max_chars"} on stdin, a JSON answer {"text", "error"} on the descriptor that was stdout (the text
+cut to max_chars when given), flushed at once. What the tools print goes
 to stderr (stdout carries the answers only). It ends when its stdin closes, or with its parent
 (Linux's parent-death signal), so a trainer killed with -9 leaves no worker behind.
 
@@ -91,6 +92,9 @@ def main() -> None:
             text, error = f"error: {request['name']} cannot be imported in the tool process: {problem}", "raised"
         else:
             text, error = answer(request["name"], function, request["arguments"])
+        limit = request.get("max_chars")
+        if limit is not None:  # more than an episode can hold never crosses the pipe
+            text = text[:limit]
         answers.write(json.dumps({"text": text, "error": error}) + "\n")
         answers.flush()
 
