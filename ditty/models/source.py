@@ -127,6 +127,8 @@ def check_model_source(model: ModelConfig) -> list[Problem]:
     problems: list[Problem] = []
     if model.path:
         problems.extend(_check_path(model.path))
+        if not problems and model.resolved_init == "pretrained":
+            problems.extend(weights_problems(model.path, "model.path"))
     elif model.resolved_init == "pretrained":
         problems.append(
             Problem(
@@ -162,6 +164,9 @@ def frozen_model_problems(path: str, key: str, role: str) -> list[Problem]:
     found = [replace(problem, key=key) for problem in _check_path(path)]
     if found:
         return found
+    found = weights_problems(path, key)
+    if found:
+        return found
     config = read_model_config(ModelConfig(path=path))
     owner = "student" if role == "teacher" else "policy"
     if task_problem(config, model_task("causal-lm")):
@@ -186,6 +191,78 @@ def frozen_model_problems(path: str, key: str, role: str) -> list[Problem]:
             )
         ]
     return []
+
+
+EMBEDDINGS = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "tok_embeddings.weight",
+    "shared.weight",
+    "lm_head.weight",
+    "embed_out.weight",
+)
+"""How transformers' models name their token embeddings and output heads: one row per token id."""
+
+
+def weights_problems(path: str, key: str) -> list[Problem]:
+    """A local model directory whose config.json and safetensors weights disagree on the vocabulary:
+    an embedding or output head with another row count than `vocab_size` (an edited config, weights
+    of another model). Read from the files' headers, nothing loaded; [] when it cannot be told."""
+    local = local_model_dir(path)
+    config = read_model_config(ModelConfig(path=path)) if local else None
+    if not config:
+        return []
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab_size = text.get("vocab_size", config.get("vocab_size"))
+    if not isinstance(vocab_size, int):
+        return []
+    for name, shape in _embedding_shapes(local):
+        if len(shape) == 2 and shape[0] != vocab_size:
+            return [
+                Problem(
+                    key=key,
+                    message=f"{path!r} does not fit its own config.json: vocab_size = {vocab_size}, and its weights' "
+                    f"{name} has {shape[0]} rows (one per token id), so it cannot load",
+                    fix=f"set vocab_size to {shape[0]} in {os.path.join(path, 'config.json')} if the weights are "
+                    "right, or save the model again with save_pretrained",
+                )
+            ]
+    return []
+
+
+def _embedding_shapes(directory: str) -> list[tuple[str, list]]:
+    """(name, shape) of the embeddings and output heads in a directory's safetensors files, from their
+    JSON headers (a few KB each), the index's shard for each when the weights are sharded."""
+    index_file = os.path.join(directory, "model.safetensors.index.json")
+    wanted: dict[str, str] = {}
+    try:
+        if os.path.isfile(index_file):
+            with open(index_file, encoding="utf-8") as handle:
+                weight_map = json.load(handle).get("weight_map", {})
+            wanted = {n: f for n, f in weight_map.items() if isinstance(f, str) and n.endswith(EMBEDDINGS)}
+        elif os.path.isfile(os.path.join(directory, "model.safetensors")):
+            wanted = {"": "model.safetensors"}
+        shapes = []
+        for file in sorted(set(wanted.values())):
+            header = _safetensors_header(os.path.join(directory, file))
+            shapes += [
+                (name, entry.get("shape"))
+                for name, entry in header.items()
+                if name.endswith(EMBEDDINGS) and isinstance(entry, dict) and isinstance(entry.get("shape"), list)
+            ]
+        return shapes
+    except (OSError, ValueError, AttributeError):  # unreadable or damaged: loading says what is wrong
+        return []
+
+
+def _safetensors_header(path: str) -> dict:
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if not 0 < length <= 100_000_000:
+            raise ValueError(f"not a safetensors header length: {length}")
+        return json.loads(handle.read(length))
 
 
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")

@@ -230,3 +230,36 @@ def test_export_with_merge_lora_is_quiet_about_the_checkpoint(tmp_path, tiny_lla
     assert "adapter merged into the base" in result.text, result.text[-3000:]
     assert "has no place for" not in result.text and "warning" not in result.text.lower(), result.text[-3000:]
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def _edited_vocabulary(source, target, vocab_size: int):
+    import json
+
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["vocab_size"] = vocab_size
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_a_model_whose_config_disagrees_with_its_weights_is_refused_by_check(tmp_path, tiny_llama_dir, trial):
+    """config.json's vocab_size 300, the weights' embedding table 259 rows: loading raised
+    RuntimeError (... ignore_mismatched_sizes), exit 1, and `check` passed it."""
+    from pathlib import Path
+
+    trial.update(
+        fault="a model directory whose config.json vocab_size disagrees with its weights",
+        injected="vocab_size 259 -> 300 in config.json, as model.path and as distill.teacher",
+    )
+    model = _edited_vocabulary(Path(tiny_llama_dir), tmp_path / "model", 300)
+    recipe = write_recipe(tmp_path, steps=3)
+    flags = ["--model.path", str(model), "--model.init", "pretrained", "--model.config", "{}"]
+    for command in ("check", "run"):
+        result = ditty(command, str(recipe), *flags)
+        assert result.code == 2 and no_traceback(result), result.err[-3000:]
+        assert "`model.path`" in result.err and "vocab_size = 300" in result.err and "259 rows" in result.err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    teacher = ["--distill.kind", "gkd", "--distill.teacher", str(model), "--distill.max_new_tokens", "4"]
+    result = ditty("check", str(recipe), *teacher)
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 2 and "`distill.teacher`" in result.err and "vocab_size = 300" in result.err, result.err
