@@ -185,7 +185,8 @@ def _build_random(
 
 def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[str], PretrainedConfig]":
     """The transformers config of `model.path` (or of `model.architecture`), built with `defaults`
-    then `model.config` as constructor arguments; also the resolved source to load weights from.
+    then, for a random init, `model.config` as constructor arguments; also the resolved source to
+    load weights from.
 
     Overrides go to the constructor, never set as attributes afterwards: that would leave derived
     fields stale (Llama computes head_dim from hidden_size / num_attention_heads in its constructor).
@@ -223,8 +224,11 @@ def hf_config(model: ModelConfig, defaults: dict[str, Any]) -> "tuple[Optional[s
             fix='set model.architecture (e.g. "llama") or model.path',
         )
     config = make()
-    _check_override_keys(config, model.config)
-    values = {**defaults, **model.config}
+    # A pretrained model is its checkpoint: `model.config` shapes a random init only (the compiler warns
+    # that it has no effect here), so a recipe's sizes never meet weights of another size.
+    overrides = dict(model.config) if model.resolved_init == "random" else {}
+    _check_override_keys(config, overrides)
+    values = {**defaults, **overrides}
     if not values:
         return source, config
     try:

@@ -169,6 +169,13 @@ def model_source(ctx: Context) -> Iterator[Problem]:
     except ImportError:  # models package not present in this build: nothing to ask
         return
     yield from check_model_source(ctx.config.model)
+    model = ctx.config.model
+    if model.path and model.init == "random" and not model.factory:
+        yield warning(
+            "model.init",
+            f'is "random": model.path {model.path!r} gives only its configuration, its weights are not loaded',
+            'set model.init = "pretrained" (or "auto") to start from its weights',
+        )
 
 
 @rule("model.config")
@@ -266,15 +273,24 @@ _OPTION_USED_BY: dict[str, tuple[str, set]] = {
 }
 
 
+SETTABLE = {"model.resolved_init": "model.init"}
+"""Choosers of _OPTION_USED_BY that are derived (model.init "auto" resolves to "pretrained" with a
+path): the key a user sets to change them."""
+
+
 @rule("settings.no_effect")
 def settings_without_effect(ctx: Context) -> Iterator[Problem]:
     """A value the user set that the chosen kind ignores is a warning, never silence."""
     for path, (chooser, users) in _OPTION_USED_BY.items():
         if ctx.is_set(path) and value_at(ctx.config, chooser) not in users:
+            key = SETTABLE.get(chooser, chooser)  # a derived value is named by the key a user sets
+            shown = _show(value_at(ctx.config, chooser))
+            if key != chooser and value_at(ctx.config, key) != value_at(ctx.config, chooser):
+                shown = f"{_show(value_at(ctx.config, key))} ({value_at(ctx.config, chooser)} here)"
             yield warning(
                 path,
-                f"has no effect because {chooser} = {_show(value_at(ctx.config, chooser))}",
-                f"remove it, or set {chooser} to " + " or ".join(_show(u) for u in sorted(users, key=str)),
+                f"has no effect because {key} = {shown}",
+                f"remove it, or set {key} to " + " or ".join(_show(u) for u in sorted(users, key=str)),
             )
     cfg = ctx.config
     # Block classes say what FSDP shards, and also what activation checkpointing and per-block compile wrap.

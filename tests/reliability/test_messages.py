@@ -263,3 +263,32 @@ def test_a_model_whose_config_disagrees_with_its_weights_is_refused_by_check(tmp
     result = ditty("check", str(recipe), *teacher)
     trial.update(exit_code=result.code, lost_steps=0)
     assert result.code == 2 and "`distill.teacher`" in result.err and "vocab_size = 300" in result.err, result.err
+
+
+def test_a_pretrained_student_is_loaded_as_it_is_and_a_random_one_from_a_path_says_so(tmp_path, trial):
+    """tiny_distill --model.path DIR --model.init pretrained: the recipe's 64-wide model.config was
+    applied to a 32-wide checkpoint (a size-mismatch traceback) although check said it had no effect;
+    with the recipe's init = "random", --model.path DIR trained a random student without a word. Fix
+    lines name model.init, never model.resolved_init (no key a user can set)."""
+    from tests.rl.helpers import save_turn_ending_llama
+
+    trial.update(
+        fault="tiny_distill --model.path DIR (32 wide) with --model.init pretrained, and with its init random",
+        injected="the recipe's 64-wide model.config beside a 32-wide checkpoint",
+    )
+    model = save_turn_ending_llama(tmp_path / "model")
+    quick = ["--distill.teacher", model, "--train.steps", "2", "--train.eval_every", "0", "--train.eval_samples", "0"]
+    quick += ["--data.num_samples", "200", "--train.global_batch_size", "8", "--train.micro_batch_size", "8"]
+    quick += ["--scheduler.warmup_steps", "0", "--logging.progress", "false"]
+    pretrained = ditty("run", "tiny_distill", "--model.path", model, "--model.init", "pretrained", *quick,
+                       "--run.output_dir", str(tmp_path / "pretrained"))  # fmt: skip
+    trial.update(exit_code=pretrained.code, lost_steps=0)
+    assert pretrained.code == 0 and no_traceback(pretrained), pretrained.err[-3000:]
+    assert '`model.config` has no effect because model.init = "pretrained"' in pretrained.err, pretrained.err
+    assert "resolved_init" not in pretrained.text
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "pretrained" / "final" / "model.safetensors"), "pt") as weights:
+        assert weights.get_tensor("model.embed_tokens.weight").shape[1] == 32  # the checkpoint's width
+    random = ditty("check", "tiny_distill", "--model.path", model, *quick)
+    assert random.code == 0 and "`model.init`" in random.err and "its weights are not loaded" in random.err, random.err
