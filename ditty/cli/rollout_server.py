@@ -20,6 +20,7 @@ import subprocess
 import sys
 from urllib.parse import urlparse
 
+from ditty.cli.trust import TRUST_FLAG
 from ditty.config import RecipeError
 
 SERVED_NAME = "ditty-policy"
@@ -32,6 +33,14 @@ def cmd_rollout_server(args: list[str]) -> int:
     from ditty.recipe import compile_recipe
 
     dry, args = take_option(args, ("--print-command",), has_value=False)
+    trust, args = take_option(args, (TRUST_FLAG,), has_value=False)
+    if trust:
+        raise RecipeError.single(
+            f"`ditty rollout-server` imports the code of the recipe you name (its reward functions), as `ditty run` "
+            f"does, from the current directory and PYTHONPATH: {TRUST_FLAG} is for the commands that read a run "
+            "directory someone else may have written",
+            fix=f"leave {TRUST_FLAG} out",
+        )
     ref, flags = _recipe_and_flags(args, "rollout-server")
     loaded = _load(ref, flags)
     plan = compile_recipe(loaded)

@@ -37,7 +37,7 @@ def import_path(*, user_code: bool) -> Iterator[None]:
 
 
 def imports_user_code(command: str, args: list[str]) -> bool:
-    if command in ("run", "init"):
+    if command in ("run", "init", "rollout-server"):  # a recipe the user names, never a run directory
         return True
     if command == "check":
         return TRUST_FLAG in args or run_dir_recipe(args) is None

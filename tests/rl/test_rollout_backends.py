@@ -172,3 +172,29 @@ def test_a_run_on_a_rollout_server_sends_weights_from_its_own_run_directory(tmp_
     assert all(Path(p).parent == (run / "rollout_weights").resolve() for p in FakeVLLMServer.reloads)
     assert not (run / "rollout_weights").exists()  # removed at the end of the run
     assert not (tmp_path / "rollout_weights").exists()
+
+
+def test_the_rollout_server_of_a_recipe_imports_its_reward_module_from_the_current_directory(
+    tmp_path, tiny_llama_dir, monkeypatch, capsys
+):
+    """`ditty rollout-server RECIPE --print-command` in the directory of the user's reward module, as
+    `ditty run` and `ditty check` take it (the server path failed for any reward of one's own), and
+    `--trust-run-code` there is named for what it is, not "flag --trust_run_code has no value"."""
+    from ditty.cli import main
+    from tests.rl.vllm_runs import write_recipe
+
+    module = f"my_rewards_{int(time.time() * 1e6)}"  # fresh for sys.modules
+    (tmp_path / f"{module}.py").write_text(
+        "def score(prompts, completions, **columns):\n    return [float(len(c)) for c in completions]\n"
+    )
+    recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=2)
+    recipe.write_text(recipe.read_text().replace("tests.rl.rewards_for_tests:text_hash_reward", f"{module}:score"))
+    monkeypatch.chdir(tmp_path)
+    flags = ["--rl.backend", "vllm-server"]
+    code = main(["rollout-server", str(recipe), *flags, "--print-command"])  # the module's first import
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "vllm.entrypoints.openai.api_server" in printed.out and f"--model {tiny_llama_dir}" in printed.out
+    code = main(["rollout-server", str(recipe), *flags, "--print-command", "--trust-run-code"])
+    said = capsys.readouterr().err
+    assert code == 2 and "has no value" not in said and "--trust-run-code" in said and "as `ditty run` does" in said
