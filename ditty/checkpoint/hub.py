@@ -102,17 +102,21 @@ def push_folder(
     path_in_repo: str | None = None,
     run_dir: str | os.PathLike | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    retry: str | None = None,
 ) -> str:
     """Create `repo_id` if needed (`private` applies only then) and upload `folder` in one commit,
     with `extra_files` ({path: content}, e.g. a model card that is not written locally) added.
 
-    Returns the commit URL. `run_dir` only shapes the retry hint of the error message. Each Hub call
+    Returns the commit URL. `run_dir` (or `retry`, the whole command) only shapes the retry hint of
+    the error message. Each Hub call
     says what it waits for and gives up after $DITTY_HUB_TIMEOUT_S seconds without an answer.
     Raises RecipeError (exit code 2) on any failure: missing folder, no token, HTTP error,
     connection refused, no answer in time. Nothing local is written.
     """
     folder = Path(folder)
-    retry = f"`ditty push {run_dir if run_dir is not None else 'RUN_DIR'}`"
+    if retry is None:
+        retry = f"ditty push {run_dir if run_dir is not None else 'RUN_DIR'}"
+    retry = f"`{retry}`"
     if not folder.is_dir():
         raise RecipeError.single(
             f"nothing to push: {folder} does not exist",

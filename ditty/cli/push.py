@@ -53,6 +53,8 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
     check_model_dir(final)  # never push a damaged model
     loaded = read_run_recipe(run_dir)  # final/'s copy, verified above; nothing it names is imported
     config = loaded.config if loaded is not None else None
+    # The same command again, with the repository it was given: the run's recipe may name none.
+    retry = f"ditty push {run_dir} --repo-id {repo_id}" if repo_id else f"ditty push {run_dir}"
     repo_id = repo_id or (config.hub.repo_id if config is not None else None)
     if not repo_id:
         raise RecipeError.single(
@@ -71,4 +73,5 @@ def push_run(run_dir: str, *, repo_id: Optional[str] = None) -> str:
         commit_message="ditty: final model",
         run_dir=run_dir,
         extra_files=card,
+        retry=retry,
     )

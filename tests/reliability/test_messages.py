@@ -292,3 +292,19 @@ def test_a_pretrained_student_is_loaded_as_it_is_and_a_random_one_from_a_path_sa
         assert weights.get_tensor("model.embed_tokens.weight").shape[1] == 32  # the checkpoint's width
     random = ditty("check", "tiny_distill", "--model.path", model, *quick)
     assert random.code == 0 and "`model.init`" in random.err and "its weights are not loaded" in random.err, random.err
+
+
+def test_a_failed_push_names_the_retry_with_the_repository_it_was_given(finished_run, tmp_path, monkeypatch, trial):
+    """A push whose repository came from --repo-id advised `ditty push RUN`, which then failed for want
+    of a repository (the run's recipe names none)."""
+    trial.update(fault="ditty push --repo-id without a token", injected="HF_TOKEN unset, HF_HOME empty")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    result = ditty("push", str(finished_run), "--repo-id", "me/tiny")
+    trial.update(exit_code=result.code, lost_steps=0)
+    assert result.code == 2 and no_traceback(result), result.err[-3000:]
+    assert "no Hugging Face token found" in result.err, result.err
+    assert f"then retry with `ditty push {finished_run} --repo-id me/tiny`" in result.err, result.err
+    retried = ditty("push", str(finished_run))  # what the message said before: no repository to push to
+    assert retried.code == 2 and "no Hub repository" in retried.err
