@@ -343,14 +343,23 @@ def is_json_lines(path: str | os.PathLike) -> bool:
     return suffix == ".jsonl" or (suffix == ".json" and not _starts_with_array(path))
 
 
+SKIPPED_BEFORE = "__ditty_lines_skipped_before__"
+"""The column `good_json_rows` adds to each row: the lines left out since the row before it, which
+the streaming reader counts (skipped_rows) and drops."""
+
+
 def good_json_rows(paths: list[str], max_row_bytes: int) -> Iterator[dict]:
     """The rows of JSON lines files that parse as objects, in order; each line left out is logged
-    with its file and line (a streamed source, read with data.on_bad_rows = "skip")."""
+    with its file and line (a streamed source, read with data.on_bad_rows = "skip") and counted in
+    the next row's SKIPPED_BEFORE (lines after a file's last row are not counted)."""
     for path in paths:
+        skipped = 0
         for row, problem, _ in _json_rows(Path(path), str(path), {}, max_row_bytes):
             if problem is None and isinstance(row, dict):
-                yield row
+                yield {**row, SKIPPED_BEFORE: skipped}
+                skipped = 0
             elif problem is not None:
+                skipped += 1
                 log.warning(
                     'skipping a bad row while streaming (data.on_bad_rows = "skip"): %s: %s',
                     problem.where(),

@@ -35,6 +35,7 @@ from ditty._utils.errors import condensed
 from ditty.config.errors import RecipeError
 from ditty.data.formats.base import CUT_PROBLEM
 from ditty.data.mixture import ResolvedSource, TokenMixer
+from ditty.data.row_files import SKIPPED_BEFORE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -140,6 +141,15 @@ class SourceReader:
         self._resume: Optional[dict] = None
         self._pass_from_start = True
         self._pass_samples = 0
+        self.skipped_before = 0
+        """Bad rows left out (data.on_bad_rows = "skip") in the windows before the current one."""
+        self.window_skipped = 0
+        """Bad rows left out of the current window (counted again when it is read again on a resume)."""
+
+    @property
+    def skipped(self) -> int:
+        """Bad rows this reader left out of the windows it has read (skipped_rows in metrics)."""
+        return self.skipped_before + self.window_skipped
 
     def peek(self) -> dict:
         while self.offset >= len(self.samples):
@@ -152,9 +162,12 @@ class SourceReader:
         return sample
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "window": self.window, "start": self.window_start, "offset": self.offset}
+        position = {"epoch": self.epoch, "window": self.window, "start": self.window_start, "offset": self.offset}
+        return {**position, "skipped_before": self.skipped_before, "window_skipped": self.window_skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped_before = int(state.get("skipped_before", 0))  # the saved window is read (and counted) again
+        self.window_skipped = 0
         self.epoch = int(state["epoch"])
         self.window, self.window_start, self.offset = -1, None, 0
         self.samples, self._windows = [], None
@@ -208,6 +221,8 @@ class SourceReader:
             self.window, self.offset = int(self._resume["window"]), int(self._resume["offset"])
             self._resume = None
         self.window_start = start
+        self.skipped_before += self.window_skipped
+        self.window_skipped = sum(rows.pop(SKIPPED_BEFORE, None) or ())  # lines the JSON reader left out
         samples = self._tokenize(rows)
         self._pass_samples += len(samples)
         order = np.random.default_rng([self.seed, self.source.index, self.reader, self.epoch, self.window])
@@ -249,6 +264,7 @@ class SourceReader:
             where = f"source {self.source.label!r} (window {self.window + 2} of reader {self.reader})"
             check_cut_problems([p for p in problems if p], self.source.data, where, rows=len(problems))
             samples = [sample for sample, problem in zip(samples, problems) if not problem]
+            self.window_skipped += sum(1 for problem in problems if problem)
         return samples
 
     def _checked(self, rows: dict[str, list]) -> dict[str, list]:
@@ -263,7 +279,9 @@ class SourceReader:
             problem = row_problem(row, self.check)
             if problem is None:
                 kept.append(values)
-            elif self.data.on_bad_rows != "skip":
+            elif self.data.on_bad_rows == "skip":
+                self.window_skipped += 1
+            else:
                 raise RecipeError.single(
                     f"a bad row in source {self.source.label!r} (window {self.window + 2} of reader {self.reader}): "
                     f"{problem}",

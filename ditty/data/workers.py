@@ -71,6 +71,13 @@ def _gather(value: Any, world_size: int) -> list:
     return out
 
 
+def streamed_skipped_rows(stream: Any) -> int:
+    """Bad rows a streaming run's readers left out so far (0 for data read up front, whose bad rows
+    are counted before training). Collective for a streaming run: call it on every rank at once."""
+    count = getattr(stream, "skipped_rows", None)
+    return int(count()) if callable(count) else 0
+
+
 # ---------------------------------------------------------------------------------------- streaming
 
 
@@ -222,6 +229,17 @@ class StreamingBatches:
                 mine[index] += int(tokens)
         totals = [sum(column) for column in zip(*_gather(mine, self.world_size))]
         return {source.label: total for source, total in zip(self.data.sources, totals)}
+
+    def skipped_rows(self) -> int:
+        """Bad rows the readers left out (data.on_bad_rows = "skip"), all ranks together, as of the
+        last batch taken (collective with several ranks)."""
+        mine = sum(
+            int(source.get("skipped_before", 0)) + int(source.get("window_skipped", 0))
+            for state in self.states
+            if state
+            for source in state["sources"]
+        )
+        return sum(_gather(mine, self.world_size))
 
     def close(self) -> None:
         """Stop the workers (dropping the DataLoader iterator shuts them down)."""

@@ -177,6 +177,7 @@ class RunEnding:
             print(self.compile_watch.report().summary())
         if self.state.stopped_early and result.steps < self.total_steps:
             print(f"stopped before train.steps ({self.total_steps}): {self.state.stopped_early} (train.stop_when)")
-        if self.data.skipped_rows:
-            print(f'skipped {self.data.skipped_rows} bad data rows (data.on_bad_rows = "skip")')
+        skipped = getattr(self, "skipped_rows", self.data.skipped_rows)  # as of the last record (a stream's too)
+        if skipped:
+            print(f'skipped {skipped} bad data rows (data.on_bad_rows = "skip")')
         print(f"model saved to {result.final_dir}")

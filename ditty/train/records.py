@@ -12,6 +12,7 @@ from typing import Any
 
 from ditty._utils.dist import is_main_process
 from ditty.data.mixture import source_token_record
+from ditty.data.workers import streamed_skipped_rows
 from ditty.metrics.harness import harness_on_model
 from ditty.metrics.mfu import utilization
 from ditty.metrics.progress import format_record
@@ -63,8 +64,10 @@ class StepRecords:
         # The step's own values only where the interval has no mean (a skipped step's, alone in its interval).
         record.update({k: v for k, v in out.metrics.items() if k != "lr" and k not in record})
         record.update(self.memory.record(self.model, self.optimizer))
-        if self.data.skipped_rows:  # bad data rows left out (data.on_bad_rows = "skip")
-            record["skipped_rows"] = self.data.skipped_rows
+        # Bad data rows left out (data.on_bad_rows = "skip"): up front, and by a stream's readers (collective).
+        self.skipped_rows = self.data.skipped_rows + streamed_skipped_rows(self.stream)
+        if self.skipped_rows:
+            record["skipped_rows"] = self.skipped_rows
         # mfu/hfu: model FLOPs x tokens/s over the devices' peak (ditty.metrics.mfu)
         runtime = self.runtime
         record.update(

@@ -239,3 +239,55 @@ def test_a_malformed_json_line_is_skipped_with_on_bad_rows_skip_and_the_stream_r
         again = SourceReader(resolved[0], spec, reader=0, readers=1, seed=3)
         again.load_state_dict(states[start])
         assert [_text(again.take()) for _ in range(5)] == texts[start : start + 5], start
+
+
+STREAMED_RUN = """
+[run]
+output_dir = "{out}"
+seed = 0
+device = "cpu"
+[model]
+init = "random"
+architecture = "llama"
+config = {{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2, \
+num_key_value_heads = 2, max_position_embeddings = 64, tie_word_embeddings = false }}
+[tokenizer]
+kind = "byte"
+[data]
+source = "file"
+path = "{path}"
+format = "text"
+max_seq_len = 32
+streaming = true
+shuffle_buffer_size = 16
+on_bad_rows = "skip"
+num_workers = {workers}
+[train]
+steps = 3
+global_batch_size = 8
+micro_batch_size = 8
+log_every = 1
+eval_every = 0
+[logging]
+progress = false
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_rows_a_stream_skips_are_counted_in_metrics_and_the_summary(tmp_path, workers):
+    """docs/data.md: a skipped bad row is counted as skipped_rows in metrics.jsonl and the run summary;
+    a streamed source named the line it skipped, and counted nothing. Here one malformed line and one
+    row whose text is null, among 60, all read by the 3 steps."""
+    from tests.reliability.helpers import ditty
+
+    lines = [json.dumps({"text": f"row {i} " + "y" * (i % 7)}) for i in range(60)]
+    lines[5] = '{"text": "cut off'
+    lines[11] = json.dumps({"text": None})
+    (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    recipe = tmp_path / "streamed.toml"
+    recipe.write_text(STREAMED_RUN.format(out=tmp_path / "run", path=tmp_path / "rows.jsonl", workers=workers))
+    result = ditty("run", str(recipe))
+    assert result.code == 0, result.err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["skipped_rows"] == 2, records[-1]
+    assert 'skipped 2 bad data rows (data.on_bad_rows = "skip")' in result.out, result.out
