@@ -144,7 +144,8 @@ class SourceReader:
         self.skipped_before = 0
         """Bad rows left out (data.on_bad_rows = "skip") in the windows before the current one."""
         self.window_skipped = 0
-        """Bad rows left out of the current window (counted again when it is read again on a resume)."""
+        """Bad rows left out of the current window (counted again when it is read again on a resume).
+        Only the first pass counts: later ones leave out the same rows."""
 
     @property
     def skipped(self) -> int:
@@ -224,6 +225,8 @@ class SourceReader:
         self.skipped_before += self.window_skipped
         self.window_skipped = sum(rows.pop(SKIPPED_BEFORE, None) or ())  # lines the JSON reader left out
         samples = self._tokenize(rows)
+        if self.epoch > 0:  # a later pass reads the same rows again: each bad row counts once
+            self.window_skipped = 0
         self._pass_samples += len(samples)
         order = np.random.default_rng([self.seed, self.source.index, self.reader, self.epoch, self.window])
         self.samples = [samples[i] for i in order.permutation(len(samples))]

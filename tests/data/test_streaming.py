@@ -291,3 +291,26 @@ def test_rows_a_stream_skips_are_counted_in_metrics_and_the_summary(tmp_path, wo
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["skipped_rows"] == 2, records[-1]
     assert 'skipped 2 bad data rows (data.on_bad_rows = "skip")' in result.out, result.out
+
+
+def test_a_readers_count_of_skipped_rows_is_part_of_its_position(corpus):
+    """Each bad row counts once (later passes leave out the same rows), and a reader resumed from any
+    position counts what the uninterrupted one counts."""
+    lines = (corpus / "code.jsonl").read_text().splitlines()
+    lines[3], lines[30] = '{"text": "cut off', json.dumps({"text": None})
+    (corpus / "code.jsonl").write_text("\n".join(lines) + "\n")
+    data = _data(corpus, sources=[DataSourceConfig(path=str(corpus / "code.jsonl"))], on_bad_rows="skip")
+    resolved = resolve_sources(data)
+    spec = StreamingData(tuple(resolved), TOKENIZER, window=data.shuffle_buffer_size, on_bad_rows="skip")
+    reader = SourceReader(resolved[0], spec, reader=0, readers=1, seed=3)
+    states, counts = [], []
+    for _ in range(130):  # 59 good rows a pass: past two pass boundaries
+        states.append(json.loads(json.dumps(reader.state_dict())))
+        reader.take()
+        counts.append(reader.skipped)
+    assert counts[-1] == 2 and counts[0] == 1 and max(counts[:20]) == 1  # as the windows are read, each once
+    for start in (0, 5, 40, 59, 61, 125):
+        again = SourceReader(resolved[0], spec, reader=0, readers=1, seed=3)
+        again.load_state_dict(states[start])
+        again.take()
+        assert again.skipped == counts[start], start
