@@ -31,9 +31,26 @@ def model_positions(model: Any) -> tuple[Optional[int], bool, str]:
     for key in POSITION_KEYS:
         if isinstance(values.get(key), int):
             where = f"model.config.{key}" if key in overrides else f"{key} in config.json of {model.path}"
-            rotary = "rope_theta" in values or "rope_scaling" in values or "rope_parameters" in values
+            rotary = any(name in values for name in ROPE_KEYS) or (not found and _rotary_architecture(model))
             return values[key], rotary, where
     return None, False, ""
+
+
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+
+
+def _rotary_architecture(model: Any) -> bool:
+    """Whether a random init of `model.architecture` (no config.json to read) has rotary positions:
+    its config class's defaults name a rope setting (Llama's, Qwen's, Mistral's do; GPT-2's do not)."""
+    if not model.architecture:
+        return False
+    try:
+        from transformers import AutoConfig
+
+        defaults = AutoConfig.for_model(model.architecture).to_dict()
+    except Exception:  # noqa: BLE001 - an unknown architecture is model.source's to report
+        return False
+    return any(name in defaults for name in ROPE_KEYS)
 
 
 @rule("data.max_seq_len.positions")
