@@ -22,10 +22,13 @@ def transformers_greedy(model, prompt: list[int], max_new_tokens: int, eos) -> l
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "model_type, attention", [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("deepseek_v3", "sdpa")]
+)
 @pytest.mark.parametrize("depth", [1, 3])
-def test_drafted_decoding_gives_greedy_decodings_tokens(model_type, depth):
-    model = tiny_model(model_type, depth=depth, seed=3).eval()
+def test_drafted_decoding_gives_greedy_decodings_tokens(model_type, attention, depth):
+    model = tiny_model(model_type, depth=depth, seed=3, attn_implementation=attention).eval()
+    assert model.config._attn_implementation == attention
     heads = heads_of(model)
     drafted = 0
     for prompt in PROMPTS:

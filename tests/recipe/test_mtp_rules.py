@@ -82,3 +82,13 @@ def test_settings_without_heads_and_heads_without_weight_are_warnings():
         ("warning", "mtp.weight", "has no effect with mtp.depth = 0 (no MTP heads)")
     ]
     assert [(s, k) for s, k, _ in found("[mtp]\ndepth = 1\nweight = 0.0\n")] == [("warning", "mtp.weight")]
+
+
+def test_a_stage_without_heads_warns_that_it_drops_the_saved_ones(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "mtp.safetensors").write_bytes(b"")
+    text = BASE.replace('architecture = "llama"', f'path = "{tmp_path}"')
+    plan = compile_recipe(parse_recipe(text, source="r.toml"))
+    warned = [p for p in plan.problems if p.rule == "mtp.applies"]
+    assert [(p.severity, p.key) for p in warned] == [("warning", "mtp.depth")]
+    assert "mtp.safetensors" in warned[0].message

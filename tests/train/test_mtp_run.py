@@ -69,6 +69,14 @@ def test_kill_9_then_resume_is_bitwise_equal(tmp_path):
     assert sorted(got) == sorted(expected) and any(k.startswith("mtp.") for k in got)
     assert all(torch.equal(got[name], expected[name]) for name in expected)
 
+    # `ditty export` of the last checkpoint writes the heads beside the model too
+    exported = ditty("export", str(tmp_path / "run"), "-o", str(tmp_path / "exported"))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    heads = load_file(str(tmp_path / "exported" / "mtp.safetensors"))
+    assert sorted(heads) == sorted(k for k in got if k.startswith("mtp."))
+
 
 def test_an_adapter_run_trains_its_heads_in_full_and_keeps_them(tmp_path):
     recipe = write_recipe(tmp_path, peft='kind = "lora"\nr = 4\ntarget_modules = ["q_proj", "v_proj"]')

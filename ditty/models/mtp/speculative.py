@@ -63,9 +63,10 @@ def greedy_decode(
         states = trunk.pop()
         tokens = list(prompt_ids) + [int(logits[0, -1].argmax())]
         new = [tokens[-1]]
+        drafter = Drafter(heads, base, tokens, len(prompt_ids) + max_new_tokens) if heads is not None else None
         while len(new) < max_new_tokens and new[-1] != eos_token_id:
             room = max_new_tokens - len(new) - 1  # the verifying forward adds one token of its own
-            drafts = draft(heads, base, tokens, states, room) if heads is not None and room > 0 else []
+            drafts = drafter.draft(states, room) if drafter is not None and room > 0 else []
             trunk.clear()  # the drafts' own calls of the head
             block = torch.tensor([[tokens[-1], *drafts]], device=device)
             logits = base(input_ids=block, cache=cache, use_cache=True).logits
@@ -83,6 +84,8 @@ def greedy_decode(
             chosen = drafts[:accepted] + [greedy[accepted]]
             tokens += chosen
             new += chosen
+            if drafter is not None:
+                drafter.extend(chosen)
     finally:
         hook.remove()
     if eos_token_id in new:
@@ -92,30 +95,47 @@ def greedy_decode(
     return new, stats
 
 
-def draft(heads: MTPHeads, base: Any, tokens: list[int], states: torch.Tensor, limit: int) -> list[int]:
-    """One draft per depth (at most `limit`) after `tokens`, from the trunk's `states` at every position
-    but the last token's (see the module doc)."""
-    from transformers.masking_utils import create_causal_mask
+class Drafter:
+    """The heads' drafts during one decode: the embeddings of the tokens so far, the rotary embeddings
+    of every position it may reach (computed once) and, for attention kernels that need one (eager),
+    the causal mask."""
 
-    length = states.shape[1]
-    device = states.device
-    embed = base.get_input_embeddings()
-    head = base.get_output_embeddings()
-    known = torch.tensor([tokens], device=device)
-    embeddings = embed(known)
-    positions = torch.arange(length, device=device)[None]
-    decoder = base.get_decoder()
-    rotary = decoder.rotary_emb(states, position_ids=positions)
-    mask = create_causal_mask(
-        config=text_config(base), inputs_embeds=states, attention_mask=None, cache=None, position_ids=positions
-    )
-    hidden, drafts = states, []
-    for k, layer in enumerate(list(heads.layers)[:limit], start=1):
-        ahead = embeddings[:, k : k + length]
-        hidden = layer(
-            ahead, hidden, position_embeddings=rotary, attention_mask=mask, position_ids=positions, cache=None
-        )
-        token = int(head(hidden[:, -1:])[0, -1].argmax())
-        drafts.append(token)
-        embeddings = torch.cat([embeddings, embed(torch.tensor([[token]], device=device))], dim=1)
-    return drafts
+    def __init__(self, heads: MTPHeads, base: Any, tokens: list[int], longest: int) -> None:
+        self.heads, self.base = heads, base
+        self.embed, self.head = base.get_input_embeddings(), base.get_output_embeddings()
+        self.device = self.embed.weight.device
+        self.embeddings = self.embed(torch.tensor([tokens], device=self.device))
+        positions = torch.arange(longest + heads.depth, device=self.device)[None]
+        reference = self.embeddings.new_zeros(1, positions.shape[1], self.embeddings.shape[-1])
+        self.rotary = base.get_decoder().rotary_emb(reference, position_ids=positions)
+        # sdpa and the flash kernels make a mask-free call causal themselves
+        self.needs_mask = base.config._attn_implementation not in ("sdpa", "flash_attention_2", "flash_attention_3")
+
+    def extend(self, tokens: list[int]) -> None:
+        more = self.embed(torch.tensor([tokens], device=self.device))
+        self.embeddings = torch.cat([self.embeddings, more], dim=1)
+
+    def draft(self, states: torch.Tensor, limit: int) -> list[int]:
+        """One draft per depth (at most `limit`) after the tokens so far, from the trunk's `states` at
+        every position but the last token's (see the module doc)."""
+        length = states.shape[1]
+        positions = torch.arange(length, device=self.device)[None]
+        rotary = tuple(part[:, :length] for part in self.rotary)
+        mask = None
+        if self.needs_mask:
+            from transformers.masking_utils import create_causal_mask
+
+            config = text_config(self.base)
+            mask = create_causal_mask(
+                config=config, inputs_embeds=states, attention_mask=None, cache=None, position_ids=positions
+            )
+        embeddings, hidden, drafts = self.embeddings, states, []
+        for k, layer in enumerate(list(self.heads.layers)[:limit], start=1):
+            ahead = embeddings[:, k : k + length]
+            hidden = layer(
+                ahead, hidden, position_embeddings=rotary, attention_mask=mask, position_ids=positions, cache=None
+            )
+            token = int(self.head(hidden[:, -1:])[0, -1].argmax())
+            drafts.append(token)
+            embeddings = torch.cat([embeddings, self.embed(torch.tensor([[token]], device=self.device))], dim=1)
+        return drafts
