@@ -82,9 +82,8 @@ def main() -> None:
     )
     print(f"identical tokens (transformers generate, plain loop, drafted): {same} of {n}")
     print(f"drafts accepted: {accepted} of {offered} ({accepted / max(offered, 1):.3f})")
-    print(
-        f"forwards of the model per token: plain {forwards['plain'] / tokens:.3f}, drafted {forwards['mtp'] / tokens:.3f}"
-    )
+    plain_rate, drafted_rate = forwards["plain"] / tokens, forwards["mtp"] / tokens
+    print(f"forwards of the model per token: plain {plain_rate:.3f}, drafted {drafted_rate:.3f}")
     print("| decoder | CPU-ms per problem | speed-up of drafting |")
     print("|---|---:|---:|")
     for name, seconds in (
