@@ -43,7 +43,7 @@ def test_this_venv_has_the_versions_a_fresh_clone_installs():
         try:
             installed = metadata.version(name)
         except metadata.PackageNotFoundError:
-            installed = "not installed"
+            continue  # a constraint pins a version, it installs nothing: a package no longer needed is fine
         if installed != version:
             drifted.append(f"{name}: {installed} here, {version} in constraints.txt")
     assert not drifted, (
