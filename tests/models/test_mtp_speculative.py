@@ -11,7 +11,7 @@ from ditty.models.mtp.heads import heads_of
 from ditty.models.mtp.speculative import greedy_decode
 from tests.models.mtp_helpers import tiny_model
 
-PROMPTS = [[5, 9, 14], [30, 31, 32, 33, 34, 35], [7], [40, 3, 40, 3, 40, 3, 40]]
+PROMPTS = [[5, 9, 14], [7], [40, 3, 40, 3, 40, 3, 40]]
 
 
 def transformers_greedy(model, prompt: list[int], max_new_tokens: int, eos) -> list[int]:
@@ -32,9 +32,9 @@ def test_drafted_decoding_gives_greedy_decodings_tokens(model_type, attention, d
     heads = heads_of(model)
     drafted = 0
     for prompt in PROMPTS:
-        expected = transformers_greedy(model, prompt, 16, eos=2)
-        plain, plain_stats = greedy_decode(model, prompt, 16, 2)
-        tokens, stats = greedy_decode(model, prompt, 16, 2, heads)
+        expected = transformers_greedy(model, prompt, 12, eos=2)
+        plain, plain_stats = greedy_decode(model, prompt, 12, 2)
+        tokens, stats = greedy_decode(model, prompt, 12, 2, heads)
         assert plain == expected and tokens == expected
         assert plain_stats.model_forwards == len(expected)  # one token per forward without drafts
         assert stats.model_forwards <= plain_stats.model_forwards
