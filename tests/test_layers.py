@@ -45,6 +45,7 @@ SAME_LAYER_ALLOWED = {
     # An objective's row builds its parts from the data and the model, as the trainer builds the policy's:
     ("ditty.objectives", "ditty.data"),  # RL reads the prompt stream and collates rollouts as causal-LM samples
     ("ditty.objectives", "ditty.models"),  # a reference model is built as [model] builds the policy
+    ("ditty.objectives", "ditty.checkpoint"),  # a teacher or reference given by path is verified as final/ is
 }
 COMPAT = "ditty.compat"
 """The original Ditty's API: it may use the core, the core never uses it."""
