@@ -68,6 +68,8 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
     if kind == "precompute":
         return Precomputed.for_run(run, policy, chunks)
     config = run.config
+    from ditty.objectives.frozen_models import refuse_damaged, refuse_new_head
+
     refuse_damaged(setting, key)
     refuse_another_tokenizer(run.tokenizer, setting, key, trust_remote_code=config.model.trust_remote_code)
     other = replace(config, model=loaded_as_is(config.model, setting))
@@ -80,36 +82,6 @@ def build_reference(run: Any, setting: str, *, chunks: int, key: str) -> Optiona
             separate, _ = base_model_for(other, run.tokenizer, run.runtime.device, low_memory=False)
     refuse_new_head(separate, setting, key)
     return FrozenModel(separate if sharded else frozen(separate), chunks)
-
-
-def refuse_damaged(path: str, key: str) -> None:
-    """A RecipeError naming `key` when `path` is a saved model directory with a manifest (a run's
-    final/) whose files do not match it: damaged weights would score every token as NaN or noise."""
-    from ditty.checkpoint.integrity import check_model_dir
-    from ditty.config.errors import RecipeError
-
-    local = os.path.expanduser(path)
-    if not os.path.isdir(local):
-        return
-    try:
-        check_model_dir(local)
-    except RecipeError as damaged:
-        raise RecipeError([replace(p, key=key) for p in damaged.problems], source=damaged.source) from None
-
-
-def refuse_new_head(model: Any, path: str, key: str) -> None:
-    """A frozen model whose output head did not come from its checkpoint (a classifier's or reward
-    model's weights loaded as a causal LM): its head would be random, a teacher of noise."""
-    head = tuple(getattr(unwrap(model), "ditty_new_head", ()) or ())
-    if head:
-        from ditty.config.errors import RecipeError
-
-        raise RecipeError.single(
-            f"{path!r} has no weights for the causal LM's output head ({', '.join(head[:4])}): it is not a causal LM "
-            "(a classifier's or a reward model's weights), and that head would be random",
-            key=key,
-            fix="name a causal LM trained with the same tokenizer",
-        )
 
 
 @contextlib.contextmanager
