@@ -27,9 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # What `make docs` runs (the Makefile's docs target is checked to say the same), with this Python.
 BUILD = [sys.executable, "-m", "mkdocs", "build", "--strict"]
 BUILD_ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-# What the site needs beside docs/: the config, the hook that writes the command pages, the page
-# the reliability page includes, and the package mkdocstrings and `ditty --help` read.
-SITE_INPUTS = ("mkdocs.yml", "docs", "tools/docs_cli_help.py", "RELIABILITY.md")
+# What the site needs beside docs/: the config, the hooks that write the command pages, the tables
+# generated from the code and the math, the page the reliability page includes, and the package
+# mkdocstrings, the tables and `ditty --help` read.
+SITE_INPUTS = (
+    "mkdocs.yml",
+    "docs",
+    "tools/docs_cli_help.py",
+    "tools/docs_tables.py",
+    "tools/docs_math.py",
+    "RELIABILITY.md",
+)
 
 
 def build(root: Path, site: Path) -> subprocess.CompletedProcess:
@@ -72,6 +80,12 @@ def test_the_site_builds_with_every_page(site):
     assert "Pipeline" in api and "ModelFactory" in api  # generated from the docstrings
     run_help = (site / "cli" / "run" / "index.html").read_text()
     assert "ditty run --help" in run_help and "--optimizer.lr" in run_help  # generated from --help
+    metrics = (site / "metrics" / "index.html").read_text()
+    assert "<td><code>reward_std</code></td>" in metrics and "ditty-metrics" not in metrics  # the glossary
+    reference = (site / "recipes" / "reference" / "index.html").read_text()
+    assert "<td><code>max_staleness</code></td>" in reference and "ditty-recipe-reference" not in reference
+    config_api = (site / "python-api" / "config" / "index.html").read_text()
+    assert "TrainerConfig" in config_api and "RLConfig" in config_api  # the classes, for the Python API
 
 
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
