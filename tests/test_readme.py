@@ -14,7 +14,15 @@ examples name (`my.toml`, `my.jsonl`, `data/reviews.jsonl`, `models/my-bert`, ..
   few steps: the user's recipe and flags otherwise, as written.
 - `toml` blocks are recipes or parts of one: `ditty check` of the block must exit 0.
 - `python` blocks are executed as written.
+- `jsonl` blocks are example rows: each line must be a JSON object.
 - `text` and `yaml` blocks are not run.
+
+A page's quick start is run as a reader runs it, on the reader's "own" data: its `jsonl` rows are
+written to the file the next recipe on the page names (`data.path`, `data.val_path`; repeated to
+MIN_ROWS rows), a `toml` or `python` block whose first line is a comment naming a file (`# my_sft.toml`,
+`# my_rewards.py`) is saved under that name, and `path/to/your/model` (`path/to/your/teacher`) is a
+tiny Llama saved with save_pretrained, its byte tokenizer carrying a chat template, as a user's local
+model directory would. Every block of a page finds the files of the blocks above it on the page.
 
 A marker comment on the lines just above a block changes that (it does not show on GitHub):
 `<!-- readme-test: skip REASON -->` (never run: a GPU, several machines, the Hub), `<!-- readme-test:
@@ -68,6 +76,12 @@ MAKE_TARGETS_NOT_RUN = {
 }
 SHELL = {"bash", "sh", "shell", "console"}
 NOT_CODE = {"text", "yaml"}  # listings, and files of other tools (an lm-eval task) that ditty reads
+ROWS = {"jsonl"}  # example rows of a data file
+MIN_ROWS = 64  # a quick start's example rows are repeated to this many (a held-out share and a few batches)
+# The first line of a toml or python block that is a file of the reader's: `# my_sft.toml`, `# my_rewards.py`.
+FILE_HEADER = re.compile(r"^#\s*([\w./-]+\.(?:toml|py))\s*$")
+# The reader's own model directories in a quick start, and what stands in for each here.
+OWN_MODELS = ("path/to/your/model", "path/to/your/teacher")
 MARKER = re.compile(r"<!--\s*readme-test:\s*(skip|flags|slow)\b\s*(.*?)\s*-->")
 
 
@@ -137,6 +151,50 @@ def doc_blocks() -> list[Block]:
                 seen.add(key)
                 blocks.append(block)
     return blocks
+
+
+def named_file(block: Block) -> str | None:
+    """The file a toml or python block is, by its first line (`# my_sft.toml`), or None."""
+    if block.lang not in ("toml", "python") or not block.text.strip():
+        return None
+    found = FILE_HEADER.match(block.text.lstrip().splitlines()[0])
+    return found.group(1) if found else None
+
+
+def data_files(recipe: str) -> list[str]:
+    """The .jsonl files a recipe's [data] names (path, val_path, each source's), in that order."""
+    import tomllib
+
+    data = tomllib.loads(recipe).get("data", {})
+    named = [data.get("path"), data.get("val_path"), *(s.get("path") for s in data.get("sources", []))]
+    return [path for path in named if isinstance(path, str) and path.endswith(".jsonl")]
+
+
+def example_rows(block: Block) -> list[dict]:
+    rows = [json.loads(line) for line in block.text.splitlines() if line.strip()]
+    assert rows and all(isinstance(row, dict) for row in rows), f"{block.where}: each line is one JSON object"
+    return rows
+
+
+def write_page_files(block: Block, workdir: Path) -> None:
+    """The files the blocks of `block`'s page above it (and itself) make: example rows written to the
+    data files of the next recipe on the page, and the blocks that are files saved under their names."""
+    page = ROOT / block.source
+    blocks = readme_blocks(page.read_text(), block.source)
+    for index, earlier in enumerate(blocks):
+        if earlier.line > block.line:
+            break
+        if earlier.lang in ROWS:
+            rows = example_rows(earlier)
+            recipe = next((b for b in blocks[index + 1 :] if b.lang == "toml"), None)
+            assert recipe is not None, f"{earlier.where}: example rows need a recipe after them that names their file"
+            targets = data_files(recipe.text)
+            assert targets, f"{earlier.where}: the recipe at {recipe.where} names no .jsonl data.path"
+            for target in targets:
+                write_jsonl(workdir / target, [rows[i % len(rows)] for i in range(max(MIN_ROWS, len(rows)))])
+        elif name := named_file(earlier):
+            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / name).write_text(earlier.text + "\n")
 
 
 def shell_commands(text: str) -> list[list[str]]:
@@ -216,6 +274,19 @@ def save_bert_base_shape(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def save_own_model(path: Path) -> None:
+    """A tiny Llama in Hugging Face format whose tokenizer has a chat template, as a chat model has."""
+    from transformers import AutoTokenizer
+
+    from ditty.data.chat_templates import CHATML
+    from tests.conftest import _save_tiny
+
+    _save_tiny(path, "llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(path)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """A fresh clone's directory, with the files the examples name."""
@@ -231,6 +302,8 @@ def workdir(tmp_path_factory) -> Path:
     write_jsonl(root / "held-out.jsonl", prose)
     turns = [[{"role": "user", "content": f"{i}+1?"}, {"role": "assistant", "content": str(i + 1)}] for i in range(8)]
     write_jsonl(root / "my.jsonl", [{"messages": messages} for messages in turns])
+    for own in OWN_MODELS:  # the reader's local model directories of the quick starts
+        save_own_model(root / own)
     # `my.toml` stands for the user's own recipe for a large model on many GPUs (planned, never run)
     from ditty.cli import main
 
@@ -299,7 +372,7 @@ def test_the_readme_has_blocks_of_each_kind():
     langs = {block.lang for block in blocks}
     assert {"bash", "toml", "python"} <= langs, langs
     every = [block for path in doc_files() for block in readme_blocks(path.read_text(), str(path.relative_to(ROOT)))]
-    unknown = [b.id for b in every if not b.skip and b.lang not in SHELL | NOT_CODE | {"toml", "python"}]
+    unknown = [b.id for b in every if not b.skip and b.lang not in SHELL | NOT_CODE | ROWS | {"toml", "python"}]
     assert not unknown, f"blocks without a language the test runs; tag them or add a skip marker: {unknown}"
 
 
@@ -351,6 +424,7 @@ def _params():
 def test_readme_block(block: Block, workdir, results, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     where = block.where
+    write_page_files(block, workdir)
     for path, make in SHARED_RUNS.items():
         if path in block.text and not (block.lang in SHELL and "make demo" in block.text):
             assert (make(workdir, results, capsys) / "final").is_dir()
@@ -360,6 +434,8 @@ def test_readme_block(block: Block, workdir, results, monkeypatch, capsys):
         path.write_text(block.text + "\n")
         out = run_ditty(["check", path.name, *block.flags], capsys, where)
         assert "ok: the recipe is valid" in out
+    elif block.lang in ROWS:
+        assert example_rows(block)  # and written, above, to the file the page's recipe names
     elif block.lang == "python":
         exec(compile(block.text, where, "exec"), {"__name__": "__readme__"})
     elif block.lang in SHELL:
