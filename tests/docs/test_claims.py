@@ -15,12 +15,14 @@ def _paragraphs(page: str) -> list[str]:
 
 def test_rl_md_says_the_async_keys_need_a_vllm_backend():
     """rl.md offered rl.max_staleness and rl.sampler_correction without saying that `ditty check`
-    refuses both with the default "generate" backend (tests/rl/test_rl_recipe.py holds the refusal)."""
-    for key in ("rl.max_staleness", "rl.sampler_correction"):
-        where = [p for p in _paragraphs("objectives/rl.md") if f"`{key}" in p]
-        assert where, key
-        for paragraph in where:
-            assert "vLLM backend" in paragraph, f"{key} without its backend:\n{paragraph}"
+    refuses both with the default "generate" backend (tests/rl/test_rl_recipe.py holds the refusal);
+    the vLLM page, which now holds their details, says it wherever it names them too."""
+    for page in ("objectives/rl.md", "objectives/vllm.md"):
+        for key in ("rl.max_staleness", "rl.sampler_correction"):
+            where = [p for p in _paragraphs(page) if f"`{key}" in p]
+            assert where, (page, key)
+            for paragraph in where:
+                assert "vLLM backend" in paragraph, f"{page}: {key} without its backend:\n{paragraph}"
 
 
 def test_tools_md_says_when_two_ranks_play_the_episodes_of_one_process():

@@ -189,3 +189,27 @@ def test_episodes_of_several_turns_train_on_vllm(tmp_path, turn_ending_llama_dir
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["env/turns"] > 1 for r in rows), [r["env/turns"] for r in rows]  # episodes of several turns
     assert all(r["rewards/CountingTurns/mean"] > 0 for r in rows)
+
+
+def test_the_vllm_page_quick_start_trains_as_written(tmp_path, tiny_llama_dir, monkeypatch):
+    """docs/objectives/vllm.md's quick start, written as tests/test_readme.py writes a page's files (its
+    example rows, reward module and recipe), trains on the in-process engine one step ahead with the
+    "tis" correction: the recipe as written, a few steps long, with shorter rows for the tiny model."""
+    from tests.test_readme import ROOT, SHORT_RUN, readme_blocks, write_page_files
+
+    source = "docs/objectives/vllm.md"
+    blocks = readme_blocks((ROOT / source).read_text(), source)
+    recipe = next(block for block in blocks if block.lang == "toml")
+    write_page_files(recipe, tmp_path)
+    own = tmp_path / "path" / "to" / "your" / "model"
+    own.parent.mkdir(parents=True)
+    own.symlink_to(tiny_llama_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    short = ["--data.max_seq_len", "64", "--rl.max_new_tokens", "8", "--train.global_batch_size", "16"]
+    done = ditty("run", "my_grpo_vllm.toml", *SHORT_RUN, *short, "--train.micro_batch_size", "16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in records(tmp_path / "runs" / "my_grpo_vllm") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["rollout/staleness"] == 1 and "rollout/logprob_diff/mean" in rows[-1], rows
+    assert "rewards/my_reward:correct/mean" in rows[-1]
