@@ -80,8 +80,6 @@ ROWS = {"jsonl"}  # example rows of a data file
 MIN_ROWS = 64  # a quick start's example rows are repeated to this many (a held-out share and a few batches)
 # The first line of a toml or python block that is a file of the reader's: `# my_sft.toml`, `# my_rewards.py`.
 FILE_HEADER = re.compile(r"^#\s*([\w./-]+\.(?:toml|py))\s*$")
-# The reader's own model directories in a quick start, and what stands in for each here.
-OWN_MODELS = ("path/to/your/model", "path/to/your/teacher")
 MARKER = re.compile(r"<!--\s*readme-test:\s*(skip|flags|slow)\b\s*(.*?)\s*-->")
 
 
@@ -274,14 +272,14 @@ def save_bert_base_shape(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def save_own_model(path: Path) -> None:
+def save_own_model(path: Path, **sizes) -> None:
     """A tiny Llama in Hugging Face format whose tokenizer has a chat template, as a chat model has."""
     from transformers import AutoTokenizer
 
     from ditty.data.chat_templates import CHATML
     from tests.conftest import _save_tiny
 
-    _save_tiny(path, "llama")
+    _save_tiny(path, "llama", **sizes)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = CHATML
     tokenizer.save_pretrained(path)
@@ -302,8 +300,8 @@ def workdir(tmp_path_factory) -> Path:
     write_jsonl(root / "held-out.jsonl", prose)
     turns = [[{"role": "user", "content": f"{i}+1?"}, {"role": "assistant", "content": str(i + 1)}] for i in range(8)]
     write_jsonl(root / "my.jsonl", [{"messages": messages} for messages in turns])
-    for own in OWN_MODELS:  # the reader's local model directories of the quick starts
-        save_own_model(root / own)
+    save_own_model(root / "path/to/your/model")  # the reader's local model directories of the quick starts
+    save_own_model(root / "path/to/your/teacher", num_hidden_layers=3)  # a teacher other than its student
     # `my.toml` stands for the user's own recipe for a large model on many GPUs (planned, never run)
     from ditty.cli import main
 
