@@ -397,6 +397,39 @@ def test_markers_are_read():
     ]
 
 
+QUICK_STARTS = (
+    "docs/objectives/sft.md",
+    "docs/models.md",
+    "docs/objectives/preference.md",
+    "docs/objectives/reward-models.md",
+    "docs/objectives/rl.md",
+    "docs/objectives/tools.md",
+    "docs/objectives/environments.md",
+    "docs/objectives/distillation.md",
+    "docs/objectives/online-preference.md",
+    "docs/objectives/vllm.md",
+)
+
+
+@pytest.mark.parametrize("source", QUICK_STARTS)
+def test_every_objective_page_opens_with_a_quick_start_the_test_runs(source):
+    """Example rows (jsonl) whose file the next recipe names, the whole recipe as a file of its own
+    (`# my_x.toml`, with a [model] and a [data] table) and a shell block that runs it: the three
+    blocks this module runs as a reader would, on the page's first section."""
+    text = (ROOT / source).read_text()
+    first = text[: text.index("\n## ", text.index("## Quick start")) if "## Quick start" in text else 0]
+    assert "## Quick start" in text, f"{source} has no quick start section"
+    blocks = readme_blocks(text, source)
+    rows = next(b for b in blocks if b.lang in ROWS)
+    recipe = next(b for b in blocks if b.lang == "toml" and b.line > rows.line)
+    name = named_file(recipe)
+    assert name and f"```toml\n{recipe.text}" in first, f"{recipe.where}: the quick start's recipe names its file"
+    assert "[model]" in recipe.text and "[data]" in recipe.text and data_files(recipe.text), recipe.where
+    runs = [b for b in blocks if b.lang in SHELL and b.line > recipe.line and f"ditty run {name}" in b.text]
+    assert runs, f"{source}: no shell block runs `ditty run {name}`"
+    assert any(not b.skip for b in runs) or "test_vllm" in runs[0].skip, f"{runs[0].where} is never run"
+
+
 def trains(block: Block) -> bool:
     """Whether a block trains a model (or needs a trained one): those tests are marked slow."""
     names_a_run = any(path in block.text for path in SHARED_RUNS)

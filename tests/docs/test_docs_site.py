@@ -86,6 +86,8 @@ def test_the_site_builds_with_every_page(site):
     assert "<td><code>max_staleness</code></td>" in reference and "ditty-recipe-reference" not in reference
     config_api = (site / "python-api" / "config" / "index.html").read_text()
     assert "TrainerConfig" in config_api and "RLConfig" in config_api  # the classes, for the Python API
+    losses = (site / "objectives" / "rl" / "index.html").read_text()
+    assert losses.count("<math") >= 5 and "arithmatex" not in losses  # the math, as MathML made at build time
 
 
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
@@ -107,7 +109,8 @@ def test_every_command_and_objective_has_a_page():
         assert page.is_file(), f"`ditty {command}` has no page: add docs/cli/{command}.md"
         assert f"<!-- ditty-help: {command} -->" in page.read_text(), f"{page} does not show `--help`"
         assert f"cli/{command}.md" in nav, f"{page} is not in mkdocs.yml's nav"
-    for objective in ("sft", "model-tasks", "preference", "reward-models", "rl", "distillation", "online-preference"):
+    objectives = ("sft", "model-tasks", "preference", "reward-models", "rl", "vllm", "tools", "environments")
+    for objective in (*objectives, "distillation", "online-preference"):
         assert f"objectives/{objective}.md" in nav, objective
 
 
@@ -213,6 +216,13 @@ def test_an_objective_page_renders_with_its_navigation(served, tmp_path):
     assert "Preference optimisation" in active, active  # the page is marked where it sits in the navigation
     assert "Reward models" in nav_titles(dom) and scripts_ran(dom)
     assert '<div class="highlight"' in dom and '"dpo"</span>' in dom  # the recipe block, highlighted
+
+
+def test_the_math_renders_as_mathml(served, tmp_path):
+    """The losses are MathML the browser lays out: the formula has a height of its own and no
+    LaTeX source shows."""
+    dom = rendered(served + "/objectives/preference/", tmp_path / "profile")
+    assert dom.count("<math") >= 5 and "\\frac" not in dom and "$$" not in dom
 
 
 def test_the_home_page_paints(served, tmp_path):
