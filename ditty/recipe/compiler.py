@@ -18,6 +18,7 @@ from ditty.recipe import (  # noqa: F401  (register their rules after the core o
     position_rules,
     resume_rules,
     scale_rules,
+    start_rules,
     task_rules,
 )
 from ditty.recipe.compiled import Plan
