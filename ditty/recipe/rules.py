@@ -88,6 +88,20 @@ def stop_condition(ctx: Context) -> Iterator[Problem]:
             "evaluates only at the end",
             "set train.eval_every, e.g. 50",
         )
+    elif condition is not None and condition.relative and not _evaluates_at_start(ctx.config):
+        yield error(
+            "train.stop_when",
+            f"{str(condition)!r} compares with the start, and this run does not evaluate at step 0",
+            "set train.eval_at_start = true, or give a number instead of start",
+        )
+
+
+def _evaluates_at_start(cfg: Any) -> bool:
+    """As the trainer decides: `train.eval_at_start`, unset: the objectives after SFT that evaluate during the run."""
+    from ditty.objectives.table import objective_for
+
+    t = cfg.train
+    return t.eval_at_start if t.eval_at_start is not None else t.eval_every > 0 and objective_for(cfg).post_training
 
 
 # --- paths --------------------------------------------------------------------------------------

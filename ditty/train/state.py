@@ -33,9 +33,23 @@ class TrainState:
     """Training wall time of the run so far, resumed runs included (as of the last checkpoint)."""
     stopped_early: Optional[str] = None
     """What an evaluation met of `train.stop_when` ("val_exact_match 0.445 >= 0.4"): the run ends there."""
+    start_metrics: dict[str, Any] = field(default_factory=dict)
+    """The evaluation at step 0, when there was one: what a relative `train.stop_when` and the fall
+    warning (ditty.train.fall) read later evaluations against."""
+    fall_warned: bool = False
 
     def state_dict(self) -> dict:
-        keys = ("step", "tokens", "skipped_steps", "consecutive_skips", "last_eval_step", "elapsed_s", "stopped_early")
+        keys = (
+            "step",
+            "tokens",
+            "skipped_steps",
+            "consecutive_skips",
+            "last_eval_step",
+            "elapsed_s",
+            "stopped_early",
+            "start_metrics",
+            "fall_warned",
+        )
         return {k: self.__dict__[k] for k in keys}
 
     def load_state_dict(self, state: dict) -> None:

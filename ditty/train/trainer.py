@@ -253,11 +253,28 @@ class Trainer(Builders, StepRecords, RunEnding):
         self.model.train()
         self.state.last_eval_step = self.state.step
         self.state.eval_metrics = metrics
+        self.read_against_start(metrics)
         condition = parse_stop_condition(self.config.train.stop_when)  # the compiler checked it parses
         if condition is not None:  # every rank stops alike, or none does
-            met = condition.met(metrics)
+            met = condition.met(metrics, self.state.start_metrics)
             self.state.stopped_early = met if on_every_rank(met is not None) else None
         return metrics
+
+    def read_against_start(self, metrics: dict[str, Any]) -> None:
+        """Keep the evaluation at step 0; warn once when a later one fell well below it (ditty.train.fall)."""
+        from ditty.train.fall import fall_warning
+
+        if self.state.step == 0:
+            self.state.start_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            return
+        if self.state.fall_warned or not self.state.start_metrics:
+            return
+        lr = self.optimizer.param_groups[0]["lr"]
+        text = fall_warning(self.state.start_metrics, metrics, self.state.step, lr)
+        if text is not None:
+            self.state.fall_warned = True
+            if is_main_process():
+                log.warning(text)
 
     def make_context(self, *, index: int, count: int, training: bool, units: Optional[dict] = None) -> dict:
         """The micro-batch's context; `units`: the global counts a loss over them divides by."""
