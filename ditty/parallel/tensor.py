@@ -13,6 +13,13 @@ torchtitan's layout (torchtitan/models/llama3/infra/parallelize.py, `apply_tp`):
 - Qwen3's per-head q_norm/k_norm see each rank's heads, with the weight replicated;
 - the output head is split by vocabulary rows and, in training, its logits stay sharded: the loss
   runs on the shards (ditty.stages.vocab_parallel); in evaluation and generation they are gathered.
+- the vocabulary need not divide by tp: DTensor cuts the rows as `torch.chunk` does (259 tokens over
+  2 ranks: 130 and 129), the collectives pad the short shard themselves, and the parameters keep the
+  model's own shape, so checkpoints, `final/` and `ditty export` hold the original vocabulary and a
+  checkpoint resumes on any other degree;
+- a head tied to the embedding (Qwen2.5-0.5B, Llama-3.2-1B) stays one parameter: the embedding's
+  rows and the head's output rows are the same `Shard(0)` rows, so the head takes the embedding's
+  DTensor back after both are parallelized, and both uses add into one gradient.
 
 Between blocks the residual stream is a DTensor sharded along the sequence, so the model's own
 code (position ids, masks: it reads the full length from the DTensor's shape) runs unchanged.
@@ -49,8 +56,17 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: "DeviceMesh") -> nn.Module:
         parallelize_module,
     )
 
-    config = check_tensor_parallel_model(model, tensor_parallel=True)
+    from ditty.parallel.tp_table import vocabulary_rows
+
+    config = check_tensor_parallel_model(model)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    vocab, tp = model.get_input_embeddings().weight.shape[0], tp_mesh.size()
+    if vocabulary_rows(vocab, tp)[-1] == 0:
+        raise RecipeError.single(
+            f"= {tp} leaves a rank without a row of the model's {vocab}-token vocabulary",
+            key="parallel.tp",
+            fix="choose a smaller tp",
+        )
     plan = tp_plan_of(config)
     unknown = sorted(set(plan.values()) - set(STYLES))
     if unknown:
@@ -93,6 +109,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: "DeviceMesh") -> nn.Module:
             if _is_norm(child):
                 styles[f"{layer}.{child_name}"] = SequenceParallel(use_local_output=False)
     embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head.weight is embeddings.weight
     names = {id(module): name for name, module in base.named_modules()}
     styles[names[id(embeddings)]] = RowwiseParallel(
         input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
@@ -104,6 +121,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: "DeviceMesh") -> nn.Module:
     parallelize_module(
         head, tp_mesh, ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     )
+    if tied:
+        # The embedding's vocabulary rows are the head's output rows, both Shard(0) on the "tp" mesh:
+        # the head takes the embedding's DTensor back, so the two stay one parameter (one gradient).
+        head.weight = embeddings.weight
     head.register_forward_hook(_whole_logits_outside_training)
     return model
 
@@ -118,10 +139,9 @@ def _whole_logits_outside_training(module: nn.Module, inputs: Any, output: Any) 
     return output.full_tensor() if isinstance(output, DTensor) else output
 
 
-def check_tensor_parallel_model(model: nn.Module, *, tensor_parallel: bool) -> Any:
-    """The model's transformers config when ditty can split it (a causal LM of TP_MODEL_TYPES, with
-    untied embeddings for tensor parallel); else the RecipeError the compiler raises for recipes it
-    can read offline."""
+def check_tensor_parallel_model(model: nn.Module) -> Any:
+    """The model's transformers config when ditty can split it (a causal LM of TP_MODEL_TYPES, tied or
+    untied); else the RecipeError the compiler raises for recipes it can read offline."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in TP_MODEL_TYPES or not callable(getattr(model, "get_output_embeddings", None)):
@@ -130,13 +150,6 @@ def check_tensor_parallel_model(model: nn.Module, *, tensor_parallel: bool) -> A
             f"model is {model_type or type(model).__name__}",
             key="parallel.tp",
             fix="use a model of those families, or tp = cp = 1 (fsdp shards any model)",
-        )
-    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    if tensor_parallel and head is not None and head.weight is embeddings.weight:
-        raise RecipeError.single(
-            "the model ties its output head to its embedding; ditty's plan splits the two differently",
-            key="parallel.tp",
-            fix="use tp = 1 (fsdp shards tied models), or cp for long rows",
         )
     return config
 

@@ -89,18 +89,20 @@ class Mismatch:
     fix: str
 
 
-def divisibility(dims: ModelDims, tp: int, cp: int, seq_len: int, *, random_init: bool) -> list[Mismatch]:
+def divisibility(dims: ModelDims, tp: int, cp: int, seq_len: int) -> list[Mismatch]:
     """Every size of `dims` (and the sequence length) that `tp` and `cp` do not divide.
 
     Tensor parallel splits the attention heads and the key/value heads (q/k/v colwise, o_proj rowwise),
     the MLP's width (gate/up colwise, down rowwise) and the vocabulary (embedding rows, output head).
+    The vocabulary need not divide: its rows are cut as `torch.chunk` cuts them (259 tokens over 2 ranks:
+    130 and 129), the loss and the log-probabilities reduce over uneven shards, and checkpoints and
+    `final/` keep the model's own vocabulary; only a degree that leaves a rank no row is refused.
     The hidden size is not split: sequence parallel cuts the norms' activations along the sequence.
     Ulysses splits each tensor-parallel rank's query heads over the context ranks, so the heads must
     divide by tp x cp; key/value heads fewer than that are repeated before the all-to-all (the cost of
     GQA under Ulysses) and need no check. Rows are cut into cp equal pieces.
     """
     out: list[Mismatch] = []
-    config_key = "model.config" if random_init else "parallel.tp"
     for what, size in (
         ("attention heads", dims.num_heads),
         ("key/value heads", dims.num_kv_heads),
@@ -115,19 +117,15 @@ def divisibility(dims: ModelDims, tp: int, cp: int, seq_len: int, *, random_init
                     f"choose a tp that divides {size} ({_divisors(size)})",
                 )
             )
-    if tp > 1 and dims.vocab_size % tp:
-        padded = -(-dims.vocab_size // tp) * tp
-        fix = (
-            f"set model.config.vocab_size = {padded} (the next multiple of {tp}; the extra rows are never a target)"
-            if random_init
-            else f"choose a tp that divides {dims.vocab_size} ({_divisors(dims.vocab_size)})"
-        )
+    if tp > 1 and vocabulary_rows(dims.vocab_size, tp)[-1] == 0:
+        fit = max(d for d in range(1, tp + 1) if vocabulary_rows(dims.vocab_size, d)[-1] > 0)
         out.append(
             Mismatch(
-                config_key if random_init else "parallel.tp",
-                f"tp = {tp} does not divide the vocabulary ({dims.vocab_size} tokens): the embedding and the output "
-                "head are split by vocabulary rows, and the loss runs on those equal shards",
-                fix,
+                "parallel.tp",
+                f"= {tp} leaves a rank without a row of the vocabulary ({dims.vocab_size} tokens, cut as torch.chunk "
+                f"cuts: {', '.join(map(str, vocabulary_rows(dims.vocab_size, tp)))} rows): every tensor-parallel rank "
+                "takes part in the loss with its share of the output head",
+                f"choose tp at most {fit}",
             )
         )
     if cp > 1 and dims.num_heads % (tp * cp):
@@ -149,6 +147,13 @@ def divisibility(dims: ModelDims, tp: int, cp: int, seq_len: int, *, random_init
             )
         )
     return out
+
+
+def vocabulary_rows(vocab_size: int, tp: int) -> list[int]:
+    """Rows of the embedding and the output head on each tensor-parallel rank: `torch.chunk`'s pieces,
+    as DTensor's `Shard(0)` cuts them (pieces of ceil(vocab / tp) rows, the last ones shorter or empty)."""
+    piece = -(-vocab_size // tp)
+    return [max(0, min(piece, vocab_size - rank * piece)) for rank in range(tp)]
 
 
 def _divisors(n: int) -> str:

@@ -262,7 +262,15 @@ def _fsdp_gathered(shape: ModelShape, s: Settings, held: list[HeldTensor]) -> Ro
     )
     grad_bytes = DTYPE_BYTES[gather] + (4 if DTYPE_BYTES[gather] != 4 else 0)  # reduce-scatter in fp32
     resident = sum(blocks) if s.reshard_after_forward is False else 2 * largest
-    outside = gathered([t for t in held if t.block is None and not t.name.startswith("model.embed_tokens")])
+    # An untied embedding is a unit of its own, resharded after its lookup; a tied one is the head,
+    # kept by the root from the forward to the backward.
+    outside = gathered(
+        [
+            t
+            for t in held
+            if t.block is None and (shape.tie_word_embeddings or not t.name.startswith("model.embed_tokens"))
+        ]
+    )
     total = resident + 2 * trainable * grad_bytes + outside
     note = "every block (reshard_after_forward = false)" if s.reshard_after_forward is False else "2 blocks"
     return Row("FSDP gathered parameters", total, f"{note}, the head and root, 2 blocks' gradients", "transient")

@@ -261,7 +261,8 @@ def local_numel(tensor: HeldTensor, s: Settings, rank: int) -> int:
         # hsdp: the shard dimension is the inner one of the mesh; with tp, "tp" is innermost and FSDP2
         # shards over the ("dp", "cp") ranks outside it
         index = (rank // s.tp) % s.shard_size
-        rows, per_row = tp_local(tensor.name, tensor.rows, tensor.storage_numel // max(tensor.rows, 1), s.tp)
+        per_row = tensor.storage_numel // max(tensor.rows, 1)
+        rows, per_row = tp_local(tensor.name, tensor.rows, per_row, s.tp, rank % s.tp)
         return local_rows(rows, s.shard_size, index) * per_row
     if s.parallel == "deepspeed" and s.zero_stage == 3:
         return math.ceil(tensor.storage_numel / s.world_size)

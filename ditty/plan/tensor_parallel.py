@@ -38,11 +38,14 @@ def tp_split(name: str) -> Optional[Literal["rows", "columns"]]:
     return None
 
 
-def tp_local(name: str, rows: int, per_row: int, tp: int) -> tuple[int, int]:
-    """(rows, elements per row) of a tensor-parallel rank's piece of a [rows, per_row] tensor."""
+def tp_local(name: str, rows: int, per_row: int, tp: int, index: int = 0) -> tuple[int, int]:
+    """(rows, elements per row) of tensor-parallel rank `index`'s piece of a [rows, per_row] tensor (rank
+    0's, the largest, by default). Rows are cut as torch.chunk cuts them, so a vocabulary that tp does
+    not divide leaves the last ranks shorter pieces (259 tokens at tp = 2: 130 and 129 rows)."""
     split = tp_split(name) if tp > 1 else None
     if split == "rows":
-        return -(-rows // tp), per_row
+        piece = -(-rows // tp)
+        return max(0, min(piece, rows - index * piece)), per_row
     if split == "columns":
         return rows, -(-per_row // tp)
     return rows, per_row

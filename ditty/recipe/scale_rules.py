@@ -170,15 +170,6 @@ SCALE_RULES: list[SupportRow] = [
         "set data.max_seq_len at most the model's sliding window, or cp = 1",
         condition="cp above 1 with a sliding window shorter than data.max_seq_len",
     ),
-    SupportRow(
-        "scale.tp-tied-embeddings",
-        "parallel.tp",
-        lambda c: _tp(c) and bool(getattr(recipe_model_dims(c), "tie_word_embeddings", False)),
-        "the model ties its output head to its embedding; ditty's plan splits the two differently "
-        "(embedding rows for the lookup, head rows for vocabulary-sharded logits) and keeps no tie across them",
-        "use tp = 1 (fsdp shards tied models), or cp for long rows",
-        condition="tp above 1 with tie_word_embeddings",
-    ),
 ]
 
 
@@ -192,15 +183,15 @@ def scale_support(ctx: Context) -> Iterator[Problem]:
 
 @rule("scale.sizes")
 def scale_sizes(ctx: Context) -> Iterator[Problem]:
-    """tp divides the heads, key/value heads, MLP width and vocabulary; tp x cp the heads; cp the rows."""
+    """tp divides the heads, key/value heads and MLP width, and leaves every rank a share of the vocabulary;
+    tp x cp divides the heads; cp the rows."""
     cfg = ctx.config
     if not _either(cfg):
         return
     dims = recipe_model_dims(cfg)
     if dims is None:
         return
-    random = cfg.model.resolved_init == "random"
-    for found in divisibility(dims, cfg.parallel.tp, cfg.parallel.cp, cfg.data.max_seq_len, random_init=random):
+    for found in divisibility(dims, cfg.parallel.tp, cfg.parallel.cp, cfg.data.max_seq_len):
         yield error(found.key, found.message, found.fix)
 
 

@@ -49,11 +49,23 @@ def test_the_builder_refuses_what_the_compiler_could_not_read_offline():
     from ditty.parallel.tensor import check_tensor_parallel_model
 
     with pytest.raises(RecipeError, match="plans for llama, mistral, qwen2, qwen3"):
-        check_tensor_parallel_model(_meta_model("gpt2"), tensor_parallel=False)
+        check_tensor_parallel_model(_meta_model("gpt2"))
+    # tied embeddings split once: the head shares the embedding's rows (test_vocab_parallel_logps.py)
     tied = _meta_model("llama", tie_word_embeddings=True)
-    with pytest.raises(RecipeError, match="ties its output head"):
-        check_tensor_parallel_model(tied, tensor_parallel=True)
-    assert check_tensor_parallel_model(tied, tensor_parallel=False).model_type == "llama"  # cp leaves weights whole
+    assert check_tensor_parallel_model(tied).model_type == "llama"
+
+
+def test_vocabulary_rows_are_torch_chunk_pieces():
+    import torch
+
+    from ditty.parallel.tp_table import vocabulary_rows
+
+    for vocab, tp in ((259, 2), (259, 4), (259, 8), (151936, 8), (10, 4), (5, 4)):
+        assert vocabulary_rows(vocab, tp) == [len(piece) for piece in torch.arange(vocab).chunk(tp)] + [0] * (
+            tp - len(torch.arange(vocab).chunk(tp))
+        )
+    assert vocabulary_rows(259, 2) == [130, 129] and vocabulary_rows(259, 4) == [65, 65, 65, 64]
+    assert vocabulary_rows(5, 4) == [2, 2, 1, 0]  # a rank without rows: the compiler refuses this tp
 
 
 def test_vocab_parallel_is_reentrant():

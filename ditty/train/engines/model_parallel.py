@@ -30,7 +30,7 @@ class ModelParallelEngine(FSDPEngine):
 
         mesh = self.runtime.mesh
         tp_mesh = sub_mesh(mesh, "tp")
-        check_tensor_parallel_model(model, tensor_parallel=tp_mesh is not None)
+        check_tensor_parallel_model(model)
         if tp_mesh is not None:
             apply_tensor_parallel(model, tp_mesh)
         if sub_mesh(mesh, "cp") is not None:
