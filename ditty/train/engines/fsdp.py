@@ -48,4 +48,23 @@ class FSDPEngine(DataParallelEngine):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if dist.get_rank() == 0 else None
+        if dist.get_rank() != 0:
+            return None
+        return _one_tensor_per_parameter(model, state)
+
+
+def _one_tensor_per_parameter(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with the names of one parameter (a head tied to its embedding) pointing at one tensor, as
+    in an unsharded model's state dict: each name was gathered into a copy of its own, and
+    `save_pretrained` drops a tied name only when it shares storage with the other (else final/ would
+    hold the tied weight twice)."""
+    from ditty.parallel.materialize import clean_name
+
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(clean_name(name))
+    for aliases in names.values():
+        present = [name for name in aliases if name in state]
+        for alias in present[1:]:
+            state[alias] = state[present[0]]
+    return state
