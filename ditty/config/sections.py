@@ -162,12 +162,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    kind: Literal["adamw", "adamw8bit", "sgd", "muon", "adafactor", "adamw_schedulefree"] = "adamw"
-    """Optimizer algorithm. "muon": Muon on the hidden layers' 2-D weights, AdamW on everything else,
+    kind: Literal["adamw", "radam", "adamw8bit", "sgd", "muon", "adafactor", "adamw_schedulefree"] = "adamw"
+    """Optimizer algorithm. "radam": rectified Adam (AdamW's decoupled weight decay), whose first steps
+    do not move every weight by the whole rate as Adam's do: the stages after SFT start from a trained
+    model that such steps undo; "muon": Muon on the hidden layers' 2-D weights, AdamW on everything else,
     as one optimizer; "adafactor": torch's Adafactor (factored second moments); "adamw_schedulefree":
     schedule-free AdamW (the `schedulefree` package; needs scheduler.kind = "constant")."""
     backend: Literal["default", "torch", "torchao", "bnb", "schedulefree"] = "default"
-    """Implementation: "default" is torch for adamw, sgd, muon and adafactor, torchao for adamw8bit,
+    """Implementation: "default" is torch for adamw, radam, sgd, muon and adafactor, torchao for adamw8bit,
     schedulefree for adamw_schedulefree."""
     lr: float = 3e-4
     """Peak learning rate. For muon: the AdamW part's (muon_lr is the Muon part's)."""

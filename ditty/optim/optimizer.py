@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 # kind -> the backends that implement it; the first is the default.
 BACKENDS: dict[str, tuple[str, ...]] = {
     "adamw": ("torch",),
+    "radam": ("torch",),
     "sgd": ("torch",),
     # torchao first: it works with FSDP2 (DTensor) and torch.compile; bitsandbytes does not shard.
     "adamw8bit": ("torchao", "bnb"),
@@ -57,8 +58,8 @@ def param_groups(model: "torch.nn.Module", opt: OptimizerConfig) -> list[dict[st
 
 
 def build_optimizer(opt: OptimizerConfig, model: "torch.nn.Module") -> "torch.optim.Optimizer":
-    """The optimizer for `model`'s trainable parameters: AdamW, SGD, an 8-bit AdamW, Muon with AdamW,
-    Adafactor or schedule-free AdamW."""
+    """The optimizer for `model`'s trainable parameters: AdamW, RAdam, SGD, an 8-bit AdamW, Muon with
+    AdamW, Adafactor or schedule-free AdamW."""
     backend = resolve_backend(opt)
     builder = _BUILDERS[(opt.kind, backend)]
     return builder(param_groups(model, opt), opt)
@@ -68,6 +69,16 @@ def _torch_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.o
     import torch
 
     return torch.optim.AdamW(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, **_kernel_choice(groups))
+
+
+def _torch_radam(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
+    """torch's RAdam (Liu et al. 2020) with AdamW's decoupled weight decay. Adam's first updates move
+    every weight by the whole rate, whatever the gradient's size, because its second moment is
+    estimated from a few steps; RAdam takes momentum-SGD steps until that estimate is reliable and
+    scales the adaptive step by how reliable it is, a warmup tied to beta2 rather than to a schedule."""
+    import torch
+
+    return torch.optim.RAdam(groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, decoupled_weight_decay=True)
 
 
 def _torch_sgd(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "torch.optim.Optimizer":
@@ -132,6 +143,7 @@ def _schedulefree_adamw(groups: list[dict[str, Any]], opt: OptimizerConfig) -> "
 
 _BUILDERS: dict[tuple[str, str], Callable[[list, OptimizerConfig], "torch.optim.Optimizer"]] = {
     ("adamw", "torch"): _torch_adamw,
+    ("radam", "torch"): _torch_radam,
     ("sgd", "torch"): _torch_sgd,
     ("adamw8bit", "torchao"): _torchao_adamw8bit,
     ("adamw8bit", "bnb"): _bnb_adamw8bit,

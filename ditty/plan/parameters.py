@@ -324,6 +324,7 @@ def rank_state(held: list[HeldTensor], s: Settings, rank: int) -> StateBytes:
             shared_tables = 2 * QMAP  # one pair of code tables for the whole optimizer
     label = {
         "adamw": "AdamW: 2 moments in the parameter dtype + a step counter per tensor",
+        "radam": "RAdam: 2 moments in the parameter dtype + a step counter per tensor",
         "adamw8bit": f"8-bit AdamW ({s.optimizer_backend}): 2 moments of 1 byte + block scales",
         "sgd": "SGD momentum buffer" if s.momentum else "SGD without momentum: no state",
         "muon": "Muon: 1 momentum buffer on the hidden matrices; AdamW (2 moments + step) on the rest",
@@ -356,10 +357,11 @@ def _optimizer_bytes(n: int, dtype: str, s: Settings, tensor: HeldTensor) -> int
         rows, cols = math.prod(shape[:-1]), math.prod(shape[:-2]) * shape[-1]
         return (rows + cols) * size + 4
     if n == 0:
-        return 4 if s.optimizer == "adamw" or (s.optimizer == "adamw8bit" and s.optimizer_backend == "torchao") else 0
+        adam = s.optimizer in ("adamw", "radam") or (s.optimizer == "adamw8bit" and s.optimizer_backend == "torchao")
+        return 4 if adam else 0
     if s.optimizer == "sgd":
         return n * size if s.momentum else 0
-    if s.optimizer == "adamw":
+    if s.optimizer in ("adamw", "radam"):
         return 2 * n * size + 4  # exp_avg, exp_avg_sq, and the fp32 scalar `step`
     if s.optimizer_backend == "torchao":
         # torchao quantizes a tensor whose (local) size is >= 4096 and divisible by the block.

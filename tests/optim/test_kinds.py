@@ -149,7 +149,7 @@ def _steps(model, optimizer, steps, seed):
         optimizer.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("kind", ["muon", "adafactor", "adamw_schedulefree"])
+@pytest.mark.parametrize("kind", ["radam", "muon", "adafactor", "adamw_schedulefree"])
 def test_state_round_trips_bitwise(kind):
     config = OptimizerConfig(kind=kind, weight_decay=0.1)
     model = tiny_llama()
@@ -279,3 +279,39 @@ def test_check_warns_about_a_pattern_that_matches_no_tensor(capsys):
     assert main(["check", "tiny_sft", "--optimizer.no_decay", '["nrom", "embedding"]']) == 0
     out = capsys.readouterr().out
     assert "optimizer.no_decay pattern 'nrom' matches no trainable parameter" in out
+
+
+def test_radam_is_torchs_with_decoupled_weight_decay_and_takes_small_first_steps():
+    """RAdam is torch.optim.RAdam with AdamW's weight decay, group for group; its first step moves the
+    weights by a fraction of what Adam's first step (every weight by the whole rate) does."""
+    config = OptimizerConfig(kind="radam", lr=1e-3, weight_decay=0.1)
+    model, reference = tiny_llama(), tiny_llama()
+    reference.load_state_dict(model.state_dict())
+    optimizer = build_optimizer(config, model)
+    groups = [
+        {**g, "params": [dict(reference.named_parameters())[n] for n in _names(model, g)]}
+        for g in optimizer.param_groups
+    ]
+    expected = torch.optim.RAdam(groups, lr=1e-3, decoupled_weight_decay=True)
+    _steps(model, optimizer, 3, seed=0)
+    _steps(reference, expected, 3, seed=0)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, reference.state_dict()[name]), name
+
+    adam, radam = tiny_llama(), tiny_llama()
+    radam.load_state_dict(adam.state_dict())
+    start = {n: p.detach().clone() for n, p in adam.named_parameters()}
+    _steps(adam, build_optimizer(OptimizerConfig(kind="adamw", lr=1e-3), adam), 1, seed=0)
+    _steps(radam, build_optimizer(OptimizerConfig(kind="radam", lr=1e-3), radam), 1, seed=0)
+    moved = {
+        name: torch.cat([(dict(m.named_parameters())[n] - start[n]).abs().flatten() for n in start])
+        for name, m in (("adam", adam), ("radam", radam))
+    }
+    # sign(g) x lr: every weight with a gradient by the whole rate (embedding rows of absent tokens have none)
+    assert moved["adam"].max().item() == pytest.approx(1e-3, rel=1e-3)
+    assert moved["radam"].mean() < 0.1 * moved["adam"].mean(), {k: v.mean().item() for k, v in moved.items()}
+
+
+def _names(model, group) -> list[str]:
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id[id(p)] for p in group["params"]]

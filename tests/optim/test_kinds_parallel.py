@@ -1,8 +1,8 @@
 """The new optimizer kinds on 2 real gloo ranks against 1 process, 5 steps of the same global batch.
 
-DDP: every kind within 1e-6 (final weights, relative; losses). FSDP2: schedule-free AdamW within
-1e-5 (its update is elementwise, so shards are exact); Muon and Adafactor are refused by the
-compiler (they need whole matrices), which the last test pins.
+DDP: every kind within 1e-6 (final weights, relative; losses). FSDP2: RAdam and schedule-free AdamW
+within 1e-5 (their updates are elementwise, so shards are exact); Muon and Adafactor are refused by
+the compiler (they need whole matrices), which the last test pins.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from tests.parallel.harness import run_ranks
 from tests.train.test_distributed import _train_all, final_weights, losses, relative_error, tiny_config
 
 KINDS = {
+    "radam": OptimizerConfig(kind="radam", lr=3e-3, weight_decay=0.1),
     "muon": OptimizerConfig(kind="muon", lr=3e-3, weight_decay=0.1),
     "adafactor": OptimizerConfig(kind="adafactor", lr=1e-2, weight_decay=0.1),
     "adamw_schedulefree": OptimizerConfig(kind="adamw_schedulefree", lr=3e-3, weight_decay=0.1),
 }
 STEPS = 5
+ELEMENTWISE = ("radam", "adamw_schedulefree")
+"""Kinds whose update is elementwise: FSDP2's shards give exactly one process's update."""
 
 # One worker runs the module: its fixture trains every kind on one process and on two ranks, which
 # each xdist worker handed one of its tests would otherwise do again.
@@ -43,7 +46,8 @@ def runs(tmp_path_factory):
     for kind in KINDS:
         Trainer(config_for(str(root / f"single-{kind}"), kind, micro=4)).train()
     parallel = [config_for(str(root / f"ddp-{kind}"), kind, micro=4, parallel="ddp") for kind in KINDS]
-    parallel.append(config_for(str(root / "fsdp-adamw_schedulefree"), "adamw_schedulefree", micro=4, parallel="fsdp"))
+    for elementwise in ELEMENTWISE:
+        parallel.append(config_for(str(root / f"fsdp-{elementwise}"), elementwise, micro=4, parallel="fsdp"))
     run_ranks(_train_all, 2, parallel, timeout=600)
     return root
 
@@ -57,8 +61,9 @@ def test_two_ddp_ranks_equal_one_process(runs, kind):
 
 
 @pytest.mark.slow
-def test_schedule_free_under_fsdp2_equals_one_process(runs):
-    single, fsdp = str(runs / "single-adamw_schedulefree"), str(runs / "fsdp-adamw_schedulefree")
+@pytest.mark.parametrize("kind", ELEMENTWISE)
+def test_elementwise_kinds_under_fsdp2_equal_one_process(runs, kind):
+    single, fsdp = str(runs / f"single-{kind}"), str(runs / f"fsdp-{kind}")
     assert relative_error(final_weights(fsdp), final_weights(single)) <= 1e-5
     assert losses(fsdp) == pytest.approx(losses(single), rel=1e-5, abs=0)
 

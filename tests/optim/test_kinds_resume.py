@@ -14,6 +14,7 @@ import torch
 from tests.train.test_resume import complete_steps, ditty, losses, write_recipe
 
 KINDS = {
+    "radam": ["--optimizer.kind", "radam", "--optimizer.weight_decay", "0.1"],
     "muon": ["--optimizer.kind", "muon", "--optimizer.weight_decay", "0.1"],
     "adafactor": ["--optimizer.kind", "adafactor", "--optimizer.lr", "0.01"],
     "adamw_schedulefree": ["--optimizer.kind", "adamw_schedulefree", "--scheduler.kind", "constant"],

@@ -39,6 +39,7 @@ CASES = {
     "full, SGD with momentum": dict(optimizer=OptimizerConfig(kind="sgd", momentum=0.9)),
     "full, Muon + AdamW": dict(optimizer=OptimizerConfig(kind="muon", weight_decay=0.1)),
     "full, Adafactor": dict(optimizer=OptimizerConfig(kind="adafactor")),
+    "full, RAdam": dict(optimizer=OptimizerConfig(kind="radam")),
     "full, schedule-free AdamW": dict(optimizer=OptimizerConfig(kind="adamw_schedulefree")),
     "LoRA + Muon (the adapter matrices)": dict(
         peft=PeftConfig(kind="lora", r=4, modules_to_save=["lm_head"]), optimizer=OptimizerConfig(kind="muon")
