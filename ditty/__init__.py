@@ -45,6 +45,7 @@ _LAZY = {
     "PreferenceConfig": "ditty.config.preference",
     "PreferenceLoss": "ditty.objectives.preference_loss",
     "RLConfig": "ditty.config.rl",
+    "RolloutConfig": "ditty.config.rollout",
     "PreProcessor": "ditty.stages.processors",
     "PostProcessor": "ditty.stages.processors",
     "Context": "ditty.stages.processors",

@@ -23,6 +23,7 @@ LAYERS = {
     "ditty.metrics": 2,
     "ditty.stages": 2,
     "ditty.objectives": 2,
+    "ditty.rl": 2,
     "ditty.recipe": 3,
     "ditty.plan": 3,
     "ditty.train": 4,
@@ -45,6 +46,7 @@ SAME_LAYER_ALLOWED = {
     # An objective's row builds its parts from the data and the model, as the trainer builds the policy's:
     ("ditty.objectives", "ditty.data"),  # RL reads the prompt stream and collates rollouts as causal-LM samples
     ("ditty.objectives", "ditty.models"),  # a reference model is built as [model] builds the policy
+    ("ditty.rl", "ditty.objectives"),  # the public names of the RL parts a user writes, from their homes
     ("ditty.objectives", "ditty.checkpoint"),  # a teacher or reference given by path is verified as final/ is
 }
 COMPAT = "ditty.compat"

@@ -81,8 +81,22 @@ def _ignored(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED)
 
 
+def under_current_names(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved flat recipe with the keys that moved since under their current names
+    (ditty.config.aliases.MOVED_KEYS): a checkpoint of `rl.backend` is one of `rollout.backend`."""
+    from ditty.config.aliases import MOVED_KEYS
+
+    out = dict(saved)
+    for old, new in MOVED_KEYS.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
+
+
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
     """The keys whose difference changes training, as "key: saved -> current (how it takes effect)" lines."""
+    saved = under_current_names(saved)
     lines = []
     for key in sorted(set(saved) | set(current)):
         old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
@@ -90,7 +104,7 @@ def recipe_differences(saved: dict[str, Any], current: dict[str, Any], *, step: 
             continue
         if old == "<absent>" and new == _defaults().get(key, "<absent>"):
             continue  # a key a later ditty added, at its default: the saved run trained as it says
-        if key == "rl.backend" and {old, new} == {"transformers", "generate"}:
+        if key in ("rl.backend", "rollout.backend") and {old, new} == {"transformers", "generate"}:
             continue  # one backend under its old and new names
         if (
             key == "train.steps"

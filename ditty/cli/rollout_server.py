@@ -1,11 +1,11 @@
 """`ditty rollout-server RECIPE [flags] [--print-command]`: the vLLM server a run with
-`rl.backend = "vllm-server"` samples from, started for that recipe.
+`rollout.backend = "vllm-server"` samples from, started for that recipe.
 
 It serves the recipe's starting model (`model.path`; the run sends its own weights before the first
-sample and after every update) at the host and port of `rl.vllm_server`, with what the run needs:
+sample and after every update) at the host and port of `rollout.vllm_server`, with what the run needs:
 VLLM_SERVER_DEV_MODE=1 (the /collective_rpc endpoint the weights are reloaded through),
 `--logprobs-mode processed_logprobs` (log-probabilities as sampled, after the temperature), a context of
-data.max_seq_len + rl.max_new_tokens, the run's seed, and on a CPU an eager engine with the KV cache one
+data.max_seq_len + rollout.max_new_tokens, the run's seed, and on a CPU an eager engine with the KV cache one
 step's rollouts need. It runs in the foreground until Ctrl-C; `--print-command` prints the command
 instead (to run it elsewhere, or under a process manager).
 """
@@ -70,10 +70,16 @@ def cmd_rollout_server(args: list[str]) -> int:
 
 def server_command(config) -> tuple[list[str], dict[str, str]]:
     """(the `vllm serve` command line for the recipe, the environment it needs)."""
-    rl, model = config.rl, config.model
-    if rl.kind == "none":
+    from ditty.objectives.table import objective_for
+
+    rollout, model = config.rollout, config.model
+    if "rollout" not in objective_for(config).sections:
         raise RecipeError.single(
-            key="rl.kind", message="`ditty rollout-server` serves the rollouts of an [rl] recipe", fix="set [rl] kind"
+            key="rl.kind",
+            message="`ditty rollout-server` serves the samples of a recipe that samples from its policy (an [rl] "
+            'recipe, online pairs or distillation), and this one trains "'
+            f'{objective_for(config).name}"',
+            fix='set [rl] kind, preference.pairs = "online" or [distill] kind',
         )
     if model.init == "random" or not model.path:
         raise RecipeError.single(
@@ -81,13 +87,13 @@ def server_command(config) -> tuple[list[str], dict[str, str]]:
             message="the rollout server starts from a saved model (the run sends its weights later): there is none",
             fix="set model.path to a Hugging Face directory or hub id of the policy's architecture",
         )
-    address = urlparse(rl.vllm_server)
+    address = urlparse(rollout.vllm_server)
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model.path,
         "--served-model-name", SERVED_NAME,
         "--tokenizer", config.tokenizer.path or model.path,
-        "--max-model-len", str(config.data.max_seq_len + rl.max_new_tokens),
+        "--max-model-len", str(config.data.max_seq_len + rollout.max_new_tokens),
         "--logprobs-mode", "processed_logprobs",
         "--seed", str(config.run.seed),
         "--host", address.hostname or "127.0.0.1",
@@ -103,7 +109,7 @@ def server_command(config) -> tuple[list[str], dict[str, str]]:
         # A CPU: no compilation (minutes, for nothing at this size) and a KV cache of what the rollouts need.
         command += ["--enforce-eager", "--kv-cache-memory-bytes", str(_cpu_kv_bytes(config))]
     else:
-        command += ["--gpu-memory-utilization", str(rl.vllm_memory)]
+        command += ["--gpu-memory-utilization", str(rollout.vllm_memory)]
     return command, env
 
 
@@ -125,5 +131,5 @@ def _cpu_kv_bytes(config) -> int:
     model_config = AutoConfig.from_pretrained(config.model.path)
     sequences = config.train.global_batch_size
     return cpu_kv_bytes(
-        model_config, sequences, config.data.max_seq_len + config.rl.max_new_tokens, torch.float32, config.rl
+        model_config, sequences, config.data.max_seq_len + config.rollout.max_new_tokens, torch.float32, config.rollout
     )

@@ -38,7 +38,7 @@ commands:
   eval RUN_OR_MODEL --tasks T1,T2 [--include-path DIR] [--limit N] [--num-fewshot K]
                                               lm-evaluation-harness scores (recorded in a run)
   rollout-server RECIPE [flags] [--print-command]
-                                              the vLLM server of rl.backend = "vllm-server"
+                                              the vLLM server of rollout.backend = "vllm-server"
 
 RECIPE is a .toml path, the name of a bundled recipe (see `ditty ls`), or
 package.module:function returning a Trainer.Config. `ditty run --help` lists every field.

@@ -7,7 +7,7 @@
     Pipeline(model_factory=ModelFactory.from_huggingface("runs/sft/final"),
              dataset=[{"prompt": "2+2=", "answer": "4"}, ...],
              reward_fn=lambda task, text: float(text.strip() == task["answer"]),
-             rl=RLConfig(group_size=8, max_new_tokens=8), output_dir="runs/grpo").run()
+             rl=RLConfig(group_size=8), rollout=RolloutConfig(max_new_tokens=8), output_dir="runs/grpo").run()
 
     Pipeline(model_factory=ModelFactory.from_huggingface("runs/student"),
              dataset=[{"prompt": "2+2=", "completion": "4"}, ...],
@@ -21,8 +21,10 @@ the "prompt" format; each function has TRL's signature `fn(prompts, completions,
 original library's `reward_fn(task, completion_text)` returning a float, a `(reward, metrics)` pair
 or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
 model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows or chats.
-`preference=PreferenceConfig(pairs="online")` takes `rl=` (its sampler) and `reward_fn=` (its rewards)
-beside it, on prompt rows or preference pairs. Without an objective, a Hugging Face causal LM's rows
+`preference=PreferenceConfig(pairs="online")` takes `rl=` (its group size) and `reward_fn=` (its
+rewards) beside it, on prompt rows or preference pairs. `rollout=` (a RolloutConfig or a dict) says how
+every objective that samples does (`[rollout]`); a dict given as `rl=` or `distill=` may still hold the
+sampling keys that moved there (with a warning). Without an objective, a Hugging Face causal LM's rows
 of text are read in the format their first row shows (`with_text_row_format`).
 """
 
@@ -32,6 +34,46 @@ import dataclasses
 from typing import Any, Optional
 
 from ditty.config.errors import Problem, RecipeError
+
+
+def moved_out(value: Any, key: str) -> tuple[Any, dict[str, Any]]:
+    """A dict given as `key=` without the keys that moved to another section (ditty.config.aliases),
+    and those keys by their new section's names ([rollout]'s); a warning names each."""
+    import logging
+
+    from ditty.config.aliases import moved_key, moved_key_message
+
+    if not isinstance(value, dict):
+        return value, {}
+    kept, moved = {}, {}
+    for name, item in value.items():
+        new = moved_key(f"{key}.{name}")
+        if new is None:
+            kept[name] = item
+            continue
+        moved[new.split(".", 1)[1]] = item
+        message, fix = moved_key_message(f"{key}.{name}", new)
+        logging.getLogger("ditty").warning("%s= %r %s (%s)", key, name, message, fix)
+    return kept, moved
+
+
+def with_current_keys(extra_config: Any) -> dict:
+    """`extra_config` ({section: {field: value}}, as a recipe's tables) with keys that moved under their
+    current names (ditty.config.aliases), each named in a warning."""
+    import copy
+    import logging
+
+    from ditty.config.aliases import move_keys, moved_key_message
+
+    tables = copy.deepcopy(dict(extra_config or {}))
+    moved, clashes = move_keys(tables)
+    if clashes:
+        old, new = clashes[0]
+        raise RecipeError.single(f"extra_config gives {old} and {new}, one key by its old and new names", key=old)
+    for new, old in moved.items():
+        message, fix = moved_key_message(old, new)
+        logging.getLogger("ditty").warning("extra_config: %s %s (%s)", old, message, fix)
+    return tables
 
 
 def as_section(value: Any, section: type, key: str) -> Any:
@@ -89,11 +131,20 @@ def with_objective(
     loss_calculator: Any = None,
     distill: Any = None,
     first_row: Any = None,
+    rollout: Any = None,
 ) -> Any:
     """`config` with the `[preference]`, `[rl]` or `[distill]` section the keywords ask for, and the
-    data format it reads (for online pairs, that of `first_row`: prompts, or pairs)."""
+    data format it reads (for online pairs, that of `first_row`: prompts, or pairs); `rollout=`'s
+    [rollout], with the sampling keys a dict `rl=` or `distill=` still holds."""
     from ditty.config.preference import PreferenceConfig
     from ditty.config.rl import RLConfig
+    from ditty.config.rollout import RolloutConfig
+
+    rl, from_rl = moved_out(rl, "rl")
+    distill, from_distill = moved_out(distill, "distill")
+    if rollout is not None or from_rl or from_distill:
+        section = as_section(rollout if rollout is not None else {}, RolloutConfig, "rollout")
+        config = dataclasses.replace(config, rollout=dataclasses.replace(section, **{**from_distill, **from_rl}))
 
     if distill is not None:
         return _with_distill(config, distill, preference, rl, reward_fn, loss_calculator, first_row)

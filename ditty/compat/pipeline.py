@@ -35,7 +35,8 @@ as for a recipe. The model is a `model_factory` (a transformers model of the tas
 of `dataset=`. The tokenizer (given, or found beside a given transformers model) is saved in final/.
 
 Post-training (ditty.compat.objectives): `preference=PreferenceConfig(...)` trains the DPO family on
-preference rows; `reward_fn=` (with `rl=RLConfig(...)`) runs GRPO on prompt rows; `distill=
+preference rows; `reward_fn=` (with `rl=RLConfig(...)`, and `rollout=RolloutConfig(...)` for how it
+samples) runs GRPO on prompt rows; `distill=
 DistillConfig(teacher=...)` distils a teacher into the model on prompt/completion rows.
 """
 
@@ -54,6 +55,7 @@ from ditty.compat.objectives import (
     objective_row,
     reward_function_list,
     reward_function_problems,
+    with_current_keys,
     with_objective,
     with_text_row_format,
 )
@@ -149,6 +151,7 @@ class Pipeline:
         rl: Any = None,
         reward_fn: Any = None,
         distill: Any = None,
+        rollout: Any = None,
         **unknown: Any,
     ) -> None:
         output_dir = os.fspath(output_dir) if isinstance(output_dir, os.PathLike) else output_dir
@@ -188,7 +191,7 @@ class Pipeline:
         # or on-policy distillation.
         if preference is None and isinstance(loss_calculator, PreferenceLoss):
             preference = loss_calculator.config  # a PreferenceLoss given alone reads preference rows
-        self.preference, self.rl, self.distill = preference, rl, distill
+        self.preference, self.rl, self.distill, self.rollout = preference, rl, distill, rollout
         self.reward_functions = reward_function_list(reward_fn)
         self.trainer_class = trainer_class
         self.metrics_logger = metrics_logger
@@ -199,7 +202,7 @@ class Pipeline:
         self.settings.update(
             accelerator_kwargs=dict(accelerator_kwargs or {}),
             hf_hub_token=bool(hf_hub_token),
-            extra_config=dict(extra_config or {}),
+            extra_config=with_current_keys(extra_config),
         )
         self.trainer: Optional[Trainer] = None
         self.model: Optional[torch.nn.Module] = None
@@ -238,7 +241,7 @@ class Pipeline:
         config = build_config(self.settings, self.model_factory, data, self.world_size(), model_task=self.model_task)
         first_row = data[0] if isinstance(data, (list, tuple)) and data else None  # online pairs: prompts or pairs
         keywords = (self.preference, self.rl, self.reward_functions, self.loss_calculator)
-        config = with_objective(config, *keywords, distill=self.distill, first_row=first_row)
+        config = with_objective(config, *keywords, distill=self.distill, first_row=first_row, rollout=self.rollout)
         return with_text_row_format(config, data, self.preprocessors, self.tokenizer or self.tokenizer_factory)
 
     def check(self, data: Any = None) -> None:

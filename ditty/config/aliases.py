@@ -1,14 +1,19 @@
-"""Keys users bring from other tools (the Hugging Face Trainer, TRL, peft, axolotl) and ditty's key
-for each, so an unknown `learning_rate` says "did you mean `lr`?" instead of listing every key.
+"""Other names of ditty's keys: keys users bring from other tools, and ditty's own keys that moved.
 
-A difflib match cannot find these: `learning_rate` is not spelled like `lr`, nor
-`per_device_train_batch_size` like `micro_batch_size`. Where the meaning differs (a ratio where
-ditty counts steps, an accumulation count where ditty keeps the global batch), the note says how.
+`FOREIGN_KEYS`: the Hugging Face Trainer's, TRL's, peft's and axolotl's names for ditty's keys, so an
+unknown `learning_rate` says "did you mean `lr`?" instead of listing every key. A difflib match cannot
+find these: `learning_rate` is not spelled like `lr`, nor `per_device_train_batch_size` like
+`micro_batch_size`. Where the meaning differs (a ratio where ditty counts steps, an accumulation count
+where ditty keeps the global batch), the note says how.
+
+`MOVED_KEYS`: ditty's keys that moved to another section. A recipe, a flag or a saved checkpoint's
+recipe that writes the old key still works: the loader moves it (`move_keys`) and the compiler warns,
+naming the new key.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 FOREIGN_KEYS: dict[str, tuple[str, str]] = {
     # name elsewhere: (ditty's dotted key, how the meaning differs; "" when it does not)
@@ -69,3 +74,63 @@ def foreign_key_fix(key: str, section: str = "", *, flag: bool = False) -> Optio
     target_section, name = target.split(".", 1)
     shown = f"--{target}" if flag else (name if section == target_section else target)
     return f"did you mean `{shown}`? (`{key}` is another tool's name)" + (f"; {note}" if note else "")
+
+
+MOVED_KEYS: dict[str, str] = {
+    **{
+        f"rl.{name}": f"rollout.{name}"
+        for name in (
+            "backend",
+            "temperature",
+            "top_p",
+            "max_new_tokens",
+            "generation_batch_size",
+            "vllm_memory",
+            "vllm_server",
+            "vllm_timeout_s",
+            "vllm_retries",
+            "max_staleness",
+            "sampler_correction",
+            "correction_cap",
+        )
+    },
+    "distill.max_new_tokens": "rollout.max_new_tokens",
+}
+"""old dotted key -> where it lives now: [rollout] holds how every on-policy row samples."""
+
+
+def moved_key(path: str) -> Optional[str]:
+    """The current key of an old dotted key, or None."""
+    return MOVED_KEYS.get(path)
+
+
+def move_keys(data: dict[str, Any]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Move the old keys of a parsed recipe (TOML tables as dicts) to their new places, in place.
+
+    Returns ({new key: old key} for every key moved, [(old, new) set both ways]): a key written both
+    ways is the caller's error to report (which one was meant is not for the loader to guess)."""
+    moved: dict[str, str] = {}
+    clashes: list[tuple[str, str]] = []
+    for old, new in MOVED_KEYS.items():
+        old_section, old_name = old.split(".", 1)
+        table = data.get(old_section)
+        if not isinstance(table, dict) or old_name not in table:
+            continue
+        new_section, new_name = new.split(".", 1)
+        target = data.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # a [rollout] that is not a table: the schema reports it
+        if new_name in target:
+            table.pop(old_name)  # reported once, as the clash, not again as an unknown key
+            clashes.append((old, new))
+            continue
+        target[new_name] = table.pop(old_name)
+        moved[new] = old
+    return moved, clashes
+
+
+def moved_key_message(old: str, new: str) -> tuple[str, str]:
+    """(message, fix) of the warning for an old key written where its new one belongs."""
+    section = new.split(".", 1)[0]
+    why = " (how every on-policy row samples)" if section == "rollout" else ""
+    return f"is now {new}: [{section}] holds it{why}; the old key still works", f"write it as {new}"

@@ -14,8 +14,10 @@ from typing import Any
 import tomllib
 
 from ditty.config import coerce
+from ditty.config.aliases import move_keys
 from ditty.config.bundled import find_bundled
 from ditty.config.errors import Problem, RecipeError
+from ditty.config.errors import error as error_problem
 from ditty.config.lines import LineIndex, index_lines
 from ditty.config.references import import_reference, resolve_reference
 from ditty.config.root import TrainerConfig
@@ -39,6 +41,9 @@ class LoadedRecipe:
     provenance: dict[str, str] = field(default_factory=dict)
     """Dotted leaf path -> "default", "toml" or "flag"."""
     lines: LineIndex = field(default_factory=LineIndex)
+    moved: dict[str, str] = field(default_factory=dict)
+    """Keys written by an old name (ditty.config.aliases.MOVED_KEYS): new dotted key -> the old one, or
+    "--old.key" for a flag. The compiler warns of each; problems of a moved key point at its old line."""
 
 
 def resolve_recipe_path(ref: str) -> Path:
@@ -88,6 +93,14 @@ def parse_recipe(raw: bytes | str, source: str | None = None, *, import_code: bo
         raise RecipeError.single("the recipe is empty", fix="start from `ditty init -o recipe.toml`", source=source)
     lines = index_lines(text)
     problems: list[Problem] = []
+    moved, clashes = move_keys(data)
+    for old_key, new_key in clashes:
+        problems.append(
+            error_problem(old_key, f"and {new_key} are one key (its old and its new name), both set", f"keep {new_key}")
+        )
+    for new_key, old_key in moved.items():  # a moved key's problems point at the line it was written on
+        if old_key in lines.lines:
+            lines.lines[new_key] = lines.lines[old_key]
     trainer_ref = data.pop(TRAINER_KEY, None)
     schema = TrainerConfig
     if trainer_ref is not None and not import_code:
@@ -105,6 +118,7 @@ def parse_recipe(raw: bytes | str, source: str | None = None, *, import_code: bo
         trainer=trainer_ref,
         provenance=_provenance(schema, data),
         lines=lines,
+        moved=moved,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import tomllib
 
-from ditty.config.aliases import foreign_key_fix
+from ditty.config.aliases import foreign_key_fix, moved_key
 from ditty.config.coerce import MISSING, convert_or_report
 from ditty.config.errors import Problem, RecipeError
 from ditty.config.loader import LoadedRecipe
@@ -78,7 +78,12 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
     switches = frozenset(path for path, leaf in leaves.items() if leaf.type is bool)
     pairs, problems = split_flags(argv, switches)
     checked: dict[str, Any] = {}
+    moved = dict(loaded.moved)
     for path, text in pairs:  # a flag given again wins over the earlier one: scripts append overrides
+        current = moved_key(path)
+        if current is not None:  # an old name (ditty.config.aliases): the compiler warns of it
+            moved[current] = f"--{path}"
+            path = current
         leaf = leaves.get(path)
         table = _table_of(path, leaves) if leaf is None else None
         if table is not None:  # --model.config.hidden_size 64: one entry of a table field
@@ -104,7 +109,7 @@ def apply_overrides(loaded: LoadedRecipe, argv: list[str]) -> LoadedRecipe:
             config = replace_path(config, path, value)
     provenance = dict(loaded.provenance)
     provenance.update({path: "flag" for path in checked})
-    return dataclasses.replace(loaded, config=config, provenance=provenance)
+    return dataclasses.replace(loaded, config=config, provenance=provenance, moved=moved)
 
 
 def _table_of(path: str, leaves: dict[str, FieldInfo]) -> tuple[str, list[str]] | None:

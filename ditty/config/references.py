@@ -96,7 +96,8 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
     """Every piece of code a recipe makes ditty import or run, as `key = value` lines: its trainer,
     each [pipeline] stage, `model.factory`, converter classes in `model.converters`, reward
     functions in `rl.rewards` and tools in `rl.tools` (the compiler imports them to check their
-    signature) and the environment class of `rl.environment`, each other than ditty's own, and
+    signature), the environment class of `rl.environment`, and an advantage estimator or policy loss
+    of one's own (`rl.advantage`, `rl.loss`), each other than ditty's own, and
     `model.trust_remote_code` (code shipped beside the model). Readers of someone else's run refuse
     to go on while this is not empty, unless told to trust it."""
     import dataclasses
@@ -124,6 +125,13 @@ def code_references(config: Any, trainer: str | None = None) -> list[str]:
             elif item.name in ("use", "factory") and isinstance(value, str) and value:
                 found.append(f"{key} = {value!r}")
             elif item.name == "environment" and isinstance(value, str) and value and not _ditty_own(value):
+                found.append(f"{key} = {value!r}")
+            elif (
+                key in ("rl.advantage", "rl.loss")
+                and isinstance(value, str)
+                and is_code_reference(value)
+                and not _ditty_own(value)
+            ):  # an advantage estimator or a policy loss of one's own
                 found.append(f"{key} = {value!r}")
             elif item.name == "trust_remote_code" and value is True:
                 found.append(f"{key} = true")

@@ -1,10 +1,11 @@
 """`[rl]`: reinforcement learning with verifiable rewards (GRPO and its variants).
 
 Defaults are TRL's GRPOConfig's where TRL has one (num_generations -> group_size,
-max_completion_length -> max_new_tokens, epsilon/epsilon_high -> clip_low/clip_high,
-num_iterations -> updates_per_rollout, importance_sampling_level -> importance, loss_type -> loss,
-mask_truncated_completions -> mask_truncated). `train.global_batch_size` counts completions, as
-TRL's generation batch: each step samples global_batch_size / group_size prompts.
+epsilon/epsilon_high -> clip_low/clip_high, num_iterations -> updates_per_rollout,
+importance_sampling_level -> importance, loss_type -> loss, mask_truncated_completions ->
+mask_truncated). `train.global_batch_size` counts completions, as TRL's generation batch: each step
+samples global_batch_size / group_size prompts. How the completions are sampled (the engine,
+temperature, max_new_tokens, ...) is `[rollout]`'s, shared with the other on-policy rows.
 """
 
 from __future__ import annotations
@@ -18,21 +19,20 @@ class RLConfig:
     kind: Literal["none", "grpo"] = "none"
     """"grpo": sample `group_size` completions per prompt with the live policy, score them with the
     reward functions, and train the clipped policy loss on their advantages (needs data.format = "prompt")."""
-    advantage: Literal["group", "rloo"] = "group"
-    """How a completion's reward becomes its advantage: "group" normalises it by its group's mean (and
-    std, see scale_rewards: GRPO); "rloo" subtracts the mean of the OTHER completions of its prompt
-    (the leave-one-out baseline of RLOO, Ahmadian et al. 2024; TRL's RLOOTrainer)."""
+    advantage: str = "group"
+    """How a completion's reward becomes its advantage (ditty.objectives.rl.estimators): "group"
+    normalises it by its group's mean (and std, see scale_rewards: GRPO); "rloo" subtracts the mean of
+    the OTHER completions of its prompt (the leave-one-out baseline of RLOO, Ahmadian et al. 2024;
+    TRL's RLOOTrainer); "reinforce_pp" subtracts the group's mean, then whitens over the batch's tokens
+    (REINFORCE++ with a group baseline, verl's reinforce_plus_plus_baseline); or your own function as
+    "package.module:function", fn(rewards, group_size, lengths) -> advantages (ditty.rl.AdvantageEstimator)."""
     group_size: int = 8
     """Completions sampled per prompt (TRL: num_generations)."""
-    max_new_tokens: int = 512
-    """Most tokens generated per completion (TRL: max_completion_length); longer ones are truncated."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollouts (1.0: off)."""
-    loss: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
-    """Normalisation of the policy loss: "grpo" per sequence then over sequences, "dapo" per token of
-    the global batch, "dr_grpo" by sequences x max_new_tokens (TRL: loss_type)."""
+    loss: str = "dapo"
+    """The policy loss (ditty.objectives.rl.policy_losses): the clipped surrogate normalised "grpo" per
+    sequence then over sequences, "dapo" per token of the global batch, "dr_grpo" by sequences x
+    rollout.max_new_tokens (TRL: loss_type); or your own function as "package.module:function" with
+    grpo_loss's arguments, returning its micro-batch's share of the loss (ditty.rl.PolicyLoss)."""
     clip_low: float = 0.2
     """Lower clip of the importance ratio, 1 - clip_low (TRL: epsilon)."""
     clip_high: Optional[float] = None
@@ -58,39 +58,6 @@ class RLConfig:
     """Seconds one reward function may take on one batch of completions; a function still running
     then stops the run (exit code 2, the last checkpoint intact). 0: no limit. A function that calls
     os._exit() ends the process at once: that cannot be caught in-process."""
-    backend: Literal["generate", "vllm", "vllm-server", "transformers"] = "generate"
-    """What samples the rollouts: "generate", transformers' `generate` with a KV cache on the live policy
-    in the training process; "vllm", a vLLM engine colocated in each training process (weights synced
-    from the policy whenever an optimizer step moved it); "vllm-server", a vLLM server in another process
-    or machine (`ditty rollout-server`, or your own `vllm serve`) at `rl.vllm_server`, sent the weights
-    by a path after each step. "transformers" is the old name of "generate". The vLLM backends need vllm
-    (`pip install "ditty[vllm]"`; on a CPU machine `make setup-vllm`, then `.venv-vllm/bin/ditty`)."""
-    vllm_memory: float = 0.3
-    """The colocated engine's share of the accelerator's memory (vLLM's gpu_memory_utilization; TRL's
-    vllm_gpu_memory_utilization, 0.3 in its colocate mode), taken from what the trainer can use. On a
-    CPU the engine gets the KV cache one step's rollouts need, at most this share of the machine's memory."""
-    vllm_server: str = "http://127.0.0.1:8000"
-    """The rollout server's address ("vllm-server"): its OpenAI-compatible endpoint and, with
-    VLLM_SERVER_DEV_MODE=1 (`ditty rollout-server` sets it), /collective_rpc for weight reloads."""
-    vllm_timeout_s: float = 120.0
-    """Seconds one request to the rollout server may take (a sampling call, a weight reload) before the
-    run retries it; a server still unreachable after `rl.vllm_retries` tries stops the run (exit 2)."""
-    vllm_retries: int = 3
-    """Tries of a failed request to the rollout server (a dead server, a timeout), 2 s apart, doubling."""
-    max_staleness: int = 0
-    """How many optimizer steps older than the policy a step's rollouts may be. 0: every step samples with
-    its own weights, then trains (the synchronous loop). 1: one-step-async: the rollouts of step t+1 are
-    sampled (on a sampler thread) while step t trains, so they are one update old; needs a vLLM backend."""
-    sampler_correction: Literal["none", "tis", "mis"] = "none"
-    """Off-policy correction for what the sampler drew with another distribution than the trainer's (the
-    engine's numerics, stale weights): "tis" multiplies each token's loss by its truncated importance
-    weight min(exp(logp_trainer - logp_sampler), correction_cap) (TRL: token_truncate); "mis" masks the
-    completions whose sequence weight exp(sum of the differences) exceeds correction_cap (TRL:
-    sequence_mask). Needs a sampler that reports its log-probabilities (a vLLM backend)."""
-    correction_cap: float = 3.0
-    """The cap C of sampler_correction (TRL: vllm_importance_sampling_clip_max, 3.0)."""
-    generation_batch_size: int = 0
-    """Prompts per `generate` call on each rank; 0: all of the rank's prompts of a step at once."""
     environment: str = ""
     """The environment episodes run in, as "package.module:Name": a class with `reset(row) ->
     observation` (the first messages, from the prompt row) and `step(completion) -> StepResult` (the
@@ -126,7 +93,7 @@ class RLConfig:
         """Rollouts are episodes of several turns: an environment or tools are named."""
         return bool(self.environment or self.tools)
 
-    @property
-    def tokens_after_prompt(self) -> int:
-        """The most tokens a rollout adds after its prompt: an episode's budget, else one completion's."""
-        return self.max_episode_tokens if self.plays_episodes else self.max_new_tokens
+    def tokens_after_prompt(self, rollout) -> int:
+        """The most tokens a rollout adds after its prompt: an episode's budget, else one completion's
+        (`rollout`: the recipe's RolloutConfig)."""
+        return self.max_episode_tokens if self.plays_episodes else rollout.max_new_tokens

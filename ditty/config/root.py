@@ -12,6 +12,7 @@ from ditty.config.distill import DistillConfig
 from ditty.config.mtp import MTPConfig
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
+from ditty.config.rollout import RolloutConfig
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -72,6 +73,8 @@ class TrainerConfig:
     """Preference optimisation (DPO, IPO, SimPO, ORPO, KTO) on preference data."""
     rl: RLConfig = field(default_factory=RLConfig)
     """Reinforcement learning with rollouts in the loop (GRPO, RLOO)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How the on-policy rows sample from the policy (GRPO/RLOO, online pairs, distillation)."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """On-policy distillation from a teacher model (GKD)."""
     mtp: MTPConfig = field(default_factory=MTPConfig)

@@ -181,7 +181,7 @@ completions/mean_length | tokens | {RL_STEP}
 completions/max_length | tokens | {RL_STEP}
     The longest completion of the step.
 completions/clipped_ratio | fraction | {RL_STEP}
-    Share of completions cut at `rl.max_new_tokens` (or an episode's budget) before they ended.
+    Share of completions cut at `rollout.max_new_tokens` (or an episode's budget) before they ended.
 clip_ratio/low_mean | fraction | {RL_STEP}
     Share of completion tokens (`rl.importance = "sequence"`: of completions) whose importance ratio fell below
     1 - `rl.clip_low` with a negative advantage: clipped from below.
@@ -197,9 +197,9 @@ rollout/tokens_per_s | tokens/s | {RL_STEP}
     Completion tokens sampled per second of sampling, all ranks together (timed by the slowest rank).
 rollout/generation_share | fraction | {RL_STEP} (from the second step)
     Sampling's share of the wall time between two steps: near 1, the step waits on the sampler.
-rollout/staleness | updates | vLLM backends and `rl.max_staleness` > 0, {LOGGED}
+rollout/staleness | updates | vLLM backends and `rollout.max_staleness` > 0, {LOGGED}
     How many optimizer updates behind the policy the sampler's weights were when it sampled the step's
-    completions (0: on-policy; 1 under `rl.max_staleness = 1`).
+    completions (0: on-policy; 1 under `rollout.max_staleness = 1`).
 rollout/logprob_diff/mean | nats | samplers that report log-probabilities (vLLM backends), {LOGGED}
     The mean over completion tokens of |log pi_trainer - log pi_sampler|: how far the sampler's numbers are from
     the trainer's (about 1e-6 in fp32 with the same weights).

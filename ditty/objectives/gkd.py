@@ -29,7 +29,7 @@ from ditty.config.errors import Problem, RecipeError, error, warning
 from ditty.models.inputs import model_inputs
 from ditty.objectives.footprint import Footprint, reference_footprint
 from ditty.objectives.jsd import chunked_jsd
-from ditty.objectives.parts import ObjectiveParts, no_step_metrics
+from ditty.objectives.parts import ObjectiveParts, no_step_metrics, nothing_to_do
 from ditty.stages.fused_loss import HEAD_INPUT, emit_head_input, head_projection, output_head
 from ditty.stages.fused_loss.head import model_config
 from ditty.stages.loss import LossCalculator, LossOutput
@@ -163,6 +163,7 @@ class OnPolicyStream:
         return self.inner.source_tokens()
 
     def close(self) -> None:
+        self.sampler.close()
         self.inner.close()
 
     def state_dict(self) -> dict:
@@ -184,8 +185,9 @@ def prompt_of(input_ids: Tensor, labels: Tensor) -> list[int]:
 
 
 def build_distill(run: Any) -> ObjectiveParts:
+    from ditty.objectives.policy_sampling import PolicySampling
     from ditty.objectives.reference import build_reference
-    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+    from ditty.objectives.rl.samplers import build_sampler
 
     config = run.config
     distill = config.distill
@@ -195,13 +197,11 @@ def build_distill(run: Any) -> ObjectiveParts:
     if distill.lmbda > 0:
         data = run.data.stream(run.plan.accumulation_steps)
         policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
-        new_tokens = min(distill.max_new_tokens, config.data.max_seq_len)  # a row holds at most max_seq_len
-        settings = SamplerSettings(1, distill.temperature, 1.0, new_tokens)  # one completion per prompt
-        sampler = GenerateSampler(policy, settings, run.tokenizer, run.runtime.device, config.run.seed)
+        sampling = PolicySampling(build_sampler(run, policy, group_size=1, rollout=student_sampling(config)))
         pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         stream = OnPolicyStream(
             data,
-            sampler,
+            sampling,
             distill,
             config.run.seed,
             pad,
@@ -214,7 +214,16 @@ def build_distill(run: Any) -> ObjectiveParts:
         stream=stream,
         reference=teacher,
         step_metrics=stream.step_metrics if stream is not None else no_step_metrics,
+        after_update=sampling.updated if stream is not None else nothing_to_do,
     )
+
+
+def student_sampling(config: Any) -> Any:
+    """[rollout], with the student's samples capped at data.max_seq_len tokens (a row holds at most that)."""
+    from dataclasses import replace
+
+    rollout = config.rollout
+    return replace(rollout, max_new_tokens=min(rollout.max_new_tokens, config.data.max_seq_len))
 
 
 def check_vocabulary(student: torch.nn.Module, teacher: torch.nn.Module, path: str) -> None:
@@ -242,7 +251,6 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         ("beta", 0.0 <= distill.beta <= 1.0, "in [0, 1] (0: forward KL, 1: reverse KL)"),
         ("lmbda", 0.0 <= distill.lmbda <= 1.0, "in [0, 1] (the share of on-policy steps)"),
         ("temperature", distill.temperature > 0, "above 0"),
-        ("max_new_tokens", distill.max_new_tokens >= 1, "at least 1"),
         ("chunks", distill.chunks >= 1, "at least 1"),
         ("sft_weight", distill.sft_weight >= 0, "0 or more"),
         ("data_only_steps", distill.data_only_steps >= 0, "0 or more"),
@@ -250,6 +258,10 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
+    if distill.lmbda > 0:  # the student samples: how is [rollout]'s
+        from ditty.objectives.rollout_rules import rollout_rules
+
+        yield from rollout_rules(ctx, row="on-policy distillation")
     if distill.lmbda == 1:
         unused = [("sft_weight", distill.sft_weight > 0), ("teacher_mistakes", distill.teacher_mistakes == "data")]
         for key, set_ in unused:
@@ -284,7 +296,8 @@ def describe_distill(config: Any) -> list[tuple[str, str]]:
     d = config.distill
     text = (
         f"gkd from {d.teacher}: generalised JSD beta {d.beta:g} at temperature {d.temperature:g}, on-policy share "
-        f"{d.lmbda:g}{after_data_only(d)} (at most {d.max_new_tokens} new tokens), in {d.chunks} chunks"
+        f"{d.lmbda:g}{after_data_only(d)} (at most {config.rollout.max_new_tokens} new tokens at temperature "
+        f"{config.rollout.temperature:g}, {config.rollout.engine}), in {d.chunks} chunks"
         + (f", plus {d.sft_weight:g} x cross-entropy on the data's completions" if d.sft_weight else "")
         + not_following(d)
     )
@@ -299,7 +312,7 @@ def distill_footprint(config: Any, world_size: int) -> Footprint:
         d.teacher or "none",
         method="gkd",
         rollout_sequences=prompts if d.lmbda > 0 else 0,
-        rollout_tokens=config.data.max_seq_len + min(d.max_new_tokens, config.data.max_seq_len),
+        rollout_tokens=config.data.max_seq_len + student_sampling(config).max_new_tokens,
         chunks=d.chunks,
     )
 

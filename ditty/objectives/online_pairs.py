@@ -14,7 +14,7 @@ its prompt's group as one more candidate, and is the `answer` column the reward 
 default reward, without `rl.rewards`, is exact match against it:
 "ditty.objectives.builtin_rewards:exact_match"): a prompt the policy never answers right still makes a
 pair, the chosen answer against the policy's own worst mistake, and samples are cut one token past the
-longest chosen answer of the batch. A completion is sampled up to `rl.max_new_tokens` and at most
+longest chosen answer of the batch. A completion is sampled up to `rollout.max_new_tokens` and at most
 `data.max_seq_len` tokens; a pair is cut to `data.max_seq_len` like any.
 
 Each rank samples its own prompts; every step serves the same number of micro-batches on every rank,
@@ -164,7 +164,7 @@ class OnlinePairStream:
             why += ", and the rest kept no completion token within data.max_seq_len"
         steps = "the next step trains" if self.refresh_every == 1 else f"the next {self.refresh_every} steps train"
         log.warning(
-            "online pairs: no pair from this refresh (%s): %s nothing; a higher rl.temperature or "
+            "online pairs: no pair from this refresh (%s): %s nothing; a higher rollout.temperature or "
             'rl.group_size makes groups differ, and with data.format = "preference" each pair\'s chosen answer '
             "joins its group (online/pairs and online/tied_groups in metrics.jsonl count them)",
             why,
@@ -195,9 +195,8 @@ class OnlinePairStream:
         return {}
 
     def close(self) -> None:
-        close = getattr(self.prompts, "close", None)
-        if close is not None:
-            close()
+        self.sampler.close()
+        self.prompts.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Collective with several ranks: each rank's pairs not yet trained on are its own."""
@@ -249,23 +248,20 @@ def _filler(collator: Any) -> dict:
     return {"input_ids": [0], "labels": [IGNORE_INDEX], "rejected_input_ids": [0], "rejected_labels": [IGNORE_INDEX]}
 
 
-def sampler_settings(rl: Any, max_seq_len: int) -> Any:
-    """The [rl] sampler settings, with the completions capped at data.max_seq_len tokens."""
-    from ditty.objectives.rl.sampling import SamplerSettings
-
-    return SamplerSettings(
-        rl.group_size, rl.temperature, rl.top_p, min(rl.max_new_tokens, max_seq_len), rl.generation_batch_size
-    )
+def sampling_settings(rollout: Any, max_seq_len: int) -> Any:
+    """[rollout], with the completions capped at data.max_seq_len tokens (a pair holds at most that)."""
+    return replace(rollout, max_new_tokens=min(rollout.max_new_tokens, max_seq_len))
 
 
 def build_online_pairs(run: Any) -> ObjectiveParts:
     from ditty.data.build import build_stream
     from ditty.data.formats.preference_rows import PairCollator
     from ditty.objectives.pairs import build_pairs
+    from ditty.objectives.policy_sampling import PolicySampling
     from ditty.objectives.rewards import load_reward_functions
     from ditty.objectives.rl.environment import RewardEnvironment
     from ditty.objectives.rl.row import reward_references
-    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.rl.samplers import build_sampler
 
     config, runtime = run.config, run.runtime
     rl, pref, train, data = config.rl, config.preference, config.train, config.data
@@ -285,11 +281,11 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
     )
     policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    rollout = sampling_settings(config.rollout, data.max_seq_len)
+    sampling = PolicySampling(build_sampler(run, policy, group_size=rl.group_size, rollout=rollout))
     stream = OnlinePairStream(
         prompts,
-        sampler=GenerateSampler(
-            policy, sampler_settings(rl, data.max_seq_len), run.tokenizer, runtime.device, config.run.seed
-        ),
+        sampler=sampling,
         environment=RewardEnvironment(functions, rl.reward_timeout_s),
         collator=PairCollator(pad),
         group_size=rl.group_size,
@@ -304,21 +300,22 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
     if data.format == "prompt":  # prompts have no pairs to validate on: the greedy reward, as RL's
         from ditty.objectives.rl.evaluation import RolloutEvaluation
 
-        settings = sampler_settings(rl, data.max_seq_len)
         evaluation = RolloutEvaluation(
-            run.data.bundle, functions, run.tokenizer, settings.max_new_tokens, rl.reward_timeout_s
+            run.data.bundle, functions, run.tokenizer, rollout.max_new_tokens, rl.reward_timeout_s
         )
-    return replace(pairs, stream=stream, evaluation=evaluation, step_metrics=stream.step_metrics)
+    return replace(
+        pairs, stream=stream, evaluation=evaluation, step_metrics=stream.step_metrics, after_update=sampling.updated
+    )
 
 
 def describe_online(config: Any) -> list[tuple[str, str]]:
     from ditty.objectives.pairs import describe_pairs
 
-    pref, rl = config.preference, config.rl
+    pref, rl, rollout = config.preference, config.rl, config.rollout
     rewards = ", ".join(r.rsplit(":", 1)[-1] for r in rl.rewards) or "exact match against the chosen answer"
     sampling = (
         f"pairs sampled online every {pref.refresh_every} step(s): {rl.group_size} completions per prompt "
-        f"(temperature {rl.temperature:g}), best vs worst by {rewards}"
+        f"(temperature {rollout.temperature:g}, {rollout.engine}), best vs worst by {rewards}"
     )
     return describe_pairs(config) + [("pairs", sampling)]
 
@@ -328,11 +325,12 @@ def online_footprint(config: Any, world_size: int) -> Footprint:
 
     rl, pref = config.rl, config.preference
     prompts = max(1, config.train.global_batch_size * pref.refresh_every // max(1, world_size))
-    in_flight = min(rl.generation_batch_size or prompts, prompts) * rl.group_size
+    rollout = config.rollout
+    in_flight = min(rollout.generation_batch_size or prompts, prompts) * rl.group_size
     return replace(
         pairs_footprint(config, world_size),
         rollout_sequences=in_flight,
-        rollout_tokens=config.data.max_seq_len + min(rl.max_new_tokens, config.data.max_seq_len),
+        rollout_tokens=config.data.max_seq_len + min(rollout.max_new_tokens, config.data.max_seq_len),
     )
 
 

@@ -1,7 +1,8 @@
 """The compiler's rules of the online-pairs row (`[preference] pairs = "online"`, ditty.objectives.
-online_pairs): its data format, the paired kinds and references it takes, and the [rl] settings it
-reads (the sampler's and the reward functions'), refusing another rollout backend and warning about
-any other [rl] key set. Imports nothing heavy: `ditty check` runs them before any model loads."""
+online_pairs): its data format, the paired kinds and references it takes, how it samples ([rollout]'s
+rules, as every row that samples) and the [rl] settings it reads (the group size and the reward
+functions), warning about any other [rl] key set. Imports nothing heavy: `ditty check` runs them before
+any model loads."""
 
 from __future__ import annotations
 
@@ -12,22 +13,14 @@ from ditty.config.errors import Problem, error, warning
 DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
 """The reward of online pairs without rl.rewards: exact match against the pair's chosen answer."""
 
-READS_FROM_RL = (
-    "group_size",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "generation_batch_size",
-    "rewards",
-    "reward_weights",
-    "reward_timeout_s",
-)
-"""The [rl] keys online pairs read: the sampler settings of `generate` and the reward functions."""
+READS_FROM_RL = ("group_size", "rewards", "reward_weights", "reward_timeout_s")
+"""The [rl] keys online pairs read: the candidates per prompt and the reward functions that judge them."""
 
 
 def online_rules(ctx: Any) -> Iterator[Problem]:
     from ditty.objectives.pairs import pair_values, reference_rules
-    from ditty.objectives.rl.rl_rules import rewards_resolve, sampler_values
+    from ditty.objectives.rl.rl_rules import rewards_resolve
+    from ditty.objectives.rollout_rules import rollout_rules
 
     cfg = ctx.config
     pref, rl = cfg.preference, cfg.rl
@@ -39,7 +32,7 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
         yield error("preference.refresh_every", f"must be at least 1, got {pref.refresh_every}", "use 1")
     if rl.group_size < 2:
         yield error("rl.group_size", f"must be at least 2 to make a pair, got {rl.group_size}", "use 4 to 16")
-    yield from sampler_values(rl)
+    yield from rollout_rules(ctx, row="online pairs")
     yield from rl_keys_unread(ctx)
     if pref.reference == "precompute":
         yield error(
@@ -72,29 +65,18 @@ def online_rules(ctx: Any) -> Iterator[Problem]:
 
 
 def rl_keys_unread(ctx: Any) -> Iterator[Problem]:
-    """Another rollout backend is refused (online pairs sample with `generate` in the training process);
-    any other [rl] key set, such as the policy loss or the episode settings, has no effect: a warning."""
-    rl = ctx.config.rl
-    if rl.backend != "generate":
-        yield error(
-            "rl.backend",
-            f'"{rl.backend}" samples for the RL rows (rl.kind); pairs = "online" samples with transformers\' '
-            "generate in the training process",
-            "remove rl.backend",
-        )
+    """Any [rl] key set but the group size and the reward functions, such as the policy loss or the
+    episode settings, has no effect: a warning."""
     unread = sorted(
         path
         for path in ctx.provenance
-        if path.startswith("rl.")
-        and path != "rl.backend"
-        and ctx.is_set(path)
-        and path.split(".")[1].split("[")[0] not in READS_FROM_RL
+        if path.startswith("rl.") and ctx.is_set(path) and path.split(".")[1].split("[")[0] not in READS_FROM_RL
     )
     if unread:
         others = f"; nor {'does' if len(unread) == 2 else 'do'} {', '.join(unread[1:])}" if unread[1:] else ""
         yield warning(
             unread[0],
-            f'has no effect: pairs = "online" reads only [rl]\'s sampler settings and reward functions '
+            f'has no effect: pairs = "online" reads only [rl]\'s group size and reward functions '
             f"({', '.join(READS_FROM_RL)}){others}",
             "remove " + ("it" if len(unread) == 1 else "them"),
         )

@@ -16,6 +16,10 @@ def no_step_metrics() -> dict[str, float]:
     return {}
 
 
+def nothing_to_do() -> None:
+    return None
+
+
 @dataclass
 class ObjectiveParts:
     loss: Any
@@ -30,3 +34,6 @@ class ObjectiveParts:
     step_metrics: Callable[[], dict[str, float]] = no_step_metrics
     """The values of the step just taken that belong to no micro-batch (a rollout's rewards, lengths,
     timings): logged beside the loss's own metrics."""
+    after_update: Callable[[], None] = nothing_to_do
+    """Called after each optimizer update that changed the weights (not after a step skipped as
+    non-finite): an on-policy row counts the policy's versions with it (ditty.objectives.policy_sampling)."""

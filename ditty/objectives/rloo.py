@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ditty.objectives.grpo import ADVANTAGE_EPS, Advantages, group_advantages
@@ -40,17 +39,8 @@ def leave_one_out_advantages(rewards: Tensor, group_size: int, scale_rewards: st
     return Advantages(advantages, metrics)
 
 
-class LeaveOneOut:
-    """The advantage estimator part (ditty.objectives.rl.advantages) of the RLOO row."""
-
-    def __init__(self, rl: Any) -> None:
-        self.group_size, self.scale_rewards = rl.group_size, rl.scale_rewards
-
-    def __call__(self, rewards: Tensor) -> Advantages:
-        return leave_one_out_advantages(rewards.to(torch.float64), self.group_size, self.scale_rewards)
-
-
 def build_rloo(run: Any) -> ObjectiveParts:
+    """GRPO's parts; the estimator is `rl.advantage`'s, "rloo" (ditty.objectives.rl.estimators)."""
     from ditty.objectives.rl.row import build_rl
 
-    return build_rl(run, advantage=LeaveOneOut)
+    return build_rl(run)

@@ -51,7 +51,7 @@ def encode_by_rank(value: Any, world_size: int) -> list[str]:
 # when an entry holds nothing (None: never; such an entry is saved only while it holds some).
 PER_RANK: dict[str, tuple[str, Optional[Callable[[Any], bool]]]] = {
     "buffer": ("rollouts", None),  # RL: reused over rl.updates_per_rollout steps
-    "ahead": ("rollouts", lambda drawn: not drawn),  # RL: sampled ahead (rl.max_staleness)
+    "ahead": ("rollouts", lambda drawn: not drawn),  # RL: sampled ahead (rollout.max_staleness)
     "pending": ("preference pairs", lambda saved: not saved["pairs"]),  # online pairs: the next steps'
 }
 

@@ -121,7 +121,7 @@ def _rl_row(name: str, summary: str, build: Callable[[Any], Any]) -> Objective:
         summary=summary,
         data_formats=("prompt",),
         reads="it samples its own completions: a `prompt` column; other columns go to the reward functions",
-        sections=("rl",),
+        sections=("rl", "rollout"),
         build=build,
         rules=_lazy("ditty.objectives.rl.rl_rules", "rl_rules"),
         describe=_lazy("ditty.objectives.rl.row", "describe_rl"),
@@ -155,7 +155,7 @@ OBJECTIVES: dict[str, Objective] = {
             summary="preference optimisation on pairs the policy samples: the best and worst of each group",
             data_formats=("prompt", "preference"),
             reads="pairs are sampled from prompts, or from the prompts of preference pairs",
-            sections=("preference", "rl"),
+            sections=("preference", "rl", "rollout"),
             build=_lazy("ditty.objectives.online_pairs", "build_online_pairs"),
             rules=_lazy("ditty.objectives.online_pairs_rules", "online_rules"),
             describe=_lazy("ditty.objectives.online_pairs", "describe_online"),
@@ -167,7 +167,7 @@ OBJECTIVES: dict[str, Objective] = {
             summary="on-policy distillation from a teacher: the generalised JSD on the student's own samples",
             data_formats=("prompt_completion", "chat"),
             reads="distillation reads prompts and completions",
-            sections=("distill",),
+            sections=("distill", "rollout"),
             build=_lazy("ditty.objectives.gkd", "build_distill"),
             rules=_lazy("ditty.objectives.gkd", "distill_rules"),
             describe=_lazy("ditty.objectives.gkd", "describe_distill"),
@@ -182,11 +182,11 @@ PAIR_FORMATS = ("preference", "unpaired_preference")
 
 def objective_choice(config: Any) -> tuple[str, str]:
     """(the row a recipe trains, the recipe key that chose it); see the module doc. Explicit choices
-    first: `[rl] kind` (its `advantage` names the row), `[distill] kind`, then `[model] task`
+    first: `[rl] kind` (RLOO with `advantage = "rloo"`, else GRPO), `[distill] kind`, then `[model] task`
     ("reward-model"), then a causal LM with `[preference] pairs = "online"` (pairs sampled from
     prompts) or on preference data (`[preference] kind`); everything else trains the task's own loss."""
-    if config.rl.kind != "none":
-        return ("grpo", "rl.kind") if config.rl.advantage == "group" else (config.rl.advantage, "rl.advantage")
+    if config.rl.kind != "none":  # RLOO has a row of its own; every other estimator is GRPO's row's part
+        return ("rloo", "rl.advantage") if config.rl.advantage == "rloo" else ("grpo", "rl.kind")
     if config.distill.kind != "none":
         return config.distill.kind, "distill.kind"
     task = config.model.task

@@ -6,7 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ditty.config.aliases import moved_key_message
 from ditty.config.coerce import type_problems
+from ditty.config.errors import warning
 from ditty.config.loader import LoadedRecipe, from_config
 from ditty.parallel.mesh import mesh_shape
 from ditty.recipe import (  # noqa: F401  (register their rules after the core ones)
@@ -61,8 +63,22 @@ def compile_recipe(loaded: LoadedRecipe, world_size: int = 1, *, replaced: tuple
         if replaced and problem.key.startswith(replaced):
             continue
         plan.problems.append(_locate(problem, loaded))
+    plan.problems += list(moved_key_warnings(loaded))  # located already: at the old key's line, or its flag
     plan.problems = [_with_first_stage(problem, loaded) for problem in plan.problems]
     return plan
+
+
+def moved_key_warnings(loaded: LoadedRecipe):
+    """A warning for each key written by its old name (ditty.config.aliases), at the line it was written
+    on, or naming the flag."""
+    for new, old in loaded.moved.items():
+        message, fix = moved_key_message(old.removeprefix("--"), new)
+        problem = warning(old.removeprefix("--"), message, fix)
+        if old.startswith("--"):
+            problem = replace(problem, message=f"{message} (set by {old})")
+        else:
+            problem = replace(problem, line=loaded.lines.line_of(new))
+        yield replace(problem, rule="config.moved-key")
 
 
 def _with_first_stage(problem, loaded: LoadedRecipe):
@@ -92,10 +108,12 @@ def _value_at(config, key: str):
 
 
 def _locate(problem, loaded: LoadedRecipe):
-    """Point a problem at its TOML line, or say it came from a flag."""
+    """Point a problem at its TOML line, or say it came from a flag (by the name it was given: a key
+    that moved is named as the flag wrote it)."""
     field_key = problem.key.split("[", 1)[0]  # "rl.tools[0]": an entry of the list a flag set
     if loaded.provenance.get(field_key) == "flag":
-        return replace(problem, line=None, message=f"{problem.message} (set by --{field_key})")
+        written = loaded.moved.get(field_key, f"--{field_key}")
+        return replace(problem, line=None, message=f"{problem.message} (set by {written})")
     return replace(problem, line=problem.line or loaded.lines.line_of(problem.key))
 
 

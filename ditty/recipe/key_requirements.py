@@ -2,7 +2,7 @@
 compatibility or tensor/context-parallel tables (those tables carry their own words).
 
 The recipe reference shows each sentence in the key's row (ditty.recipe.reference_tables), so a user
-reads "needs a vLLM backend" beside `rl.max_staleness` before `ditty check` has to say it. Each
+reads "needs a vLLM backend" beside `rollout.max_staleness` before `ditty check` has to say it. Each
 entry restates a rule the compiler checks; tests/recipe/test_key_requirements.py trips every one
 with a recipe and expects `ditty check` to name the key.
 """
@@ -22,23 +22,22 @@ class Requirement:
 
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
-        "rl.max_staleness",
-        'Above 0 needs rl.backend = "vllm" or "vllm-server", rl.updates_per_rollout = 1, and one rank '
+        "rollout.max_staleness",
+        'Above 0 needs rollout.backend = "vllm" or "vllm-server", rl.updates_per_rollout = 1, and one rank '
         'with "vllm-server"; not with episodes (rl.tools, rl.environment).',
     ),
     Requirement(
-        "rl.sampler_correction",
-        'Needs rl.backend = "vllm" or "vllm-server"; not with episodes (rl.tools, rl.environment).',
+        "rollout.sampler_correction",
+        'Needs rollout.backend = "vllm" or "vllm-server"; not with episodes (rl.tools, rl.environment).',
     ),
     Requirement(
-        "rl.backend",
+        "rollout.backend",
         '"vllm" needs the vllm package and parallel.kind "none", "ddp" or "fsdp"; both vLLM backends need'
-        ' peft.kind "none" or "lora"; episodes (rl.tools, rl.environment) take "generate" or "vllm"; '
-        'online preference pairs take "generate" only.',
+        ' peft.kind "none" or "lora"; episodes (rl.tools, rl.environment) take "generate" or "vllm".',
     ),
     Requirement(
-        "rl.vllm_server",
-        'Read with rl.backend = "vllm-server": an http(s) address of `ditty rollout-server RECIPE`.',
+        "rollout.vllm_server",
+        'Read with rollout.backend = "vllm-server": an http(s) address of `ditty rollout-server RECIPE`.',
     ),
     Requirement(
         "rl.group_size",
@@ -60,7 +59,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         "preference.pairs",
         '"online" needs rl.rewards on prompt rows, rl.group_size of 2 or more, a paired kind (not "kto"),'
-        ' train.steps, rl.backend = "generate", and a reference other than "precompute".',
+        ' train.steps, and a reference other than "precompute".',
     ),
     Requirement(
         "preference.kind",

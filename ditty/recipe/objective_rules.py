@@ -10,7 +10,7 @@ from ditty.config.errors import Problem, error, warning
 from ditty.objectives.table import OBJECTIVES, objective_choice
 from ditty.recipe.rule_base import Context, value_at
 
-ROW_SECTIONS = ("preference", "rl", "distill")
+ROW_SECTIONS = ("preference", "rl", "distill", "rollout")
 """The sections that belong to objective rows (every other section is read by every row)."""
 
 FIXES = {
@@ -18,6 +18,7 @@ FIXES = {
     "or remove [preference]",
     "rl": 'set rl.kind = "grpo" to use it, or remove it',
     "distill": 'set distill.kind = "gkd" to use it, or remove it',
+    "rollout": 'it is read by the rows that sample (rl.kind, preference.pairs = "online", distill.kind); remove it',
 }
 
 

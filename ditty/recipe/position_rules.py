@@ -88,7 +88,7 @@ def max_seq_len_within_positions(ctx: Context) -> Iterator[Problem]:
 @rule("rollout.positions")
 def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     """A rollout (a prompt of up to `data.max_seq_len` tokens and what sampling adds after it:
-    `rl.max_new_tokens`, or an episode's `rl.max_episode_tokens`) fits the model's positions, as
+    `rollout.max_new_tokens`, or an episode's `rl.max_episode_tokens`) fits the model's positions, as
     `data.max_seq_len` alone must for the rows that do not sample."""
     from ditty.objectives.table import objective_name
 
@@ -100,7 +100,7 @@ def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     key, added = (
         ("rl.max_episode_tokens", cfg.rl.max_episode_tokens)
         if episodes
-        else ("rl.max_new_tokens", cfg.rl.max_new_tokens)
+        else ("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
     )
     positions, rotary, where = model_positions(cfg.model)
     prompt = cfg.data.max_seq_len

@@ -154,6 +154,7 @@ def generate_episode(
     the episode's text after the prompt: the model's turns and the tools' messages as the chat
     template renders them."""
     from ditty.config.rl import RLConfig
+    from ditty.config.rollout import RolloutConfig
     from ditty.objectives.rl.episodes import EpisodeEnvironment
     from ditty.objectives.rl.rendering import ObservationRenderer
     from ditty.objectives.rl.sampling import GenerateSampler
@@ -167,8 +168,9 @@ def generate_episode(
             fix='train with tokenizer.chat_template = "chatml" (or a Jinja file)',
         )
     functions = load_tools(tools, key="--tools")
-    rl = RLConfig(kind="grpo", max_new_tokens=max_new_tokens, max_turns=max_turns, tools=list(tools), group_size=2)
+    rl = RLConfig(kind="grpo", max_turns=max_turns, tools=list(tools), group_size=2)
     rl = dataclasses.replace(rl, max_episode_tokens=max_new_tokens * max_turns * 4)
+    rollout = RolloutConfig(max_new_tokens=max_new_tokens)
     calls = call_format_for(tokenizer.chat_template)
     episodes = EpisodeEnvironment(
         lambda: ToolEnvironment(functions, calls, rl.tool_timeout_s),
@@ -176,8 +178,9 @@ def generate_episode(
         [],
         ObservationRenderer(tokenizer, 1_000_000, tools=tool_schemas(functions)),
         rl,
+        rollout,
         key="--tools",
     )
-    sampler = GenerateSampler(lambda: model, rl, tokenizer, torch.device(device), seed=0)
+    sampler = GenerateSampler(lambda: model, rollout, 1, tokenizer, torch.device(device), seed=0)
     rollouts = episodes.run(sampler, {"prompts": [prompt], "columns": {}}, 0, 1, greedy=True)
     return tokenizer.decode(rollouts.completion_ids[0], skip_special_tokens=True)

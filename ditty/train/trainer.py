@@ -152,7 +152,10 @@ class Trainer(Builders, StepRecords, RunEnding):
         )
 
     def advance(self, out: StepOutput) -> StepOutput:
-        """Count the step just taken (step, tokens, the interval's means, the progress bar)."""
+        """Count the step just taken (step, tokens, the interval's means, the progress bar); an update
+        that changed the weights is a new version of the policy for the objective (what it samples with)."""
+        if not out.skipped:
+            self.objective.after_update()
         self.state.step += 1
         self.state.tokens += out.tokens
         self.meter.add(out, out.tokens)

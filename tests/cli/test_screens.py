@@ -77,7 +77,16 @@ def test_a_run_shows_library_noise_only_with_verbose(tmp_path):
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert not [marker for marker in NOISE if marker in plain.stdout + plain.stderr]
     grpo = [sys.executable, "-m", "ditty", "run", "tiny_grpo", "--model.path", str(tmp_path / "a" / "final")]
-    grpo += ["--train.steps", "2", "--data.num_samples", "200", "--train.eval_samples", "4"]
+    grpo += [
+        "--train.steps",
+        "2",
+        "--data.num_samples",
+        "200",
+        "--train.eval_samples",
+        "4",
+        "--scheduler.warmup_steps",
+        "1",
+    ]
     grpo += ["--train.global_batch_size", "16", "--train.micro_batch_size", "16", "--logging.progress", "false"]
     rl = subprocess.run([*grpo, "--run.output_dir", str(tmp_path / "rl")], capture_output=True, text=True, env=env)
     assert rl.returncode == 0, rl.stderr[-2000:]

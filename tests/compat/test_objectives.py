@@ -17,6 +17,7 @@ from ditty.compat.pipeline import ModelFactory, Pipeline
 from ditty.config.errors import RecipeError
 from ditty.config.preference import PreferenceConfig
 from ditty.config.rl import RLConfig
+from ditty.config.rollout import RolloutConfig
 from ditty.loss import CrossEntropyLoss
 from tests.preference.recipes import preference_recipe, write_pairs
 from tests.preference.test_loss import BETA, PAIRS, reference_dir  # noqa: F401 (a fixture)
@@ -113,7 +114,8 @@ def test_rl_reward_settings_beside_reward_fn_are_checked_at_construction(tiny_ll
             model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
             dataset=PROMPTS,
             reward_fn=lambda prompts, completions, **columns: [0.0] * len(completions),
-            rl=RLConfig(group_size=4, max_new_tokens=4, **settings),
+            rl=RLConfig(group_size=4, **settings),
+            rollout=RolloutConfig(max_new_tokens=4),
         )
 
 
@@ -129,7 +131,8 @@ def test_reward_fn_of_the_original_library_runs_grpo(tmp_path, tiny_llama_dir, k
         model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
         dataset=PROMPTS,
         reward_fn=reward_fn,
-        rl=RLConfig(group_size=4, max_new_tokens=3, temperature=1.0),
+        rl=RLConfig(group_size=4),
+        rollout=RolloutConfig(max_new_tokens=3, temperature=1.0),
         output_dir=str(tmp_path / "grpo"),
         extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
         **SHARED,
@@ -263,17 +266,18 @@ def test_a_distill_pipeline_refuses_a_second_objective_or_a_loss(tiny_llama_dir)
 def test_online_pairs_from_python_take_rl_and_reward_fn_with_the_losses_of_the_cli(
     tmp_path, tiny_llama_dir, capsys, rows
 ):
-    """preference=PreferenceConfig(pairs="online") with rl= (the sampler) and reward_fn= (the rewards), as
-    [rl] holds them for the recipe: from prompt rows, or from the prompts of pairs."""
+    """preference=PreferenceConfig(pairs="online") with rl= (the group size), rollout= (the sampling) and
+    reward_fn= (the rewards), as [rl] and [rollout] hold them for the recipe: from prompt rows, or from
+    the prompts of pairs."""
     from tests.objectives.reward_samples import with_prompts
 
     data = PROMPTS if rows == "prompts" else PAIRS
-    sampler = RLConfig(group_size=4, max_new_tokens=3, temperature=1.0)
     pipeline = Pipeline(
         model_factory=ModelFactory.from_huggingface(tiny_llama_dir),
         dataset=data,
         preference=PreferenceConfig(kind="dpo", beta=BETA, pairs="online"),
-        rl=sampler,
+        rl=RLConfig(group_size=4),
+        rollout=RolloutConfig(max_new_tokens=3, temperature=1.0),
         reward_fn=with_prompts,  # the completion's length: groups rarely tie
         output_dir=str(tmp_path / "api"),
         extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
@@ -290,9 +294,10 @@ def test_online_pairs_from_python_take_rl_and_reward_fn_with_the_losses_of_the_c
         'pairs = "online"',
         "[rl]",
         "group_size = 4",
+        'rewards = ["tests.objectives.reward_samples:with_prompts"]',
+        "[rollout]",
         "max_new_tokens = 3",
         "temperature = 1.0",
-        'rewards = ["tests.objectives.reward_samples:with_prompts"]',
     )
     recipe = preference_recipe(tmp_path, tiny_llama_dir, str(path), extra=extra, batch=(8, 8), run="cli")
     if rows == "prompts":

@@ -44,16 +44,16 @@ def test_a_row_holds_the_type_the_default_and_the_docstring():
     rows = rows_by_table()
     lr = rows["[optimizer]"]["lr"]
     assert "| float |" in lr and "learning rate" in lr.lower(), lr
-    kind = rows["[rl]"]["loss"]
-    assert '"grpo", "dapo", "dr_grpo"' in kind and '`"dapo"`' in kind, kind
+    kind = rows["[rl]"]["importance"]  # a choice: its values in the type column
+    assert '"token", "sequence"' in kind and '`"token"`' in kind, kind
     assert "| `unset` |" in rows["[model]"]["path"]
     assert all(row.count(" | ") >= 3 for table in rows.values() for row in table.values())
 
 
 def test_what_a_key_needs_is_said_beside_it():
     rows = rows_by_table()
-    assert "vllm" in rows["[rl]"]["max_staleness"].split("*")[-2], rows["[rl]"]["max_staleness"]
-    assert 'rl.backend = "vllm" or "vllm-server"' in rows["[rl]"]["sampler_correction"]
+    assert "vllm" in rows["[rollout]"]["max_staleness"].split("*")[-2], rows["[rollout]"]["max_staleness"]
+    assert 'rollout.backend = "vllm" or "vllm-server"' in rows["[rollout]"]["sampler_correction"]
     assert "Refused with" in rows["[parallel]"]["tp"], rows["[parallel]"]["tp"]  # the support table's rows
     assert "Refused with" in rows["[quant]"]["kind"]  # the compatibility table's
 

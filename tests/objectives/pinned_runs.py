@@ -11,8 +11,12 @@ from pathlib import Path
 # Each run: a bundled recipe and the flags that make it a few steps long. Everything else is the recipe.
 COMMON = ["--logging.progress", "false", "--train.log_every", "1", "--checkpoint.every", "0"]
 RUNS = {
+    # The GRPO pins were recorded at the recipe's earlier schedule (lr 1.5e-4, no warmup, wsd); they pin the
+    # loss, not the recipe: both runs pass it.
     "grpo": [
         "tiny_grpo",
+        *("--optimizer.lr", "1.5e-4", "--scheduler.kind", "wsd", "--scheduler.warmup_steps", "0"),
+        *("--scheduler.decay_fraction", "0.25"),
         "--train.steps",
         "3",
         "--train.eval_samples",
@@ -22,6 +26,8 @@ RUNS = {
     ],
     "grpo_kl": [
         "tiny_grpo",
+        *("--optimizer.lr", "1.5e-4", "--scheduler.kind", "wsd", "--scheduler.warmup_steps", "0"),
+        *("--scheduler.decay_fraction", "0.25"),
         "--train.steps",
         "3",
         "--train.eval_samples",

@@ -178,8 +178,9 @@ progress = false
 kind = "gkd"
 teacher = "{teacher}"
 lmbda = 0.5
-max_new_tokens = 4
 {extra}
+[rollout]
+max_new_tokens = 4
 """
     )
     return recipe
@@ -335,18 +336,20 @@ def test_a_teacher_of_another_vocabulary_is_exit_2(tmp_path, capsys):
 
 
 def test_the_students_samples_are_cut_to_max_seq_len_with_their_prompt(tiny_llama_dir):
-    """A `distill.max_new_tokens` beyond data.max_seq_len makes no longer rows than the data's."""
+    """A `rollout.max_new_tokens` beyond data.max_seq_len makes no longer rows than the data's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ditty._utils.labels import IGNORE_INDEX
+    from ditty.config.rollout import RolloutConfig
     from ditty.objectives.gkd import OnPolicyStream
-    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+    from ditty.objectives.rl.sampling import GenerateSampler
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
         AutoTokenizer.from_pretrained(tiny_llama_dir),
     )
-    sampler = GenerateSampler(lambda: model, SamplerSettings(1, 1.0, 1.0, 20), tokenizer, torch.device("cpu"), seed=0)
+    settings = RolloutConfig(max_new_tokens=20)
+    sampler = GenerateSampler(lambda: model, settings, 1, tokenizer, torch.device("cpu"), seed=0)
     stream = OnPolicyStream(None, sampler, None, 0, tokenizer.pad_token_id, rank=0, micro_batch_size=2, max_seq_len=10)
     prompts = [tokenizer("12+3=")["input_ids"], tokenizer("7=")["input_ids"]]
     rows = [p + [tokenizer.eos_token_id] for p in prompts]  # each row's one label is its end: the prompt is before it

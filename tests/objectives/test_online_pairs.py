@@ -46,8 +46,9 @@ kind = "dpo"
 pairs = "online"
 [rl]
 group_size = 4
-max_new_tokens = 4
 {extra}
+[rollout]
+max_new_tokens = 4
 [logging]
 progress = false
 """
@@ -128,7 +129,7 @@ def test_a_refresh_without_pairs_says_its_steps_train_nothing(caplog):
     assert tied.step_metrics()["online/tied_groups"] == 1.0
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "the samples of 2 of 2 prompts all scored alike" in said[0], said
-    assert "the next step trains nothing" in said[0] and "rl.temperature" in said[0]
+    assert "the next step trains nothing" in said[0] and "rollout.temperature" in said[0]
 
     with caplog.at_level("WARNING", logger="ditty.objectives.online_pairs"):
         caplog.clear()
@@ -180,10 +181,10 @@ def test_online_pairs_train_from_prompts_or_pairs(tmp_path, tiny_llama_dir, caps
         (["--preference.reference", "precompute"], "preference.reference", "sampled during"),
         (["--data.format", "prompt"], "rl.rewards", "needs reward functions"),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
-        (["--rl.temperature", "-1"], "rl.temperature", "above 0"),
-        (["--rl.max_new_tokens", "0"], "rl.max_new_tokens", "at least 1"),
-        (["--rl.top_p", "0"], "rl.top_p", "in (0, 1]"),
-        (["--rl.backend", "vllm"], "rl.backend", "samples with transformers' generate"),
+        (["--rollout.temperature", "-1"], "rollout.temperature", "above 0"),
+        (["--rollout.max_new_tokens", "0"], "rollout.max_new_tokens", "at least 1"),
+        (["--rollout.top_p", "0"], "rollout.top_p", "in (0, 1]"),
+        (["--rollout.max_staleness", "1"], "rollout.max_staleness", 'rollout.backend = "generate" samples from'),
         (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "judged by one function"),
     ],
 )
@@ -195,27 +196,27 @@ def test_bad_online_settings_are_exit_2(tmp_path, tiny_llama_dir, capsys, flags,
 
 
 def test_rl_keys_online_pairs_do_not_read_are_named_in_a_warning(tmp_path, tiny_llama_dir, capsys):
-    flags = ["--rl.loss", "grpo", "--rl.max_staleness", "1", "--rl.beta", "0.1"]
+    flags = ["--rl.loss", "grpo", "--rl.mask_truncated", "true", "--rl.beta", "0.1"]
     code = main(["check", str(recipe(tmp_path, tiny_llama_dir)), *flags])
     text = "".join(capsys.readouterr())
     assert code == 0, text
     warning = next(line for line in text.splitlines() if line.startswith("warning:") and "`rl.beta`" in line)
-    assert "has no effect" in warning and "rl.loss, rl.max_staleness" in warning, warning
+    assert "has no effect" in warning and "rl.loss, rl.mask_truncated" in warning, warning
 
 
-def test_a_calls_cap_only_shortens_the_completions_rl_max_new_tokens_allows(tiny_llama_dir):
-    """Online pairs pass one token past the longest chosen answer as a cap: `rl.max_new_tokens` still
+def test_a_calls_cap_only_shortens_the_completions_rollout_max_new_tokens_allows(tiny_llama_dir):
+    """Online pairs pass one token past the longest chosen answer as a cap: `rollout.max_new_tokens` still
     bounds every completion when that cap is longer, and the shorter of the two applies."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ditty.objectives.rl.sampling import GenerateSampler, SamplerSettings
+    from ditty.config.rollout import RolloutConfig
+    from ditty.objectives.rl.sampling import GenerateSampler
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(tiny_llama_dir),
         AutoTokenizer.from_pretrained(tiny_llama_dir),
     )
-    rl = SamplerSettings(group_size=4, temperature=1.0, top_p=1.0, max_new_tokens=3, generation_batch_size=0)
-    sampler = GenerateSampler(lambda: model, rl, tokenizer, torch.device("cpu"), seed=0)
+    sampler = GenerateSampler(lambda: model, RolloutConfig(max_new_tokens=3), 4, tokenizer, torch.device("cpu"), seed=0)
     prompts = [tokenizer("12+3=")["input_ids"], tokenizer("7+8=")["input_ids"]]
     longest = lambda cap: max(len(ids) for ids in sampler.sample(prompts, 0, cap).completion_ids)  # noqa: E731
     assert longest(None) == 3 and longest(50) == 3 and longest(2) == 2

@@ -9,7 +9,8 @@ import statistics
 import pytest
 import torch
 
-from ditty.objectives.rloo import LeaveOneOut, leave_one_out_advantages
+from ditty.objectives.rl.estimators import estimator_for, rloo
+from ditty.objectives.rloo import leave_one_out_advantages
 from tests.rl.helpers import grpo_config
 
 REWARDS = [1.0, 0.0, 0.5, 0.0, 2.0, 2.0, 2.0, 2.0, 0.0, 3.0, 1.0, 1.0]
@@ -47,10 +48,13 @@ def test_scaled_leave_one_out_advantages():
 
 
 def test_the_estimator_reports_the_rewards_like_grpos():
-    estimate = LeaveOneOut(type("RL", (), {"group_size": GROUP, "scale_rewards": "none"})())
-    out = estimate(torch.tensor(REWARDS))
+    out = leave_one_out_advantages(torch.tensor(REWARDS), GROUP)
     assert out.metrics["reward"].item() == pytest.approx(statistics.fmean(REWARDS))
     assert out.metrics["frac_reward_zero_std"].item() == pytest.approx(1 / 3)
+    estimate = estimator_for(type("RL", (), {"advantage": "rloo", "group_size": GROUP, "scale_rewards": "none"})())
+    rewards = torch.tensor(REWARDS, dtype=torch.float64)
+    expected = leave_one_out_advantages(rewards, GROUP).advantages
+    assert torch.equal(estimate(rewards, GROUP, torch.ones_like(rewards)), expected)
 
 
 def test_the_rloo_row_trains_and_logs_its_rewards(tmp_path):
@@ -61,7 +65,7 @@ def test_the_rloo_row_trains_and_logs_its_rewards(tmp_path):
         rewards=["tests.rl.rewards_for_tests:text_hash_reward"],
     )  # fmt: skip
     trainer = Trainer(config)
-    assert isinstance(trainer.stream.advantage, LeaveOneOut)
+    assert trainer.stream.advantage.func is rloo
     trainer.train()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]

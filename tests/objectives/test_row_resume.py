@@ -52,8 +52,9 @@ num_samples = 200
 kind = "grpo"
 advantage = "rloo"
 group_size = 4
-max_new_tokens = 4
 rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]
+[rollout]
+max_new_tokens = 4
 """,
     "gkd": """
 [model]
@@ -80,6 +81,7 @@ num_samples = 200
 kind = "gkd"
 teacher = "{model}"
 lmbda = 0.5
+[rollout]
 max_new_tokens = 4
 """,
     "online-pairs": """
@@ -96,8 +98,9 @@ pairs = "online"
 refresh_every = 3
 [rl]
 group_size = 4
-max_new_tokens = 4
 rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]
+[rollout]
+max_new_tokens = 4
 """,
 }
 

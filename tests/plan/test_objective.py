@@ -68,8 +68,9 @@ def test_pairs_are_two_rows_through_the_forward(tmp_path, tiny_llama_dir):
 @pytest.mark.parametrize("peft", ["none", "lora"])
 def test_grpo_counts_the_rollouts_kv_cache_and_the_reference(tmp_path, tiny_llama_dir, peft):
     config = _config(tmp_path, tiny_llama_dir, "dpo")
-    rl = RLConfig(kind="grpo", group_size=4, max_new_tokens=16, beta=0.1, rewards=["x:y"])
-    config = replace(config, rl=rl, data=replace(config.data, format="prompt"))
+    rl = RLConfig(kind="grpo", group_size=4, beta=0.1, rewards=["x:y"])
+    rollout = replace(config.rollout, max_new_tokens=16)
+    config = replace(config, rl=rl, rollout=rollout, data=replace(config.data, format="prompt"))
     if peft == "lora":
         config = replace(config, peft=PeftConfig(kind="lora", r=4, alpha=8))
     rows = {row.label: row for row in _plan(config).memory.kinds[0].rows}

@@ -12,11 +12,19 @@ from ditty.recipe.key_requirements import REQUIREMENTS
 
 # key -> (recipe, flags that break the requirement, the key `ditty check` reports, its exit code)
 BROKEN = {
-    "rl.max_staleness": ("tiny_grpo", ["--rl.max_staleness", "1"], "rl.max_staleness", 2),
-    "rl.sampler_correction": ("tiny_grpo", ["--rl.sampler_correction", "tis"], "rl.sampler_correction", 2),
-    "rl.backend": ("tiny_grpo", ["--rl.backend", "vllm-server", "--peft.kind", "dora"], "peft.kind", 2),
-    "rl.vllm_server": (
-        "tiny_grpo", ["--rl.backend", "vllm-server", "--rl.vllm_server", "localhost:8000"], "rl.vllm_server", 2
+    "rollout.max_staleness": ("tiny_grpo", ["--rollout.max_staleness", "1"], "rollout.max_staleness", 2),
+    "rollout.sampler_correction": (
+        "tiny_grpo",
+        ["--rollout.sampler_correction", "tis"],
+        "rollout.sampler_correction",
+        2,
+    ),
+    "rollout.backend": ("tiny_grpo", ["--rollout.backend", "vllm-server", "--peft.kind", "dora"], "peft.kind", 2),
+    "rollout.vllm_server": (
+        "tiny_grpo",
+        ["--rollout.backend", "vllm-server", "--rollout.vllm_server", "localhost:8000"],
+        "rollout.vllm_server",
+        2,
     ),
     "rl.group_size": ("tiny_grpo", ["--rl.group_size", "3"], "train.global_batch_size", 2),
     "rl.credit": ("tiny_tools", ["--rl.credit", "turn", "--rl.importance", "sequence"], "rl.credit", 2),

@@ -259,7 +259,7 @@ def test_a_model_whose_config_disagrees_with_its_weights_is_refused_by_check(tmp
         assert result.code == 2 and no_traceback(result), result.err[-3000:]
         assert "`model.path`" in result.err and "vocab_size = 300" in result.err and "259 rows" in result.err
     assert not (tmp_path / "run" / "checkpoints").exists()
-    teacher = ["--distill.kind", "gkd", "--distill.teacher", str(model), "--distill.max_new_tokens", "4"]
+    teacher = ["--distill.kind", "gkd", "--distill.teacher", str(model), "--rollout.max_new_tokens", "4"]
     result = ditty("check", str(recipe), *teacher)
     trial.update(exit_code=result.code, lost_steps=0)
     assert result.code == 2 and "`distill.teacher`" in result.err and "vocab_size = 300" in result.err, result.err

@@ -230,3 +230,18 @@ def prints(text: str) -> str:
     """Prints to stdout, then answers."""
     print("a tool's own output")
     return text
+
+
+class GuessTheSum:
+    """Two tries at a built-in addition problem (its `completion` column): a hint after a wrong one,
+    and the environment's own metric `right`."""
+
+    def reset(self, row):
+        self.answer = str(row["completion"]).strip()
+        return row["prompt"]
+
+    def step(self, completion):
+        right = completion.strip() == self.answer
+        if right:
+            return StepResult(reward=1.0, done=True, metrics={"right": 1.0})
+        return StepResult(observation=" wrong, again: ", metrics={"right": 0.0})

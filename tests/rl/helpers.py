@@ -3,10 +3,11 @@ built-in addition prompts)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from ditty.config import TrainerConfig
 from ditty.config.rl import RLConfig
+from ditty.config.rollout import RolloutConfig
 from ditty.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -30,14 +31,19 @@ TINY_LLAMA = dict(
 )
 
 
+ROLLOUT_FIELDS = {f.name for f in fields(RolloutConfig)}
+
+
+def split_rollout(changes: dict) -> tuple[dict, dict]:
+    """(the [rl] fields of `changes`, its [rollout] fields): the tests name both as the rl settings."""
+    rollout = {k: v for k, v in changes.items() if k in ROLLOUT_FIELDS}
+    return {k: v for k, v in changes.items() if k not in ROLLOUT_FIELDS}, rollout
+
+
 def grpo_config(tmp_path, *, train=None, optimizer=None, checkpoint=None, **rl) -> TrainerConfig:
-    rl_cfg = dict(
-        kind="grpo",
-        group_size=4,
-        max_new_tokens=4,
-        rewards=["ditty.objectives.builtin_rewards:exact_match"],
-    )
-    rl_cfg.update(rl)
+    rl_cfg = dict(kind="grpo", group_size=4, rewards=["ditty.objectives.builtin_rewards:exact_match"])
+    changes, rollout = split_rollout(rl)
+    rl_cfg.update(changes)
     train_cfg = dict(
         steps=2,
         global_batch_size=8,
@@ -60,11 +66,14 @@ def grpo_config(tmp_path, *, train=None, optimizer=None, checkpoint=None, **rl) 
         logging=LoggingConfig(progress=False),
         checkpoint=CheckpointConfig(**(checkpoint or {})),
         rl=RLConfig(**rl_cfg),
+        rollout=RolloutConfig(**{"max_new_tokens": 4, **rollout}),
     )
 
 
 def with_rl(config: TrainerConfig, **changes) -> TrainerConfig:
-    return replace(config, rl=replace(config.rl, **changes))
+    """`config` with [rl] and [rollout] fields changed (a sampling field goes to [rollout])."""
+    rl, rollout = split_rollout(changes)
+    return replace(config, rl=replace(config.rl, **rl), rollout=replace(config.rollout, **rollout))
 
 
 def save_turn_ending_llama(path, eos_weight: float = 0.8, **overrides) -> str:

@@ -73,7 +73,9 @@ def three_steps(rank: int, world_size: int, out_dir: str, kind: str, model_dir: 
     from ditty.train import Trainer
 
     config = episode_config(Path(out_dir), model_dir, global_batch_size=8, micro_batch_size=4)
-    config = replace(config, parallel=ParallelConfig(kind=kind), rl=replace(config.rl, generation_batch_size=1))
+    config = replace(
+        config, parallel=ParallelConfig(kind=kind), rollout=replace(config.rollout, generation_batch_size=1)
+    )
     trainer = Trainer(config)
     losses, metrics = [], []
     for _ in range(STEPS):

@@ -102,9 +102,9 @@ def test_an_episode_is_its_conversation_rendered_whole(tiny):
 
 def test_episodes_play_their_turns_and_drop_out_when_done(tiny):
     rl = rl_settings(max_turns=4)
-    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
     renderer = ObservationRenderer(tiny.tokenizer, 32)
-    environment = EpisodeEnvironment(CountingTurns, "CountingTurns", [], renderer, rl, reward_name="CountingTurns")
+    environment = EpisodeEnvironment(CountingTurns, "CountingTurns", [], renderer, rl, rl, reward_name="CountingTurns")
     rows = [{"prompt": "1+2=", "completion": "3"}, {"prompt": "40+2=", "completion": "42"}]
     seen = []
     original = sampler.generate_turn
@@ -127,13 +127,14 @@ def test_episodes_play_their_turns_and_drop_out_when_done(tiny):
 
 def test_an_episode_past_its_budget_is_cut_and_counted(tiny):
     rl = rl_settings(max_new_tokens=8, max_episode_tokens=5)
-    sampler = GenerateSampler(lambda: tiny.model, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
+    sampler = GenerateSampler(lambda: tiny.model, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
     functions = load_reward_functions(["ditty.objectives.builtin_rewards:exact_match"])
     env = EpisodeEnvironment(
         lambda: ToolEnvironment({"calculator": calculator}),
         "ToolEnvironment",
         functions,
         ObservationRenderer(tiny.tokenizer, 32),
+        rl,
         rl,
     )
     out = env.run(sampler, prompts([{"prompt": "3*4=", "completion": "12"}]), 0, 2)
@@ -145,7 +146,7 @@ def test_the_prompt_cache_samples_what_whole_contexts_sample(tiny):
     """A later turn's rows [prompt | pad | history] from the prompts' cache give the tokens that
     `generate` gives on each whole context alone (greedy)."""
     tok, rl = tiny.tokenizer, rl_settings(max_new_tokens=5)
-    sampler = GenerateSampler(lambda: tiny.model, rl, tok, torch.device("cpu"), seed=0)
+    sampler = GenerateSampler(lambda: tiny.model, rl, rl.group_size, tok, torch.device("cpu"), seed=0)
     prompt_ids = [tok("12+3=")["input_ids"], tok("7=")["input_ids"]]
     histories = [
         tok("ab", add_special_tokens=False)["input_ids"],
@@ -153,10 +154,10 @@ def test_the_prompt_cache_samples_what_whole_contexts_sample(tiny):
         tok("xyz12", add_special_tokens=False)["input_ids"],
     ]
     request = TurnRequest(prompt_ids, [0, 0, 1], histories, 5, seed_position=0, turn=1, greedy=True)
-    batched = sampler.generate_turn(request)
+    batched = sampler.generate_turn(request).tokens
     for prompt, history, got in zip([0, 0, 1], histories, batched):
         alone = sampler.generate_turn(TurnRequest([prompt_ids[prompt] + history], [0], [[]], 5, 0, 1, greedy=True))
-        assert got == alone[0]
+        assert got == alone.tokens[0]
 
 
 def test_the_environments_tokens_take_no_loss_and_no_gradient(tiny):
@@ -166,11 +167,11 @@ def test_the_environments_tokens_take_no_loss_and_no_gradient(tiny):
     from ditty.stages.fused_loss import HEAD_INPUT
 
     rl = rl_settings(max_turns=3, loss="dapo", clip_low=0.2, clip_high=None, importance="token", max_new_tokens=6)
-    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
-    env = EpisodeEnvironment(CountingTurns, "CountingTurns", [], ObservationRenderer(tiny.tokenizer, 32), rl)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
+    env = EpisodeEnvironment(CountingTurns, "CountingTurns", [], ObservationRenderer(tiny.tokenizer, 32), rl, rl)
     rollouts = env.run(sampler, prompts([{"prompt": "12+30=", "completion": "42"}]), 0, 2)
     rollouts.advantages = torch.tensor([1.0, -0.5])
-    (batch,) = Assembler(rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(rollouts)
+    (batch,) = Assembler(rl, rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(rollouts)
     assert any(not t for row in rollouts.trainable for t in row)  # the episodes hold environment tokens
     labels = batch["labels"]
     environment = torch.zeros_like(labels, dtype=torch.bool)
@@ -182,7 +183,7 @@ def test_the_environments_tokens_take_no_loss_and_no_gradient(tiny):
     predicts_environment[:, :-1] = environment[:, 1:]
     predicts_model = torch.zeros_like(environment)
     predicts_model[:, :-1] = labels[:, 1:] != IGNORE_INDEX
-    loss_stage = GRPOLoss(rl, chunks=1)
+    loss_stage = GRPOLoss(rl, rl, chunks=1)
     units = {k: v.clone() for k, v in loss_stage.count_units(batch).items()}
 
     def loss_and_grads(perturbed):
@@ -232,12 +233,12 @@ def test_per_turn_advantages_reach_the_loss_aligned_with_their_tokens(tiny):
     from ditty.objectives.rl.advantages import turn_advantages
 
     rl = rl_settings(max_turns=3)
-    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
-    env = EpisodeEnvironment(CountingTurns, "CountingTurns", [], ObservationRenderer(tiny.tokenizer, 32), rl)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
+    env = EpisodeEnvironment(CountingTurns, "CountingTurns", [], ObservationRenderer(tiny.tokenizer, 32), rl, rl)
     out = env.run(sampler, prompts([{"prompt": "12+30=", "completion": "42"}]), 0, 2)
     widths = [len(ids) for ids in out.completion_ids]
     out.advantages = turn_advantages(out.turn_rewards, out.turn_spans, widths, 2, "group")
-    (batch,) = Assembler(rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(out, drop_idle=False)
+    (batch,) = Assembler(rl, rl, pad_token_id=tiny.tokenizer.pad_token_id, micro_batch_size=8)(out, drop_idle=False)
     assert batch["advantages"].shape == batch["labels"].shape
     for row in range(2):
         scored = batch["labels"][row] != IGNORE_INDEX
@@ -278,7 +279,7 @@ def test_a_huge_observation_is_cut_to_the_episodes_room_before_it_is_rendered(ti
     import time
 
     rl = rl_settings(max_new_tokens=8, max_episode_tokens=48, max_turns=3, environment_timeout_s=0.0)
-    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, tiny.tokenizer, torch.device("cpu"), seed=0)
+    sampler = GenerateSampler(lambda: tiny.ends_turns, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
     renderer = ObservationRenderer(tiny.tokenizer, 32)
     rendered, tokenized = [], []
     render, tokenize = renderer.render, renderer.encode
@@ -286,7 +287,7 @@ def test_a_huge_observation_is_cut_to_the_episodes_room_before_it_is_rendered(ti
         rendered.append(sum(len(m["content"]) for m in messages)) or render(messages, generation_prompt)
     )
     renderer.encode = lambda text: tokenized.append(len(text)) or tokenize(text)
-    env = EpisodeEnvironment(environment, "Huge", [], renderer, rl)
+    env = EpisodeEnvironment(environment, "Huge", [], renderer, rl, rl)
     started = time.monotonic()
     out = env.run(sampler, prompts([{"prompt": "1+2=", "completion": "3"}]), 0, 2)
     assert time.monotonic() - started < 10
@@ -327,7 +328,7 @@ def test_a_reset_longer_than_max_seq_len_is_refused_not_cut(tiny, environment, w
     from ditty.objectives.rl.environment import EnvironmentFailure
 
     rl = rl_settings(environment_timeout_s=0.0)
-    env = EpisodeEnvironment(environment, "Long", [], ObservationRenderer(tiny.tokenizer, 32), rl)
+    env = EpisodeEnvironment(environment, "Long", [], ObservationRenderer(tiny.tokenizer, 32), rl, rl)
     with pytest.raises(EnvironmentFailure, match=re.escape(f"reset returned a prompt of {words}")) as failed:
         env.open({"prompt": "1+2=", "completion": "3"})
     assert "data.max_seq_len = 32" in str(failed.value) and "raise data.max_seq_len" in str(failed.value)

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from ditty.cli import main
-from ditty.config.loader import parse_recipe
+from ditty.config.loader import load_recipe, parse_recipe
+from ditty.config.overrides import apply_overrides
 from ditty.recipe import compile_recipe
 
 RECIPE = """
@@ -37,8 +38,9 @@ micro_batch_size = 4
 [rl]
 kind = "grpo"
 group_size = 4
-max_new_tokens = 4
 rewards = ["ditty.objectives.builtin_rewards:exact_match"]
+[rollout]
+max_new_tokens = 4
 """
 
 
@@ -69,17 +71,25 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
         ),
         (["--data.format", "prompt_completion"], "data.format", 'not data.format = "prompt_completion"'),
         (["--rl.reward_weights", "[1.0, 2.0]"], "rl.reward_weights", "2 weights for 1 reward functions"),
-        (["--rl.max_staleness", "1"], "rl.max_staleness", 'rl.backend = "generate" samples from the live policy'),
-        (["--rl.sampler_correction", "tis"], "rl.sampler_correction", "reports no log-probabilities"),
-        (["--rl.backend", "vllm-server", "--rl.vllm_server", "localhost:8000"], "rl.vllm_server", "not an http"),
-        (["--rl.backend", "vllm", "--rl.vllm_memory", "1.5"], "rl.vllm_memory", "in (0, 1)"),
         (
-            ["--rl.backend", "vllm", "--rl.max_staleness", "1", "--rl.updates_per_rollout", "2"],
-            "rl.max_staleness",
+            ["--rollout.max_staleness", "1"],
+            "rollout.max_staleness",
+            'rollout.backend = "generate" samples from the live policy',
+        ),
+        (["--rollout.sampler_correction", "tis"], "rollout.sampler_correction", "reports no log-probabilities"),
+        (
+            ["--rollout.backend", "vllm-server", "--rollout.vllm_server", "localhost:8000"],
+            "rollout.vllm_server",
+            "not an http",
+        ),
+        (["--rollout.backend", "vllm", "--rollout.vllm_memory", "1.5"], "rollout.vllm_memory", "in (0, 1)"),
+        (
+            ["--rollout.backend", "vllm", "--rollout.max_staleness", "1", "--rl.updates_per_rollout", "2"],
+            "rollout.max_staleness",
             "updates_per_rollout > 1",
         ),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
-        (["--rl.temperature", "0"], "rl.temperature", "above 0"),
+        (["--rollout.temperature", "0"], "rollout.temperature", "above 0"),
     ],
 )
 def test_bad_rl_input_is_exit_2_naming_the_key(tmp_path, capsys, flags, key, words):
@@ -94,15 +104,38 @@ def test_vllm_without_vllm_installed_is_exit_2_saying_how_to_install_it(tmp_path
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
-    code, out = check(tmp_path, capsys, "--rl.backend", "vllm")
-    assert code == 2 and "`rl.backend`" in out and "vllm is not installed" in out, out
+    code, out = check(tmp_path, capsys, "--rollout.backend", "vllm")
+    assert code == 2 and "`rollout.backend`" in out and "vllm is not installed" in out, out
     assert "make setup-vllm" in out and 'pip install "ditty[vllm]"' in out
 
 
 def test_the_old_backend_name_still_runs_with_a_warning(tmp_path, capsys):
-    code, out = check(tmp_path, capsys, "--rl.backend", "transformers")
+    code, out = check(tmp_path, capsys, "--rollout.backend", "transformers")
     assert code == 0, out
-    assert '`rl.backend` "transformers" is the old name' in out and 'write rl.backend = "generate"' in out
+    assert '`rollout.backend` "transformers" is the old name' in out and 'write rollout.backend = "generate"' in out
+
+
+def test_the_rl_sampling_keys_still_work_under_their_old_names_with_a_warning(tmp_path, capsys):
+    """[rl]'s sampling keys moved to [rollout]: written in [rl] or as --rl.* flags they still apply, and
+    the check names the new key at the line (or the flag) that wrote the old one."""
+    path = tmp_path / "old.toml"
+    path.write_text(
+        RECIPE.replace("[rollout]\nmax_new_tokens = 4\n", "").replace(
+            "group_size = 4", "group_size = 4\nmax_new_tokens = 3"
+        )
+    )
+    loaded = apply_overrides(load_recipe(str(path)), ["--rl.temperature", "0.5"])
+    assert loaded.config.rollout.max_new_tokens == 3 and loaded.config.rollout.temperature == 0.5
+    assert main(["check", str(path), "--rl.temperature", "0.5"]) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    line = next(i for i, row in enumerate(path.read_text().splitlines(), start=1) if row.startswith("max_new_tokens"))
+    assert f"old.toml:{line}: `rl.max_new_tokens` is now rollout.max_new_tokens" in text, text
+    assert "`rl.temperature` is now rollout.temperature" in text and "(set by --rl.temperature)" in text
+    both = tmp_path / "both.toml"
+    both.write_text(RECIPE.replace("group_size = 4", "group_size = 4\nmax_new_tokens = 3"))
+    assert main(["check", str(both)]) == 2
+    assert "`rl.max_new_tokens` and rollout.max_new_tokens are one key" in capsys.readouterr().err
 
 
 def test_prompt_data_without_rl_is_refused():
@@ -267,7 +300,7 @@ GPT2 = [
 @pytest.mark.parametrize(
     "flags, key, words",
     [
-        (["--rl.max_new_tokens", "40"], "rl.max_new_tokens", "+ 40 = "),
+        (["--rollout.max_new_tokens", "40"], "rollout.max_new_tokens", "+ 40 = "),
         (
             ["--rl.tools", '["ditty.objectives.rl.builtin_tools:calculator"]', "--rl.max_episode_tokens", "33"],
             "rl.max_episode_tokens",

@@ -52,13 +52,13 @@ def setup():
 
 def sampler(rl, tokenizer, model) -> GenerateSampler:
     """The sampler of one process drawing from `model`, seeded as a run with seed 0."""
-    return GenerateSampler(lambda: model, rl, tokenizer, torch.device("cpu"), seed=0)
+    return GenerateSampler(lambda: model, rl, rl.group_size, tokenizer, torch.device("cpu"), seed=0)
 
 
 def training_rows(s, advantages):
     """The rollouts as the assembler hands them to the trainer: one micro-batch, every row."""
     s.done.advantages = advantages
-    return Assembler(s.rl, pad_token_id=s.tokenizer.pad_token_id, micro_batch_size=64)(s.done, drop_idle=False)[0]
+    return Assembler(s.rl, s.rl, pad_token_id=s.tokenizer.pad_token_id, micro_batch_size=64)(s.done, drop_idle=False)[0]
 
 
 def sampled_logps(model, batch, rl):

@@ -1,5 +1,5 @@
 """The rollout backends' parts that need no vLLM: the LoRA weights a vLLM engine is sent, a rollout
-server that is dead or too old (exit 2 naming rl.vllm_server and the fix, in bounded time), and a
+server that is dead or too old (exit 2 naming rollout.vllm_server and the fix, in bounded time), and a
 checkpoint written before the backend keys existed (it resumes)."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_rl(url: str, **changes):
-    from ditty.config.rl import RLConfig
+def server_rollout(url: str, **changes):
+    from ditty.config.rollout import RolloutConfig
 
-    return RLConfig(kind="grpo", backend="vllm-server", vllm_server=url, **changes)
+    return RolloutConfig(backend="vllm-server", vllm_server=url, **changes)
 
 
 def test_a_dead_server_is_exit_2_after_the_bounded_retries():
@@ -62,10 +62,10 @@ def test_a_dead_server_is_exit_2_after_the_bounded_retries():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.perf_counter()
     with pytest.raises(RecipeError) as caught:
-        ServerSampler(lambda: None, server_rl(url, vllm_retries=2, vllm_timeout_s=2), None, seed=0, run_dir="")
+        ServerSampler(lambda: None, server_rollout(url, vllm_retries=2, vllm_timeout_s=2), 8, None, seed=0, run_dir="")
     assert time.perf_counter() - started < 10  # 2 tries, 2 s apart
     text = caught.value.format()
-    assert "`rl.vllm_server`" in text and "after 2 tries" in text and "ditty rollout-server" in text
+    assert "`rollout.vllm_server`" in text and "after 2 tries" in text and "ditty rollout-server" in text
     assert "resumes" in text
 
 
@@ -92,7 +92,7 @@ def test_a_server_of_an_older_vllm_is_refused_at_the_first_contact():
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(RecipeError) as caught:
-            ServerSampler(lambda: None, server_rl(url), SimpleNamespace(eos_token_id=2), seed=0, run_dir="")
+            ServerSampler(lambda: None, server_rollout(url), 8, SimpleNamespace(eos_token_id=2), seed=0, run_dir="")
     finally:
         server.shutdown()
     text = caught.value.format()
@@ -101,11 +101,15 @@ def test_a_server_of_an_older_vllm_is_refused_at_the_first_contact():
 
 def test_a_checkpoint_from_before_the_backend_keys_resumes():
     current = flatten_recipe(TrainerConfig())
-    saved = {k: v for k, v in current.items() if k not in ("rl.max_staleness", "rl.vllm_memory")}
-    saved["rl.backend"] = "transformers"  # the old name of the default
+    rollout_keys = [k for k in current if k.startswith("rollout.")]
+    saved = {k: v for k, v in current.items() if k not in rollout_keys}
+    saved["rl.backend"] = "transformers"  # the old name (and old key) of the default
+    saved["rl.max_new_tokens"] = current["rollout.max_new_tokens"]  # a checkpoint from before [rollout]
     assert recipe_differences(saved, current, step=3) == []
-    diffs = recipe_differences(saved, {**current, "rl.max_staleness": 1}, step=3)  # not the default: it counts
-    assert len(diffs) == 1 and diffs[0].startswith('rl.max_staleness: "<absent>" -> 1'), diffs
+    diffs = recipe_differences(saved, {**current, "rollout.max_staleness": 1}, step=3)  # not the default: it counts
+    assert len(diffs) == 1 and diffs[0].startswith('rollout.max_staleness: "<absent>" -> 1'), diffs
+    moved = recipe_differences(saved, {**current, "rollout.max_new_tokens": 9}, step=3)  # saved as rl.max_new_tokens
+    assert len(moved) == 1 and moved[0].startswith("rollout.max_new_tokens: 512 -> 9"), moved
 
 
 class FakeVLLMServer(http.server.BaseHTTPRequestHandler):
@@ -162,7 +166,7 @@ def test_a_run_on_a_rollout_server_sends_weights_from_its_own_run_directory(tmp_
     try:
         recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=2)
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        done = ditty("run", str(recipe), "--rl.backend", "vllm-server", "--rl.vllm_server", url)
+        done = ditty("run", str(recipe), "--rollout.backend", "vllm-server", "--rollout.vllm_server", url)
     finally:
         server.shutdown()
     assert done.returncode == 0, done.stderr[-3000:]
@@ -190,7 +194,7 @@ def test_the_rollout_server_of_a_recipe_imports_its_reward_module_from_the_curre
     recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=2)
     recipe.write_text(recipe.read_text().replace("tests.rl.rewards_for_tests:text_hash_reward", f"{module}:score"))
     monkeypatch.chdir(tmp_path)
-    flags = ["--rl.backend", "vllm-server"]
+    flags = ["--rollout.backend", "vllm-server"]
     code = main(["rollout-server", str(recipe), *flags, "--print-command"])  # the module's first import
     printed = capsys.readouterr()
     assert code == 0, printed.err

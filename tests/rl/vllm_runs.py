@@ -40,8 +40,9 @@ progress = false
 [rl]
 kind = "grpo"
 group_size = 4
-max_new_tokens = 4
 rewards = ["tests.rl.rewards_for_tests:text_hash_reward"]
+[rollout]
+max_new_tokens = 4
 """
 NOT_COMPARED = ("tokens_per_s", "elapsed_s", "mfu", "hfu", "peak_mem_mb", "rollout/generate_s", "rollout/tokens_per_s")
 

@@ -1,8 +1,5 @@
-"""Advantage estimators: a completion's reward -> its advantage, over the rewards of the WHOLE global
-batch (every rank's, in global prompt order, a group's completions adjacent).
-
-`GroupAdvantage` is GRPO's (ditty.objectives.grpo.group_advantages): the reward minus its group's
-mean, divided by the group's (or the batch's) std unless `rl.scale_rewards = "none"`.
+"""Per-turn credit: the advantages of episodes whose turns each earned a reward (the estimators of
+one reward per completion are ditty.objectives.rl.estimators).
 
 `turn_advantages` is the per-turn credit of episodes of several turns (`rl.credit = "turn"`):
 DeepSeekMath's process supervision (Shao et al. 2024, section 4.1.3): every turn reward of a group's
@@ -15,16 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from ditty.objectives.grpo import Advantages, group_advantages
-
-
-class GroupAdvantage:
-    def __init__(self, rl) -> None:
-        self.group_size, self.scale_rewards = rl.group_size, rl.scale_rewards
-
-    def __call__(self, rewards: Tensor) -> Advantages:
-        return group_advantages(rewards, self.group_size, self.scale_rewards)
 
 
 def turn_advantages(

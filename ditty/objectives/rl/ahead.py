@@ -1,8 +1,8 @@
-"""One-step-async rollouts (`rl.max_staleness` > 0): the next steps' rollouts are sampled on a sampler
+"""One-step-async rollouts (`rollout.max_staleness` > 0): the next steps' rollouts are sampled on a sampler
 thread while this step trains.
 
 `next(version)` hands over the oldest rollouts in flight (waiting for them if need be), then tops the
-queue up to `rl.max_staleness` batches sampled ahead, each with the policy as it is now (`version`), so
+queue up to `rollout.max_staleness` batches sampled ahead, each with the policy as it is now (`version`), so
 a batch is at most max_staleness updates older than the policy that trains on it. With 1: step t+1's
 rollouts are sampled, with the weights of step t, during step t. The first step has nothing in flight
 and samples at once (staleness 0).
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import holds_weights
 
 
 @dataclass
@@ -58,7 +57,7 @@ class SampleAhead:
 
     def submit(self, version: int) -> None:
         prompts, first = self.next_prompts()
-        captured = self.sampler.capture(version, copy=True) if holds_weights(self.sampler) else None
+        captured = self.sampler.capture(version, copy=True)
         self.pending.append(self.executor.submit(self.sample, prompts, first, version, captured))
 
     def sample(self, prompts: dict, first: int, version: int, captured: Any) -> Drawn:

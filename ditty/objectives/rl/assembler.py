@@ -18,7 +18,7 @@ so every rank runs the same forwards.
 When the sampler reported its log-probabilities (a vLLM backend), the rows are scored by the policy
 too (one forward without gradients, shared with `old_logps` when a rollout serves several updates):
 `assemble` returns, beside the micro-batches, the sampler/trainer mismatch of the rows that train
-(ditty.objectives.rl.correction), and with rl.sampler_correction each micro-batch carries the
+(ditty.objectives.rl.correction), and with rollout.sampler_correction each micro-batch carries the
 correction's `sampler_weights`.
 """
 
@@ -51,13 +51,14 @@ class Assembler:
     def __init__(
         self,
         rl: Any,
+        rollout: Any,
         *,
         pad_token_id: int,
         micro_batch_size: int,
         policy_logps: Optional[Scorer] = None,
         reference_logps: Optional[Scorer] = None,
     ) -> None:
-        self.rl = rl
+        self.rl, self.rollout = rl, rollout
         self.pad_token_id = pad_token_id
         self.micro_batch_size = micro_batch_size
         self.policy_logps, self.reference_logps = policy_logps, reference_logps
@@ -82,9 +83,9 @@ class Assembler:
                 totals = mismatch_totals(trainer, sampled, mask)
                 mismatch[:2] += totals[:2]
                 mismatch[2] = torch.maximum(mismatch[2], totals[2])
-                if self.rl.sampler_correction != "none":
+                if self.rollout.sampler_correction != "none":
                     batch["sampler_weights"] = correction_weights(
-                        trainer, sampled, mask, self.rl.sampler_correction, self.rl.correction_cap
+                        trainer, sampled, mask, self.rollout.sampler_correction, self.rollout.correction_cap
                     )
             if self.rl.beta > 0:
                 batch["ref_logps"] = self.reference_logps(batch).cpu()

@@ -1,8 +1,8 @@
-"""The sampler/trainer mismatch and its off-policy correction (`rl.sampler_correction`), as TRL's
+"""The sampler/trainer mismatch and its off-policy correction (`rollout.sampler_correction`), as TRL's
 GRPOTrainer computes them for vLLM rollouts (`vllm_importance_sampling_correction`).
 
 A sampler with weights and numerics of its own (a vLLM engine; one update behind under
-rl.max_staleness = 1) draws completions from a distribution a little off the policy being trained.
+rollout.max_staleness = 1) draws completions from a distribution a little off the policy being trained.
 Per completion token, d = log pi_trainer - log pi_sampler, with pi_trainer scored by the training
 forward's path when the rollouts are assembled (before this step's update) and pi_sampler what the
 sampler reported:

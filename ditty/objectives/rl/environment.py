@@ -1,7 +1,8 @@
 """The environment: what an episode sees and earns.
 
-Two kinds, one interface for the rollout stream (`run(sampler, prompts, first_position) -> RolloutBatch`,
-the rewards filled in):
+Two kinds, one interface for the rollout stream (`run(sampler, prompts, first_position, group) ->
+RolloutBatch`, the rewards filled in; `score_drawn(rollouts, prompts, group)` for completions a sampler
+drew ahead of the step, which only one-turn environments take):
 
 - `RewardEnvironment`, the one-turn case: the sampler writes one completion per episode and the
   reward functions (TRL's signature) score it with its prompt row's columns, in one batch;
@@ -146,10 +147,23 @@ class RewardEnvironment:
     def run(self, sampler: Any, prompt_batch: Mapping[str, Any], first_position: int, group: int) -> RolloutBatch:
         """`group` completions of each prompt of `prompt_batch` (the prompt format's collated batch), scored."""
         rollouts = sampler.sample(prompt_batch["prompt_ids"], first_position)
+        self.score_drawn(rollouts, prompt_batch, group)
+        return rollouts
+
+    def held_out(self, run: Any, sampler: Any) -> Any:
+        """The held-out evaluation of this environment: greedy completions of the held-out prompts, scored."""
+        from ditty.objectives.rl.evaluation import RolloutEvaluation
+
+        config = run.config
+        return RolloutEvaluation(
+            run.data.bundle, self.functions, run.tokenizer, config.rollout.max_new_tokens, config.rl.reward_timeout_s
+        )
+
+    def score_drawn(self, rollouts: RolloutBatch, prompt_batch: Mapping[str, Any], group: int) -> None:
+        """Score completions drawn ahead of the step (rollout.max_staleness): `group` of each prompt."""
         prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
         columns = {name: [v for v in values for _ in range(group)] for name, values in prompt_batch["columns"].items()}
         self.score(rollouts, prompts, columns)
-        return rollouts
 
     def score(self, rollouts: RolloutBatch, prompts: Sequence[Any], columns: Mapping[str, Sequence[Any]]) -> None:
         """`prompts` and `columns` hold one entry per row of `rollouts` (a group's prompt repeated)."""

@@ -1,13 +1,13 @@
 """Episodes of several turns: the environment part for `[rl] environment` or `tools`.
 
 `EpisodeEnvironment.run` plays one `Environment` (ditty.objectives.rl.environment) per episode,
-`group` episodes per prompt row, `rl.generation_batch_size` prompts' episodes together (all of the
+`group` episodes per prompt row, `rollout.generation_batch_size` prompts' episodes together (all of the
 rank's when 0). Each turn, the open episodes of the batch generate together
 (`sampler.generate_turn`: each prompt's KV cache computed once for its episodes); the environment
 steps each on its completion, its observation is appended (ditty.objectives.rl.rendering), and
 episodes that are done drop out of the next turn's batch. An episode ends when its environment says
 done, or truncated: after `rl.max_turns` model turns, at `rl.max_episode_tokens` tokens after its
-prompt, or when a model turn is cut at `rl.max_new_tokens` before its end-of-sequence token (its
+prompt, or when a model turn is cut at `rollout.max_new_tokens` before its end-of-sequence token (its
 environment still steps on what it wrote). Truncation is counted (`env/truncated`), never an error;
 an observation is cut to the episode's room before it is rendered, and counted (`env/observations_cut`).
 
@@ -54,6 +54,9 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     """Everything after the prompt: the model's turns and the environment's observations."""
     trainable: list[bool] = field(default_factory=list)
+    sampler_logps: Optional[list[float]] = None
+    """Per token of `tokens`, the log-probability the sampler drew it with (NaN for the environment's
+    tokens); None when the sampler reports none (generate)."""
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     """[start, end) of each model turn in `tokens`."""
     turn_rewards: list[float] = field(default_factory=list)
@@ -78,14 +81,35 @@ class EpisodeEnvironment:
         functions: Sequence[RewardFunction],
         renderer: ObservationRenderer,
         rl: Any,
+        rollout: Any = None,
         *,
         key: str = "rl.environment",
         reward_name: Optional[str] = None,
     ) -> None:
+        """`rl`, `rollout`: the recipe's RLConfig (turns, budgets, timeouts) and RolloutConfig (how a turn
+        is sampled; its defaults when None)."""
+        from ditty.config.rollout import RolloutConfig
+
         self.make, self.name, self.functions, self.renderer, self.rl = make, name, list(functions), renderer, rl
+        self.rollout = rollout if rollout is not None else RolloutConfig()
         self.key = key
         self.reward_name = reward_name
         """Logs the environment's own step rewards as rewards/NAME/mean (None: they are not a component)."""
+
+    def held_out(self, run: Any, sampler: Any) -> Any:
+        """The held-out evaluation of these episodes: greedy episodes of the held-out prompt rows."""
+        from ditty.objectives.rl.episode_evaluation import EpisodeEvaluation
+
+        return EpisodeEvaluation(run.data.bundle, self, sampler)
+
+    def score_drawn(self, rollouts: RolloutBatch, prompt_batch: Mapping[str, Any], group: int) -> None:
+        """Episodes are played turn by turn in step with training: the compiler refuses sampling ahead
+        with them (rollout.max_staleness), so no run gets here."""
+        raise RecipeError.single(
+            key="rollout.max_staleness",
+            message="episodes of several turns are played in step with training, not sampled ahead",
+            fix="set rollout.max_staleness = 0",
+        )
 
     def run(
         self, sampler: Any, prompt_batch: Mapping[str, Any], first_position: int, group: int, *, greedy: bool = False
@@ -95,7 +119,7 @@ class EpisodeEnvironment:
             {"prompt": prompt, **{name: values[i] for name, values in columns.items()}}
             for i, prompt in enumerate(prompt_batch["prompts"])
         ]
-        per_call = self.rl.generation_batch_size or max(len(rows), 1)
+        per_call = self.rollout.generation_batch_size or max(len(rows), 1)
         episodes: list[Episode] = []
         for start in range(0, len(rows), per_call):
             batch = [self.open(row) for row in rows[start : start + per_call] for _ in range(group)]
@@ -150,7 +174,8 @@ class EpisodeEnvironment:
             raise environment_failure(self.name, row, what, self.key, fix) from error
 
     def play(self, sampler: Any, episodes: list[Episode], position: int, greedy: bool) -> None:
-        eos = sampler.tokenizer.eos_token_id
+        tokenizer = self.renderer.tokenizer
+        eos = tokenizer.eos_token_id
         rl = self.rl
         for turn in range(rl.max_turns):
             live = [e for e in episodes if not e.done]
@@ -166,21 +191,26 @@ class EpisodeEnvironment:
                     prompts=[list(p) for p in prompts],
                     prompt_of=[prompts[tuple(e.prompt_ids)] for e in playing],
                     histories=[e.tokens for e in playing],
-                    max_new_tokens=max(1, min(rl.max_new_tokens, max(rooms))),
+                    max_new_tokens=max(1, min(self.rollout.max_new_tokens, max(rooms))),
                     seed_position=position,
                     turn=turn,
                     greedy=greedy,
                 )
             )
-            for episode, ids, room in zip(live, generated, rooms):
-                self.take_turn(episode, ids[:room], eos, sampler.tokenizer)
+            logps = generated.logps or [None] * len(generated.tokens)
+            for episode, ids, values, room in zip(live, generated.tokens, logps, rooms):
+                self.take_turn(episode, ids[:room], eos, tokenizer, None if values is None else values[:room])
         for episode in episodes:
             if not episode.done:  # still open after max_turns model turns
                 episode.done = episode.truncated = True
 
-    def take_turn(self, episode: Episode, ids: list[int], eos: Optional[int], tokenizer: Any) -> None:
+    def take_turn(
+        self, episode: Episode, ids: list[int], eos: Optional[int], tokenizer: Any, logps: Optional[list[float]]
+    ) -> None:
         ended = eos is not None and len(ids) > 0 and ids[-1] == eos
         start = len(episode.tokens)
+        if logps is not None:  # the sampler's log-probability of each of the model's tokens
+            episode.sampler_logps = (episode.sampler_logps or [float("nan")] * start) + list(logps)
         episode.tokens += ids
         episode.trainable += [True] * len(ids)
         episode.turn_spans.append((start, len(episode.tokens)))
@@ -208,6 +238,8 @@ class EpisodeEnvironment:
             episode.observations_cut += cut
             episode.tokens += added
             episode.trainable += [False] * len(added)
+            if episode.sampler_logps is not None:  # the environment's tokens: not the sampler's
+                episode.sampler_logps += [float("nan")] * len(added)
 
     def environment_columns(self, episodes: list[Episode], data_columns: set[str]) -> dict[str, list]:
         """What the episodes' environments give the reward functions beside the data's columns: each
@@ -256,6 +288,11 @@ class EpisodeEnvironment:
             texts=[e.last_text for e in episodes],
             truncated=[e.truncated for e in episodes],
             trainable=[e.trainable for e in episodes],
+            sampler_logps=(
+                [e.sampler_logps or [float("nan")] * len(e.tokens) for e in episodes]
+                if any(e.sampler_logps is not None for e in episodes)
+                else None
+            ),
             turn_spans=[e.turn_spans for e in episodes],
             turn_rewards=[list(e.turn_rewards) for e in episodes],
         )

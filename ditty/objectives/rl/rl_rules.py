@@ -19,6 +19,7 @@ BUILTIN_COLUMNS = ("completion",)
 def rl_rules(ctx) -> Iterator[Problem]:
     """Every check of an RL row, in order."""
     yield from rl_values(ctx)
+    yield from parts_resolve(ctx)
     yield from rewards_resolve(ctx)
     yield from vllm_backend(ctx)
     yield from episodes(ctx)
@@ -47,7 +48,6 @@ def rl_values(ctx) -> Iterator[Problem]:
             "(each group stays on one rank)",
             f"use a multiple of rl.group_size x ranks = {rl.group_size * ctx.data_parallel_size}",
         )
-    yield from sampler_values(rl)
     checks = [
         ("clip_low", 0 < rl.clip_low < 1, "in (0, 1)"),
         ("clip_high", rl.clip_high is None or rl.clip_high > 0, "above 0 (or unset: clip_low)"),
@@ -75,21 +75,75 @@ def rl_values(ctx) -> Iterator[Problem]:
         )
 
 
-def sampler_values(rl) -> Iterator[Problem]:
-    """Ranges of the sampler settings, which every row that samples with [rl] reads."""
-    checks = [
-        ("max_new_tokens", rl.max_new_tokens >= 1, "at least 1"),
-        ("temperature", rl.temperature > 0, "above 0 (sampling; greedy rollouts would all agree)"),
-        ("top_p", 0 < rl.top_p <= 1, "in (0, 1]"),
-        ("generation_batch_size", rl.generation_batch_size >= 0, "0 (all at once) or more"),
-    ]
-    yield from _ranges(rl, checks)
-
-
 def _ranges(rl, checks) -> Iterator[Problem]:
     for key, ok, wanted in checks:
         if not ok:
             yield error(f"rl.{key}", f"must be {wanted}, got {getattr(rl, key)!r}", f"set rl.{key} {wanted}")
+
+
+ESTIMATOR_ARGUMENTS = ("rewards", "group_size", "lengths")
+"""How the stream calls an advantage estimator: fn(rewards, group_size, lengths)."""
+LOSS_KEYWORDS = (
+    "global_sequences",
+    "global_tokens",
+    "reference_logps",
+    "beta",
+    "clip_low",
+    "clip_high",
+    "importance",
+    "max_new_tokens",
+    "token_weights",
+)
+"""How the loss stage calls a policy loss: fn(logps, old_logps, advantages, mask, **these)."""
+
+
+def parts_resolve(ctx) -> Iterator[Problem]:
+    """`rl.advantage` and `rl.loss`: a built-in's name, or a function of one's own that imports and takes
+    the arguments ditty calls it with (ditty.objectives.rl.estimators, ditty.objectives.rl.policy_losses)."""
+    from ditty.objectives.rl.estimators import ESTIMATORS
+    from ditty.objectives.rl.policy_losses import POLICY_LOSSES
+
+    rl = ctx.config.rl
+    yield from _part(rl.advantage, "rl.advantage", tuple(ESTIMATORS), "advantage estimator", ESTIMATOR_ARGUMENTS, ())
+    loss_arguments = ("logps", "old_logps", "advantages", "mask")
+    yield from _part(rl.loss, "rl.loss", POLICY_LOSSES, "policy loss", loss_arguments, LOSS_KEYWORDS)
+    if rl.credit == "turn" and rl.advantage != "group":
+        yield error(
+            "rl.credit",
+            f"per-turn credit normalises every turn reward of a group (GRPO's estimator), and rl.advantage = "
+            f"{rl.advantage!r} estimates one advantage per completion: the two do not compose",
+            'set rl.advantage = "group", or rl.credit = "episode"',
+        )
+
+
+def _part(value, key, built_ins, what, positional, keywords) -> Iterator[Problem]:
+    """A part named by `value`: one of `built_ins`, or "package.module:function" callable as
+    fn(*positional, **keywords)."""
+    import inspect
+
+    from ditty.config.references import is_code_reference, resolve_reference
+
+    if value in built_ins:
+        return
+    names = ", ".join(f'"{name}"' for name in built_ins)
+    if not is_code_reference(value):
+        yield error(key, f"{value!r} is neither a built-in {what} ({names}) nor a function", f"use one of {names}, "
+                    'or your own as "package.module:function"')  # fmt: skip
+        return
+    function, problems = resolve_reference(value, key=key)
+    yield from problems
+    if function is None:
+        return
+    if not callable(function):
+        yield error(key, f"{value} is a {type(function).__name__}, not a function", f"name a {what} function")
+        return
+    try:
+        inspect.signature(function).bind(*positional, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        call = ", ".join([*positional, *(f"{k}=..." for k in keywords)])
+        yield error(key, f"{value} cannot be called as fn({call}): {exc}", f"give the {what} that signature")
+    except ValueError:  # a builtin without a signature: checked when it runs
+        return
 
 
 def rewards_resolve(ctx) -> Iterator[Problem]:
@@ -106,10 +160,10 @@ def rewards_resolve(ctx) -> Iterator[Problem]:
 
 
 def vllm_backend(ctx) -> Iterator[Problem]:
-    """The rollout backend and what rides on it (ditty.objectives.rl.backend_rules)."""
-    from ditty.objectives.rl.backend_rules import backend_rules
+    """How the rollouts are sampled: [rollout]'s rules (ditty.objectives.rollout_rules)."""
+    from ditty.objectives.rollout_rules import rollout_rules
 
-    yield from backend_rules(ctx)
+    yield from rollout_rules(ctx, updates_per_rollout=ctx.config.rl.updates_per_rollout)
 
 
 def arguments_needed(cls: type) -> list[str]:
@@ -142,10 +196,10 @@ EPISODE_KEYS = (
 def episodes(ctx) -> Iterator[Problem]:
     """`rl.environment` names a class with reset and step; every `rl.tools` entry a function (one per
     name); the episode limits are in range; a setting that only episodes read is set without them."""
-    rl = ctx.config.rl
+    rl, rollout = ctx.config.rl, ctx.config.rollout
     from ditty.config.references import resolve_reference
-    from ditty.objectives.rl.backend_rules import backend
     from ditty.objectives.rl.tool_worker import ASYNC_FIX, ASYNC_TOOL, is_async
+    from ditty.objectives.rollout_rules import backend
 
     if rl.environment:
         cls, problems = resolve_reference(rl.environment, key="rl.environment")
@@ -200,24 +254,24 @@ def episodes(ctx) -> Iterator[Problem]:
             'per-turn credit gives each token its own advantage, which needs rl.importance = "token"',
             'set rl.importance = "token", or rl.credit = "episode"',
         )
-    if rl.plays_episodes and backend(rl) not in ("generate", "vllm"):
+    if rl.plays_episodes and backend(rollout) not in ("generate", "vllm"):
         yield error(
-            "rl.backend",
+            "rollout.backend",
             "episodes of several turns (rl.environment, rl.tools) sample with the generate or the vllm "
-            f"backend, not {rl.backend!r}",
-            'set rl.backend = "generate" or "vllm", or leave rl.environment and rl.tools out',
+            f"backend, not {rollout.backend!r}",
+            'set rollout.backend = "generate" or "vllm", or leave rl.environment and rl.tools out',
         )
-    if rl.plays_episodes and rl.sampler_correction != "none":
+    if rl.plays_episodes and rollout.sampler_correction != "none":
         yield error(
-            "rl.sampler_correction",
+            "rollout.sampler_correction",
             "episodes of several turns carry no sampler log-probabilities to correct with",
-            'set rl.sampler_correction = "none", or leave rl.environment and rl.tools out',
+            'set rollout.sampler_correction = "none", or leave rl.environment and rl.tools out',
         )
-    if rl.plays_episodes and rl.max_staleness > 0:
+    if rl.plays_episodes and rollout.max_staleness > 0:
         yield error(
-            "rl.max_staleness",
+            "rollout.max_staleness",
             "episodes of several turns are sampled in step with training (their environments are not thread-safe)",
-            "set rl.max_staleness = 0, or leave rl.environment and rl.tools out",
+            "set rollout.max_staleness = 0, or leave rl.environment and rl.tools out",
         )
     if not rl.plays_episodes:
         for key in EPISODE_KEYS:

@@ -1,21 +1,22 @@
 """The RL rows (`[rl]`: GRPO, RLOO) of the objective table: their parts, plan rows and model-card line.
 
 The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
-- the sampler of `rl.backend` (ditty.objectives.rl.samplers): `generate` on the live policy with the
+- the sampler of `rollout.backend` (ditty.objectives.rl.samplers): `generate` on the live policy with the
   prompt cache, or a vLLM engine in the process or in a server;
 - the environment (ditty.objectives.rl.environment): the reward functions, one turn; or episodes of
   several turns (ditty.objectives.rl.episodes) in `rl.environment` or the tool environment (`rl.tools`);
-- the advantage estimator (ditty.objectives.rl.advantages): GRPO's group normalisation;
+- the advantage estimator `rl.advantage` names (ditty.objectives.rl.estimators): GRPO's group
+  normalisation, RLOO's leave-one-out baseline, REINFORCE++'s, or the user's own;
 - the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
 wired together by the rollout stream (ditty.objectives.rl.stream), which is the run's stream of
-micro-batches; the loss is the clipped policy loss (ditty.objectives.rl.loss), and the evaluation the
+micro-batches; the loss is the policy loss `rl.loss` names (ditty.objectives.rl.loss), and the evaluation the
 greedy reward of held-out prompts (ditty.objectives.rl.evaluation). They pass one `RolloutBatch`.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 from ditty.objectives.footprint import Footprint, reference_footprint
 from ditty.objectives.parts import ObjectiveParts
@@ -24,16 +25,14 @@ if TYPE_CHECKING:
     import torch
 
 
-def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> ObjectiveParts:
-    """GRPO's parts; `advantage(rl)` builds another advantage estimator (the RLOO row's)."""
+def build_rl(run: Any) -> ObjectiveParts:
+    """The parts of the RL rows (GRPO, RLOO: the estimator `rl.advantage` names)."""
     from ditty.data.build import build_stream
+    from ditty.objectives.policy_sampling import PolicySampling
     from ditty.objectives.reference import build_reference
     from ditty.objectives.rewards import load_reward_functions
-    from ditty.objectives.rl.advantages import GroupAdvantage
     from ditty.objectives.rl.assembler import Assembler
-    from ditty.objectives.rl.environment import RewardEnvironment
-    from ditty.objectives.rl.episode_evaluation import EpisodeEvaluation
-    from ditty.objectives.rl.evaluation import RolloutEvaluation
+    from ditty.objectives.rl.estimators import estimator_for
     from ditty.objectives.rl.loss import GRPOLoss
     from ditty.objectives.rl.samplers import build_sampler
     from ditty.objectives.rl.stream import RolloutStream
@@ -48,10 +47,13 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     assembler = Assembler(
         rl,
+        config.rollout,
         pad_token_id=pad,
         micro_batch_size=train.micro_batch_size,
-        policy_logps=scorer(run, lambda: scoring_policy(policy()), rl.temperature, chunks),
-        reference_logps=scorer(run, reference.scoring, rl.temperature, chunks) if reference is not None else None,
+        policy_logps=scorer(run, lambda: scoring_policy(policy()), config.rollout.temperature, chunks),
+        reference_logps=(
+            scorer(run, reference.scoring, config.rollout.temperature, chunks) if reference is not None else None
+        ),
     )
     prompts_per_step = train.global_batch_size // rl.group_size
     prompts = build_stream(
@@ -62,28 +64,28 @@ def build_rl(run: Any, advantage: Optional[Callable[[Any], Any]] = None) -> Obje
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
-    sampler = build_sampler(run, policy)
+    sampler = build_sampler(
+        run, policy, group_size=rl.group_size, tokens_after_prompt=rl.tokens_after_prompt(config.rollout)
+    )
+    sampling = PolicySampling(sampler, max_staleness=config.rollout.max_staleness)
     environment = build_environment(run, functions)
     stream = RolloutStream(
         prompts,
-        sampler=sampler,
+        sampling=sampling,
         environment=environment,
-        advantage=(advantage or GroupAdvantage)(rl),
+        advantage=estimator_for(rl),
         assembler=assembler,
         rl=rl,
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
     return ObjectiveParts(
-        loss=GRPOLoss(rl, chunks=chunks),
+        loss=GRPOLoss(rl, config.rollout, chunks=chunks),
         stream=stream,
-        evaluation=(
-            RolloutEvaluation(run.data.bundle, functions, run.tokenizer, rl.max_new_tokens, rl.reward_timeout_s)
-            if isinstance(environment, RewardEnvironment)
-            else EpisodeEvaluation(run.data.bundle, environment, sampler)
-        ),
+        evaluation=environment.held_out(run, sampling),
         reference=reference,
         step_metrics=stream.step_metrics,
+        after_update=sampling.updated,
     )
 
 
@@ -104,7 +106,9 @@ def build_environment(run: Any, functions: list) -> Any:
         environment = import_reference(rl.environment, key="rl.environment")
         renderer = ObservationRenderer(tokenizer, max_prompt)
         name = rl.environment.rsplit(":", 1)[-1]
-        return EpisodeEnvironment(environment, rl.environment, functions, renderer, rl, reward_name=name)
+        return EpisodeEnvironment(
+            environment, rl.environment, functions, renderer, rl, run.config.rollout, reward_name=name
+        )
     if rl.tools:
         tools = load_tools(rl.tools)
         calls = call_format_for(getattr(tokenizer, "chat_template", None))
@@ -114,7 +118,7 @@ def build_environment(run: Any, functions: list) -> Any:
             longest = rl.max_episode_tokens * renderer.chars_per_token  # the most text an episode holds
             process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s, longest)
         make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s, process)  # noqa: E731
-        return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, key="rl.tools")
+        return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, run.config.rollout, key="rl.tools")
     return RewardEnvironment(functions, rl.reward_timeout_s)
 
 
@@ -170,13 +174,16 @@ def scorer(run: Any, scope: Callable[[], Any], temperature: float, chunks: int) 
 
 def describe_rl(config: Any) -> list[tuple[str, str]]:
     """The plan's row for [rl]: what one step samples and how it learns."""
-    rl, train = config.rl, config.train
+    rl, train, rollout = config.rl, config.train, config.rollout
     prompts = train.global_batch_size // max(rl.group_size, 1)
     reference = f", KL to the reference (beta {rl.beta:g})" if rl.beta > 0 else ""
-    advantage = "group-normalised" if rl.advantage == "group" else "leave-one-out (RLOO)"
+    from ditty.objectives.rl import estimators, policy_losses
+
+    advantage = estimators.describe(rl.advantage)
     text = (
-        f"{rl.kind}: {prompts} prompts x {rl.group_size} completions per step, at most {rl.max_new_tokens} new "
-        f"tokens (temperature {rl.temperature:g}), {advantage} advantages, {rl.loss} loss, "
+        f"{rl.kind}: {prompts} prompts x {rl.group_size} completions per step, at most {rollout.max_new_tokens} new "
+        f"tokens (temperature {rollout.temperature:g}, {rollout.engine}), {advantage} advantages, "
+        f"{policy_losses.describe(rl.loss)}, "
         f"{len(rl.rewards)} reward function(s){reference}"
     )
     rows = [("rl", text)]
@@ -196,13 +203,13 @@ def rl_footprint(config: Any, world_size: int) -> Footprint:
     """The rollouts' KV cache (completions in flight on a rank) and, with rl.beta > 0, the reference."""
     rl = config.rl
     prompts = max(1, config.train.global_batch_size // max(1, rl.group_size) // max(1, world_size))
-    in_flight = min(rl.generation_batch_size or prompts, prompts) * rl.group_size
+    in_flight = min(config.rollout.generation_batch_size or prompts, prompts) * rl.group_size
     return reference_footprint(
         config,
         "auto" if rl.beta > 0 else "none",
-        method="grpo" if rl.advantage == "group" else rl.advantage,
+        method="rloo" if rl.advantage == "rloo" else "grpo",
         rollout_sequences=in_flight,
-        rollout_tokens=config.data.max_seq_len + rl.tokens_after_prompt,
+        rollout_tokens=config.data.max_seq_len + rl.tokens_after_prompt(config.rollout),
         chunks=config.train.loss_chunks or 8,
     )
 

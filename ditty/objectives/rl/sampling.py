@@ -22,28 +22,20 @@ from ditty._utils.dist import on_every_rank
 from ditty._utils.eager import eager_decoding
 from ditty._utils.modules import unwrap
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import new_tokens
+from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens
 
 
-@dataclass(frozen=True)
-class SamplerSettings:
-    """What the sampler reads of a section (RLConfig has these fields; other rows build one)."""
-
-    group_size: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    generation_batch_size: int = 0
-
-
-class GenerateSampler:
-    """`sample(prompt_ids, first_position)`: `rl.group_size` completions of every prompt from the
-    model `policy()` returns (unwrapped, its adapter on), `rl.generation_batch_size` prompts per
+class GenerateSampler(Sampler):
+    """`sample(prompt_ids, first_position)`: `group_size` completions of every prompt from the
+    model `policy()` returns (unwrapped, its adapter on), `rollout.generation_batch_size` prompts per
     `generate` call; `first_position` is the first prompt's place in the global order (it seeds the
     sampling, see the module doc)."""
 
-    def __init__(self, policy: Any, rl: Any, tokenizer: Any, device: torch.device, seed: int) -> None:
-        self.policy, self.rl, self.tokenizer, self.device, self.seed = policy, rl, tokenizer, device, seed
+    def __init__(
+        self, policy: Any, rollout: Any, group_size: int, tokenizer: Any, device: torch.device, seed: int
+    ) -> None:
+        self.policy, self.rollout, self.group_size = policy, rollout, group_size
+        self.tokenizer, self.device, self.seed = tokenizer, device, seed
 
     @torch.no_grad()
     def sample(
@@ -52,14 +44,14 @@ class GenerateSampler:
         """`max_new_tokens`: a tighter cap than the settings' for this call (ditty.objectives.rl.samplers)."""
         eos = self.tokenizer.eos_token_id
         out = RolloutBatch([], [], [], [])
-        settings = (
-            self.rl if max_new_tokens is None else replace(self.rl, max_new_tokens=new_tokens(self.rl, max_new_tokens))
-        )
+        rollout = self.rollout
+        if max_new_tokens is not None:
+            rollout = replace(rollout, max_new_tokens=new_tokens(rollout, max_new_tokens))
         groups = generate_groups(
-            self.policy(), prompt_ids, settings, self.tokenizer, self.device, self.seed, first_position
+            self.policy(), prompt_ids, rollout, self.group_size, self.tokenizer, self.device, self.seed, first_position
         )
         for prompts, generated in groups:
-            for ids, row in zip([ids for ids in prompts for _ in range(self.rl.group_size)], generated):
+            for ids, row in zip([ids for ids in prompts for _ in range(self.group_size)], generated):
                 ended = eos is not None and eos in row
                 completion = row[: row.index(eos) + 1] if ended else row
                 text_ids = completion[:-1] if ended else completion
@@ -70,7 +62,7 @@ class GenerateSampler:
         return out
 
     @torch.no_grad()
-    def generate_turn(self, turn: "TurnRequest") -> list[list[int]]:
+    def generate_turn(self, turn: "TurnRequest") -> TurnOutput:
         """One model turn of each open episode of `turn` (ditty.objectives.rl.episodes): the tokens
         after its context, up to and including the first end-of-sequence token."""
         eos = self.tokenizer.eos_token_id
@@ -79,10 +71,10 @@ class GenerateSampler:
         model.eval()
         try:
             with seeded(self.seed, turn.seed_position, self.device, turn.turn), eager_decoding():
-                rows = generate_from_contexts(model, turn, self.rl, self.tokenizer, self.device)
+                rows = generate_from_contexts(model, turn, self.rollout, self.tokenizer, self.device)
         finally:
             model.train(was_training)
-        return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows]
+        return TurnOutput([row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows])
 
 
 @dataclass
@@ -102,7 +94,7 @@ class TurnRequest:
     greedy: bool = False
 
 
-def generate_from_contexts(model: Any, turn: TurnRequest, rl: Any, tokenizer: Any, device) -> list[list[int]]:
+def generate_from_contexts(model: Any, turn: TurnRequest, rollout: Any, tokenizer: Any, device) -> list[list[int]]:
     """Rows [left-padded prompt but its last token | pad | the prompt's last token, history]: the
     prompts' cache (all but their last token) is computed once and each episode's rows select theirs;
     `generate` runs the rest. Every row ends on a real token; the padding between is masked out, and
@@ -127,20 +119,22 @@ def generate_from_contexts(model: Any, turn: TurnRequest, rl: Any, tokenizer: An
     generated = model.generate(
         input_ids=input_ids,
         attention_mask=mask,
-        generation_config=generation_config(rl, tokenizer, turn.max_new_tokens, greedy=turn.greedy),
+        generation_config=generation_config(rollout, tokenizer, turn.max_new_tokens, greedy=turn.greedy),
         synced_gpus=synced,
         **({cache_keyword(model): cache} if cache is not None else {}),
     )
     return generated[:, width + span :].tolist()
 
 
-def generation_config(rl: Any, tokenizer: Any, max_new_tokens: int, *, greedy: bool = False) -> Any:
+def generation_config(rollout: Any, tokenizer: Any, max_new_tokens: int, *, greedy: bool = False) -> Any:
     from transformers import GenerationConfig
 
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     sampling = (
-        dict(do_sample=False) if greedy else dict(do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=0)
+        dict(do_sample=False)
+        if greedy
+        else dict(do_sample=True, temperature=rollout.temperature, top_p=rollout.top_p, top_k=0)
     )
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
@@ -155,37 +149,38 @@ def generation_config(rl: Any, tokenizer: Any, max_new_tokens: int, *, greedy: b
 def generate_groups(
     model: Any,
     prompt_ids: list[list[int]],
-    rl: Any,
+    rollout: Any,
+    group_size: int,
     tokenizer: Any,
     device: torch.device,
     seed: int,
     first_position: int,
 ) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
     """(prompts, their generated ids: group_size rows per prompt, after the prompt) for each call of
-    `rl.generation_batch_size` prompts (all at once when 0), with the model in eval mode meanwhile."""
+    `rollout.generation_batch_size` prompts (all at once when 0), with the model in eval mode meanwhile."""
     from transformers import GenerationConfig
 
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     config = GenerationConfig(
-        max_new_tokens=rl.max_new_tokens,
+        max_new_tokens=rollout.max_new_tokens,
         do_sample=True,
-        temperature=rl.temperature,
-        top_p=rl.top_p,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
         top_k=0,
         num_beams=1,
         eos_token_id=eos,
         pad_token_id=pad,
         use_cache=True,
     )
-    per_call = rl.generation_batch_size or len(prompt_ids)
+    per_call = rollout.generation_batch_size or len(prompt_ids)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(prompt_ids), per_call):
             prompts = prompt_ids[start : start + per_call]
             with seeded(seed, first_position + start, device), eager_decoding():
-                yield prompts, generate_group(model, prompts, config, rl.group_size, pad, device)
+                yield prompts, generate_group(model, prompts, config, group_size, pad, device)
     finally:
         model.train(was_training)
 

@@ -3,9 +3,10 @@
 One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
-2. the environment plays `group_size` episodes of each with the sampler (ditty.objectives.rl.environment:
-   one completion scored by the reward functions, or episodes of several turns; a failing reward
-   function or environment stops the run, exit 2, before any update);
+2. the environment plays `group_size` episodes of each through the policy's sampling
+   (ditty.objectives.policy_sampling: the sampler at the policy's version): one completion scored by
+   the reward functions, or episodes of several turns (ditty.objectives.rl.environment; a failing
+   reward function or environment stops the run, exit 2, before any update);
 3. (rollout/generate_s times both);
 4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
    into advantages (ditty.objectives.rl.advantages), of which the rank keeps its own;
@@ -13,16 +14,16 @@ One `next_step()` on each rank:
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row. What the
 step logs beside the loss (rewards, lengths, timings) is `step_metrics()`, never a batch entry.
 
-A sampler with weights of its own (vLLM, ditty.objectives.rl.samplers) is brought to the policy's
-version before it samples; with `rl.max_staleness` > 0 step 2 runs on a sampler thread, ahead of
-the training (ditty.objectives.rl.ahead), and the batches in flight are in the checkpoint. Such a
-sampler's rollouts also log `rollout/staleness` and the sampler/trainer `rollout/logprob_diff`.
+With `rollout.max_staleness` > 0 step 2's sampling runs on a sampler thread, ahead of the training,
+and the environment scores those completions when their step comes; the batches in flight are in
+the checkpoint. A sampler with weights of its own (vLLM) or sampling ahead also logs
+`rollout/staleness` (in optimizer updates) and the sampler/trainer `rollout/logprob_diff`.
 
 The sampling RNG is seeded from the run seed and the global position of the prompts sampled (inside
 `fork_rng`, so the trainer's own RNG is untouched): with the prompt cursor and, mid-reuse, the
 buffered rollouts in `state_dict`, a resume after kill -9 samples exactly what the uninterrupted
 run sampled, and the same prompts draw the same completions on any world size (when
-`rl.generation_batch_size` cuts every rank's prompts alike).
+`rollout.generation_batch_size` cuts every rank's prompts alike).
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ import torch.distributed as dist
 
 from ditty.objectives.rewards import reward_metrics
 from ditty.objectives.rl.advantages import turn_advantages
-from ditty.objectives.rl.ahead import Drawn, SampleAhead
-from ditty.objectives.rl.environment import RewardEnvironment
-from ditty.objectives.rl.samplers import holds_weights, sync_weights
+from ditty.objectives.rl.ahead import Drawn
 from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
 
 
@@ -46,7 +45,7 @@ class RolloutStream:
         self,
         prompts: Any,
         *,
-        sampler: Any,
+        sampling: Any,
         environment: Any,
         advantage: Any,
         assembler: Any,
@@ -54,19 +53,17 @@ class RolloutStream:
         rank: int,
         world_size: int,
     ) -> None:
+        """`sampling`: the policy's (ditty.objectives.policy_sampling.PolicySampling)."""
         self.prompts = prompts
-        self.sampler, self.environment, self.advantage, self.assembler = sampler, environment, advantage, assembler
+        self.sampling, self.environment, self.advantage, self.assembler = sampling, environment, advantage, assembler
         self.rl = rl
         self.rank, self.world_size = rank, world_size
-        # Episodes of several turns are played by their environment, which calls the sampler per turn.
-        self.episodes = not isinstance(environment, RewardEnvironment)
         self.buffer: Optional[list[dict]] = None
         self.metrics: dict[str, float] = {}
         self.served = 0
-        self.version = 0  # optimizer steps taken: the policy version of the next rollout
         self.last_return: Optional[float] = None  # when the previous next_step handed its batches over
-        staleness = getattr(rl, "max_staleness", 0)
-        self.ahead = SampleAhead(sampler, self.next_prompts, staleness) if staleness > 0 else None
+        if sampling.max_staleness > 0:
+            sampling.sample_ahead(self.next_prompts)
 
     # -------------------------------------------------------------- the trainer's stream interface
 
@@ -88,7 +85,6 @@ class RolloutStream:
                 rollout_s = time.perf_counter() - started
                 self.metrics["rollout/generation_share"] = self.metrics["rollout/generate_s"] / (rollout_s + train_s)
         self.served += 1
-        self.version += 1
         self.last_return = time.perf_counter()
         return self.buffer
 
@@ -99,32 +95,30 @@ class RolloutStream:
         return {}
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
-        for part in (self.prompts, self.sampler):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        self.sampling.close()
+        self.prompts.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Collective with several ranks: each rank's buffered rollouts are its own."""
-        state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": self.version, "buffer": None}
+        ahead = self.sampling.ahead
+        version = self.sampling.version
+        state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": version, "buffer": None}
         if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
             state["buffer"] = encode_by_rank({"batches": self.buffer, "metrics": self.metrics}, self.world_size)
-        if self.ahead is not None:  # the rollouts sampled ahead (waited for)
-            state["ahead"] = encode_by_rank(self.ahead.state(), self.world_size)
+        if ahead is not None:  # the rollouts sampled ahead (waited for)
+            state["ahead"] = encode_by_rank(ahead.state(), self.world_size)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prompts.load_state_dict(state["prompts"])
         self.served = int(state.get("served", 0))
-        self.version = int(state.get("version", 0))
+        self.sampling.version = int(state.get("version", 0))
         self.buffer, self.metrics = None, {}
         if state.get("buffer"):
             saved = decode_for_rank(state["buffer"], "buffer", self.rank, self.world_size)
             self.buffer, self.metrics = saved["batches"], saved["metrics"]
-        if self.ahead is not None:
-            self.ahead.restore(
+        if self.sampling.ahead is not None:
+            self.sampling.ahead.restore(
                 decode_for_rank(state["ahead"], "ahead", self.rank, self.world_size) if state.get("ahead") else []
             )
 
@@ -132,20 +126,15 @@ class RolloutStream:
 
     def rollout(self) -> tuple[list[dict], dict[str, float]]:
         drawn = self.draw()
-        prompt_batch, rollouts, generate_s = drawn.prompts, drawn.rollouts, drawn.generate_s
-        group = self.rl.group_size
-        if not self.episodes:  # one turn: the reward functions score what the sampler wrote
-            prompts = [p for p in prompt_batch["prompts"] for _ in range(group)]
-            columns = {k: [v for v in values for _ in range(group)] for k, values in prompt_batch["columns"].items()}
-            self.environment.score(rollouts, prompts, columns)
+        rollouts, generate_s = drawn.rollouts, drawn.generate_s
         metrics = self.estimate(rollouts)
         assembled = self.assembler.assemble(rollouts)
         batches = assembled.batches
         tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
         metrics["rollout/generate_s"] = generate_s
         metrics["rollout/tokens_per_s"] = tokens / max(_max_across(generate_s, self.world_size), 1e-9)
-        if holds_weights(self.sampler) or self.ahead is not None:
-            metrics["rollout/staleness"] = float(self.version - rollouts.policy_version)
+        if self.sampling.holds_weights or self.sampling.ahead is not None:
+            metrics["rollout/staleness"] = float(self.sampling.version - rollouts.policy_version)
         if assembled.mismatch is not None:
             metrics.update(mismatch_metrics(assembled.mismatch, self.world_size))
         return batches, metrics
@@ -157,28 +146,28 @@ class RolloutStream:
         return prompt_batch, step_start + self.rank * len(prompt_batch["prompt_ids"])
 
     def draw(self) -> Drawn:
-        """This step's prompts and their rollouts: sampled now by the policy at this version, or taken
-        from the sampler thread (rl.max_staleness > 0)."""
-        if self.ahead is not None:
-            return self.ahead.next(self.version)
+        """This step's prompts and their scored rollouts: played now through the policy's sampling at
+        this version, or taken from the sampler thread (rollout.max_staleness > 0) and scored here."""
+        group = self.rl.group_size
+        if self.sampling.ahead is not None:
+            drawn = self.sampling.draw_ahead()
+            self.environment.score_drawn(drawn.rollouts, drawn.prompts, group)
+            return drawn
         prompt_batch, first = self.next_prompts()
         started = time.perf_counter()
-        sync_weights(self.sampler, self.version)
-        if self.episodes:  # several turns: the environment samples each turn and scores the episode
-            rollouts = self.environment.run(self.sampler, prompt_batch, first, self.rl.group_size)
-        else:
-            rollouts = self.sampler.sample(prompt_batch["prompt_ids"], first)
-        rollouts.policy_version = self.version
+        rollouts = self.environment.run(self.sampling, prompt_batch, first, group)
+        rollouts.policy_version = self.sampling.version
         return Drawn(prompt_batch, rollouts, time.perf_counter() - started)
 
     def estimate(self, rollouts: Any) -> dict[str, float]:
         """Set `rollouts.advantages` (this rank's rows) from the rewards of the whole global batch;
         the step's reward and completion metrics, over the whole global batch too."""
         totals = _gather(rollouts.rewards.to(torch.float64), self.world_size)
-        advantages = self.advantage(totals)
-        _require_finite_advantages(advantages.advantages, totals)
+        lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
+        all_lengths = _gather(lengths, self.world_size)
+        advantages = checked_advantages(self.advantage(totals, self.rl.group_size, all_lengths), totals)
         local = len(rollouts)
-        rollouts.advantages = advantages.advantages[self.rank * local : (self.rank + 1) * local]
+        rollouts.advantages = advantages[self.rank * local : (self.rank + 1) * local]
         if self.rl.credit == "turn" and rollouts.turn_rewards is not None:
             rollouts.advantages = turn_advantages(
                 rollouts.turn_rewards,
@@ -188,10 +177,9 @@ class RolloutStream:
                 self.rl.scale_rewards,
             )
         gathered = {name: _gather(values, self.world_size) for name, values in rollouts.rewards_per_function.items()}
-        lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
         truncated = torch.tensor(rollouts.truncated, dtype=torch.float64)
-        all_lengths, all_truncated = _gather(lengths, self.world_size), _gather(truncated, self.world_size)
-        metrics = {name: float(value) for name, value in advantages.metrics.items()}
+        all_truncated = _gather(truncated, self.world_size)
+        metrics = {name: float(value) for name, value in reward_statistics(totals, self.rl.group_size).items()}
         metrics.update(
             {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
         )
@@ -259,14 +247,37 @@ def _max_across(value: float, world_size: int) -> float:
     return float(t.cpu())
 
 
-def _require_finite_advantages(advantages: torch.Tensor, rewards: torch.Tensor) -> None:
-    """Finite rewards whose group statistics overflow float64 (each near 1e308) would train on NaN
-    advantages, and the run would stop later as 'diverging': name the rewards instead (exit 2)."""
-    if bool(torch.isfinite(advantages).all()):
-        return
+def reward_statistics(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """reward, reward_std and frac_reward_zero_std of the whole batch's rewards, whatever the estimator."""
+    from ditty.objectives.grpo import group_advantages
+
+    return group_advantages(rewards, group_size, "none").metrics
+
+
+def checked_advantages(advantages: Any, rewards: torch.Tensor) -> torch.Tensor:
+    """The estimator's advantages as [N] float64, one per reward; an estimator that answers otherwise
+    (a user's, named by rl.advantage) stops the run with exit 2 naming it. Finite rewards whose group
+    statistics overflow float64 (each near 1e308) would train on NaN advantages, and the run would
+    stop later as 'diverging': the rewards are named instead (exit 2)."""
     from ditty.config.errors import RecipeError
 
+    if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != tuple(rewards.shape):
+        got = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
+        raise RecipeError.single(
+            f"the advantage estimator returned {got} for {tuple(rewards.shape)} rewards",
+            key="rl.advantage",
+            fix="return a tensor of one advantage per reward (ditty.rl.AdvantageEstimator)",
+        )
+    advantages = advantages.to(torch.float64)
+    if bool(torch.isfinite(advantages).all()):
+        return advantages
     largest = float(rewards.abs().max())
+    if largest < 1e150:  # rewards this size normalise: the estimator made the NaN
+        raise RecipeError.single(
+            "the advantage estimator returned non-finite advantages for finite rewards",
+            key="rl.advantage",
+            fix="check the estimator (a group whose rewards all agree has a spread of 0)",
+        )
     raise RecipeError.single(
         f"the rewards (up to {largest:.3g} in magnitude) are too large to normalise: their group mean or "
         "spread overflows, which makes the advantages NaN",

@@ -1,4 +1,4 @@
-"""`rl.backend = "vllm"`: rollouts from a vLLM engine colocated in the training process.
+"""`rollout.backend = "vllm"`: rollouts from a vLLM engine colocated in the training process.
 
 Each rank builds its own engine (`vllm.LLM`, in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0) for the
 prompts it samples. The engine starts from the policy's config with placeholder weights
@@ -13,9 +13,9 @@ prompt's group is one request with n = group_size and the seed of the prompt's g
 reports each sampled token's log-probability after temperature (logprobs_mode "processed_logprobs", as
 TRL asks), which the trainer compares with its own (ditty.objectives.rl.correction).
 
-Memory: on a GPU the engine takes `rl.vllm_memory` of the device (vLLM's gpu_memory_utilization). On a
+Memory: on a GPU the engine takes `rollout.vllm_memory` of the device (vLLM's gpu_memory_utilization). On a
 CPU, vLLM allocates its KV cache whole at start, so it is given what one step's rollouts need (at most
-`rl.vllm_memory` of the machine's memory), and its threads are left unbound (VLLM_CPU_OMP_THREADS_BIND
+`rollout.vllm_memory` of the machine's memory), and its threads are left unbound (VLLM_CPU_OMP_THREADS_BIND
 "nobind"): binding would pin the trainer's own threads, which share the process.
 
 One engine per process: starting one takes seconds to minutes, so a later run in the same process with
@@ -41,7 +41,7 @@ from typing import Any, Optional
 import torch
 
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import new_tokens, prompt_seed, rollouts_from_tokens
+from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +66,36 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as err:
         raise RecipeError.single(
-            key="rl.backend",
-            message=f'rl.backend = "vllm" samples with a vLLM engine, and vllm cannot be imported ({err})',
+            key="rollout.backend",
+            message=f'rollout.backend = "vllm" samples with a vLLM engine, and vllm cannot be imported ({err})',
             fix=HOW_TO_INSTALL,
         ) from err
     return vllm
 
 
-class VLLMSampler:
+class VLLMSampler(Sampler):
     """See the module doc. `policy()` returns the live, unwrapped policy; `completions_per_step`, the
     completions this rank samples in one step (the KV cache is sized for them on a CPU)."""
+
+    holds_weights = True
 
     def __init__(
         self,
         policy: Any,
-        rl: Any,
+        rollout: Any,
+        group_size: int,
         tokenizer: Any,
         *,
         seed: int,
-        max_prompt_tokens: int,
+        max_model_len: int,
         completions_per_step: int,
     ) -> None:
-        self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
+        """`max_model_len`: the longest context a sample reaches (its prompt and what follows it)."""
+        self.policy, self.rollout, self.group_size = policy, rollout, group_size
+        self.tokenizer, self.seed = tokenizer, seed
         self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
         self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
-        self.llm = self.engine(max_prompt_tokens + rl.tokens_after_prompt, completions_per_step)
+        self.llm = self.engine(max_model_len, completions_per_step)
 
     def engine(self, max_model_len: int, sequences: int) -> Any:
         """This process's engine for this shape: the one a run before this one started, or a new one
@@ -98,7 +103,7 @@ class VLLMSampler:
         model = self.policy()
         base = getattr(model, "get_base_model", lambda: model)()
         dtype = next(model.parameters()).dtype
-        key = (engine_shape(base.config), str(dtype), max_model_len, sequences, self.rl.vllm_memory)
+        key = (engine_shape(base.config), str(dtype), max_model_len, sequences, self.rollout.vllm_memory)
         if key not in ENGINES:
             for old in list(ENGINES):
                 shut_down(ENGINES.pop(old))
@@ -118,9 +123,9 @@ class VLLMSampler:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             refuse_unsupported_head_size(config)
-            kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(config, sequences, max_model_len, dtype, self.rl)
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(config, sequences, max_model_len, dtype, self.rollout)
         else:
-            kwargs["gpu_memory_utilization"] = self.rl.vllm_memory
+            kwargs["gpu_memory_utilization"] = self.rollout.vllm_memory
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
         started = time.perf_counter()
         try:
@@ -147,7 +152,7 @@ class VLLMSampler:
 
     def capture(self, version: int, copy: bool = False) -> Optional[tuple[int, list]]:
         """(version, the policy's full weights), or None when the engine holds `version` already;
-        `copy`: copies a step running meanwhile cannot change (rl.max_staleness > 0)."""
+        `copy`: copies a step running meanwhile cannot change (rollout.max_staleness > 0)."""
         if version == self.captured:
             return None
         from ditty.objectives.rl.policy_weights import policy_weights
@@ -173,14 +178,14 @@ class VLLMSampler:
         from vllm.inputs import TokensPrompt
 
         eos = self.tokenizer.eos_token_id
-        group = self.rl.group_size
+        group = self.group_size
         params = [
             SamplingParams(
                 n=group,
                 seed=prompt_seed(self.seed, first_position + i),
-                temperature=self.rl.temperature,
-                top_p=self.rl.top_p,
-                max_tokens=new_tokens(self.rl, max_new_tokens),
+                temperature=self.rollout.temperature,
+                top_p=self.rollout.top_p,
+                max_tokens=new_tokens(self.rollout, max_new_tokens),
                 logprobs=0,
                 detokenize=False,
                 stop_token_ids=[eos] if eos is not None else None,
@@ -199,12 +204,12 @@ class VLLMSampler:
                 logps.append(sampled_logps(ids, child.logprobs))
         return rollouts_from_tokens(prompts, completions, logps, eos, self.tokenizer)
 
-    def generate_turn(self, turn: Any) -> list[list[int]]:
+    def generate_turn(self, turn: Any) -> TurnOutput:
         """One model turn of each open episode of `turn` (a ditty.objectives.rl.sampling.TurnRequest),
         as GenerateSampler.generate_turn gives it: the tokens after the episode's prompt and history,
-        up to and including the end-of-sequence token. Each episode draws from its own seed (the
-        call's position, the turn, its index), so a resume samples the same turns; the engine's prefix
-        cache serves the prompts the episodes share."""
+        up to and including the end-of-sequence token, with the engine's log-probability of each.
+        Each episode draws from its own seed (the call's position, the turn, its index), so a resume
+        samples the same turns; the engine's prefix cache serves the prompts the episodes share."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -216,9 +221,10 @@ class VLLMSampler:
             SamplingParams(
                 n=1,
                 seed=(first + index) % (2**62),
-                temperature=0.0 if turn.greedy else self.rl.temperature,
-                top_p=1.0 if turn.greedy else self.rl.top_p,
+                temperature=0.0 if turn.greedy else self.rollout.temperature,
+                top_p=1.0 if turn.greedy else self.rollout.top_p,
                 max_tokens=turn.max_new_tokens,
+                logprobs=0,
                 detokenize=False,
                 stop_token_ids=[eos] if eos is not None else None,
             )
@@ -229,8 +235,13 @@ class VLLMSampler:
             for p, history in zip(turn.prompt_of, turn.histories)
         ]
         outputs = self.llm.generate(contexts, params, use_tqdm=False)
-        rows = [list(output.outputs[0].token_ids) for output in outputs]
-        return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows]
+        tokens, logps = [], []
+        for output in outputs:
+            row = list(output.outputs[0].token_ids)
+            row = row[: row.index(eos) + 1] if eos is not None and eos in row else row
+            tokens.append(row)
+            logps.append(sampled_logps(row, output.outputs[0].logprobs))
+        return TurnOutput(tokens, logps)
 
     def close(self) -> None:
         """Nothing to free: the engine stays for a later run of this process (see the module doc)."""
@@ -319,20 +330,20 @@ def refuse_unsupported_head_size(config: Any) -> None:
     head_dim = attention_shape(config)[2]
     if head_dim not in sizes:
         raise RecipeError.single(
-            key="rl.backend",
+            key="rollout.backend",
             message=f"vLLM's CPU attention has no kernel for this model's head size {head_dim} (it has {sizes})",
-            fix='use rl.backend = "generate" for this model, or a model whose hidden_size / num_attention_heads is one '
-            "of those",
+            fix='use rollout.backend = "generate" for this model, or a model whose hidden_size / '
+            "num_attention_heads is one of those",
         )
 
 
-def cpu_kv_bytes(config: Any, sequences: int, max_model_len: int, dtype: torch.dtype, rl: Any) -> int:
+def cpu_kv_bytes(config: Any, sequences: int, max_model_len: int, dtype: torch.dtype, rollout: Any) -> int:
     """The KV cache one step's rollouts need on a CPU (keys and values of every layer for `sequences`
     sequences of `max_model_len` tokens, each rounded up to whole blocks, twice over for vLLM's own
-    scheduling slack), at most rl.vllm_memory of the machine's memory."""
+    scheduling slack), at most rollout.vllm_memory of the machine's memory."""
     import psutil
 
     layers, heads, head_dim = attention_shape(config)
     tokens = math.ceil(max_model_len / BLOCK_TOKENS) * BLOCK_TOKENS
     needed = 2 * sequences * tokens * layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
-    return int(min(max(needed, 16 * 2**20), rl.vllm_memory * psutil.virtual_memory().total))
+    return int(min(max(needed, 16 * 2**20), rollout.vllm_memory * psutil.virtual_memory().total))

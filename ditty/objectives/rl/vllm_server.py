@@ -1,7 +1,7 @@
-"""`rl.backend = "vllm-server"`: rollouts from a vLLM server in another process or on another machine.
+"""`rollout.backend = "vllm-server"`: rollouts from a vLLM server in another process or on another machine.
 
 The server is `ditty rollout-server RECIPE` (ditty.cli.rollout_server) or the user's own
-`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --logprobs-mode processed_logprobs`, at `rl.vllm_server`.
+`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --logprobs-mode processed_logprobs`, at `rollout.vllm_server`.
 ditty speaks its OpenAI-compatible completions endpoint with token ids in and out: one request per
 prompt (prompt = its token ids, n = group_size, the seed of the prompt's global position, logprobs=0,
 return_token_ids), sent together so the server batches them.
@@ -13,8 +13,8 @@ LoRA: ditty.objectives.rl.policy_weights) as safetensors under the run directory
 directory must be on its disk: one machine or a shared one). Where NCCL joins the two, vLLM's
 weight-transfer API would avoid the disk; that path is not built here (no GPU to test it on).
 
-Failures are bounded: a request that times out (`rl.vllm_timeout_s`) or finds no server is retried
-`rl.vllm_retries` times, 2 s apart and doubling; then the run stops with exit code 2 naming the server
+Failures are bounded: a request that times out (`rollout.vllm_timeout_s`) or finds no server is retried
+`rollout.vllm_retries` times, 2 s apart and doubling; then the run stops with exit code 2 naming the server
 and the fix, its last checkpoint intact, and the same command resumes it once the server is back. A
 server too old to reload weights, without its dev endpoints, or scoring log-probabilities before the
 temperature is refused at the first contact.
@@ -34,11 +34,11 @@ from typing import Any, Optional
 
 from ditty.config.errors import RecipeError
 from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import new_tokens, prompt_seed, rollouts_from_tokens
+from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
 
 log = logging.getLogger(__name__)
 
-START_IT = "start it with `ditty rollout-server RECIPE` (same recipe and flags) or check rl.vllm_server"
+START_IT = "start it with `ditty rollout-server RECIPE` (same recipe and flags) or check rollout.vllm_server"
 MIN_VERSION = (0, 32)
 """The oldest vLLM whose server ditty was tested with (reload_weights with weights_path, return_token_ids)."""
 REQUESTS_IN_FLIGHT = 32
@@ -49,12 +49,17 @@ class ServerError(Exception):
     """The server answered with an error status (not retried: a retry would get the same answer)."""
 
 
-class ServerSampler:
+class ServerSampler(Sampler):
     """See the module doc."""
 
-    def __init__(self, policy: Any, rl: Any, tokenizer: Any, *, seed: int, run_dir: str, rank: int = 0) -> None:
-        self.policy, self.rl, self.tokenizer, self.seed = policy, rl, tokenizer, seed
-        self.url = rl.vllm_server.rstrip("/")
+    holds_weights = True
+
+    def __init__(
+        self, policy: Any, rollout: Any, group_size: int, tokenizer: Any, *, seed: int, run_dir: str, rank: int = 0
+    ) -> None:
+        self.policy, self.rollout, self.group_size = policy, rollout, group_size
+        self.tokenizer, self.seed = tokenizer, seed
+        self.url = rollout.vllm_server.rstrip("/")
         self.rank = rank
         self.weights_dir = os.path.join(run_dir or ".", "rollout_weights")
         self.captured: Optional[int] = None
@@ -67,11 +72,11 @@ class ServerSampler:
     def request(self, path: str, body: Optional[dict] = None) -> Any:
         """The server's JSON answer to GET (no body) or POST `path`, retried as the module doc says."""
         data = json.dumps(body).encode() if body is not None else None
-        delay, tries = 2.0, max(1, self.rl.vllm_retries)
+        delay, tries = 2.0, max(1, self.rollout.vllm_retries)
         for attempt in range(1, tries + 1):
             call = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(call, timeout=self.rl.vllm_timeout_s) as response:
+                with urllib.request.urlopen(call, timeout=self.rollout.vllm_timeout_s) as response:
                     text = response.read()
                 return json.loads(text) if text else None
             except urllib.error.HTTPError as err:
@@ -81,9 +86,9 @@ class ServerSampler:
                 reason = getattr(err, "reason", err)
                 if attempt == tries:
                     raise RecipeError.single(
-                        key="rl.vllm_server",
+                        key="rollout.vllm_server",
                         message=f"the rollout server at {self.url} did not answer {path} after {tries} tries "
-                        f"(each at most rl.vllm_timeout_s = {self.rl.vllm_timeout_s:g} s): {reason}",
+                        f"(each at most rollout.vllm_timeout_s = {self.rollout.vllm_timeout_s:g} s): {reason}",
                         fix=f"{START_IT}; the run stopped at its last checkpoint: the same command resumes it",
                     ) from err
                 log.warning("rollout server %s%s: %s; retrying in %.0f s", self.url, path, reason, delay)
@@ -96,7 +101,7 @@ class ServerSampler:
         version = str((self.request("/version") or {}).get("version", "0"))
         if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_VERSION:
             raise RecipeError.single(
-                key="rl.vllm_server",
+                key="rollout.vllm_server",
                 message=f"the rollout server at {self.url} runs vLLM {version}; ditty needs vLLM >= "
                 f"{'.'.join(map(str, MIN_VERSION))} (weights reloaded from a path, token ids returned)",
                 fix="upgrade vllm where the server runs (`make setup-vllm` on a CPU machine)",
@@ -105,14 +110,14 @@ class ServerSampler:
             info = self.request("/server_info?config_format=json")
         except ServerError as err:
             raise RecipeError.single(
-                key="rl.vllm_server",
+                key="rollout.vllm_server",
                 message=f"the rollout server at {self.url} has no dev endpoints ({err}): ditty cannot send it weights",
                 fix="start it with VLLM_SERVER_DEV_MODE=1 (`ditty rollout-server` does)",
             ) from err
         mode = (info.get("vllm_config") or {}).get("model_config", {}).get("logprobs_mode")
         if mode not in (None, "processed_logprobs"):
             raise RecipeError.single(
-                key="rl.vllm_server",
+                key="rollout.vllm_server",
                 message=f"the rollout server scores log-probabilities as {mode!r}, before the sampling temperature: "
                 "the trainer's comparison and correction need them as sampled",
                 fix="start it with --logprobs-mode processed_logprobs (`ditty rollout-server` does)",
@@ -120,17 +125,17 @@ class ServerSampler:
         models = (self.request("/v1/models") or {}).get("data") or []
         if not models:
             raise RecipeError.single(
-                key="rl.vllm_server", message=f"the rollout server at {self.url} serves no model", fix=START_IT
+                key="rollout.vllm_server", message=f"the rollout server at {self.url} serves no model", fix=START_IT
             )
-        needed = self.rl.max_new_tokens + 1
+        needed = self.rollout.max_new_tokens + 1
         served = models[0]
         if served.get("max_model_len") and served["max_model_len"] < needed:
             raise RecipeError.single(
-                key="rl.vllm_server",
+                key="rollout.vllm_server",
                 message=f"the rollout server's max_model_len {served['max_model_len']} is shorter than "
-                f"rl.max_new_tokens = {self.rl.max_new_tokens} after a prompt",
+                f"rollout.max_new_tokens = {self.rollout.max_new_tokens} after a prompt",
                 fix="start it with a larger --max-model-len (`ditty rollout-server` uses data.max_seq_len + "
-                "rl.max_new_tokens)",
+                "rollout.max_new_tokens)",
             )
         return served["id"]
 
@@ -167,12 +172,12 @@ class ServerSampler:
                     {
                         "method": "reload_weights",
                         "kwargs": {"weights_path": directory},
-                        "timeout": self.rl.vllm_timeout_s,
+                        "timeout": self.rollout.vllm_timeout_s,
                     },
                 )
             except ServerError as err:
                 raise RecipeError.single(
-                    key="rl.vllm_server",
+                    key="rollout.vllm_server",
                     message=f"the rollout server could not reload the weights from {directory}: {err}",
                     fix="the server must read the run directory (one machine or a shared disk), and serve the "
                     "same architecture as model.path",
@@ -193,11 +198,11 @@ class ServerSampler:
             {
                 "model": self.model,
                 "prompt": list(ids),
-                "n": self.rl.group_size,
+                "n": self.group_size,
                 "seed": prompt_seed(self.seed, first_position + i),
-                "temperature": self.rl.temperature,
-                "top_p": self.rl.top_p,
-                "max_tokens": new_tokens(self.rl, max_new_tokens),
+                "temperature": self.rollout.temperature,
+                "top_p": self.rollout.top_p,
+                "max_tokens": new_tokens(self.rollout, max_new_tokens),
                 "logprobs": 0,
                 "return_token_ids": True,
                 "stop_token_ids": [eos] if eos is not None else [],
@@ -219,8 +224,17 @@ class ServerSampler:
             return self.request("/v1/completions", body)
         except ServerError as err:
             raise RecipeError.single(
-                key="rl.vllm_server", message=f"the rollout server refused a sampling request: {err}", fix=START_IT
+                key="rollout.vllm_server", message=f"the rollout server refused a sampling request: {err}", fix=START_IT
             ) from err
+
+    def generate_turn(self, turn: Any) -> TurnOutput:
+        """Episodes of several turns sample in the training process (generate, or the vllm engine):
+        the compiler refuses them with a server, so no run gets here."""
+        raise RecipeError.single(
+            key="rollout.backend",
+            message='episodes of several turns sample with "generate" or "vllm", not a rollout server',
+            fix='set rollout.backend = "vllm"',
+        )
 
     def close(self) -> None:
         """At the end of the run (or after an error): the weights written for the server go (a resume
