@@ -14,11 +14,11 @@ def _paragraphs(page: str) -> list[str]:
 
 
 def test_rl_md_says_the_async_keys_need_a_vllm_backend():
-    """rl.md offered rl.max_staleness and rl.sampler_correction without saying that `ditty check`
+    """rl.md offered rollout.max_staleness and rollout.sampler_correction without saying that `ditty check`
     refuses both with the default "generate" backend (tests/rl/test_rl_recipe.py holds the refusal);
     the vLLM page, which now holds their details, says it wherever it names them too."""
     for page in ("objectives/rl.md", "objectives/vllm.md"):
-        for key in ("rl.max_staleness", "rl.sampler_correction"):
+        for key in ("rollout.max_staleness", "rollout.sampler_correction"):
             where = [p for p in _paragraphs(page) if f"`{key}" in p]
             assert where, (page, key)
             for paragraph in where:
@@ -26,10 +26,10 @@ def test_rl_md_says_the_async_keys_need_a_vllm_backend():
 
 
 def test_tools_md_says_when_two_ranks_play_the_episodes_of_one_process():
-    """tools.md said 2 ranks equal 1 process: that holds when rl.generation_batch_size divides each
+    """tools.md said 2 ranks equal 1 process: that holds when rollout.generation_batch_size divides each
     rank's prompts (tests/rl/test_rl_ddp.py runs it at 1), since a generation call is seeded by its
     first prompt's position."""
     where = [p for p in _paragraphs("objectives/tools.md") if "1 process" in p or "one process" in p]
     assert where
     for paragraph in where:
-        assert "rl.generation_batch_size" in paragraph, paragraph
+        assert "rollout.generation_batch_size" in paragraph, paragraph

@@ -17,18 +17,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
 STEPS = 3
 
 
-def distill_recipe(tmp_path, teacher):
+def distill_recipe(tmp_path, teacher, extra=""):
     # lmbda 0.5; two micro-batches per rank: the samples' seeds count the rank's share and the micro-batch
-    path = test_distill.distill_recipe(tmp_path, teacher, "data_only_steps = 0")
+    path = test_distill.distill_recipe(tmp_path, teacher, "data_only_steps = 0\n" + extra)
     path.write_text(path.read_text().replace("global_batch_size = 8", "global_batch_size = 16"))
     return path
 
 
 def distill_data_recipe(tmp_path, teacher):
     # the random teacher's argmax is rarely the data's token: most data tokens score the cross-entropy
-    path = distill_recipe(tmp_path, teacher)
-    path.write_text(path.read_text() + 'teacher_mistakes = "data"\n')
-    return path
+    return distill_recipe(tmp_path, teacher, 'teacher_mistakes = "data"')
 
 
 def online_recipe(tmp_path, model):

@@ -59,7 +59,9 @@ def _config(model_dir: str, out: str, *, steps: int = 3):
 
 class CheckpointReads:
     """Records every attempt of this process to open a file of `model_dir` (Python's open and os.open,
-    through an audit hook) or to open a safetensors file (refused) until `stop()`."""
+    through an audit hook) or to open a safetensors file (refused) until `stop()`. An open by the
+    recipe compiler's header reader (ditty.models.source._safetensors_header, which reads the JSON
+    header's few KB to compare the vocabulary with config.json) is recorded as "NAME (header)"."""
 
     def __init__(self, model_dir: str):
         import safetensors
@@ -88,7 +90,10 @@ class CheckpointReads:
         if self.active and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.fsdecode(args[0])
             if os.path.realpath(path).startswith(self.model_dir + os.sep):
-                self.reads.append(path)
+                caller = sys._getframe(1)
+                while caller is not None and caller.f_code.co_name != "_safetensors_header":
+                    caller = caller.f_back
+                self.reads.append(path + " (header)" if caller is not None else path)
 
     def stop(self) -> list[str]:
         self.active = False
