@@ -49,6 +49,20 @@ def rollout_rules(ctx, *, updates_per_rollout: int = 1, row: str = "") -> Iterat
     rollout = ctx.config.rollout
     yield from sampling_values(rollout)
     yield from backend_rules(ctx, updates_per_rollout=updates_per_rollout)
+    if (
+        not row
+        and rollout.max_staleness > 0
+        and backend(rollout) in VLLM_BACKENDS
+        and rollout.sampler_correction == "none"
+        and updates_per_rollout == 1
+    ):
+        yield warning(
+            "rollout.sampler_correction",
+            f'is "none" while the samples are up to {rollout.max_staleness} update(s) old '
+            "(rollout.max_staleness): the loss takes them as the current policy's, which halved GRPO's gain in "
+            "docs/benchmarks/2026-11-27-vllm-rollouts.md",
+            'set rollout.sampler_correction = "tis" (TRL corrects by default)',
+        )
     if row and rollout.sampler_correction != "none":
         yield error(
             "rollout.sampler_correction",

@@ -28,7 +28,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     ),
     Requirement(
         "rollout.sampler_correction",
-        'Needs rollout.backend = "vllm" or "vllm-server"; not with episodes (rl.tools, rl.environment).',
+        'Needs rollout.backend = "vllm" or "vllm-server" (episodes of rl.tools or rl.environment: "vllm").',
     ),
     Requirement(
         "rollout.backend",

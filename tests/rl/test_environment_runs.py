@@ -54,7 +54,7 @@ ENVS = "tests.rl.environments_for_tests"
         (
             ["--rl.tools", f'["{ENVS}:echo"]', "--rollout.sampler_correction", "tis"],
             "rollout.sampler_correction",
-            "no sampler",
+            "reports no log-probabilities",  # generate's episodes; vllm's carry the engine's
         ),
     ],
 )

@@ -186,16 +186,20 @@ def test_episode_turns_on_the_engine_are_the_policys(turn_ending_llama_dir):
     assert engine.generate_turn(later).tokens != engine.generate_turn(sampled).tokens
 
 
-def test_episodes_of_several_turns_train_on_vllm(tmp_path, turn_ending_llama_dir):
+def test_episodes_of_several_turns_train_on_vllm_with_the_samplers_log_probabilities(tmp_path, turn_ending_llama_dir):
+    """Episodes on the engine carry its log-probability of every model token, so the sampler/trainer
+    mismatch is measured on them and the "tis" correction applies, as for one-turn rollouts."""
     recipe = write_recipe(tmp_path / "a", turn_ending_llama_dir, steps=3)
     flags = ["--rollout.backend", "vllm", "--rl.environment", "tests.rl.environments_for_tests:CountingTurns"]
     flags += ["--rl.rewards", "[]", "--rollout.max_new_tokens", "6", "--rl.max_episode_tokens", "40"]
+    flags += ["--rollout.sampler_correction", "tis"]
     done = ditty("run", str(recipe), *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = records(tmp_path / "a" / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["env/turns"] > 1 for r in rows), [r["env/turns"] for r in rows]  # episodes of several turns
     assert all(r["rewards/CountingTurns/mean"] > 0 for r in rows)
+    assert all(0 <= r["rollout/logprob_diff/mean"] < 1e-3 for r in rows), [r["rollout/logprob_diff/mean"] for r in rows]
 
 
 def test_the_vllm_page_quick_start_trains_as_written(tmp_path, tiny_llama_dir, monkeypatch):

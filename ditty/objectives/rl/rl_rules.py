@@ -261,12 +261,6 @@ def episodes(ctx) -> Iterator[Problem]:
             f"backend, not {rollout.backend!r}",
             'set rollout.backend = "generate" or "vllm", or leave rl.environment and rl.tools out',
         )
-    if rl.plays_episodes and rollout.sampler_correction != "none":
-        yield error(
-            "rollout.sampler_correction",
-            "episodes of several turns carry no sampler log-probabilities to correct with",
-            'set rollout.sampler_correction = "none", or leave rl.environment and rl.tools out',
-        )
     if rl.plays_episodes and rollout.max_staleness > 0:
         yield error(
             "rollout.max_staleness",
