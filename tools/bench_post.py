@@ -112,7 +112,7 @@ class StepClock:
 
         GenerationMixin.generate = timed_generate
         try:
-            from ditty.objectives.rl.vllm_sampler import VLLMSampler
+            from ditty.objectives.sampling.vllm_sampler import VLLMSampler
         except ImportError:
             return
         for name in ("sample", "load"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CALCULATOR = {"calculator": "ditty.objectives.rl.builtin_tools:calculator"}
+CALCULATOR = {"calculator": "ditty.objectives.environments.tools.builtin_tools:calculator"}
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}</tool_call>'
 
 
@@ -32,8 +32,8 @@ def per_call_us(env, calls: int) -> float:
 
 
 def main() -> None:
-    from ditty.objectives.rl.tool_process import ToolProcess
-    from ditty.objectives.rl.tools import ToolEnvironment, load_tools
+    from ditty.objectives.environments.tools.process import ToolProcess
+    from ditty.objectives.environments.tools.tool_environment import ToolEnvironment, load_tools
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)

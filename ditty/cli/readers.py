@@ -72,7 +72,7 @@ def _reference_list(text: str) -> list[str]:
         raise RecipeError.single(
             f"--tools {text!r} is not a list of references",
             key="--tools",
-            fix="--tools '[\"ditty.objectives.rl.builtin_tools:calculator\"]'",
+            fix="--tools '[\"ditty.objectives.environments.tools.builtin_tools:calculator\"]'",
         )
     return value
 

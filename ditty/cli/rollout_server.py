@@ -52,7 +52,7 @@ def cmd_rollout_server(args: list[str]) -> int:
         print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(command))
         return 0
     if importlib.util.find_spec("vllm") is None:
-        from ditty.objectives.rl.vllm_sampler import HOW_TO_INSTALL
+        from ditty.objectives.sampling.vllm_sampler import HOW_TO_INSTALL
 
         raise RecipeError.single(
             "`ditty rollout-server` runs a vLLM server, and vllm is not installed", fix=HOW_TO_INSTALL
@@ -126,7 +126,7 @@ def _cpu_kv_bytes(config) -> int:
     import torch
     from transformers import AutoConfig
 
-    from ditty.objectives.rl.vllm_sampler import cpu_kv_bytes
+    from ditty.objectives.sampling.vllm_sampler import cpu_kv_bytes
 
     model_config = AutoConfig.from_pretrained(config.model.path)
     sequences = config.train.global_batch_size

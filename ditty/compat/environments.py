@@ -1,4 +1,4 @@
-"""The original Ditty library's environments, run by ditty's episodes (ditty.objectives.rl.episodes).
+"""The original Ditty library's environments, run by ditty's episodes (ditty.objectives.environments.episodes).
 
 The original's protocol: `reset(task) -> str` and `step(action: dict) -> EnvironmentStepResult`
 (observation text, reward, done, info), where an action is one tool call parsed from the model's text
@@ -23,8 +23,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
-from ditty.objectives.rl.environment import StepResult
-from ditty.objectives.rl.tool_calls import HermesCalls
+from ditty.objectives.environments.protocol import StepResult
+from ditty.objectives.environments.tools.calls import HermesCalls
 
 
 @dataclass

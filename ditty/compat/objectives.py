@@ -19,7 +19,7 @@ builds it; `loss_calculator=PreferenceLoss(config, reference=fn)` brings a refer
 `reward_fn=` (one function or a list) runs GRPO (`rl=`, an RLConfig or a dict, tunes it) on rows of
 the "prompt" format; each function has TRL's signature `fn(prompts, completions, **columns)`, or the
 original library's `reward_fn(task, completion_text)` returning a float, a `(reward, metrics)` pair
-or a dict (ditty.objectives.rewards.TaskReward). `distill=` (a DistillConfig or a dict) trains the
+or a dict (ditty.objectives.rewards.functions.TaskReward). `distill=` (a DistillConfig or a dict) trains the
 model as a student of its teacher (`[distill]`, kind "gkd") on prompt/completion rows or chats.
 `preference=PreferenceConfig(pairs="online")` takes `rl=` (its group size) and `reward_fn=` (its
 rewards) beside it, on prompt rows or preference pairs. `rollout=` (a RolloutConfig or a dict) says how
@@ -101,7 +101,7 @@ def reward_function_problems(functions: list, config: Any) -> list[Problem]:
     """`reward_fn=` checked as the run will load it, with rl.reward_weights (one per function)."""
     if not functions:
         return []
-    from ditty.objectives.rewards import resolve_reward_functions
+    from ditty.objectives.rewards.functions import resolve_reward_functions
     from ditty.objectives.rl.row import as_reward_function
 
     given = [as_reward_function(f) for f in functions]  # as the run calls them

@@ -147,7 +147,7 @@ def is_code_reference(reference: str) -> bool:
 
 
 def _ditty_own(reference: str) -> bool:
-    """A reference into the installed ditty package (`ditty.objectives.builtin_rewards:exact_match`):
+    """A reference into the installed ditty package (`ditty.objectives.rewards.builtin_rewards:exact_match`):
     importing it runs nothing a run directory brought (readers drop the current directory from
     sys.path, so a planted `ditty/` there is not what loads)."""
     return reference.split(":", 1)[0].split(".", 1)[0] == "ditty"

@@ -51,7 +51,7 @@ class RLConfig:
     """Completions cut at max_new_tokens take no gradient (TRL: mask_truncated_completions)."""
     rewards: list[str] = field(default_factory=list)
     """Reward functions as "package.module:function", each fn(prompts, completions, **columns) ->
-    list[float] (TRL's signature); e.g. "ditty.objectives.builtin_rewards:exact_match"."""
+    list[float] (TRL's signature); e.g. "ditty.objectives.rewards.builtin_rewards:exact_match"."""
     reward_weights: Optional[list[float]] = None
     """One weight per reward function; unset: every weight 1.0."""
     reward_timeout_s: float = 600.0
@@ -61,7 +61,7 @@ class RLConfig:
     environment: str = ""
     """The environment episodes run in, as "package.module:Name": a class with `reset(row) ->
     observation` (the first messages, from the prompt row) and `step(completion) -> StepResult` (the
-    next observation, a reward, done, metrics; ditty.objectives.rl.environment). Unset: the built-in
+    next observation, a reward, done, metrics; ditty.objectives.environments.protocol). Unset: the built-in
     tool environment when `tools` are named, else one turn scored by the reward functions."""
     tools: list[str] = field(default_factory=list)
     """Python functions the model may call, as "package.module:function" (the built-in tool

@@ -10,7 +10,7 @@ pairs for an encoder-decoder (data.format = "seq2seq").
 model cannot work out, but can with a calculator tool. Read as "chat", each row is a demonstration
 of the tool call (`tool_demonstration`): the user's prompt, the assistant's Hermes-style
 `<tool_call>{json}</tool_call>`, the tool's result and the assistant's answer; read as "prompt",
-the rows are the problems an episode with the tool starts from (ditty.objectives.rl.tools).
+the rows are the problems an episode with the tool starts from (ditty.objectives.environments.tools.tool_environment).
 
 "topics": a short sentence and its topic, one of four ("sport", "food", "weather", "music"), for
 data.format = "classification": three to six common words with one to three words of the topic
@@ -114,7 +114,7 @@ def wrong_answer(prompt: str, answer: str) -> str:
 
 
 def tool_demonstration(prompt: str, answer: str) -> list[dict[str, str]]:
-    """A multiplication problem solved with the `calculator` tool (ditty.objectives.rl.builtin_tools),
+    """A multiplication problem solved with the `calculator` tool (ditty.objectives.environments.tools.builtin_tools),
     as chat messages: the call in the Hermes format the tool environment parses by default."""
     call = json.dumps({"name": "calculator", "arguments": {"expression": prompt.rstrip("=")}}, separators=(",", ":"))
     return [

@@ -7,7 +7,7 @@ fails on a key the registry lacks), and `lookup(key)` gives the entry of a key.
 A key may hold a placeholder in capitals: NAME (a reward function, data source, tool, environment
 metric or held-out set: any text, slashes included), K (a head's number from 1), TASK and METRIC
 (an lm-evaluation-harness task and its score). `rewards/NAME/mean` defines
-`rewards/ditty.objectives.builtin_rewards:exact_match/mean`. Entries with `named_by_user` are keys
+`rewards/ditty.objectives.rewards.builtin_rewards:exact_match/mean`. Entries with `named_by_user` are keys
 whose whole name your own code chooses (a loss part, an evaluation hook's score): they are
 documented, but they define no key, so a typo in a built-in name cannot hide behind them.
 

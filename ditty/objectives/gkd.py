@@ -185,9 +185,9 @@ def prompt_of(input_ids: Tensor, labels: Tensor) -> list[int]:
 
 
 def build_distill(run: Any) -> ObjectiveParts:
-    from ditty.objectives.policy_sampling import PolicySampling
     from ditty.objectives.reference import build_reference
-    from ditty.objectives.rl.samplers import build_sampler
+    from ditty.objectives.sampling.policy_sampling import PolicySampling
+    from ditty.objectives.sampling.sampler import build_sampler
 
     config = run.config
     distill = config.distill
@@ -259,7 +259,7 @@ def distill_rules(ctx: Any) -> Iterator[Problem]:
         if not ok:
             yield error(f"distill.{key}", f"must be {wanted}, got {getattr(distill, key)!r}", f"set it {wanted}")
     if distill.lmbda > 0:  # the student samples: how is [rollout]'s
-        from ditty.objectives.rollout_rules import rollout_rules
+        from ditty.objectives.sampling.rollout_rules import rollout_rules
 
         yield from rollout_rules(ctx, row="on-policy distillation")
     if distill.lmbda == 1:

@@ -12,7 +12,7 @@ The prompts are the data's: rows of data.format = "prompt" (their other columns 
 functions), or the prompts of data.format = "preference" pairs. A pair's chosen completion then joins
 its prompt's group as one more candidate, and is the `answer` column the reward functions see (the
 default reward, without `rl.rewards`, is exact match against it:
-"ditty.objectives.builtin_rewards:exact_match"): a prompt the policy never answers right still makes a
+"ditty.objectives.rewards.builtin_rewards:exact_match"): a prompt the policy never answers right still makes a
 pair, the chosen answer against the policy's own worst mistake, and samples are cut one token past the
 longest chosen answer of the batch. A completion is sampled up to `rollout.max_new_tokens` and at most
 `data.max_seq_len` tokens; a pair is cut to `data.max_seq_len` like any.
@@ -33,7 +33,7 @@ from ditty._utils.labels import IGNORE_INDEX
 from ditty.objectives.footprint import Footprint
 from ditty.objectives.online_pairs_rules import DEFAULT_REWARD
 from ditty.objectives.parts import ObjectiveParts
-from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
+from ditty.objectives.sampling.stream_state import decode_for_rank, encode_by_rank
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def with_references(rollouts: Any, batch: dict, group: int) -> Any:
     its chosen answer against the policy's own worst mistake."""
     if not batch.get("answer_ids"):
         return rollouts
-    from ditty.objectives.rl.batch import RolloutBatch
+    from ditty.objectives.sampling.batch import RolloutBatch
 
     out = RolloutBatch([], [], [], [])
     for index, (answer, text) in enumerate(zip(batch["answer_ids"], batch["columns"]["answer"])):
@@ -256,12 +256,12 @@ def sampling_settings(rollout: Any, max_seq_len: int) -> Any:
 def build_online_pairs(run: Any) -> ObjectiveParts:
     from ditty.data.build import build_stream
     from ditty.data.formats.preference_rows import PairCollator
+    from ditty.objectives.environments.protocol import RewardEnvironment
     from ditty.objectives.pairs import build_pairs
-    from ditty.objectives.policy_sampling import PolicySampling
-    from ditty.objectives.rewards import load_reward_functions
-    from ditty.objectives.rl.environment import RewardEnvironment
+    from ditty.objectives.rewards.functions import load_reward_functions
     from ditty.objectives.rl.row import reward_references
-    from ditty.objectives.rl.samplers import build_sampler
+    from ditty.objectives.sampling.policy_sampling import PolicySampling
+    from ditty.objectives.sampling.sampler import build_sampler
 
     config, runtime = run.config, run.runtime
     rl, pref, train, data = config.rl, config.preference, config.train, config.data

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from ditty.config.errors import Problem, error, warning
 
-DEFAULT_REWARD = "ditty.objectives.builtin_rewards:exact_match"
+DEFAULT_REWARD = "ditty.objectives.rewards.builtin_rewards:exact_match"
 """The reward of online pairs without rl.rewards: exact match against the pair's chosen answer."""
 
 READS_FROM_RL = ("group_size", "rewards", "reward_weights", "reward_timeout_s")
@@ -20,7 +20,7 @@ READS_FROM_RL = ("group_size", "rewards", "reward_weights", "reward_timeout_s")
 def online_rules(ctx: Any) -> Iterator[Problem]:
     from ditty.objectives.pairs import pair_values, reference_rules
     from ditty.objectives.rl.rl_rules import rewards_resolve
-    from ditty.objectives.rollout_rules import rollout_rules
+    from ditty.objectives.sampling.rollout_rules import rollout_rules
 
     cfg = ctx.config
     pref, rl = cfg.preference, cfg.rl

@@ -36,4 +36,4 @@ class ObjectiveParts:
     timings): logged beside the loss's own metrics."""
     after_update: Callable[[], None] = nothing_to_do
     """Called after each optimizer update that changed the weights (not after a step skipped as
-    non-finite): an on-policy row counts the policy's versions with it (ditty.objectives.policy_sampling)."""
+    non-finite): an on-policy row counts the policy's versions with it (ditty.objectives.sampling.policy_sampling)."""

@@ -148,7 +148,7 @@ OBJECTIVES: dict[str, Objective] = {
         _rl_row(
             "rloo",
             'RLOO: GRPO\'s rollouts and policy loss with a leave-one-out baseline (rl.advantage = "rloo")',
-            _lazy("ditty.objectives.rloo", "build_rloo"),
+            _lazy("ditty.objectives.rl.rloo", "build_rloo"),
         ),
         Objective(
             name="online-pairs",

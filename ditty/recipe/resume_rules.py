@@ -41,7 +41,7 @@ def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
     cfg = ctx.config
     if cfg.rl.kind == "none" and cfg.preference.pairs != "online":  # the streams that sample
         return
-    from ditty.objectives.stream_state import ranks_holding_samples, resume_refusal, resumes_on
+    from ditty.objectives.sampling.stream_state import ranks_holding_samples, resume_refusal, resumes_on
 
     found, state = _resumed_data_state(cfg)
     held = ranks_holding_samples(state)

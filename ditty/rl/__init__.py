@@ -18,13 +18,13 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "StepResult": "ditty.objectives.rl.environment",
-    "Environment": "ditty.objectives.rl.environment",
-    "Observation": "ditty.objectives.rl.environment",
-    "Sampler": "ditty.objectives.rl.samplers",
-    "TurnOutput": "ditty.objectives.rl.samplers",
-    "TurnRequest": "ditty.objectives.rl.sampling",
-    "RolloutBatch": "ditty.objectives.rl.batch",
+    "StepResult": "ditty.objectives.environments.protocol",
+    "Environment": "ditty.objectives.environments.protocol",
+    "Observation": "ditty.objectives.environments.protocol",
+    "Sampler": "ditty.objectives.sampling.sampler",
+    "TurnOutput": "ditty.objectives.sampling.sampler",
+    "TurnRequest": "ditty.objectives.sampling.generate_sampler",
+    "RolloutBatch": "ditty.objectives.sampling.batch",
     "AdvantageEstimator": "ditty.objectives.rl.interfaces",
     "PolicyLoss": "ditty.objectives.rl.interfaces",
     "Assembler": "ditty.objectives.rl.interfaces",

@@ -53,7 +53,7 @@ class RuntimeComponents:
     reward_functions: Optional[list] = None
     """Reward functions for [rl] (replace rl.rewards): TRL-signature callables fn(prompts,
     completions, **columns), or the original library's reward_fn(task, completion_text), which is
-    wrapped in ditty.objectives.rewards.TaskReward."""
+    wrapped in ditty.objectives.rewards.functions.TaskReward."""
     hub_token: Optional[str] = field(default=None, repr=False)
     """Hugging Face token for the [hub] push; held in memory only, never written anywhere."""
 

@@ -149,17 +149,17 @@ def generate_episode(
     run_dir: str, prompt: str, tools: list[str], *, max_new_tokens: int = 64, max_turns: int = 4, device: str = "cpu"
 ) -> str:
     """One greedy episode of the run's final model with `tools` ("package.module:function"), as RL
-    runs them (ditty.objectives.rl.tools): the prompt is the user's message, each tool call is
-    answered by the tool, until the model answers without a call or after `max_turns` turns. Returns
-    the episode's text after the prompt: the model's turns and the tools' messages as the chat
-    template renders them."""
+    runs them (ditty.objectives.environments.tools.tool_environment): the prompt is the user's
+    message, each tool call is answered by the tool, until the model answers without a call or after
+    `max_turns` turns. Returns the episode's text after the prompt: the model's turns and the tools'
+    messages as the chat template renders them."""
     from ditty.config.rl import RLConfig
     from ditty.config.rollout import RolloutConfig
-    from ditty.objectives.rl.episodes import EpisodeEnvironment
-    from ditty.objectives.rl.rendering import ObservationRenderer
-    from ditty.objectives.rl.sampling import GenerateSampler
-    from ditty.objectives.rl.tool_calls import call_format_for
-    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+    from ditty.objectives.environments.episodes import EpisodeEnvironment
+    from ditty.objectives.environments.rendering import ObservationRenderer
+    from ditty.objectives.environments.tools.calls import call_format_for
+    from ditty.objectives.environments.tools.tool_environment import ToolEnvironment, load_tools, tool_schemas
+    from ditty.objectives.sampling.generate_sampler import GenerateSampler
 
     model, tokenizer = load_final(run_dir, device)
     if not getattr(tokenizer, "chat_template", None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ditty
 from ditty.compat.environments import EnvironmentStepResult, OriginalEnvironment, as_environment
-from ditty.objectives.rl.environment import Environment, StepResult
+from ditty.objectives.environments.protocol import Environment, StepResult
 from tests.rl.environments_for_tests import OriginalCalculatorGame
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*3"}}</tool_call>'

@@ -79,10 +79,10 @@ def test_every_preference_kind_logs_defined_keys_and_their_val_versions():
 
 
 def test_the_policy_loss_the_advantages_and_the_rollout_measures_log_defined_keys():
-    from ditty.objectives.grpo import completion_metrics, group_advantages, grpo_loss
-    from ditty.objectives.rewards import reward_metrics
-    from ditty.objectives.rl.correction import mismatch_totals
+    from ditty.objectives.rewards.functions import reward_metrics
+    from ditty.objectives.rl.grpo import completion_metrics, group_advantages, grpo_loss
     from ditty.objectives.rl.stream import mismatch_metrics
+    from ditty.objectives.sampling.correction import mismatch_totals
 
     torch.manual_seed(0)
     logps = -torch.rand(4, 5, dtype=torch.float64)
@@ -108,9 +108,9 @@ def test_the_policy_loss_the_advantages_and_the_rollout_measures_log_defined_key
 
 
 def test_every_tool_error_and_episode_measure_is_defined():
-    from ditty.objectives.rl.builtin_tools import calculator
-    from ditty.objectives.rl.episodes import Episode, episode_metrics
-    from ditty.objectives.rl.tools import ToolEnvironment
+    from ditty.objectives.environments.episodes import Episode, episode_metrics
+    from ditty.objectives.environments.tools.builtin_tools import calculator
+    from ditty.objectives.environments.tools.tool_environment import ToolEnvironment
 
     env = ToolEnvironment({"calculator": calculator})
     env.reset({"prompt": "1+1="})
@@ -130,7 +130,9 @@ def test_the_registry_is_complete_and_the_page_shows_it():
         assert metric.meaning and metric.unit and metric.when and metric.group in glossary.GROUPS, metric
     # a key your own code names is documented, but it defines nothing: a misspelt built-in key still fails
     assert not glossary.defines("my_loss_part") and not glossary.defines("val_rewards/choosen")
-    assert glossary.lookup("rewards/ditty.objectives.builtin_rewards:exact_match/mean").key == "rewards/NAME/mean"
+    assert (
+        glossary.lookup("rewards/ditty.objectives.rewards.builtin_rewards:exact_match/mean").key == "rewards/NAME/mean"
+    )
     assert glossary.lookup("runs/tiny_reward/final") is None
     page = (ROOT / "docs" / "metrics.md").read_text()
     assert "<!-- ditty-metrics -->" in page

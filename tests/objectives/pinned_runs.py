@@ -22,7 +22,7 @@ RUNS = {
         "--train.eval_samples",
         "32",
         "--rl.rewards",
-        '["ditty.objectives.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]',
+        '["ditty.objectives.rewards.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]',
     ],
     "grpo_kl": [
         "tiny_grpo",

@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 pytestmark = pytest.mark.slow
 
 from ditty.objectives.dpo_family import dpo_loss, ipo_loss, orpo_loss, simpo_loss  # noqa: E402
-from ditty.objectives.grpo import grpo_loss  # noqa: E402
+from ditty.objectives.rl.grpo import grpo_loss  # noqa: E402
 
 TOL = 1e-6
 
@@ -303,9 +303,9 @@ def test_kto_matches_trl():
 
 @pytest.mark.parametrize("kind", ["tis", "mis"])
 def test_grpo_with_the_sampler_correction_matches_trl(kind):
-    """rl.sampler_correction's weights (ditty.objectives.rl.correction: TRL's ratio, checked in
+    """rl.sampler_correction's weights (ditty.objectives.sampling.correction: TRL's ratio, checked in
     tests/rl/test_sampler_correction.py) enter the loss as TRL's `importance_sampling_ratio` does."""
-    from ditty.objectives.rl.correction import correction_weights
+    from ditty.objectives.sampling.correction import correction_weights
 
     mask, new, old, reference, advantages = grpo_rollouts(seed=7)
     sampler = new + (torch.rand(new.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64) - 0.5)

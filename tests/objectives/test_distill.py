@@ -342,7 +342,7 @@ def test_the_students_samples_are_cut_to_max_seq_len_with_their_prompt(tiny_llam
     from ditty._utils.labels import IGNORE_INDEX
     from ditty.config.rollout import RolloutConfig
     from ditty.objectives.gkd import OnPolicyStream
-    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.sampling.generate_sampler import GenerateSampler
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(tiny_llama_dir),

@@ -1,4 +1,4 @@
-"""GRPO objectives (ditty.objectives.grpo): one step on fixed rollouts (rewards, old, new and
+"""GRPO objectives (ditty.objectives.rl.grpo): one step on fixed rollouts (rewards, old, new and
 reference log-probabilities given) equals each paper's formula, written here independently with
 Python's math module token by token; any split of the sequences with the global counts gives the
 same loss, metrics and gradients."""
@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from ditty.objectives.grpo import completion_metrics, group_advantages, grpo_loss, loss_mask
+from ditty.objectives.rl.grpo import completion_metrics, group_advantages, grpo_loss, loss_mask
 
 # Four completions (two prompts x two), five positions each; 1 marks a completion token.
 MASK = [[0, 1, 1, 1, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 1, 1, 1]]

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ditty.objectives.dpo_family import dpo_loss
-from ditty.objectives.grpo import grpo_loss, loss_mask
 from ditty.objectives.logprobs import concatenate_pairs, model_token_logps, sequence_logps, split_pairs
+from ditty.objectives.rl.grpo import grpo_loss, loss_mask
 
 VOCAB, PROMPT = 64, 4
 

@@ -11,7 +11,7 @@ import torch
 
 from ditty.cli import main
 from ditty.objectives.online_pairs import OnlinePairStream, PromptsOfPairs
-from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.sampling.batch import RolloutBatch
 
 
 def recipe(tmp_path, model_dir, data_format="preference", extra=""):
@@ -210,7 +210,7 @@ def test_a_calls_cap_only_shortens_the_completions_rollout_max_new_tokens_allows
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ditty.config.rollout import RolloutConfig
-    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.sampling.generate_sampler import GenerateSampler
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(tiny_llama_dir),

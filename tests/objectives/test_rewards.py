@@ -1,4 +1,4 @@
-"""Reward functions (ditty.objectives.rewards, builtin_rewards): references resolve or say why not,
+"""Reward functions (ditty.objectives.rewards.functions, builtin_rewards): references resolve or say why not,
 wrong signatures are refused before any run, every returned value is checked, errors name the
 function and the prompt, weights combine them, and the original library's reward_fn adapts."""
 
@@ -15,7 +15,7 @@ import torch
 
 from ditty.config.errors import RecipeError
 from ditty.objectives import builtin_rewards
-from ditty.objectives.rewards import (
+from ditty.objectives.rewards.functions import (
     RewardFunctionError,
     TaskReward,
     load_reward_functions,
@@ -185,7 +185,7 @@ def test_task_reward_refuses_a_dict_without_reward():
 
 def test_builtin_references_resolve_with_trls_signature():
     names = ["exact_match", "addition_exact_match", "integer_format", "think_answer_format", "length_penalty"]
-    functions = load_reward_functions([f"ditty.objectives.builtin_rewards:{name}" for name in names])
+    functions = load_reward_functions([f"ditty.objectives.rewards.builtin_rewards:{name}" for name in names])
     assert len(functions) == len(names)
 
 
@@ -196,7 +196,9 @@ def test_builtin_references_resolve_with_trls_signature():
 def test_a_bare_built_in_name_is_answered_with_its_reference(written, meant):
     _, problems = resolve_reward_functions([written])
     assert [p.key for p in problems] == ["rl.rewards[0]"]
-    assert problems[0].fix == f'write "ditty.objectives.builtin_rewards:{meant}" for the built-in reward function'
+    assert (
+        problems[0].fix == f'write "ditty.objectives.rewards.builtin_rewards:{meant}" for the built-in reward function'
+    )
 
 
 @pytest.mark.parametrize("written", ["runs/no_such_reward/final", "regex_reward", "share_in_place", "xyz"])
@@ -221,7 +223,7 @@ def test_exact_match_on_the_builtin_addition_task():
 
 
 def test_addition_reward_on_a_foreign_prompt_stops_the_run_naming_it():
-    functions = load_reward_functions(["ditty.objectives.builtin_rewards:addition_exact_match"])
+    functions = load_reward_functions(["ditty.objectives.rewards.builtin_rewards:addition_exact_match"])
     with pytest.raises(RewardFunctionError, match="prompt 'rev abcd='"):
         score_completions(functions, ["1+2=", "rev abcd="], ["3", "dcba"])
 
@@ -240,7 +242,8 @@ def test_format_and_length_rewards():
 
 
 def test_the_compiler_can_check_references_without_importing_torch():
-    code = "import sys, ditty.objectives.rewards, ditty.objectives.builtin_rewards; print('torch' in sys.modules)"
+    modules = "ditty.objectives.rewards.functions, ditty.objectives.rewards.builtin_rewards"
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
@@ -288,7 +291,7 @@ def test_rewards_that_overflow_together_are_refused():
 
 
 def test_digit_match_gives_partial_credit_for_near_misses():
-    from ditty.objectives.builtin_rewards import digit_match
+    from ditty.objectives.rewards.builtin_rewards import digit_match
 
     completions = ["56088", "56089", " 56188 ", "5608", "", [{"role": "assistant", "content": "56088"}]]
     got = digit_match(prompts=[""] * 6, completions=completions, completion=["56088"] * 6)
@@ -296,7 +299,7 @@ def test_digit_match_gives_partial_credit_for_near_misses():
 
 
 def test_call_expression_match_scores_the_first_calls_copy_of_the_prompt():
-    from ditty.objectives.builtin_rewards import call_expression_match
+    from ditty.objectives.rewards.builtin_rewards import call_expression_match
 
     def calls(*expressions):
         return [{"name": "calculator", "arguments": {"expression": e}} for e in expressions]

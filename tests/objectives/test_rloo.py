@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ditty.objectives.rl.estimators import estimator_for, rloo
-from ditty.objectives.rloo import leave_one_out_advantages
+from ditty.objectives.rl.rloo import leave_one_out_advantages
 from tests.rl.helpers import grpo_config
 
 REWARDS = [1.0, 0.0, 0.5, 0.0, 2.0, 2.0, 2.0, 2.0, 0.0, 3.0, 1.0, 1.0]

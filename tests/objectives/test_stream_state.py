@@ -1,4 +1,4 @@
-"""Per-rank stream state in the checkpoint (ditty.objectives.stream_state): each rank resumes from its
+"""Per-rank stream state in the checkpoint (ditty.objectives.sampling.stream_state): each rank resumes from its
 own entry; another world size only when no rank held anything, else a RecipeError naming how to resume."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ditty.config.errors import RecipeError
-from ditty.objectives.stream_state import (
+from ditty.objectives.sampling.stream_state import (
     decode_for_rank,
     encode_by_rank,
     encode_state,

@@ -54,7 +54,11 @@ def test_heads_where_they_apply_compile_clean(recipe, world_size):
         (BASE + '[[pipeline.loss]]\nuse = "ditty.loss:CausalLMLoss"\n', 1, "[[pipeline.loss]] replaces"),
         (BASE + '[parallel]\nkind = "deepspeed"\n', 2, "DeepSpeed"),
         (BASE + '[parallel]\nkind = "fsdp"\ntp = 2\n', 2, "tensor or context parallel"),
-        (BASE + '[rl]\nkind = "grpo"\nrewards = ["ditty.objectives.builtin_rewards:exact_match"]\n', 1, '"grpo"'),
+        (
+            BASE + '[rl]\nkind = "grpo"\nrewards = ["ditty.objectives.rewards.builtin_rewards:exact_match"]\n',
+            1,
+            '"grpo"',
+        ),
     ],
 )
 def test_heads_where_they_cannot_apply_are_an_error_on_mtp_depth(recipe, world_size, words):

@@ -225,7 +225,7 @@ def test_ditty_s_own_reward_functions_are_no_code_to_trust():
     from tests.rl.helpers import grpo_config
 
     config = grpo_config(Path("/nonexistent"))
-    assert code_references(config) == []  # ditty.objectives.builtin_rewards:exact_match
+    assert code_references(config) == []  # ditty.objectives.rewards.builtin_rewards:exact_match
     foreign = __import__("dataclasses").replace(config, rl=RLConfig(kind="grpo", rewards=["mine:score"]))
     assert code_references(foreign) == ["rl.rewards[0] = 'mine:score'"]
 
@@ -244,7 +244,7 @@ def test_a_run_s_environment_and_tool_modules_are_never_imported_by_its_readers(
     code_dir.mkdir()
     plant = f"import pathlib\npathlib.Path({str(marker)!r}).write_text(__name__)\n\n"
     (code_dir / f"{game}.py").write_text(
-        plant + "from ditty.objectives.rl.environment import StepResult\n\n\n"
+        plant + "from ditty.objectives.environments.protocol import StepResult\n\n\n"
         "class Game:\n    def reset(self, row):\n        return row['prompt']\n\n"
         "    def step(self, completion):\n        return StepResult(reward=float(len(completion)), done=True)\n"
     )
@@ -280,7 +280,9 @@ def test_ditty_s_own_tools_are_no_code_to_trust():
     from ditty.config.references import code_references
     from tests.rl.helpers import grpo_config, with_rl
 
-    config = with_rl(grpo_config(Path("/nonexistent")), tools=["ditty.objectives.rl.builtin_tools:calculator"])
+    config = with_rl(
+        grpo_config(Path("/nonexistent")), tools=["ditty.objectives.environments.tools.builtin_tools:calculator"]
+    )
     assert code_references(config) == []
     foreign = with_rl(config, tools=["mine:search"], environment="games:Maze")
     assert code_references(foreign) == ["rl.environment = 'games:Maze'", "rl.tools[0] = 'mine:search'"]

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from ditty.objectives.rl.environment import StepResult
+from ditty.objectives.environments.protocol import StepResult
 from tests.rl.rewards_for_tests import text_hash_reward
 
 

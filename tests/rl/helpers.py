@@ -41,7 +41,7 @@ def split_rollout(changes: dict) -> tuple[dict, dict]:
 
 
 def grpo_config(tmp_path, *, train=None, optimizer=None, checkpoint=None, **rl) -> TrainerConfig:
-    rl_cfg = dict(kind="grpo", group_size=4, rewards=["ditty.objectives.builtin_rewards:exact_match"])
+    rl_cfg = dict(kind="grpo", group_size=4, rewards=["ditty.objectives.rewards.builtin_rewards:exact_match"])
     changes, rollout = split_rollout(rl)
     rl_cfg.update(changes)
     train_cfg = dict(

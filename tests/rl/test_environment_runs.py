@@ -35,7 +35,11 @@ ENVS = "tests.rl.environments_for_tests"
             "cannot be built without arguments",
         ),
         (["--rl.tools", '["calculator"]'], "rl.tools[0]", 'not of the form "package.module:Name"'),
-        (["--rl.tools", '["ditty.objectives.rl.builtin_tools:abacus"]'], "rl.tools[0]", "no attribute 'abacus'"),
+        (
+            ["--rl.tools", '["ditty.objectives.environments.tools.builtin_tools:abacus"]'],
+            "rl.tools[0]",
+            "no attribute 'abacus'",
+        ),
         (["--rl.tools", f'["{ENVS}:echo", "{ENVS}:echo"]'], "rl.tools[1]", "a second tool named 'echo'"),
         (["--rl.tools", f'["{ENVS}:fetch"]'], "rl.tools[0]", "fetch is async (async def)"),
         (["--rl.tools", f'["{ENVS}:echo"]', "--rl.tools_isolation", "fork"], "rl.tools_isolation", "fork"),
@@ -71,7 +75,7 @@ def test_a_list_entry_set_by_a_flag_is_attributed_to_the_flag(tmp_path, capsys):
 
 
 def test_a_malformed_tools_list_is_exit_2(tmp_path, capsys):
-    code, out = check(tmp_path, capsys, "--rl.tools", '"ditty.objectives.rl.builtin_tools:calculator"')
+    code, out = check(tmp_path, capsys, "--rl.tools", '"ditty.objectives.environments.tools.builtin_tools:calculator"')
     assert code == 2 and "rl.tools" in out and "Traceback" not in out, out
 
 
@@ -154,7 +158,7 @@ class _Slow:
         return row["prompt"]
 
     def step(self, completion):
-        from ditty.objectives.rl.environment import StepResult
+        from ditty.objectives.environments.protocol import StepResult
 
         self._wait("step")
         return StepResult(done=True)
@@ -169,8 +173,8 @@ def test_every_call_into_an_environment_is_bounded_by_its_timeout(slow):
     import time
     from types import SimpleNamespace
 
-    from ditty.objectives.rl.environment import EnvironmentFailure
-    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.protocol import EnvironmentFailure
 
     rl = SimpleNamespace(reward_timeout_s=0.0, environment_timeout_s=0.5)
     env = EpisodeEnvironment(lambda: _Slow(slow), "Slow", [], None, rl)
@@ -196,7 +200,7 @@ def test_a_reward_function_that_hangs_in_an_episode_stops_at_the_timeout(tmp_pat
     code, out = run(
         tmp_path,
         capsys,
-        tools=["ditty.objectives.rl.builtin_tools:calculator"],
+        tools=["ditty.objectives.environments.tools.builtin_tools:calculator"],
         rewards=["tests.rl.rewards_for_tests:hangs_later"],
         reward_timeout_s=1.0,
         max_new_tokens=4,
@@ -213,7 +217,7 @@ def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
         tmp_path,
         capsys,
         train=dict(eval_samples=8, eval_at_start=True),
-        tools=["ditty.objectives.rl.builtin_tools:calculator", f"{ENVS}:echo"],
+        tools=["ditty.objectives.environments.tools.builtin_tools:calculator", f"{ENVS}:echo"],
         max_new_tokens=6,
         max_turns=2,
         max_episode_tokens=40,
@@ -228,15 +232,20 @@ def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
         assert "val_exact_match" in evaluated and "val_env/well_formed_calls" in evaluated
 
     # `ditty generate --tools` plays one greedy episode of the final model with the tools
-    tools = '["ditty.objectives.rl.builtin_tools:calculator"]'
+    tools = '["ditty.objectives.environments.tools.builtin_tools:calculator"]'
     run_dir = str(tmp_path / "run")
     assert main(["generate", run_dir, "12*3=", "--tools", tools, "--max-new-tokens", "5", "--max-turns", "2"]) == 0
     from ditty.train.generate import generate_episode
 
-    text = generate_episode(run_dir, "12*3=", ["ditty.objectives.rl.builtin_tools:calculator"], max_new_tokens=5)
+    text = generate_episode(
+        run_dir, "12*3=", ["ditty.objectives.environments.tools.builtin_tools:calculator"], max_new_tokens=5
+    )
     assert capsys.readouterr().out.strip() == text.strip()
     assert main(["generate", run_dir, "12*3=", "--tools", "[1]"]) == 2
-    assert main(["generate", run_dir, "12*3=", "--tools", '["ditty.objectives.rl.builtin_tools:abacus"]']) == 2
+    assert (
+        main(["generate", run_dir, "12*3=", "--tools", '["ditty.objectives.environments.tools.builtin_tools:abacus"]'])
+        == 2
+    )
     assert "--tools[0]" in capsys.readouterr().err
     assert main(["generate", run_dir, "12*3=", "--tools", f'["{ENVS}:NOT_A_CLASS"]']) == 2
     assert (
@@ -260,7 +269,7 @@ def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_
         keys = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean")
         return [[r[k] for k in keys] for r in rows if "loss" in r]
 
-    rewards = '["ditty.objectives.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]'
+    rewards = '["ditty.objectives.rewards.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]'
     functions = three_steps("functions", "--rl.rewards", rewards)
     environment = three_steps(
         "environment", "--rl.environment", f"{ENVS}:ExactMatchAndHashOneTurn", "--rl.rewards", "[]"
@@ -293,7 +302,7 @@ class _Scripted:
         return self._answer("reset", row["prompt"])
 
     def step(self, completion):
-        from ditty.objectives.rl.environment import StepResult
+        from ditty.objectives.environments.protocol import StepResult
 
         return self._answer("step", StepResult(done=True))
 
@@ -302,7 +311,7 @@ class _Scripted:
 
 
 def _step_result(**fields):
-    from ditty.objectives.rl.environment import StepResult
+    from ditty.objectives.environments.protocol import StepResult
 
     result = StepResult(done=True)
     for name, value in fields.items():
@@ -353,8 +362,8 @@ def test_what_an_environment_answers_is_checked_naming_the_field(environment, wo
     nor a silent result (a non-bool done that ends the episode, a metric that overwrites ditty's own)."""
     from types import SimpleNamespace
 
-    from ditty.objectives.rl.environment import EnvironmentFailure
-    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.protocol import EnvironmentFailure
 
     env = EpisodeEnvironment(environment, "Scripted", [], None, SimpleNamespace(reward_timeout_s=0.0))
     row = {"prompt": "1+1=", "completion": "2"}

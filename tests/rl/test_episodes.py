@@ -17,14 +17,14 @@ from ditty.data.builtin import tool_demonstration
 from ditty.data.chat_layouts import ChatLayout
 from ditty.data.formats.lm import encode_chat
 from ditty.data.tokenizer import build_tokenizer
-from ditty.objectives.grpo import grpo_loss
-from ditty.objectives.rewards import load_reward_functions
+from ditty.objectives.environments.episodes import EpisodeEnvironment
+from ditty.objectives.environments.rendering import ObservationRenderer
+from ditty.objectives.environments.tools.builtin_tools import calculator
+from ditty.objectives.environments.tools.tool_environment import ToolEnvironment
+from ditty.objectives.rewards.functions import load_reward_functions
 from ditty.objectives.rl.assembler import Assembler
-from ditty.objectives.rl.builtin_tools import calculator
-from ditty.objectives.rl.episodes import EpisodeEnvironment
-from ditty.objectives.rl.rendering import ObservationRenderer
-from ditty.objectives.rl.sampling import GenerateSampler, TurnRequest
-from ditty.objectives.rl.tools import ToolEnvironment
+from ditty.objectives.rl.grpo import grpo_loss
+from ditty.objectives.sampling.generate_sampler import GenerateSampler, TurnRequest
 from tests.rl.environments_for_tests import CountingTurns
 from tests.rl.helpers import TINY_LLAMA
 
@@ -128,7 +128,7 @@ def test_episodes_play_their_turns_and_drop_out_when_done(tiny):
 def test_an_episode_past_its_budget_is_cut_and_counted(tiny):
     rl = rl_settings(max_new_tokens=8, max_episode_tokens=5)
     sampler = GenerateSampler(lambda: tiny.model, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
-    functions = load_reward_functions(["ditty.objectives.builtin_rewards:exact_match"])
+    functions = load_reward_functions(["ditty.objectives.rewards.builtin_rewards:exact_match"])
     env = EpisodeEnvironment(
         lambda: ToolEnvironment({"calculator": calculator}),
         "ToolEnvironment",
@@ -207,7 +207,7 @@ def test_the_environments_tokens_take_no_loss_and_no_gradient(tiny):
 def test_per_turn_credit_sums_the_normalised_rewards_of_a_turn_and_the_later_ones():
     """DeepSeekMath's process supervision (section 4.1.3): the rewards of all turns of a group
     normalised together, a turn's tokens taking the sum over that turn and the later ones."""
-    from ditty.objectives.rl.advantages import turn_advantages
+    from ditty.objectives.rl.turn_credit import turn_advantages
 
     rewards = [[1.0, 0.0], [0.0], [0.5, 0.5, 1.0], [2.0]]  # two groups of two episodes
     spans = [[(0, 2), (4, 5)], [(0, 3)], [(0, 1), (2, 3), (5, 6)], [(0, 1)]]
@@ -230,7 +230,7 @@ def test_per_turn_credit_sums_the_normalised_rewards_of_a_turn_and_the_later_one
 
 
 def test_per_turn_advantages_reach_the_loss_aligned_with_their_tokens(tiny):
-    from ditty.objectives.rl.advantages import turn_advantages
+    from ditty.objectives.rl.turn_credit import turn_advantages
 
     rl = rl_settings(max_turns=3)
     sampler = GenerateSampler(lambda: tiny.ends_turns, rl, rl.group_size, tiny.tokenizer, torch.device("cpu"), seed=0)
@@ -264,7 +264,7 @@ class AnswersAtLength:
         return [{"role": "user", "content": row["prompt"]}]
 
     def step(self, completion):
-        from ditty.objectives.rl.environment import StepResult
+        from ditty.objectives.environments.protocol import StepResult
 
         huge = "7" * 10_000_000
         return StepResult(observation=huge if self.as_text else [{"role": "user", "content": huge}])
@@ -310,7 +310,7 @@ class LongPrompt:
         return "9" * self.length
 
     def step(self, completion):
-        from ditty.objectives.rl.environment import StepResult
+        from ditty.objectives.environments.protocol import StepResult
 
         return StepResult(done=True)
 
@@ -325,7 +325,7 @@ def test_a_reset_longer_than_max_seq_len_is_refused_not_cut(tiny, environment, w
     its question, without its end the generation prompt)."""
     import re
 
-    from ditty.objectives.rl.environment import EnvironmentFailure
+    from ditty.objectives.environments.protocol import EnvironmentFailure
 
     rl = rl_settings(environment_timeout_s=0.0)
     env = EpisodeEnvironment(environment, "Long", [], ObservationRenderer(tiny.tokenizer, 32), rl, rl)

@@ -1,5 +1,5 @@
 """An OpenEnv environment (openenv-core, an optional package: skipped where it is absent) plays
-ditty's episodes through `ditty.objectives.rl.openenv.openenv_environment`."""
+ditty's episodes through `ditty.objectives.environments.openenv.openenv_environment`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("fastmcp")
 from fastmcp import FastMCP  # noqa: E402
 from openenv.core import Action, Environment, MCPEnvironment, Observation, State  # noqa: E402
 
-from ditty.objectives.rl.openenv import openenv_environment  # noqa: E402
+from ditty.objectives.environments.openenv import openenv_environment  # noqa: E402
 
 CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 3}}</tool_call>'
 

@@ -34,7 +34,7 @@ def test_every_built_in_estimator_passes_the_estimator_check(name):
 @pytest.mark.parametrize("name", POLICY_LOSSES)
 @pytest.mark.parametrize("settings", [{}, {"beta": 0.04, "clip_high": 0.28}, {"importance": "sequence"}])
 def test_every_built_in_policy_loss_passes_the_loss_check(name, settings):
-    from ditty.objectives.grpo import grpo_loss
+    from ditty.objectives.rl.grpo import grpo_loss
 
     check_policy_loss(functools.partial(grpo_loss, loss=name), **settings)
 
@@ -87,7 +87,7 @@ def test_a_part_of_ones_own_is_checked_before_any_weight_loads(tmp_path, capsys)
 
 
 def test_rloo_and_other_estimators_refuse_per_turn_credit(tmp_path, capsys):
-    tools = ["--rl.tools", '["ditty.objectives.rl.builtin_tools:calculator"]']
+    tools = ["--rl.tools", '["ditty.objectives.environments.tools.builtin_tools:calculator"]']
     code, out = check(tmp_path, capsys, *tools, "--rl.advantage", "rloo", "--rl.credit", "turn")
     assert code == 2 and "`rl.credit`" in out and "do not compose" in out, out
     assert check(tmp_path, capsys, *tools, "--rl.credit", "turn")[0] == 0
@@ -135,3 +135,42 @@ def test_the_checks_catch_an_environment_that_answers_wrongly():
     check_environment(Fine, [{"prompt": "1+1="}], ["2"])
     with pytest.raises(AssertionError, match="done = 'yes', not True or False"):
         check_environment(Answers, [{"prompt": "1+1="}], ["2"])
+
+
+@pytest.mark.slow
+def test_a_trainer_subclass_swaps_the_environment_part(tmp_path):
+    """docs/ARCHITECTURE.md's swap: override build_objective, call build_rl and replace
+    parts.stream.environment. The replacement wraps the built one and halves every reward: the run
+    trains on its rewards, not the built one's."""
+    from ditty.objectives.rl.row import build_rl
+    from ditty.train import Trainer
+    from tests.rl.helpers import grpo_config
+
+    calls = []
+
+    class HalvedRewards:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):  # held_out, score_drawn: the built environment's
+            return getattr(self.inner, name)
+
+        def run(self, sampler, prompt_batch, first_position, group):
+            rollouts = self.inner.run(sampler, prompt_batch, first_position, group)
+            calls.append(rollouts.rewards.clone())
+            rollouts.rewards = rollouts.rewards / 2
+            return rollouts
+
+    class Swapped(Trainer):
+        def build_objective(self):
+            parts = build_rl(self)
+            parts.stream.environment = HalvedRewards(parts.stream.environment)
+            return parts
+
+    hashed = ["tests.rl.rewards_for_tests:text_hash_reward"]  # rewards of a random model that differ
+    Swapped(grpo_config(tmp_path, train=dict(steps=2, log_every=1), rewards=hashed)).train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["reward"] for r in rows if "loss" in r]
+    assert len(calls) == 2 and len(logged) == 2 and all(float(c.abs().sum()) > 0 for c in calls)
+    for before, reward in zip(calls, logged):
+        assert reward == pytest.approx(float(before.mean()) / 2, abs=1e-6)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ditty.cli import main
-from ditty.objectives.reward_scorer import RewardModelScorer
+from ditty.objectives.rewards.scorer import RewardModelScorer
 from tests.rl.test_rl_recipe import RECIPE
 
 
@@ -42,7 +42,7 @@ def test_the_scorer_reads_each_completion_after_its_prompt_as_its_card_does(rewa
 
 def test_grpo_trains_on_a_reward_models_scores(tmp_path, capsys, reward_model_dir):
     path = tmp_path / "grpo.toml"
-    path.write_text(RECIPE.replace('"ditty.objectives.builtin_rewards:exact_match"', f'"{reward_model_dir}"'))
+    path.write_text(RECIPE.replace('"ditty.objectives.rewards.builtin_rewards:exact_match"', f'"{reward_model_dir}"'))
     code = main(["run", str(path), "--run.output_dir", str(tmp_path / "run"), "--logging.progress", "false"])
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -52,7 +52,7 @@ def test_grpo_trains_on_a_reward_models_scores(tmp_path, capsys, reward_model_di
 
 def test_a_directory_that_is_not_a_reward_model_is_exit_2(tmp_path, capsys, tiny_llama_dir):
     path = tmp_path / "grpo.toml"
-    path.write_text(RECIPE.replace('"ditty.objectives.builtin_rewards:exact_match"', f'"{tiny_llama_dir}"'))
+    path.write_text(RECIPE.replace('"ditty.objectives.rewards.builtin_rewards:exact_match"', f'"{tiny_llama_dir}"'))
     assert main(["check", str(path)]) == 2
     out = capsys.readouterr()
     assert "`rl.rewards[0]`" in out.err + out.out and "one" in out.err + out.out

@@ -38,7 +38,7 @@ micro_batch_size = 4
 [rl]
 kind = "grpo"
 group_size = 4
-rewards = ["ditty.objectives.builtin_rewards:exact_match"]
+rewards = ["ditty.objectives.rewards.builtin_rewards:exact_match"]
 [rollout]
 max_new_tokens = 4
 """
@@ -62,7 +62,7 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
     "flags, key, words",
     [
         (["--rl.rewards", '["no_such_module.rewards:correct"]'], "rl.rewards[0]", "cannot import module"),
-        (["--rl.rewards", '["ditty.objectives.builtin_rewards:no_such"]'], "rl.rewards[0]", "no_such"),
+        (["--rl.rewards", '["ditty.objectives.rewards.builtin_rewards:no_such"]'], "rl.rewards[0]", "no_such"),
         (["--rl.rewards", '["tests.rl.rewards_for_tests:wrong_signature"]'], "rl.rewards[0]", "reward_fn(task"),
         (
             ["--train.global_batch_size", "6", "--train.micro_batch_size", "2"],
@@ -302,7 +302,12 @@ GPT2 = [
     [
         (["--rollout.max_new_tokens", "40"], "rollout.max_new_tokens", "+ 40 = "),
         (
-            ["--rl.tools", '["ditty.objectives.rl.builtin_tools:calculator"]', "--rl.max_episode_tokens", "33"],
+            [
+                "--rl.tools",
+                '["ditty.objectives.environments.tools.builtin_tools:calculator"]',
+                "--rl.max_episode_tokens",
+                "33",
+            ],
             "rl.max_episode_tokens",
             "+ 33 = ",
         ),

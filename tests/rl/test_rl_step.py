@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.sampling.batch import RolloutBatch
 from ditty.train import Trainer
 from tests.rl.helpers import grpo_config
 

@@ -15,7 +15,7 @@ from ditty.config.sections import ModelConfig, TokenizerConfig
 from ditty.data.tokenizer import build_tokenizer
 from ditty.objectives.logprobs import model_token_logps
 from ditty.objectives.rl.assembler import Assembler
-from ditty.objectives.rl.sampling import GenerateSampler, sampling_seed, takes_prompt_cache
+from ditty.objectives.sampling.generate_sampler import GenerateSampler, sampling_seed, takes_prompt_cache
 from tests.rl.helpers import TINY_LLAMA
 
 GROUP = 4

@@ -23,7 +23,7 @@ def test_lora_weights_are_sent_merged_under_the_base_models_names(tiny_llama_dir
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from ditty.objectives.rl.policy_weights import policy_weights
+    from ditty.objectives.sampling.policy_weights import policy_weights
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     names = {name for name, _ in model.named_parameters()}
@@ -57,7 +57,7 @@ def server_rollout(url: str, **changes):
 
 
 def test_a_dead_server_is_exit_2_after_the_bounded_retries():
-    from ditty.objectives.rl.vllm_server import ServerSampler
+    from ditty.objectives.sampling.vllm_server import ServerSampler
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.perf_counter()
@@ -85,7 +85,7 @@ class OldServer(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_server_of_an_older_vllm_is_refused_at_the_first_contact():
-    from ditty.objectives.rl.vllm_server import ServerSampler
+    from ditty.objectives.sampling.vllm_server import ServerSampler
 
     server = http.server.HTTPServer(("127.0.0.1", 0), OldServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -1,4 +1,4 @@
-"""The sampler/trainer mismatch and its correction (ditty.objectives.rl.correction) against TRL's
+"""The sampler/trainer mismatch and its correction (ditty.objectives.sampling.correction) against TRL's
 formula: GRPOTrainer._generate_and_score_completions (trl 1.16, trl/trainer/grpo_trainer.py, the
 `vllm_importance_sampling_correction` block) computes the ratio written out in `trl_ratio` below, with
 old_per_token_logps the trainer's and sampling_per_token_logps vLLM's; "tis" is its "token_truncate",
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from ditty.objectives.grpo import grpo_loss
-from ditty.objectives.rl.correction import correction_weights, mismatch_totals
+from ditty.objectives.rl.grpo import grpo_loss
+from ditty.objectives.sampling.correction import correction_weights, mismatch_totals
 
 
 def trl_ratio(old, sampling, mask, mode, clip_max, clip_min=None):

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from ditty.objectives.rl.builtin_tools import calculator
-from ditty.objectives.rl.tool_calls import CALL_FORMATS, call_format_for
-from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_schemas
+from ditty.objectives.environments.tools.builtin_tools import calculator
+from ditty.objectives.environments.tools.calls import CALL_FORMATS, call_format_for
+from ditty.objectives.environments.tools.tool_environment import ToolEnvironment, load_tools, tool_schemas
 from tests.rl import environments_for_tests as envs
 
 TOOLS = {"calculator": calculator, "echo": envs.echo, "broken": envs.broken, "hangs": envs.hangs}
@@ -90,7 +90,9 @@ def test_the_calculator():
 
 
 def test_tools_are_named_by_their_function_and_described_for_chat_templates():
-    tools = load_tools(["ditty.objectives.rl.builtin_tools:calculator", "tests.rl.environments_for_tests:echo"])
+    tools = load_tools(
+        ["ditty.objectives.environments.tools.builtin_tools:calculator", "tests.rl.environments_for_tests:echo"]
+    )
     assert list(tools) == ["calculator", "echo"]
     schemas = tool_schemas(tools)
     assert schemas[0]["function"]["name"] == "calculator"
@@ -102,8 +104,8 @@ def test_reward_functions_get_each_episodes_well_formed_calls():
     `tool_calls`, one list per episode, so a reward can score the call as well as the answer."""
     from types import SimpleNamespace
 
-    from ditty.objectives.rewards import load_reward_functions
-    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.rewards.functions import load_reward_functions
 
     turns = {  # each episode's model turns; the last one, without a call, is its answer
         "633*148=": [call("calculator", expression="633*148"), "93684"],
@@ -118,7 +120,7 @@ def test_reward_functions_get_each_episodes_well_formed_calls():
         rewards = [0.0] * len(texts)
         episodes.append(Episode(row={"prompt": prompt}, environment=env, prompt_ids=[], conversation=None))
         episodes[-1].turn_rewards, episodes[-1].last_text = rewards, texts[-1]
-    functions = load_reward_functions(["ditty.objectives.builtin_rewards:call_expression_match"])
+    functions = load_reward_functions(["ditty.objectives.rewards.builtin_rewards:call_expression_match"])
     rl = SimpleNamespace(reward_timeout_s=0.0)
     out = EpisodeEnvironment(lambda: None, "ToolEnvironment", functions, None, rl, key="rl.tools").rollouts(episodes)
     assert episodes[1].environment.calls == [{"name": "calculator", "arguments": {"expression": "718*298"}}]
@@ -135,8 +137,8 @@ def test_an_environments_reward_columns_reach_the_reward_functions_and_a_bad_one
     that answers something else than a mapping stops the run naming the environment."""
     from types import SimpleNamespace
 
-    from ditty.objectives.rl.environment import EnvironmentFailure
-    from ditty.objectives.rl.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.episodes import Episode, EpisodeEnvironment
+    from ditty.objectives.environments.protocol import EnvironmentFailure
 
     class Scored:
         def __init__(self, values):
@@ -166,7 +168,7 @@ TOOL_REFERENCES = {
 @pytest.fixture(params=["thread", "process"])
 def isolated(request):
     """A ToolEnvironment maker for each rl.tools_isolation, over every test tool."""
-    from ditty.objectives.rl.tool_process import ToolProcess
+    from ditty.objectives.environments.tools.process import ToolProcess
 
     tools = {name: function for name, function in load_tools(list(TOOL_REFERENCES.values())[:-1]).items()}
     processes = []
@@ -201,7 +203,7 @@ def test_a_result_that_cannot_be_text_is_the_tools_error_not_the_environments(is
 
 def test_a_tool_in_a_process_that_exits_crashes_or_hangs_is_answered_and_the_next_call_runs():
     """rl.tools_isolation = "process": os._exit(0), a segfault and a hang end the worker, not the run."""
-    from ditty.objectives.rl.tool_process import ToolProcess
+    from ditty.objectives.environments.tools.process import ToolProcess
 
     process = ToolProcess(TOOL_REFERENCES, timeout_s=2.0)
     env = ToolEnvironment(load_tools(list(TOOL_REFERENCES.values())[:-1]), timeout_s=2.0, process=process)
@@ -225,7 +227,7 @@ def test_a_tool_in_a_process_that_exits_crashes_or_hangs_is_answered_and_the_nex
 
 
 def test_a_tool_process_answers_a_huge_result_up_to_its_limit_and_is_closed(tmp_path):
-    from ditty.objectives.rl.tool_process import ToolProcess
+    from ditty.objectives.environments.tools.process import ToolProcess
 
     process = ToolProcess(TOOL_REFERENCES, timeout_s=30.0)
     try:

@@ -19,7 +19,7 @@ if not os.environ.get("DITTY_REQUIRE_VLLM"):  # `make test-vllm` sets it: there 
     )
 
 from ditty.config.rollout import RolloutConfig  # noqa: E402
-from ditty.objectives.rl.samplers import sync_weights  # noqa: E402
+from ditty.objectives.sampling.sampler import sync_weights  # noqa: E402
 from tests.rl.vllm_runs import records, write_recipe  # noqa: E402
 from tests.train.test_resume import complete_steps, ditty  # noqa: E402
 
@@ -47,7 +47,7 @@ def rollout(**changes) -> RolloutConfig:
 def policy_and_sampler(model_dir: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ditty.objectives.rl.vllm_sampler import VLLMSampler
+    from ditty.objectives.sampling.vllm_sampler import VLLMSampler
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -128,12 +128,17 @@ def test_grpo_trains_on_vllm_and_the_engine_ends_as_the_policy(tmp_path, tiny_ll
     assert engine == policy
 
 
-def test_one_step_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama_dir):
-    flags = ["--rollout.backend", "vllm", "--rollout.max_staleness", "1", "--rollout.sampler_correction", "tis"]
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama_dir, staleness):
+    """Up to `staleness` batches sampled ahead; the checkpoint of step 2 holds every one in flight."""
+    flags = ["--rollout.backend", "vllm", "--rollout.max_staleness", str(staleness)]
+    flags += ["--rollout.sampler_correction", "tis"]
     done = ditty("run", str(write_recipe(tmp_path / "a", tiny_llama_dir, steps=5)), *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = records(tmp_path / "a" / "run")
-    assert [r["rollout/staleness"] for r in expected] == [0, 1, 1, 1, 1]  # step 1 samples at once
+    # step 1 samples at once, then queues `staleness` batches at its version; later steps add one each
+    want = [0, 1, 1, 1, 1] if staleness == 1 else [0, 1, 2, 2, 2]
+    assert [r["rollout/staleness"] for r in expected] == want
     assert expected[1]["rollout/logprob_diff/mean"] > 1e-3  # one update behind: the correction has work
 
     recipe = write_recipe(tmp_path / "b", tiny_llama_dir, steps=5)
@@ -142,7 +147,42 @@ def test_one_step_async_killed_with_sigkill_resumes_bitwise(tmp_path, tiny_llama
     assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
     resumed = ditty("run", str(recipe), *flags)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert records(tmp_path / "b" / "run") == expected  # the batch in flight at step 2 was in the checkpoint
+    assert records(tmp_path / "b" / "run") == expected  # the batches in flight at step 2 were in the checkpoint
+
+
+@pytest.mark.parametrize("row", ["gkd", "online-pairs"])
+def test_a_killed_run_of_the_row_on_vllm_resumes_bitwise(tmp_path, tiny_llama_dir, row):
+    """GKD's student and online pairs' policy sample on the engine: a run killed with SIGKILL after the
+    checkpoint of step 2 resumes to the same records (tests/objectives/test_row_resume.py on generate)."""
+    from tests.objectives.test_row_resume import COMMON, ROWS
+
+    # the GKD student at heads of 32 (vLLM's CPU attention has no kernel for heads of 16)
+    text = (
+        ROWS[row]
+        .replace("hidden_size = 32", "hidden_size = 64")
+        .replace("intermediate_size = 64", "intermediate_size = 128")
+    )
+
+    def write(name: str):
+        out = tmp_path / name
+        out.mkdir()
+        path = out / "recipe.toml"
+        path.write_text(COMMON.format(out=out / "run") + text.format(model=tiny_llama_dir))
+        return path
+
+    flags = ["--rollout.backend", "vllm"]
+    done = ditty("run", str(write("a")), *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = records(tmp_path / "a" / "run")
+    assert [r["step"] for r in expected] == [1, 2, 3, 4, 5]
+
+    recipe = write("b")
+    killed = ditty("run", str(recipe), *flags, env={"DITTY_TEST_SIGNAL_AT": "3:1:KILL"})  # in step 4, after step-2
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    resumed = ditty("run", str(recipe), *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records(tmp_path / "b" / "run") == expected
 
 
 # ------------------------------------------------------------------ episodes of several turns on the engine
@@ -161,8 +201,8 @@ def test_episode_turns_on_the_engine_are_the_policys(turn_ending_llama_dir):
     tokens for every episode's prompt + history; sampled, seeded by position and turn."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ditty.objectives.rl.sampling import GenerateSampler, TurnRequest
-    from ditty.objectives.rl.vllm_sampler import VLLMSampler
+    from ditty.objectives.sampling.generate_sampler import GenerateSampler, TurnRequest
+    from ditty.objectives.sampling.vllm_sampler import VLLMSampler
 
     model = AutoModelForCausalLM.from_pretrained(turn_ending_llama_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(turn_ending_llama_dir)

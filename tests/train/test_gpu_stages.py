@@ -136,7 +136,7 @@ def test_grpo_samples_groups_and_trains_on_cuda(tmp_path, tiny_llama_dir, loss):
         data="prompt",
         sections=(
             '[rl]\nkind = "grpo"\ngroup_size = 4\nmax_new_tokens = 4\n'
-            f'loss = "{loss}"\nrewards = ["ditty.objectives.builtin_rewards:exact_match"]\n'
+            f'loss = "{loss}"\nrewards = ["ditty.objectives.rewards.builtin_rewards:exact_match"]\n'
         ),
     )
     losses(records)

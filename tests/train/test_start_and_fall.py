@@ -93,7 +93,7 @@ kind = "constant"
 kind = "grpo"
 group_size = 4
 max_new_tokens = 3
-rewards = ["ditty.objectives.builtin_rewards:exact_match"]
+rewards = ["ditty.objectives.rewards.builtin_rewards:exact_match"]
 
 [logging]
 progress = false

@@ -18,7 +18,7 @@ so every rank runs the same forwards.
 When the sampler reported its log-probabilities (a vLLM backend), the rows are scored by the policy
 too (one forward without gradients, shared with `old_logps` when a rollout serves several updates):
 `assemble` returns, beside the micro-batches, the sampler/trainer mismatch of the rows that train
-(ditty.objectives.rl.correction), and with rollout.sampler_correction each micro-batch carries the
+(ditty.objectives.sampling.correction), and with rollout.sampler_correction each micro-batch carries the
 correction's `sampler_weights`.
 """
 
@@ -31,8 +31,8 @@ import torch
 
 from ditty._utils.labels import IGNORE_INDEX
 from ditty.data.collate import pad_samples
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.correction import correction_weights, mismatch_totals
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.correction import correction_weights, mismatch_totals
 
 Scorer = Callable[[dict], torch.Tensor]
 """micro-batch -> token log-probabilities [rows, width] aligned with its labels."""

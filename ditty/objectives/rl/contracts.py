@@ -12,7 +12,7 @@ Each raises AssertionError naming what the part got wrong. What they hold:
   the whole batch's counts, equals the loss of the whole batch, gradients included (the trainer
   relies on that to make accumulation and data parallelism exact);
 - an environment's reset gives an observation and every step a StepResult the trainer takes
-  (ditty.objectives.rl.environment's checks), for the rows and completions given.
+  (ditty.objectives.environments.protocol's checks), for the rows and completions given.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def check_environment(
 ) -> None:
     """Play each row with `completions` as the model's turns (until the environment is done, or
     `max_turns`): every answer is one the trainer takes."""
-    from ditty.objectives.rl.environment import StepResult, observation_problem, step_result_problem
+    from ditty.objectives.environments.protocol import StepResult, observation_problem, step_result_problem
 
     for row in rows:
         environment = make()

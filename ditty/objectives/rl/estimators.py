@@ -10,11 +10,11 @@ interface). A built-in's settings (rl.scale_rewards) are bound by `estimator_for
 | name | advantage of completion i of a group g |
 |---|---|
 | "group" | GRPO: (r_i - mean_g) / (std_g + eps), or the batch's std, or none (`rl.scale_rewards`) |
-| "rloo" | RLOO: r_i - the mean of the group's other rewards (ditty.objectives.rloo) |
+| "rloo" | RLOO: r_i - the mean of the group's other rewards (ditty.objectives.rl.rloo) |
 | "reinforce_pp" | REINFORCE++, group baseline: r_i - mean_g, whitened over every completion token of the batch |
 
 Per-turn credit (`rl.credit = "turn"`) is the group estimator's own, from each turn's reward
-(ditty.objectives.rl.advantages.turn_advantages); the compiler refuses it beside another estimator.
+(ditty.objectives.rl.turn_credit.turn_advantages); the compiler refuses it beside another estimator.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ WHITEN_EPS = 1e-8
 
 
 def group(rewards: Tensor, group_size: int, lengths: Tensor, *, scale_rewards: str = "group") -> Tensor:
-    """GRPO's group-normalised advantages (ditty.objectives.grpo.group_advantages)."""
-    from ditty.objectives.grpo import group_advantages
+    """GRPO's group-normalised advantages (ditty.objectives.rl.grpo.group_advantages)."""
+    from ditty.objectives.rl.grpo import group_advantages
 
     return group_advantages(rewards, group_size, scale_rewards).advantages
 
 
 def rloo(rewards: Tensor, group_size: int, lengths: Tensor, *, scale_rewards: str = "none") -> Tensor:
-    """RLOO's leave-one-out advantages (ditty.objectives.rloo.leave_one_out_advantages)."""
-    from ditty.objectives.rloo import leave_one_out_advantages
+    """RLOO's leave-one-out advantages (ditty.objectives.rl.rloo.leave_one_out_advantages)."""
+    from ditty.objectives.rl.rloo import leave_one_out_advantages
 
     return leave_one_out_advantages(rewards, group_size, scale_rewards).advantages
 

@@ -14,7 +14,7 @@ import torch
 
 from ditty._utils.dist import all_reduce_sum, rank, world_size
 from ditty.data.task import greedy_generate_ids
-from ditty.objectives.rewards import RewardFunction, score_completions
+from ditty.objectives.rewards.functions import RewardFunction, score_completions
 
 
 class RolloutEvaluation:

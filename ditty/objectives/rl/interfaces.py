@@ -3,9 +3,9 @@
 Every part has one, and a check every built-in passes and a user's part must pass
 (ditty.objectives.rl.contracts): `ditty.rl` exports them all.
 
-- `Sampler` (ditty.objectives.rl.samplers): token ids in, token ids out, seeded by the prompts'
+- `Sampler` (ditty.objectives.sampling.sampler): token ids in, token ids out, seeded by the prompts'
   global positions; `[rollout] backend` chooses the built-in one.
-- `Environment` (ditty.objectives.rl.environment): `reset(row) -> observation`, `step(completion) ->
+- `Environment` (ditty.objectives.environments.protocol): `reset(row) -> observation`, `step(completion) ->
   StepResult`; `[rl] environment = "package.module:Name"`, with `rl.environment_args`.
 - `AdvantageEstimator`: fn(rewards, group_size, lengths) -> advantages; `[rl] advantage`.
 - `PolicyLoss`: fn(logps, old_logps, advantages, mask, **counts and settings) -> ObjectiveOutput;
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ditty.objectives.output import Count, ObjectiveOutput
-    from ditty.objectives.rl.batch import RolloutBatch
+    from ditty.objectives.sampling.batch import RolloutBatch
 
 
 @runtime_checkable

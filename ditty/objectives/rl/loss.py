@@ -1,4 +1,4 @@
-"""The policy loss stage of the RL rows (GRPO, RLOO): the clipped surrogate of ditty.objectives.grpo on
+"""The policy loss stage of the RL rows (GRPO, RLOO): the clipped surrogate of ditty.objectives.rl.grpo on
 a rollout micro-batch (ditty.objectives.rl.assembler).
 
 It takes the policy's token log-probabilities from the output head's input (ditty.objectives.logprobs:
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from ditty._utils.labels import IGNORE_INDEX
-from ditty.objectives.grpo import loss_mask
 from ditty.objectives.logprobs import sampling_projection, token_logps
+from ditty.objectives.rl.grpo import loss_mask
 from ditty.objectives.rl.policy_losses import policy_loss_for
 from ditty.stages.fused_loss import HEAD_INPUT, head_projection, output_head
 from ditty.stages.fused_loss.head import model_config

@@ -5,7 +5,7 @@ A policy loss is a function called as
     fn(logps, old_logps, advantages, mask, *, global_sequences, global_tokens, reference_logps, beta,
        clip_low, clip_high, importance, max_new_tokens, token_weights) -> ObjectiveOutput
 
-on each micro-batch (ditty.objectives.grpo.grpo_loss documents every argument), returning the
+on each micro-batch (ditty.objectives.rl.grpo.grpo_loss documents every argument), returning the
 micro-batch's SHARE of the loss over the whole global batch (its sum over whatever the loss averages,
 divided by the global count: `global_tokens` or `global_sequences`) and its metrics' shares, so that
 any split of a global batch gives the same loss and gradients (ditty.objectives.output.share).
@@ -25,13 +25,13 @@ import functools
 from typing import Any, Callable
 
 POLICY_LOSSES = ("grpo", "dapo", "dr_grpo")
-"""The built-in normalisations of ditty.objectives.grpo.grpo_loss."""
+"""The built-in normalisations of ditty.objectives.rl.grpo.grpo_loss."""
 
 
 def policy_loss_for(rl: Any) -> Callable[..., Any]:
     """The policy loss `rl.loss` names: grpo_loss with a built-in normalisation, or the user's function."""
     if rl.loss in POLICY_LOSSES:
-        from ditty.objectives.grpo import grpo_loss
+        from ditty.objectives.rl.grpo import grpo_loss
 
         return functools.partial(grpo_loss, loss=rl.loss)
     from ditty.config.references import import_reference

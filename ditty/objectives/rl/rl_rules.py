@@ -1,7 +1,7 @@
 """Compiler rules of the RL rows (`[rl]`: GRPO, RLOO): what can be checked before any weights load.
 
 The objective table runs them when a recipe trains an RL row. The reward references are imported here
-(cheap: `ditty.objectives.rewards` imports no torch) so a reference that does not resolve, or a
+(cheap: `ditty.objectives.rewards.functions` imports no torch) so a reference that does not resolve, or a
 function that cannot be called as fn(prompts, completions, **columns), stops the run before the model
 is built.
 """
@@ -149,7 +149,7 @@ def _part(value, key, built_ins, what, positional, keywords) -> Iterator[Problem
 def rewards_resolve(ctx) -> Iterator[Problem]:
     """Every reward reference imports, is callable with TRL's signature, and has its weight."""
     cfg = ctx.config
-    from ditty.objectives.rewards import resolve_reward_functions
+    from ditty.objectives.rewards.functions import resolve_reward_functions
 
     if not cfg.rl.rewards and cfg.rl.environment:  # the environment's own rewards suffice
         return
@@ -160,8 +160,8 @@ def rewards_resolve(ctx) -> Iterator[Problem]:
 
 
 def vllm_backend(ctx) -> Iterator[Problem]:
-    """How the rollouts are sampled: [rollout]'s rules (ditty.objectives.rollout_rules)."""
-    from ditty.objectives.rollout_rules import rollout_rules
+    """How the rollouts are sampled: [rollout]'s rules (ditty.objectives.sampling.rollout_rules)."""
+    from ditty.objectives.sampling.rollout_rules import rollout_rules
 
     yield from rollout_rules(ctx, updates_per_rollout=ctx.config.rl.updates_per_rollout)
 
@@ -198,8 +198,8 @@ def episodes(ctx) -> Iterator[Problem]:
     name); the episode limits are in range; a setting that only episodes read is set without them."""
     rl, rollout = ctx.config.rl, ctx.config.rollout
     from ditty.config.references import resolve_reference
-    from ditty.objectives.rl.tool_worker import ASYNC_FIX, ASYNC_TOOL, is_async
-    from ditty.objectives.rollout_rules import backend
+    from ditty.objectives.environments.tools.worker import ASYNC_FIX, ASYNC_TOOL, is_async
+    from ditty.objectives.sampling.rollout_rules import backend
 
     if rl.environment:
         cls, problems = resolve_reference(rl.environment, key="rl.environment")
@@ -211,7 +211,7 @@ def episodes(ctx) -> Iterator[Problem]:
                 "rl.environment",
                 f"{rl.environment} {what}",
                 "name a class with reset(row) -> observation and step(completion) -> StepResult "
-                "(ditty.objectives.rl.environment)",
+                "(ditty.objectives.environments.protocol)",
             )
         elif cls is not None and (needed := arguments_needed(cls)):
             yield error(

@@ -1,10 +1,10 @@
 """The RL rows (`[rl]`: GRPO, RLOO) of the objective table: their parts, plan rows and model-card line.
 
 The parts, each replaceable alone (a subclass of the trainer overrides `build_objective` and swaps one):
-- the sampler of `rollout.backend` (ditty.objectives.rl.samplers): `generate` on the live policy with the
+- the sampler of `rollout.backend` (ditty.objectives.sampling.sampler): `generate` on the live policy with the
   prompt cache, or a vLLM engine in the process or in a server;
-- the environment (ditty.objectives.rl.environment): the reward functions, one turn; or episodes of
-  several turns (ditty.objectives.rl.episodes) in `rl.environment` or the tool environment (`rl.tools`);
+- the environment (ditty.objectives.environments.protocol): the reward functions, one turn; or episodes of
+  several turns (ditty.objectives.environments.episodes) in `rl.environment` or the tool environment (`rl.tools`);
 - the advantage estimator `rl.advantage` names (ditty.objectives.rl.estimators): GRPO's group
   normalisation, RLOO's leave-one-out baseline, REINFORCE++'s, or the user's own;
 - the assembler (ditty.objectives.rl.assembler): training micro-batches with per-token labels;
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 def build_rl(run: Any) -> ObjectiveParts:
     """The parts of the RL rows (GRPO, RLOO: the estimator `rl.advantage` names)."""
     from ditty.data.build import build_stream
-    from ditty.objectives.policy_sampling import PolicySampling
     from ditty.objectives.reference import build_reference
-    from ditty.objectives.rewards import load_reward_functions
+    from ditty.objectives.rewards.functions import load_reward_functions
     from ditty.objectives.rl.assembler import Assembler
     from ditty.objectives.rl.estimators import estimator_for
     from ditty.objectives.rl.loss import GRPOLoss
-    from ditty.objectives.rl.samplers import build_sampler
     from ditty.objectives.rl.stream import RolloutStream
+    from ditty.objectives.sampling.policy_sampling import PolicySampling
+    from ditty.objectives.sampling.sampler import build_sampler
 
     config, runtime = run.config, run.runtime
     rl, train = config.rl, config.train
@@ -93,12 +93,17 @@ def build_environment(run: Any, functions: list) -> Any:
     """The environment part: the reward functions alone (one turn), else episodes of several turns in
     the `rl.environment` class or, with `rl.tools`, the built-in tool environment."""
     from ditty.config.references import import_reference
-    from ditty.objectives.rl.environment import RewardEnvironment
-    from ditty.objectives.rl.episodes import EpisodeEnvironment
-    from ditty.objectives.rl.rendering import ObservationRenderer
-    from ditty.objectives.rl.tool_calls import call_format_for
-    from ditty.objectives.rl.tool_process import ToolProcess
-    from ditty.objectives.rl.tools import ToolEnvironment, load_tools, tool_name, tool_schemas
+    from ditty.objectives.environments.episodes import EpisodeEnvironment
+    from ditty.objectives.environments.protocol import RewardEnvironment
+    from ditty.objectives.environments.rendering import ObservationRenderer
+    from ditty.objectives.environments.tools.calls import call_format_for
+    from ditty.objectives.environments.tools.process import ToolProcess
+    from ditty.objectives.environments.tools.tool_environment import (
+        ToolEnvironment,
+        load_tools,
+        tool_name,
+        tool_schemas,
+    )
 
     rl, tokenizer = run.config.rl, run.tokenizer
     max_prompt = run.config.data.max_seq_len
@@ -114,7 +119,9 @@ def build_environment(run: Any, functions: list) -> Any:
         calls = call_format_for(getattr(tokenizer, "chat_template", None))
         renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
         process = None
-        if rl.tools_isolation == "process":  # one worker for the run's episodes (ditty.objectives.rl.tool_process)
+        if (
+            rl.tools_isolation == "process"
+        ):  # one worker for the run's episodes (ditty.objectives.environments.tools.process)
             longest = rl.max_episode_tokens * renderer.chars_per_token  # the most text an episode holds
             process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s, longest)
         make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s, process)  # noqa: E731
@@ -133,7 +140,7 @@ def as_reward_function(function: Any) -> Any:
     library's reward_fn(task, completion_text) wrapped in TaskReward."""
     import inspect
 
-    from ditty.objectives.rewards import TaskReward, signature_problem
+    from ditty.objectives.rewards.functions import TaskReward, signature_problem
 
     if isinstance(function, TaskReward) or not callable(function) or signature_problem(function) is None:
         return function

@@ -4,12 +4,12 @@ One `next_step()` on each rank:
 1. takes this rank's prompts of the step from the prompt stream (global_batch_size / group_size
    prompts per step, the same global order and cursor as every format; whole groups per rank);
 2. the environment plays `group_size` episodes of each through the policy's sampling
-   (ditty.objectives.policy_sampling: the sampler at the policy's version): one completion scored by
-   the reward functions, or episodes of several turns (ditty.objectives.rl.environment; a failing
+   (ditty.objectives.sampling.policy_sampling: the sampler at the policy's version): one completion scored by
+   the reward functions, or episodes of several turns (ditty.objectives.environments.protocol; a failing
    reward function or environment stops the run, exit 2, before any update);
 3. (rollout/generate_s times both);
 4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
-   into advantages (ditty.objectives.rl.advantages), of which the rank keeps its own;
+   into advantages (ditty.objectives.rl.turn_credit), of which the rank keeps its own;
 5. the assembler cuts the rollouts into micro-batches (ditty.objectives.rl.assembler).
 With `updates_per_rollout` > 1 the same micro-batches are served that many steps in a row. What the
 step logs beside the loss (rewards, lengths, timings) is `step_metrics()`, never a batch entry.
@@ -34,10 +34,10 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ditty.objectives.rewards import reward_metrics
-from ditty.objectives.rl.advantages import turn_advantages
-from ditty.objectives.rl.ahead import Drawn
-from ditty.objectives.stream_state import decode_for_rank, encode_by_rank
+from ditty.objectives.rewards.functions import reward_metrics
+from ditty.objectives.rl.turn_credit import turn_advantages
+from ditty.objectives.sampling.ahead import Drawn
+from ditty.objectives.sampling.stream_state import decode_for_rank, encode_by_rank
 
 
 class RolloutStream:
@@ -53,7 +53,7 @@ class RolloutStream:
         rank: int,
         world_size: int,
     ) -> None:
-        """`sampling`: the policy's (ditty.objectives.policy_sampling.PolicySampling)."""
+        """`sampling`: the policy's (ditty.objectives.sampling.policy_sampling.PolicySampling)."""
         self.prompts = prompts
         self.sampling, self.environment, self.advantage, self.assembler = sampling, environment, advantage, assembler
         self.rl = rl
@@ -249,7 +249,7 @@ def _max_across(value: float, world_size: int) -> float:
 
 def reward_statistics(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
     """reward, reward_std and frac_reward_zero_std of the whole batch's rewards, whatever the estimator."""
-    from ditty.objectives.grpo import group_advantages
+    from ditty.objectives.rl.grpo import group_advantages
 
     return group_advantages(rewards, group_size, "none").metrics
 

@@ -23,7 +23,7 @@ def turn_advantages(
 ) -> Tensor:
     """[rows, max width] per-token advantages (0 outside the model's turns) of episodes whose turns
     span `turn_spans` and earned `turn_rewards`, a group's `group_size` rows adjacent."""
-    from ditty.objectives.grpo import ADVANTAGE_EPS
+    from ditty.objectives.rl.grpo import ADVANTAGE_EPS
 
     out = torch.zeros(len(turn_rewards), max(widths, default=0), dtype=torch.float64)
     for start in range(0, len(turn_rewards), group_size):

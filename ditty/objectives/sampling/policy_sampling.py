@@ -1,6 +1,6 @@
 """How every on-policy row samples from the policy it trains: GRPO and RLOO, online preference pairs and
 on-policy distillation each hold one `PolicySampling` around the sampler `[rollout]` chooses
-(ditty.objectives.rl.samplers), and sample through it.
+(ditty.objectives.sampling.sampler), and sample through it.
 
 - Versions: `version` counts the optimizer updates the policy has taken. The trainer reports each
   update that changed the weights (`updated()`, through the row's `ObjectiveParts.after_update`); a
@@ -9,7 +9,7 @@ on-policy distillation each hold one `PolicySampling` around the sampler `[rollo
 - Weights: a sampler with weights of its own (a vLLM engine or server) is brought to the policy's
   version before it samples (`sync_weights`); a sampler of the live policy (`generate`) needs nothing.
 - Ahead (`rollout.max_staleness = k` > 0): `ahead(next_request)` keeps up to k draws in flight on a
-  sampler thread (ditty.objectives.rl.ahead), each sampled with the weights of the update it was
+  sampler thread (ditty.objectives.sampling.ahead), each sampled with the weights of the update it was
   submitted at, so a step trains on samples at most k updates old.
 
 A `PolicySampling` is itself a `Sampler`: an environment that plays episodes calls it turn by turn,
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import Sampler, TurnOutput, sync_weights
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.sampler import Sampler, TurnOutput, sync_weights
 
 
 class PolicySampling(Sampler):
@@ -58,12 +58,12 @@ class PolicySampling(Sampler):
     def sample_ahead(self, next_request: Callable[[], tuple[dict, int]]) -> None:
         """From now on `draw_ahead()` hands over samples drawn up to `max_staleness` updates ahead;
         `next_request()` -> (the next step's prompt batch, the global position of its first prompt)."""
-        from ditty.objectives.rl.ahead import SampleAhead
+        from ditty.objectives.sampling.ahead import SampleAhead
 
         self.ahead = SampleAhead(self.sampler, next_request, self.max_staleness)
 
     def draw_ahead(self) -> Any:
-        """The oldest draw in flight (ditty.objectives.rl.ahead.Drawn), the queue topped up at this version."""
+        """The oldest draw in flight (ditty.objectives.sampling.ahead.Drawn), the queue topped up at this version."""
         return self.ahead.next(self.version)
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """Tools in a child process (`rl.tools_isolation = "process"`): one worker per training process
-(ditty.objectives.rl.tool_worker), started at the first call, that imports the tools and answers the
+(ditty.objectives.environments.tools.worker), started at the first call, that imports the tools and answers the
 calls one at a time over a pipe, as JSON.
 
 What a tool does there cannot take the run down: a tool that calls os._exit() or crashes the
@@ -73,7 +73,7 @@ class ToolProcess:
         if self.worker is None:
             path = os.pathsep.join(os.path.abspath(entry or ".") for entry in sys.path)
             self.worker = subprocess.Popen(
-                [sys.executable, "-m", "ditty.objectives.rl.tool_worker", json.dumps(self.references)],
+                [sys.executable, "-m", "ditty.objectives.environments.tools.worker", json.dumps(self.references)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env={**os.environ, "PYTHONPATH": path},

@@ -4,7 +4,7 @@ and three normalisations (GRPO per sequence, DAPO per token, Dr. GRPO by a const
 metric names are TRL's GRPOConfig/GRPOTrainer's.
 
 How the trainer plugs them in (`[rl] kind = "grpo"`):
-1. After the rollouts of a step, gather every completion's total reward (`ditty.objectives.rewards`)
+1. After the rollouts of a step, gather every completion's total reward (`ditty.objectives.rewards.functions`)
    across ranks, in prompt order, each group of `group_size` completions of one prompt adjacent;
    `group_advantages` turns them into one advantage per completion (and the reward metrics); each
    rank keeps the slice of its own completions.
@@ -116,7 +116,7 @@ def grpo_loss(
     logps, old_logps, reference_logps, mask: [B, T] aligned (masked positions must be finite);
     advantages: [B], or [B, T] per token (per-turn credit, with importance "token"). token_weights
     ([B, T] or [B, 1]): the sampler correction's weights of the surrogate
-    (ditty.objectives.rl.correction), applied before the KL term as TRL does.
+    (ditty.objectives.sampling.correction), applied before the KL term as TRL does.
     """
     if importance not in ("token", "sequence"):
         raise ValueError(f'importance must be "token" or "sequence", not {importance!r}')

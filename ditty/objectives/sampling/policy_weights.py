@@ -1,5 +1,5 @@
 """The policy's full weights under their Hugging Face names, as an inference engine loads them: what a
-vLLM sampler is sent when the policy moved (ditty.objectives.rl.vllm_sampler, vllm_server).
+vLLM sampler is sent when the policy moved (ditty.objectives.sampling.vllm_sampler, vllm_server).
 
 - Under DDP or torch.compile: the module inside (`unwrap`).
 - Under FSDP2: each parameter's shards gathered whole (`DTensor.full_tensor`, a collective every rank

@@ -3,15 +3,15 @@
 Each rank builds its own engine (`vllm.LLM`, in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0) for the
 prompts it samples. The engine starts from the policy's config with placeholder weights
 (load_format "dummy": nothing is read twice) and is sent the live weights before its first sample and
-whenever an optimizer step moved the policy (`capture`/`load`, ditty.objectives.rl.samplers): vLLM's
+whenever an optimizer step moved the policy (`capture`/`load`, ditty.objectives.sampling.sampler): vLLM's
 `reload_weights` through `collective_rpc`, in place. Weights go whole (gathered from FSDP shards) and
-merged under LoRA (ditty.objectives.rl.policy_weights).
+merged under LoRA (ditty.objectives.sampling.policy_weights).
 
 Sampling settings map one to one (temperature, top_p, max_new_tokens, the end-of-sequence token). A
 prompt's group is one request with n = group_size and the seed of the prompt's global position
 (vLLM seeds its i-th completion with seed + i), so a resume draws the same completions. The engine
 reports each sampled token's log-probability after temperature (logprobs_mode "processed_logprobs", as
-TRL asks), which the trainer compares with its own (ditty.objectives.rl.correction).
+TRL asks), which the trainer compares with its own (ditty.objectives.sampling.correction).
 
 Memory: on a GPU the engine takes `rollout.vllm_memory` of the device (vLLM's gpu_memory_utilization). On a
 CPU, vLLM allocates its KV cache whole at start, so it is given what one step's rollouts need (at most
@@ -40,8 +40,8 @@ from typing import Any, Optional
 
 import torch
 
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.sampler import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class VLLMSampler(Sampler):
         `copy`: copies a step running meanwhile cannot change (rollout.max_staleness > 0)."""
         if version == self.captured:
             return None
-        from ditty.objectives.rl.policy_weights import policy_weights
+        from ditty.objectives.sampling.policy_weights import policy_weights
 
         self.captured = version
         return version, policy_weights(self.policy(), copy=copy)
@@ -205,7 +205,7 @@ class VLLMSampler(Sampler):
         return rollouts_from_tokens(prompts, completions, logps, eos, self.tokenizer)
 
     def generate_turn(self, turn: Any) -> TurnOutput:
-        """One model turn of each open episode of `turn` (a ditty.objectives.rl.sampling.TurnRequest),
+        """One model turn of each open episode of `turn` (a ditty.objectives.sampling.generate_sampler.TurnRequest),
         as GenerateSampler.generate_turn gives it: the tokens after the episode's prompt and history,
         up to and including the end-of-sequence token, with the engine's log-probability of each.
         Each episode draws from its own seed (the call's position, the turn, its index), so a resume
@@ -213,7 +213,7 @@ class VLLMSampler(Sampler):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ditty.objectives.rl.sampling import sampling_seed
+        from ditty.objectives.sampling.generate_sampler import sampling_seed
 
         eos = self.tokenizer.eos_token_id
         first = sampling_seed(self.seed, turn.seed_position, turn.turn)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Optional
 
-from ditty.objectives.rl.environment import StepResult
-from ditty.objectives.rl.tool_calls import HermesCalls
+from ditty.objectives.environments.protocol import StepResult
+from ditty.objectives.environments.tools.calls import HermesCalls
 
 
 class OpenEnvEnvironment:

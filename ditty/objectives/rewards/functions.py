@@ -101,7 +101,7 @@ def resolve_reward_functions(
         if callable(reference) and not isinstance(reference, str):
             function, name = reference, _callable_name(reference)
         elif not is_code_reference(str(reference)):  # a reward model's directory (TRL's reward_funcs take one)
-            from ditty.objectives.reward_scorer import RewardModelScorer, reward_model_problems
+            from ditty.objectives.rewards.scorer import RewardModelScorer, reward_model_problems
 
             found = reward_model_problems(str(reference), item_key)
             problems += found
@@ -157,7 +157,7 @@ def signature_problem(function: Any, columns: Optional[Sequence[str]] = None) ->
         if len(params) == 2 and "completions" not in named:
             text += (
                 " (it looks like the original library's reward_fn(task, completion_text): "
-                "wrap it with ditty.objectives.rewards.TaskReward in the Python API)"
+                "wrap it with ditty.objectives.rewards.functions.TaskReward in the Python API)"
             )
         return text
     if columns is not None:

@@ -1,10 +1,10 @@
 """Episodes of several turns: the environment part for `[rl] environment` or `tools`.
 
-`EpisodeEnvironment.run` plays one `Environment` (ditty.objectives.rl.environment) per episode,
+`EpisodeEnvironment.run` plays one `Environment` (ditty.objectives.environments.protocol) per episode,
 `group` episodes per prompt row, `rollout.generation_batch_size` prompts' episodes together (all of the
 rank's when 0). Each turn, the open episodes of the batch generate together
 (`sampler.generate_turn`: each prompt's KV cache computed once for its episodes); the environment
-steps each on its completion, its observation is appended (ditty.objectives.rl.rendering), and
+steps each on its completion, its observation is appended (ditty.objectives.environments.rendering), and
 episodes that are done drop out of the next turn's batch. An episode ends when its environment says
 done, or truncated: after `rl.max_turns` model turns, at `rl.max_episode_tokens` tokens after its
 prompt, or when a model turn is cut at `rollout.max_new_tokens` before its end-of-sequence token (its
@@ -31,17 +31,17 @@ import torch.distributed as dist
 from ditty._utils.deadline import DeadlinePassed, deadline
 from ditty._utils.errors import users_ctrl_c
 from ditty.config.errors import RecipeError
-from ditty.objectives.rewards import RewardFunction, score_completions
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.environment import (
+from ditty.objectives.environments.protocol import (
     ENDS_AN_EPISODE,
     StepResult,
     environment_failure,
     observation_problem,
     step_result_problem,
 )
-from ditty.objectives.rl.rendering import ObservationRenderer
-from ditty.objectives.rl.sampling import TurnRequest
+from ditty.objectives.environments.rendering import ObservationRenderer
+from ditty.objectives.rewards.functions import RewardFunction, score_completions
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.generate_sampler import TurnRequest
 
 
 @dataclass
@@ -98,7 +98,7 @@ class EpisodeEnvironment:
 
     def held_out(self, run: Any, sampler: Any) -> Any:
         """The held-out evaluation of these episodes: greedy episodes of the held-out prompt rows."""
-        from ditty.objectives.rl.episode_evaluation import EpisodeEvaluation
+        from ditty.objectives.environments.episode_evaluation import EpisodeEvaluation
 
         return EpisodeEvaluation(run.data.bundle, self, sampler)
 

@@ -7,7 +7,7 @@ prompt (prompt = its token ids, n = group_size, the seed of the prompt's global 
 return_token_ids), sent together so the server batches them.
 
 Weights go by a path: when the policy moved, rank 0 writes its full weights (gathered, merged under
-LoRA: ditty.objectives.rl.policy_weights) as safetensors under the run directory
+LoRA: ditty.objectives.sampling.policy_weights) as safetensors under the run directory
 (rollout_weights/v<version>/, removed when the run ends), and asks the server to reload them in place
 (`POST /collective_rpc`, method reload_weights, `weights_path`: the server reads the file, so the run
 directory must be on its disk: one machine or a shared one). Where NCCL joins the two, vLLM's
@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from ditty.config.errors import RecipeError
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.sampler import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class ServerSampler(Sampler):
             return None
         from safetensors.torch import save_file
 
-        from ditty.objectives.rl.policy_weights import policy_weights
+        from ditty.objectives.sampling.policy_weights import policy_weights
 
         self.captured = version
         weights = policy_weights(self.policy(), cpu=True)

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.sampling.batch import RolloutBatch
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Ready-made reward functions with TRL's signature, named in a recipe as
-`"ditty.objectives.builtin_rewards:NAME"`:
+`"ditty.objectives.rewards.builtin_rewards:NAME"`:
 
 - `exact_match`: 1.0 when the completion, stripped, equals the row's reference answer (column
   `answer`, else `completion`: the built-in `addition` and `reverse` tasks keep theirs there);
@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ditty.objectives.rewards import completion_text
+from ditty.objectives.rewards.functions import completion_text
 
 _ADDITION = re.compile(r"\s*(-?\d+)\s*\+\s*(-?\d+)\s*=\s*")
 

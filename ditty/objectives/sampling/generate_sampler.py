@@ -21,8 +21,8 @@ import torch.distributed as dist
 from ditty._utils.dist import on_every_rank
 from ditty._utils.eager import eager_decoding
 from ditty._utils.modules import unwrap
-from ditty.objectives.rl.batch import RolloutBatch
-from ditty.objectives.rl.samplers import Sampler, TurnOutput, new_tokens
+from ditty.objectives.sampling.batch import RolloutBatch
+from ditty.objectives.sampling.sampler import Sampler, TurnOutput, new_tokens
 
 
 class GenerateSampler(Sampler):
@@ -41,7 +41,7 @@ class GenerateSampler(Sampler):
     def sample(
         self, prompt_ids: list[list[int]], first_position: int = 0, max_new_tokens: Optional[int] = None
     ) -> RolloutBatch:
-        """`max_new_tokens`: a tighter cap than the settings' for this call (ditty.objectives.rl.samplers)."""
+        """`max_new_tokens`: a tighter cap than the settings' for this call (ditty.objectives.sampling.sampler)."""
         eos = self.tokenizer.eos_token_id
         out = RolloutBatch([], [], [], [])
         rollout = self.rollout
@@ -63,7 +63,7 @@ class GenerateSampler(Sampler):
 
     @torch.no_grad()
     def generate_turn(self, turn: "TurnRequest") -> TurnOutput:
-        """One model turn of each open episode of `turn` (ditty.objectives.rl.episodes): the tokens
+        """One model turn of each open episode of `turn` (ditty.objectives.environments.episodes): the tokens
         after its context, up to and including the first end-of-sequence token."""
         eos = self.tokenizer.eos_token_id
         model = self.policy()

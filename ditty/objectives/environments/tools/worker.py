@@ -1,6 +1,6 @@
-"""The child process of `rl.tools_isolation = "process"` (ditty.objectives.rl.tool_process).
+"""The child process of `rl.tools_isolation = "process"` (ditty.objectives.environments.tools.process).
 
-`python -m ditty.objectives.rl.tool_worker '{"name": "package.module:function", ...}'` imports the
+`python -m ditty.objectives.environments.tools.worker '{"name": "package.module:function", ...}'` imports the
 tools, says it is ready, then answers one call a line: a JSON request {"name", "arguments",
 "max_chars"} on stdin, a JSON answer {"text", "error"} on the descriptor that was stdout (the text
 cut to max_chars when given), flushed at once. What the tools print goes

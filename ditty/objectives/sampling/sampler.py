@@ -7,20 +7,20 @@ the same prompts draw the same samples on any world size and after a resume:
   order; a call's `max_new_tokens` can only shorten them (the lower of it and
   `rollout.max_new_tokens` applies: `new_tokens`);
 - `generate_turn(turn) -> TurnOutput`: one model turn of each open episode of a `TurnRequest`
-  (ditty.objectives.rl.sampling), its tokens and, where the sampler has them, their log-probabilities.
+  (ditty.objectives.sampling.generate_sampler), its tokens and, where the sampler has them, their log-probabilities.
 
-- "generate" (ditty.objectives.rl.sampling.GenerateSampler): transformers' generate on the live policy.
+- "generate" (ditty.objectives.sampling.generate_sampler.GenerateSampler): transformers' generate on the live policy.
   It has no weights of its own: it always samples with the policy as it is.
-- "vllm" (ditty.objectives.rl.vllm_sampler.VLLMSampler): a vLLM engine in the training process.
-- "vllm-server" (ditty.objectives.rl.vllm_server.ServerSampler): a vLLM server in another process.
+- "vllm" (ditty.objectives.sampling.vllm_sampler.VLLMSampler): a vLLM engine in the training process.
+- "vllm-server" (ditty.objectives.sampling.vllm_server.ServerSampler): a vLLM server in another process.
 
 The vLLM samplers hold weights of their own (`holds_weights`), so `capture(version)` and
-`load(captured)` bring them to the policy's version before they sample (ditty.objectives.
+`load(captured)` bring them to the policy's version before they sample (ditty.objectives.sampling.
 policy_sampling does, for every row): `capture` runs on the training thread between steps (it reads
 the live weights: a gather under FSDP, a merge under LoRA) and returns None when the sampler has that
 version already; `load` may run on the sampler thread of rollout.max_staleness > 0, just before the
 sampling it serves. Both report their log-probabilities (`RolloutBatch.sampler_logps`), which the
-trainer compares with its own (ditty.objectives.rl.correction).
+trainer compares with its own (ditty.objectives.sampling.correction).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.sampling.batch import RolloutBatch
 
 
 @dataclass
@@ -86,13 +86,13 @@ def build_sampler(
     `policy()` returns the live, unwrapped policy. `rollout`: the run's [rollout] unless a row narrows it
     (distillation's samples hold at most data.max_seq_len tokens); `tokens_after_prompt`: the most a
     sample adds after its prompt (an episode's budget), else `rollout.max_new_tokens`."""
-    from ditty.objectives.rollout_rules import backend
+    from ditty.objectives.sampling.rollout_rules import backend
 
     config, runtime, seed = run.config, run.runtime, run.config.run.seed
     rollout = rollout or config.rollout
     chosen = backend(rollout)
     if chosen == "vllm":
-        from ditty.objectives.rl.vllm_sampler import VLLMSampler
+        from ditty.objectives.sampling.vllm_sampler import VLLMSampler
 
         after = tokens_after_prompt if tokens_after_prompt is not None else rollout.max_new_tokens
         return VLLMSampler(
@@ -105,12 +105,12 @@ def build_sampler(
             completions_per_step=config.train.global_batch_size // runtime.world_size,
         )
     if chosen == "vllm-server":
-        from ditty.objectives.rl.vllm_server import ServerSampler
+        from ditty.objectives.sampling.vllm_server import ServerSampler
 
         return ServerSampler(
             policy, rollout, group_size, run.tokenizer, seed=seed, run_dir=config.run.output_dir, rank=runtime.rank
         )
-    from ditty.objectives.rl.sampling import GenerateSampler
+    from ditty.objectives.sampling.generate_sampler import GenerateSampler
 
     return GenerateSampler(policy, rollout, group_size, run.tokenizer, runtime.device, seed)
 
@@ -141,6 +141,6 @@ def rollouts_from_tokens(
 def prompt_seed(run_seed: int, position: int) -> int:
     """The engine's seed of the prompt at global `position` (its group's completions take this seed
     + 0, 1, ...: vLLM's n > 1). Drawn from the same formula as generate's, in vLLM's int64 range."""
-    from ditty.objectives.rl.sampling import sampling_seed
+    from ditty.objectives.sampling.generate_sampler import sampling_seed
 
     return sampling_seed(run_seed, position) % (2**62)

@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ditty.objectives.grpo import ADVANTAGE_EPS, Advantages, group_advantages
 from ditty.objectives.parts import ObjectiveParts
+from ditty.objectives.rl.grpo import ADVANTAGE_EPS, Advantages, group_advantages
 
 
 def leave_one_out_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "none") -> Advantages:

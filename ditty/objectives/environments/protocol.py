@@ -6,7 +6,7 @@ drew ahead of the step, which only one-turn environments take):
 
 - `RewardEnvironment`, the one-turn case: the sampler writes one completion per episode and the
   reward functions (TRL's signature) score it with its prompt row's columns, in one batch;
-- `EpisodeEnvironment` (ditty.objectives.rl.episodes): an `Environment` per episode, several turns.
+- `EpisodeEnvironment` (ditty.objectives.environments.episodes): an `Environment` per episode, several turns.
 
 `Environment` is the protocol a user writes (`[rl] environment = "package.module:Name"`, built
 without arguments, one instance per episode): `reset(row)` gives the first observation from the
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from ditty.config.errors import Problem, RecipeError
-from ditty.objectives.rewards import RewardFunction, score_completions
-from ditty.objectives.rl.batch import RolloutBatch
+from ditty.objectives.rewards.functions import RewardFunction, score_completions
+from ditty.objectives.sampling.batch import RolloutBatch
 
 Observation = Union[str, list[dict[str, Any]]]
 """Chat messages ({role, content}) to render with the chat template, or text to append as it is."""

@@ -2,7 +2,7 @@
 
 An episode starts from the prompt row's prompt (a string becomes the user's message; chat messages
 are taken as they are). Each model turn is parsed for tool calls in the chat template's format
-(ditty.objectives.rl.tool_calls); every call is answered with a `tool` message holding the
+(ditty.objectives.environments.tools.calls); every call is answered with a `tool` message holding the
 function's result, in order, and the model writes its next turn. A turn without a call is the final
 answer: the episode is done, and the reward functions of `rl.rewards` score it.
 
@@ -14,7 +14,7 @@ well-formed calls as the keyword `tool_calls` ([{"name": ..., "arguments": {...}
 order), so a reward can score the calls as well as the answer.
 
 Where a call runs is `rl.tools_isolation`. "process" (the default): in a worker process
-(ditty.objectives.rl.tool_process), which a tool that calls os._exit(), crashes or hangs takes down
+(ditty.objectives.environments.tools.process), which a tool that calls os._exit(), crashes or hangs takes down
 instead of the run; the call is answered with an error and the next one starts a fresh worker.
 "thread": in a thread of the training process, so that a hung tool can be left behind: Python cannot
 stop a thread, so one that never returns keeps its thread (and what it holds) until the run ends,
@@ -28,16 +28,16 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ditty.objectives.rl.environment import StepResult
-from ditty.objectives.rl.tool_calls import HermesCalls, ToolCall
-from ditty.objectives.rl.tool_worker import ASYNC_FIX, ASYNC_TOOL, is_async
-from ditty.objectives.rl.tool_worker import answer as answer_call
+from ditty.objectives.environments.protocol import StepResult
+from ditty.objectives.environments.tools.calls import HermesCalls, ToolCall
+from ditty.objectives.environments.tools.worker import ASYNC_FIX, ASYNC_TOOL, is_async
+from ditty.objectives.environments.tools.worker import answer as answer_call
 
 ERRORS = ("malformed", "unknown", "raised", "timeout")
 
 
 class ToolEnvironment:
-    """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.rl.tool_calls)."""
+    """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.environments.tools.calls)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Ready-made tools for `[rl] tools`, named as "ditty.objectives.rl.builtin_tools:NAME".
+"""Ready-made tools for `[rl] tools`, named as "ditty.objectives.environments.tools.builtin_tools:NAME".
 
 - `calculator(expression)`: the value of an arithmetic expression of numbers, + - * / // % **,
   unary minus and parentheses (the tool of the bundled `tiny_tools` recipe). Python's own parser
