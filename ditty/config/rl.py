@@ -11,7 +11,7 @@ temperature, max_new_tokens, ...) is `[rollout]`'s, shared with the other on-pol
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class RLConfig:
     observation` (the first messages, from the prompt row) and `step(completion) -> StepResult` (the
     next observation, a reward, done, metrics; ditty.objectives.environments.protocol). Unset: the built-in
     tool environment when `tools` are named, else one turn scored by the reward functions."""
+    environment_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments the `environment` class is built with, once per episode (a TOML table:
+    `environment_args = { highest = 20 }`); the compiler checks them against its constructor."""
     tools: list[str] = field(default_factory=list)
     """Python functions the model may call, as "package.module:function" (the built-in tool
     environment: a `<tool_call>{json}</tool_call>` in the chat template's format calls one, its

@@ -174,7 +174,7 @@ class OptimizerConfig:
     lr: float = 3e-4
     """Peak learning rate. For muon: the AdamW part's (muon_lr is the Muon part's)."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas (adamw, adamw8bit, adamw_schedulefree, and muon's AdamW part)."""
+    """Adam betas (adamw, adamw8bit, radam, adamw_schedulefree, and muon's AdamW part)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (never applied to the parameters `no_decay` names)."""
     eps: float = 1e-8

@@ -1,10 +1,12 @@
-"""The rule that compares `data.max_seq_len` with the positions the model has.
+"""The rules that compare `data.max_seq_len`, and a rollout's prompt and samples, with the positions
+the model has.
 
 A model with learned position embeddings (BERT, GPT-2, OPT, ...) fails in its first forward on a
 longer sequence ("The size of tensor a (722) must match the size of tensor b (512)"), after the
 weights have loaded; read from config.json offline, the limit is known before anything is built.
 Rotary models (a `rope_theta` or `rope_scaling` in the config) compute positions on the fly and
-run past the limit, only with quality they were not trained for: a warning.
+run past the limit, only with quality they were not trained for: a warning, except for rollouts on a
+vLLM engine, which refuses such a context (its max_model_len).
 """
 
 from __future__ import annotations
@@ -113,7 +115,19 @@ def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     fix = f"set {key} to at most {max(positions - prompt, 1)} (or lower data.max_seq_len)"
     if cfg.model.resolved_init == "random":
         fix += f", or raise model.config.max_position_embeddings to {prompt + added} (random init only)"
-    if rotary:
-        yield warning(key, f"{what}; rotary positions run past it, with quality the model was not trained for", fix)
+    # A vLLM engine refuses a context past the model's positions (its max_model_len) in its first
+    # request; generate runs a rotary model past them, at quality it was not trained for: a warning,
+    # since data.max_seq_len is a cap most prompts stay far below.
+    from ditty.objectives.sampling.rollout_rules import VLLM_BACKENDS, backend
+
+    if rotary and backend(cfg.rollout) in VLLM_BACKENDS:
+        yield error(key, f"{what}; the vLLM engine refuses a context past them (its max_model_len)", fix)
+    elif rotary:
+        yield warning(
+            key,
+            f"{what}; generate runs past them, with quality the model was not trained for (a vLLM backend "
+            "refuses it)",
+            fix,
+        )
     else:
         yield error(key, f"{what}; its position embeddings would fail in the rollout's forward", fix)

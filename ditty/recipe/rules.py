@@ -222,8 +222,8 @@ def tokenizer_source(ctx: Context) -> Iterator[Problem]:
 # option path -> (the field that chooses, the choices that use the option)
 _OPTION_USED_BY: dict[str, tuple[str, set]] = {
     "optimizer.momentum": ("optimizer.kind", {"sgd"}),
-    "optimizer.betas": ("optimizer.kind", {"adamw", "adamw8bit", "muon", "adamw_schedulefree"}),
-    "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit", "muon", "adamw_schedulefree"}),
+    "optimizer.betas": ("optimizer.kind", {"adamw", "adamw8bit", "radam", "muon", "adamw_schedulefree"}),
+    "optimizer.eps": ("optimizer.kind", {"adamw", "adamw8bit", "radam", "muon", "adamw_schedulefree"}),
     **{
         f"optimizer.{name}": ("optimizer.kind", {"muon"})
         for name in ("muon_lr", "muon_weight_decay", "muon_momentum", "ns_steps", "adjust_lr_fn", "ns_dtype")

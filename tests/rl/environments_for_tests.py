@@ -44,6 +44,11 @@ class NeedsALevel(CountingTurns):
     def __init__(self, level):
         self.level = level
 
+    def step(self, completion):
+        result = super().step(completion)
+        result.metrics["level"] = float(self.level)  # added up over an episode's turns (env/level)
+        return result
+
 
 class RaisesInStep:
     """Fails on its second turn (a bug in the user's environment)."""
@@ -150,10 +155,16 @@ class ExitsInStep:
 
 
 class OriginalGameWithALevel(OriginalCalculatorGame):
-    """An original-protocol environment that must be told its level."""
+    """An original-protocol environment that must be told its level; `levels` records each reset's."""
+
+    levels: list = []
 
     def __init__(self, level):
         self.level = level
+
+    def reset(self, task):
+        OriginalGameWithALevel.levels.append(self.level)
+        return super().reset(task)
 
 
 def _wrapped_original_needing_a_level():

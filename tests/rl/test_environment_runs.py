@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,22 @@ ENVS = "tests.rl.environments_for_tests"
             "rl.environment",
             "cannot be built without arguments",
         ),
+        (
+            ["--rl.environment", f"{ENVS}:NeedsALevel", "--rl.environment_args", "{ levl = 2 }"],
+            "rl.environment_args",
+            "takes no argument 'levl' (its constructor takes level)",
+        ),
+        (
+            ["--rl.environment", f"{ENVS}:NeedsALevel", "--rl.environment_args", "{ seed = 2 }"],
+            "rl.environment_args",
+            "(it needs level)",
+        ),
+        (
+            ["--rl.environment", f"{ENVS}:WrappedOriginalNeedingALevel", "--rl.environment_args", "{ lvl = 1 }"],
+            "rl.environment_args",
+            "takes no argument 'lvl'",
+        ),
+        (["--rl.environment_args", "{ level = 2 }"], "rl.environment_args", "none is named"),
         (["--rl.tools", '["calculator"]'], "rl.tools[0]", 'not of the form "package.module:Name"'),
         (
             ["--rl.tools", '["ditty.objectives.environments.tools.builtin_tools:abacus"]'],
@@ -387,3 +404,61 @@ def test_a_custom_environment_reports_its_own_metrics_in_training_and_at_evaluat
     assert all("env/right" in r for r in records if "loss" in r)
     evaluated = [r for r in records if "val_exact_match" in r]
     assert evaluated and all("val_env/right" in r and "val_env/tool_calls" not in r for r in evaluated)
+
+
+def test_an_environment_is_built_with_the_recipes_arguments(tmp_path, capsys):
+    """rl.environment_args reaches the constructor of every episode's environment: NeedsALevel, which
+    ditty cannot build without its level, plays episodes that step at that level (env/level), and an
+    original Ditty environment wrapped by as_environment gets them too."""
+    from tests.rl.environments_for_tests import OriginalGameWithALevel
+
+    own = f"{ENVS}:NeedsALevel"
+    (tmp_path / "own").mkdir()
+    (tmp_path / "original").mkdir()
+    code, out = run(tmp_path / "own", capsys, environment=own, environment_args={"level": 3}, rewards=[])
+    assert code == 0, out
+    records = [json.loads(line) for line in (tmp_path / "own" / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 4 and all(r["env/level"] == pytest.approx(3.0 * r["env/turns"]) for r in steps), steps
+
+    OriginalGameWithALevel.levels = []
+    wrapped = f"{ENVS}:WrappedOriginalNeedingALevel"
+    code, out = run(tmp_path / "original", capsys, environment=wrapped, environment_args={"level": 5}, rewards=[])
+    assert code == 0, out
+    assert len(OriginalGameWithALevel.levels) >= 4 * 8 and set(OriginalGameWithALevel.levels) == {5}
+
+
+def test_budgets_that_cut_most_samples_warn_in_the_first_rollouts(tmp_path, capsys, caplog):
+    """A random model never ends its answer within rollout.max_new_tokens = 4: the run says so once,
+    after its first three rollouts, naming the key and its value; episodes name their three budgets."""
+    from tests.rl.helpers import save_turn_ending_llama
+
+    def warned() -> str:
+        text = "\n".join(r.getMessage() for r in caplog.records if "rollouts were cut" in r.getMessage())
+        caplog.clear()
+        return text
+
+    caplog.set_level("WARNING", logger="ditty.train")
+    (tmp_path / "one").mkdir()
+    code, out = run(tmp_path / "one", capsys, rewards=["tests.rl.rewards_for_tests:text_hash_reward"])
+    assert code == 0, out
+    text = warned()
+    assert text.count("of the samples of the first 3 rollouts were cut") == 1, text
+    assert "at rollout.max_new_tokens = 4" in text
+
+    (tmp_path / "episodes").mkdir()
+    code, out = run(tmp_path / "episodes", capsys, environment=f"{ENVS}:CountingTurns", rewards=[], max_turns=1)
+    assert code == 0, out
+    text = warned()
+    assert "before their episode ended" in text and "rl.max_turns = 1" in text and "rl.max_episode_tokens" in text
+
+    # A model that ends its turns within a few tokens, with room for them: no warning.
+    model = save_turn_ending_llama(tmp_path / "model", eos_weight=2.0)
+    config = grpo_config(tmp_path / "ends", train=dict(steps=3), max_new_tokens=16)
+    config = replace(config, model=replace(config.model, init="pretrained", path=model, config={}))
+    path = tmp_path / "ends.toml"
+    path.write_text(recipe_to_toml(with_rl(config, rewards=["tests.rl.rewards_for_tests:text_hash_reward"])))
+    assert main(["run", str(path)]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "ends" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["completions/clipped_ratio"] for r in rows if "loss" in r) / 3 < 0.5
+    assert warned() == ""

@@ -317,13 +317,16 @@ def test_a_rollout_longer_than_the_models_positions_is_refused_as_sft_refuses_it
     tmp_path, capsys, tiny_llama_dir, flags, key, words
 ):
     """A prompt of data.max_seq_len tokens and what a rollout adds after it must fit the model's learned
-    positions (GPT-2's n_positions), as data.max_seq_len alone must for SFT; rotary positions warn."""
+    positions (GPT-2's n_positions), as data.max_seq_len alone must for SFT; rotary positions warn on
+    generate and are refused on vLLM, whose engine refuses such a context."""
     code, out = check(tmp_path, capsys, *GPT2, *flags)
     assert code == 2 and f"`{key}`" in out and words in out and "longer than the model's 64 positions" in out, out
     assert "Traceback" not in out
     code, out = check(tmp_path, capsys, *GPT2)  # 32 + 4 fit
     assert code == 0 and "model's 64 positions" not in out, out
-    # A saved Llama (256 rotary positions in its config.json): they run past it, with a warning.
+    # A saved Llama (256 rotary positions in its config.json): generate runs past them, with a warning.
     llama = ["--model.path", tiny_llama_dir, "--model.init", "pretrained", "--data.max_seq_len", "224"]
     code, out = check(tmp_path, capsys, *llama, *flags)
-    assert code == 0 and f"`{key}`" in out and "rotary positions run past it" in out, out
+    assert code == 0 and f"`{key}`" in out and "generate runs past them" in out, out
+    code, out = check(tmp_path, capsys, *llama, *flags, "--rollout.backend", "vllm")
+    assert code == 2 and f"`{key}`" in out and "the vLLM engine refuses a context past them" in out, out

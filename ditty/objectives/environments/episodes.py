@@ -130,7 +130,7 @@ class EpisodeEnvironment:
     # ---------------------------------------------------------------- one batch of episodes
 
     def open(self, row: dict) -> Episode:
-        build_fix = "an environment is built without arguments, once per episode: give every argument a default"
+        build_fix = "an environment is built once per episode, with rl.environment_args: fix its constructor"
         environment = self.call(row, "its constructor", self.make, fix=build_fix, raised="could not be built")
         observation = self.call(row, "reset", environment.reset, row, fix=_RESET_FIX)
         problem = observation_problem(observation) if observation is not None else "None"

@@ -8,7 +8,7 @@ is built.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from ditty.config.errors import Problem, error, warning
 
@@ -166,6 +166,37 @@ def vllm_backend(ctx) -> Iterator[Problem]:
     yield from rollout_rules(ctx, updates_per_rollout=ctx.config.rl.updates_per_rollout)
 
 
+def environment_arguments(rl: Any, cls: type) -> Iterator[Problem]:
+    """`rl.environment_args` builds `cls`: every parameter without a default is given, and every key
+    is a parameter (or the constructor takes **kwargs)."""
+    import inspect
+
+    given = dict(rl.environment_args)
+    if needed := [name for name in arguments_needed(cls) if name not in given]:
+        yield error(
+            "rl.environment_args" if given else "rl.environment",
+            f"{rl.environment} cannot be built "
+            f"{'with rl.environment_args ' + repr(given) if given else 'without arguments'}"
+            f" (it needs {', '.join(needed)}): ditty builds one per episode as Name(**rl.environment_args)",
+            f"give {', '.join(needed)} in rl.environment_args (a table: environment_args = {{ {needed[0]} = ... }}), "
+            "or defaults in the constructor",
+        )
+    try:
+        params = inspect.signature(getattr(cls, "original_class", None) or cls).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [name for name, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    if unknown := [name for name in given if name not in takes]:
+        yield error(
+            "rl.environment_args",
+            f"{rl.environment} takes no argument {', '.join(map(repr, unknown))} "
+            f"(its constructor takes {', '.join(takes) or 'none'})",
+            "remove it, or spell it as the constructor does",
+        )
+
+
 def arguments_needed(cls: type) -> list[str]:
     """The parameters `cls()` would miss (none when its signature cannot be read). A wrapper of the
     original Ditty's environments (ditty.compat.environments.as_environment) builds its
@@ -213,13 +244,15 @@ def episodes(ctx) -> Iterator[Problem]:
                 "name a class with reset(row) -> observation and step(completion) -> StepResult "
                 "(ditty.objectives.environments.protocol)",
             )
-        elif cls is not None and (needed := arguments_needed(cls)):
-            yield error(
-                "rl.environment",
-                f"{rl.environment} cannot be built without arguments (it needs {', '.join(needed)}): "
-                "ditty builds one per episode as Name()",
-                "give those parameters defaults, or name a subclass that sets them",
-            )
+        elif cls is not None:
+            yield from environment_arguments(rl, cls)
+    elif rl.environment_args:
+        yield error(
+            "rl.environment_args",
+            "builds the rl.environment class, and none is named",
+            'name the class (rl.environment = "package.module:Name"), or remove rl.environment_args',
+        )
+    if rl.environment:
         if rl.tools:
             yield warning(
                 "rl.tools",

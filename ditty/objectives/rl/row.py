@@ -78,6 +78,7 @@ def build_rl(run: Any) -> ObjectiveParts:
         rl=rl,
         rank=runtime.rank,
         world_size=runtime.world_size,
+        rollout=config.rollout,
     )
     return ObjectiveParts(
         loss=GRPOLoss(rl, config.rollout, chunks=chunks),
@@ -87,6 +88,17 @@ def build_rl(run: Any) -> ObjectiveParts:
         step_metrics=stream.step_metrics,
         after_update=sampling.updated,
     )
+
+
+def environment_maker(environment: type, args: dict) -> Callable[[], Any]:
+    """Builds one environment per episode with `rl.environment_args`; a wrapper of the original
+    Ditty's environments (ditty.compat.environments.as_environment) passes them to the original."""
+    if not args:
+        return environment
+    wrapped = getattr(environment, "original_class", None)
+    if isinstance(wrapped, type):
+        return lambda: environment(wrapped(**args))
+    return lambda: environment(**args)
 
 
 def build_environment(run: Any, functions: list) -> Any:
@@ -112,7 +124,13 @@ def build_environment(run: Any, functions: list) -> Any:
         renderer = ObservationRenderer(tokenizer, max_prompt)
         name = rl.environment.rsplit(":", 1)[-1]
         return EpisodeEnvironment(
-            environment, rl.environment, functions, renderer, rl, run.config.rollout, reward_name=name
+            environment_maker(environment, rl.environment_args),
+            rl.environment,
+            functions,
+            renderer,
+            rl,
+            run.config.rollout,
+            reward_name=name,
         )
     if rl.tools:
         tools = load_tools(rl.tools)

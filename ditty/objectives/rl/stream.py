@@ -28,16 +28,21 @@ run sampled, and the same prompts draw the same completions on any world size (w
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
+from ditty.config.rollout import RolloutConfig
 from ditty.objectives.rewards.functions import reward_metrics
+from ditty.objectives.rl.budgets import BudgetWatch
 from ditty.objectives.rl.turn_credit import turn_advantages
 from ditty.objectives.sampling.ahead import Drawn
 from ditty.objectives.sampling.stream_state import decode_for_rank, encode_by_rank
+
+log = logging.getLogger("ditty.train")
 
 
 class RolloutStream:
@@ -52,12 +57,15 @@ class RolloutStream:
         rl: Any,
         rank: int,
         world_size: int,
+        rollout: Any = None,
     ) -> None:
-        """`sampling`: the policy's (ditty.objectives.sampling.policy_sampling.PolicySampling)."""
+        """`sampling`: the policy's (ditty.objectives.sampling.policy_sampling.PolicySampling);
+        `rollout`: the recipe's RolloutConfig (its budgets, named in a warning; defaults when None)."""
         self.prompts = prompts
         self.sampling, self.environment, self.advantage, self.assembler = sampling, environment, advantage, assembler
         self.rl = rl
         self.rank, self.world_size = rank, world_size
+        self.budgets = BudgetWatch(rl, rollout if rollout is not None else RolloutConfig())
         self.buffer: Optional[list[dict]] = None
         self.metrics: dict[str, float] = {}
         self.served = 0
@@ -128,6 +136,9 @@ class RolloutStream:
         drawn = self.draw()
         rollouts, generate_s = drawn.rollouts, drawn.generate_s
         metrics = self.estimate(rollouts)
+        warning = self.budgets.observe(metrics)  # the same global metrics on every rank
+        if warning is not None and self.rank == 0:
+            log.warning(warning)
         assembled = self.assembler.assemble(rollouts)
         batches = assembled.batches
         tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
