@@ -125,8 +125,7 @@ def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     elif rotary:
         yield warning(
             key,
-            f"{what}; generate runs past them, with quality the model was not trained for (a vLLM backend "
-            "refuses it)",
+            f"{what}; generate runs past them, with quality the model was not trained for (a vLLM backend refuses it)",
             fix,
         )
     else:
