@@ -181,6 +181,10 @@ def with_objective(
         section = as_section(rl if rl is not None else {}, RLConfig, "rl")
         if section.kind == "none":
             section = dataclasses.replace(section, kind="grpo")
+        if not isinstance(section.environment, str):  # a class or an instance: named by a reference
+            from ditty.compat.given_environments import environment_reference
+
+            section = dataclasses.replace(section, environment=environment_reference(section.environment))
         return dataclasses.replace(config, rl=section, data=dataclasses.replace(config.data, format="prompt"))
     return config
 

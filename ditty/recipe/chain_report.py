@@ -31,15 +31,17 @@ def describe_chain(
     model_name: Optional[str] = None,
     batch_spec: Any = None,
     title: str = "pipeline",
+    default_loss: str = "the default CausalLMLoss",
 ) -> str:
-    """The chain preprocessors -> model -> postprocessors -> loss with each stage's contract and status."""
+    """The chain preprocessors -> model -> postprocessors -> loss with each stage's contract and status;
+    `default_loss` names the loss that runs when none is given (an objective's own, say)."""
     names = instance_names(pre, model, post, loss, model_name=model_name)
     stages = chain_stages(**names)
     problems = check_chain(stages, batch_spec=batch_spec)
     weights = _part_weights(loss, names["loss_name"])
     rows = [(_label(s, weights), _contract_text(s), _status(s)) for s in stages]
     if loss is None:
-        rows.append(("loss (the default CausalLMLoss)", "", "unchecked"))
+        rows.append((f"loss ({default_loss})", "", "unchecked"))
     width = max(len(r[0]) for r in rows)
     contract_width = min(max(len(r[1]) for r in rows), 60)
     lines = [f"{title}: batch -> preprocessors -> model -> postprocessors -> loss"]

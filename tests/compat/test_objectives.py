@@ -328,3 +328,58 @@ def test_a_distill_pipeline_on_chats_reads_them_as_chats(tmp_path, tiny_llama_di
     losses = [[step["loss"] for step in _metrics(tmp_path / name)] for name in ("inferred", "named")]
     assert len(losses[0]) == 2 and all(loss > 0 for loss in losses[0])
     assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
+def test_print_pipeline_names_the_loss_the_objective_trains(tmp_path, tiny_llama_dir):
+    """print(pipeline) lists the loss that will train: GRPO's policy loss for reward_fn=, DPO for
+    preference=, the task's CausalLMLoss only when no objective is chosen."""
+    factory = ModelFactory.from_huggingface(tiny_llama_dir)
+    prompts = [{"prompt": "1+1="}, {"prompt": "2+2="}]
+    reward = lambda task, text: 0.0  # noqa: E731
+    grpo = Pipeline(model_factory=factory, dataset=prompts, reward_fn=reward, output_dir=str(tmp_path), steps=2)
+    assert "loss (GRPO's policy loss, rl.loss = 'dapo', advantages 'group')" in str(grpo), str(grpo)
+    dpo = Pipeline(model_factory=factory, dataset=PAIRS, preference={"kind": "dpo"}, output_dir=str(tmp_path))
+    assert "loss (DPO on the data's preference pairs" in str(dpo), str(dpo)
+    plain = Pipeline(model_factory=factory, dataset=[{"text": "hello"}], output_dir=str(tmp_path))
+    assert "loss (the default CausalLMLoss)" in str(plain), str(plain)
+
+
+def test_the_python_api_takes_an_environment_class_or_instance(tmp_path, tiny_llama_dir):
+    """rl=RLConfig(environment=...) takes a class (a module's, or one defined in a function) or an
+    instance, whose copies play the episodes (the instance itself is never stepped)."""
+    from ditty.rl import StepResult
+    from tests.rl.environments_for_tests import CountingTurns
+
+    class Levelled:
+        def __init__(self, level=1):
+            self.level, self.turns = level, 0
+
+        def reset(self, row):
+            return row["prompt"]
+
+        def step(self, completion):
+            self.turns += 1
+            done = self.turns >= 2
+            return StepResult(observation=None if done else "again", reward=0.1 * self.level, done=done)
+
+    factory = ModelFactory.from_huggingface(tiny_llama_dir)
+    prompts = [{"prompt": f"{a}+{a}="} for a in range(8)]
+    instance = Levelled(level=3)
+    for name, environment in (("module", CountingTurns), ("local", Levelled), ("instance", instance)):
+        pipeline = Pipeline(
+            model_factory=factory,
+            dataset=prompts,
+            rl=RLConfig(group_size=4, environment=environment, max_turns=3, max_episode_tokens=24),
+            rollout=RolloutConfig(max_new_tokens=4),
+            output_dir=str(tmp_path / name),
+            extra_config={"data": {"max_seq_len": 32, "val_fraction": 0}},
+            **SHARED,
+        )
+        if name == "module":
+            assert pipeline.config().rl.environment == "tests.rl.environments_for_tests:CountingTurns"
+        pipeline.run()
+        rows = _metrics(tmp_path / name)
+        assert len(rows) == 2 and all("env/turns" in r for r in rows), rows
+        if name == "instance":
+            assert all(r["reward"] == pytest.approx(0.1 * 3 * r["env/turns"]) for r in rows), rows
+    assert instance.turns == 0  # only its copies played
