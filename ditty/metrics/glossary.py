@@ -258,6 +258,13 @@ distill/divergence | nats per token | `[distill]` runs with `sft_weight` > 0, {L
     `teacher_mistakes = "data"`).
 distill/cross_entropy | nats per token | `[distill]` runs with `sft_weight` > 0, {LOGGED}
     The student's cross-entropy on the data's completion tokens, per token (before `sft_weight`).
+val_distill/cross_entropy | nats per token | `[distill]` runs, {EVAL}
+    The student's cross-entropy on the held-out completions, per token: reads as a supervised run's `val_loss`
+    does (a distilled student's `val_loss` is the divergence it minimises).
+val_distill/divergence | nats per token | `[distill]` runs, {EVAL}
+    The divergence to the teacher on the held-out completions, per token (`val_loss` without `sft_weight`).
+val_distill/corrected | fraction of tokens | `distill.teacher_mistakes = "data"`, {EVAL}
+    `distill/corrected` over the held-out completions.
 distill/corrected | fraction of tokens | `distill.teacher_mistakes = "data"`, {LOGGED}
     Share of the tokens that learned the data's token because the teacher's likeliest token was another (0 on
     the student's own samples).

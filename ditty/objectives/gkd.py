@@ -48,6 +48,7 @@ class GKDLoss(LossCalculator):
     likeliest token is not the data's score the cross-entropy instead of the divergence. `teacher`: a
     frozen model (ditty.objectives.reference.Reference) whose `scoring()` yields it."""
 
+    reports_val_metrics = True
     uses_head_input = True
 
     def __init__(self, distill: Any, teacher: Any) -> None:
@@ -64,6 +65,9 @@ class GKDLoss(LossCalculator):
                 teacher(**model_inputs(teacher, batch))
             teacher_head = head_projection(output_head(teacher), model_config(teacher))
         weight = self.distill.sft_weight
+        # Held out, the student's cross-entropy on the data's completions is reported beside the
+        # divergence (val_distill/cross_entropy), so a distilled student reads against plain SFT's val_loss.
+        evaluating = not ctx.get("training", True)
         correct_mistakes = self.distill.teacher_mistakes == "data"
         sampled = batch.get(SAMPLED)
         sums = chunked_jsd(
@@ -76,12 +80,12 @@ class GKDLoss(LossCalculator):
             temperature=self.distill.temperature,
             chunks=self.distill.chunks,
             data_rows=None if sampled is None else ~sampled,
-            cross_entropy=bool(weight),
+            cross_entropy=bool(weight) or evaluating,
             follow_teacher_mistakes=not correct_mistakes,
         )
         per_token = 1.0 / max(int(sums.tokens), 1)  # the metrics are this micro-batch's means
         metrics = {}
-        if weight:
+        if weight or evaluating:
             metrics["distill/divergence"] = float(sums.divergence.detach()) * per_token
             metrics["distill/cross_entropy"] = float(sums.cross_entropy.detach()) * per_token
         if correct_mistakes:  # the share of tokens that learned the data's token, not the teacher's

@@ -205,6 +205,22 @@ def test_a_student_trains_from_a_teacher_on_its_own_samples(tmp_path, tiny_llama
     assert "distilled from" in card and "cross-entropy weight 0.5" in card
 
 
+def test_held_out_the_student_reports_its_cross_entropy_beside_the_divergence(tmp_path, tiny_llama_dir, capsys):
+    """Without the hard-label term training logs the divergence alone; the evaluation adds the student's
+    cross-entropy on the held-out completions (val_distill/cross_entropy), which reads as plain SFT's
+    val_loss does, while val_loss stays the divergence being minimised."""
+    recipe = distill_recipe(tmp_path, tiny_llama_dir)
+    assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert not any("distill/cross_entropy" in r for r in records if "loss" in r)
+    evaluated = [r for r in records if "val_loss" in r]
+    assert evaluated
+    for r in evaluated:
+        assert r["val_distill/cross_entropy"] > 0
+        assert r["val_loss"] == pytest.approx(r["val_distill/divergence"], rel=1e-5)
+        assert r["val_distill/cross_entropy"] != pytest.approx(r["val_loss"], rel=1e-3)
+
+
 @pytest.mark.parametrize(
     "flags, key, words",
     [
