@@ -58,8 +58,10 @@ class RolloutConfig:
     correction_cap: float = 3.0
     """The cap C of sampler_correction (TRL: vllm_importance_sampling_clip_max, 3.0)."""
     sync_bucket_mb: int = 512
-    """Weights go to a sampler with weights of its own (a vLLM backend) in buckets of about this many
-    MB: no rank holds more than one bucket beyond its shard of the policy while they move."""
+    """The "vllm-server" backend gets the policy's weights as safetensors shards of about this many MB,
+    each gathered (under FSDP) and written before the next: no rank holds more than one shard beyond
+    its part of the policy. The "vllm" engine in the process is streamed one parameter at a time;
+    a step sampled ahead (max_staleness > 0) keeps one whole copy for its sampler thread."""
 
     @property
     def engine(self) -> str:

@@ -138,7 +138,8 @@ class FakeVLLMServer(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/collective_rpc":
             path = body["kwargs"]["weights_path"]
-            assert (Path(path) / "model.safetensors").exists()
+            index = json.loads((Path(path) / "model.safetensors.index.json").read_text())
+            assert all((Path(path) / shard).exists() for shard in set(index["weight_map"].values()))
             self.reloads.append(path)
             self.answer({})
         else:
@@ -202,3 +203,28 @@ def test_the_rollout_server_of_a_recipe_imports_its_reward_module_from_the_curre
     code = main(["rollout-server", str(recipe), *flags, "--print-command", "--trust-run-code"])
     said = capsys.readouterr().err
     assert code == 2 and "has no value" not in said and "--trust-run-code" in said and "as `ditty run` does" in said
+
+
+def test_weights_for_a_server_are_written_bucket_by_bucket_with_their_index(tmp_path, tiny_llama_dir):
+    """rollout.sync_bucket_mb cuts the policy's weights into shards of about that size, each written
+    before the next is gathered; the shards and their index hold every parameter, bitwise."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from ditty.objectives.sampling.policy_weights import policy_weights, stream_policy_weights, weight_buckets
+    from ditty.objectives.sampling.vllm_server import write_shards
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    sizes = [[t.numel() * t.element_size() for _, t in b] for b in weight_buckets(stream_policy_weights(model), 2**14)]
+    assert len(sizes) > 2 and all(sum(b[:-1]) < 2**14 for b in sizes)  # a bucket closes once it reaches the size
+    write_shards(weight_buckets(stream_policy_weights(model, cpu=True), 2**14), str(tmp_path))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) == len(sizes) and sorted(p.name for p in tmp_path.glob("*.safetensors")) == shards
+    written = {}
+    for shard in shards:
+        written.update(load_file(str(tmp_path / shard)))
+    expected = dict(policy_weights(model))
+    assert written.keys() == expected.keys() == index["weight_map"].keys()
+    assert all(torch.equal(written[k], expected[k]) for k in expected)

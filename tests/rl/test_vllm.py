@@ -109,8 +109,37 @@ def test_the_engine_samples_as_the_policy_and_follows_its_weights(tiny_llama_dir
         sync_weights(sampler, 1)
     finally:
         torch.set_num_threads(threads)
-    assert greedy_pair(model, tokenizer, sampler, PROMPTS)[0] == policy
+    assert greedy_pair(model, tokenizer, sampler, PROMPTS)[0] == policy  # streamed a parameter at a time
     assert sampler.capture(1) is None  # no copy when the version did not move
+
+
+def test_the_engine_reads_the_shards_a_rollout_server_is_sent(tmp_path, tiny_llama_dir):
+    """The vllm-server backend writes the weights as safetensors shards with their index
+    (rollout.sync_bucket_mb); vLLM's reload from that directory (what the server runs) gives the policy."""
+    from ditty.objectives.sampling.policy_weights import stream_policy_weights, weight_buckets
+    from ditty.objectives.sampling.vllm_server import write_shards
+
+    model, tokenizer, sampler = policy_and_sampler(tiny_llama_dir)
+    sync_weights(sampler, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    write_shards(weight_buckets(stream_policy_weights(model, cpu=True), 2**14), str(tmp_path))
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    engine, policy = greedy_pair(model, tokenizer, sampler, PROMPTS)
+    assert engine != policy
+    # The run's engine was built from dummy weights, which vLLM cannot reload from disk; a server's is
+    # built from a checkpoint ("auto"): reload as it does, then put the engine back as it was.
+    load_config = sampler.llm.llm_engine.vllm_config.load_config
+    model_config = sampler.llm.llm_engine.vllm_config.model_config
+    saved = load_config.load_format, model_config.model
+    load_config.load_format = "auto"
+    try:
+        sampler.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(tmp_path)})
+    finally:
+        load_config.load_format, model_config.model = saved
+    sampler.llm.reset_prefix_cache()
+    assert greedy_pair(model, tokenizer, sampler, PROMPTS)[0] == policy
 
 
 def test_grpo_trains_on_vllm_and_the_engine_ends_as_the_policy(tmp_path, tiny_llama_dir):

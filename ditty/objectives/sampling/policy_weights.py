@@ -9,21 +9,26 @@ vLLM sampler is sent when the policy moved (ditty.objectives.sampling.vllm_sampl
 
 Parameters only (a model's buffers, rotary frequencies say, do not train). Tensors are detached, on
 the CPU when `cpu`; with `copy` they are copies the training step can no longer change.
+
+`stream_policy_weights` gathers them one parameter at a time as its consumer asks (every rank must
+consume it whole, in step with the others: each gather is a collective), so no rank holds more than
+one gathered parameter beyond its shard; `weight_buckets` groups that stream into buckets of about a
+given size (the files a rollout server reads). `policy_weights` holds them all at once: the copy a
+step sampled ahead needs, since its sampler loads them later, on another thread.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from ditty._utils.modules import is_peft_model, unwrap
 
 
-def policy_weights(model: Any, *, cpu: bool = False, copy: bool = False) -> list[tuple[str, torch.Tensor]]:
+def stream_policy_weights(model: Any, *, cpu: bool = False, copy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     model = unwrap(model)
     named = merged_adapter_weights(model) if is_peft_model(model) else model.named_parameters()
-    out = []
     for name, tensor in named:
         live = tensor.detach()
         value = whole(live)
@@ -31,8 +36,27 @@ def policy_weights(model: Any, *, cpu: bool = False, copy: bool = False) -> list
             value = value.cpu()
         if copy and value.data_ptr() == live.data_ptr():  # still the live storage: the next step would change it
             value = value.clone()
-        out.append((name, value))
-    return out
+        yield name, value
+
+
+def policy_weights(model: Any, *, cpu: bool = False, copy: bool = False) -> list[tuple[str, torch.Tensor]]:
+    return list(stream_policy_weights(model, cpu=cpu, copy=copy))
+
+
+def weight_buckets(
+    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`weights` in lists of about `bucket_bytes` each (a parameter larger than that is a bucket alone)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -150,19 +150,25 @@ class VLLMSampler(Sampler):
 
     # -------------------------------------------------------------- weights
 
-    def capture(self, version: int, copy: bool = False) -> Optional[tuple[int, list]]:
-        """(version, the policy's full weights), or None when the engine holds `version` already;
-        `copy`: copies a step running meanwhile cannot change (rollout.max_staleness > 0)."""
+    def capture(self, version: int, copy: bool = False) -> Optional[tuple[int, Any]]:
+        """(version, the policy's weights), or None when the engine holds `version` already. `copy`
+        (rollout.max_staleness > 0): all of them, copied, since a step running meanwhile would change
+        them before the sampler thread loads them. Otherwise the weights are gathered one parameter at
+        a time while the engine loads them (`load` runs at once, on this thread, on every rank)."""
         if version == self.captured:
             return None
-        from ditty.objectives.sampling.policy_weights import policy_weights
+        from ditty.objectives.sampling.policy_weights import policy_weights, stream_policy_weights
 
         self.captured = version
-        return version, policy_weights(self.policy(), copy=copy)
+        if copy:
+            return version, policy_weights(self.policy(), copy=True)
+        return version, stream_policy_weights(self.policy())
 
-    def load(self, captured: tuple[int, list]) -> None:
+    def load(self, captured: tuple[int, Any]) -> None:
         version, weights = captured
         with thread_count(ENGINE_THREADS.get(id(self.llm))):  # the trainer's may have changed since (see there)
+            # The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): it consumes the
+            # iterator as it loads, so a stream is gathered one parameter at a time.
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         # The prefix cache holds keys and values the old weights computed: a prompt seen before would
         # be continued from them (as TRL does, drop it with every new version).

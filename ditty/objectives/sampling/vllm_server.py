@@ -146,19 +146,21 @@ class ServerSampler(Sampler):
         already. Every rank runs it (FSDP's gather is a collective); the file is the copy `copy` asks for."""
         if version == self.captured:
             return None
-        from safetensors.torch import save_file
-
-        from ditty.objectives.sampling.policy_weights import policy_weights
+        from ditty.objectives.sampling.policy_weights import stream_policy_weights, weight_buckets
 
         self.captured = version
-        weights = policy_weights(self.policy(), cpu=True)
         directory = os.path.join(self.weights_dir, f"v{version}")
+        partial = directory + ".partial"
         if self.rank == 0:
             os.makedirs(self.weights_dir, exist_ok=True)
-            partial = directory + ".partial"
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
-            save_file({name: t.contiguous() for name, t in weights}, os.path.join(partial, "model.safetensors"))
+        # Every rank gathers every parameter (a collective), one bucket at a time; rank 0 writes each
+        # bucket as a safetensors shard before the next is gathered.
+        stream = stream_policy_weights(self.policy(), cpu=True)
+        buckets = weight_buckets(stream, self.rollout.sync_bucket_mb * 2**20)
+        write_shards(buckets, partial if self.rank == 0 else None)
+        if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
             os.replace(partial, directory)  # the server never reads a half-written file
         return version, os.path.abspath(directory)
@@ -249,3 +251,23 @@ def barrier() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def write_shards(buckets: Any, directory: Optional[str]) -> None:
+    """Each bucket of (name, tensor) as a safetensors shard of `directory`, with the index Hugging Face
+    and vLLM read (model.safetensors.index.json); `directory` None consumes them (the other ranks)."""
+    from safetensors.torch import save_file
+
+    weight_map: dict[str, str] = {}
+    total = 0
+    for index, bucket in enumerate(buckets):
+        if directory is None:
+            continue
+        name = f"model-{index + 1:05d}.safetensors"
+        save_file({key: t.contiguous() for key, t in bucket}, os.path.join(directory, name))
+        for key, tensor in bucket:
+            weight_map[key] = name
+            total += tensor.numel() * tensor.element_size()
+    if directory is not None:
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as handle:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, handle)
