@@ -113,6 +113,20 @@ def test_the_engine_samples_as_the_policy_and_follows_its_weights(tiny_llama_dir
     assert sampler.capture(1) is None  # no copy when the version did not move
 
 
+def test_an_engine_failure_is_a_recipe_error_naming_the_backend(tiny_llama_dir):
+    """What the engine refuses (here a prompt longer than its max_model_len) is exit 2 naming
+    rollout.backend, with vLLM's own message in one line, not vLLM's traceback."""
+    from ditty.config.errors import RecipeError
+
+    model, tokenizer, sampler = policy_and_sampler(tiny_llama_dir)
+    sync_weights(sampler, 0)
+    with pytest.raises(RecipeError) as raised:
+        sampler.sample([[5] * 60], first_position=0)
+    text = str(raised.value)
+    assert "`rollout.backend`" in text and "the vLLM engine failed while sampling" in text, text
+    assert "\n" not in text.split("fix:")[0].strip(), text
+
+
 def test_the_engine_reads_the_shards_a_rollout_server_is_sent(tmp_path, tiny_llama_dir):
     """The vllm-server backend writes the weights as safetensors shards with their index
     (rollout.sync_bucket_mb); vLLM's reload from that directory (what the server runs) gives the policy."""

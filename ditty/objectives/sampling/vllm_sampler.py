@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -56,6 +56,27 @@ ENGINE_THREADS: dict[int, int] = {}
 only at that count (at another, the reload leaves its packed weights as they were, silently)."""
 BLOCK_TOKENS = 128
 """Rounding of each sequence's KV cache when sizing it on a CPU (vLLM allocates it in blocks)."""
+
+
+@contextmanager
+def engine_errors(doing: str) -> Iterator[None]:
+    """An exception the engine raises while `doing` is exit 2 naming the backend, not vLLM's traceback:
+    what failed is usually the setting (a context past the model's positions, a memory budget), and
+    `generate` samples without vLLM meanwhile. The engine's exception stays chained (`raise ... from`)."""
+    from ditty.config.errors import RecipeError
+
+    try:
+        yield
+    except RecipeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - every engine failure becomes one clear error
+        first = (str(err).strip().splitlines() or [""])[0][:400]
+        raise RecipeError.single(
+            key="rollout.backend",
+            message=f"the vLLM engine failed while {doing}: {type(err).__name__}: {first}",
+            fix="check rollout.max_new_tokens, data.max_seq_len and rollout.vllm_memory against the model; "
+            'rollout.backend = "generate" samples without vLLM',
+        ) from err
 
 
 def import_vllm() -> Any:
@@ -129,7 +150,8 @@ class VLLMSampler(Sampler):
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
         started = time.perf_counter()
         try:
-            with kept_random_state():  # vLLM seeds the process's RNGs; the trainer's (dropout, say) stay as they were
+            # vLLM seeds the process's RNGs; the trainer's (dropout, say) stay as they were
+            with kept_random_state(), engine_errors("starting"):
                 llm = vllm.LLM(
                     model=engine_dir,
                     load_format="dummy",
@@ -169,7 +191,8 @@ class VLLMSampler(Sampler):
         with thread_count(ENGINE_THREADS.get(id(self.llm))):  # the trainer's may have changed since (see there)
             # The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): it consumes the
             # iterator as it loads, so a stream is gathered one parameter at a time.
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            with engine_errors("loading the policy's weights"):
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         # The prefix cache holds keys and values the old weights computed: a prompt seen before would
         # be continued from them (as TRL does, drop it with every new version).
         self.llm.reset_prefix_cache()
@@ -198,9 +221,10 @@ class VLLMSampler(Sampler):
             )
             for i in range(len(prompt_ids))
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
-        )
+        with engine_errors("sampling"):
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
+            )
         prompts, completions, logps = [], [], []
         for prompt, output in zip(prompt_ids, outputs):
             for child in sorted(output.outputs, key=lambda c: c.index):
@@ -240,7 +264,8 @@ class VLLMSampler(Sampler):
             TokensPrompt(prompt_token_ids=list(turn.prompts[p]) + list(history))
             for p, history in zip(turn.prompt_of, turn.histories)
         ]
-        outputs = self.llm.generate(contexts, params, use_tqdm=False)
+        with engine_errors("sampling a turn of the episodes"):
+            outputs = self.llm.generate(contexts, params, use_tqdm=False)
         tokens, logps = [], []
         for output in outputs:
             row = list(output.outputs[0].token_ids)
