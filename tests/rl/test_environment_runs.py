@@ -462,3 +462,19 @@ def test_budgets_that_cut_most_samples_warn_in_the_first_rollouts(tmp_path, caps
     rows = [json.loads(line) for line in (tmp_path / "ends" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["completions/clipped_ratio"] for r in rows if "loss" in r) / 3 < 0.5
     assert warned() == ""
+
+
+def test_rows_without_answers_report_no_exact_match(tmp_path, capsys):
+    """A game whose environment holds the answer (rows of a prompt alone): the held-out episodes report
+    val_reward and the environment's metrics, and no val_exact_match of 0."""
+    rows = tmp_path / "games.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(40)))
+    config = grpo_config(tmp_path, train=dict(steps=2, eval_every=2, eval_samples=8), checkpoint=dict(every=0))
+    data = replace(config.data, source="file", path=str(rows), name=None, num_samples=None, val_fraction=0.2)
+    config = with_rl(replace(config, data=data), environment=f"{ENVS}:CountingTurns", rewards=[])
+    path = tmp_path / "games.toml"
+    path.write_text(recipe_to_toml(config))
+    assert main(["run", str(path)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "val_reward" in r]
+    assert evaluated and all("val_env/turns" in r and "val_exact_match" not in r for r in evaluated), evaluated

@@ -2,7 +2,8 @@
 `train.eval_samples` held-out prompt rows, split among ranks.
 
 - `val_exact_match`: the final model turn equals the row's reference answer (column `answer`, else
-  `completion`), stripped; the task's one-turn exact match would score the tool call instead;
+  `completion`), stripped; the task's one-turn exact match would score the tool call instead. Rows
+  without either column (a game whose environment holds the answer) report none, rather than 0;
 - `val_reward` (and `val_reward/NAME` with several functions): the episodes' reward;
 - `val_env/NAME` (per episode) for every metric the episodes report: `turns`, `episode_tokens`,
   `truncated`, the environment's own (a custom environment's `env/right`, say), and with the built-in
@@ -37,11 +38,13 @@ class EpisodeEvaluation:
         functions = [f.name for f in self.environment.functions]
         totals = torch.zeros(2 + len(functions), dtype=torch.float64)  # reward, exact, each function's
         env_sums: dict[str, float] = {}
+        answered = False  # the same on every rank: every rank's rows have the data's columns
         for call in range(calls):
             chunk = indices[call * size : (call + 1) * size]
             batch = self.bundle.collator([val[i] for i in (chunk or [0])])  # an idle rank plays with the others
             with request.autocast():
                 rollouts = self.environment.run(self.sampler, batch, call * size, 1, greedy=True)
+            answered = answered or any(name in batch["columns"] for name in ("answer", "completion"))
             if not chunk:
                 continue
             references = batch["columns"].get("answer") or batch["columns"].get("completion")
@@ -57,7 +60,9 @@ class EpisodeEvaluation:
                 env_sums[name] = env_sums.get(name, 0.0) + float(values.sum())
         names = names_across(env_sums, world_size())  # every rank reduces the same metrics
         totals = all_reduce_sum(torch.cat([totals, torch.tensor([env_sums.get(n, 0.0) for n in names])]))
-        metrics = {"val_reward": float(totals[0]) / count, "val_exact_match": float(totals[1]) / count}
+        metrics = {"val_reward": float(totals[0]) / count}
+        if answered:
+            metrics["val_exact_match"] = float(totals[1]) / count
         if len(functions) > 1:
             for index, name in enumerate(functions):
                 metrics[f"val_reward/{name}"] = float(totals[2 + index]) / count
