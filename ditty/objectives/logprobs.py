@@ -49,6 +49,12 @@ def token_logps(
     """
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
+    from ditty.stages.vocab_parallel import tensor_parallel_rows
+
+    if tensor_parallel_rows(projection.weight):  # a tensor-parallel head: each rank scores on its rows
+        from ditty.stages.vocab_parallel_logps import sharded_token_logps
+
+        return sharded_token_logps(hidden, projection, labels, chunks=chunks, ignore_index=ignore_index)
     batch, width = labels.shape
     target = shifted(labels.to(hidden.device), ignore_index)  # aligned with the hidden states
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
@@ -100,7 +106,9 @@ def model_token_logps(
         kwargs["attention_mask"] = batch["attention_mask"]
     with emit_head_input(model) as head:
         model(**kwargs)
-    projection = sampling_projection(head_projection(output_head(model), model_config(model)), temperature)
+    projection = sampling_projection(
+        head_projection(output_head(model), model_config(model), keep_vocab_shards=True), temperature
+    )
     return token_logps(head.hidden, projection, batch["labels"], chunks=chunks, ignore_index=ignore_index)
 
 

@@ -70,7 +70,7 @@ class PreferenceLoss(LossCalculator):
         hidden = ctx.get(HEAD_INPUT)
         if hidden is None:
             raise KeyError("PreferenceLoss: no hidden states in the context; the model must run under emit_head_input")
-        projection = head_projection(output_head(model), model_config(model))
+        projection = head_projection(output_head(model), model_config(model), keep_vocab_shards=True)
         logps, scored = token_logps(hidden, projection, batch["labels"], chunks=self.config.chunks)
         policy, lengths = sequence_logps(logps, scored)
         reference = None

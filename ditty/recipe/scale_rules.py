@@ -27,6 +27,11 @@ CP_ATTENTION = ("auto", "sdpa")
 """`model.attn_implementation` values Ulysses wraps (SDPA, and ditty's per-sample SDPA for packed rows)."""
 
 
+TP_PAIR_ROWS = ("dpo", "ipo", "simpo", "orpo", "kto")
+"""The DPO family on pairs from the data: their per-sequence log-probabilities run on the head's
+vocabulary shards (ditty.stages.vocab_parallel_logps), so they train under tensor parallel."""
+
+
 def _tp(c: Any) -> bool:
     return c.parallel.tp > 1
 
@@ -128,12 +133,15 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.post-training",
         "data.format",
-        lambda c: _either(c) and objective_name(c) not in ("supervised",),
-        "the post-training objectives (preference, reward model, RL, distillation) read per-sequence "
-        "log-probabilities or whole distributions of full-vocabulary logits, and RL generates with the model; "
-        "ditty computes none of them on vocabulary or sequence shards",
-        "train post-training stages with fsdp and tp = cp = 1",
-        condition="tp or cp above 1 with an objective other than the supervised one",
+        lambda c: (_tp(c) and objective_name(c) not in ("supervised", *TP_PAIR_ROWS))
+        or (_cp(c) and objective_name(c) != "supervised"),
+        "the reward model, RL, online pairs and distillation read a scalar head, whole distributions of "
+        "full-vocabulary logits or generate with the model, and ditty computes none of them on vocabulary or "
+        "sequence shards; the DPO family's per-sequence log-probabilities run on vocabulary shards (tp), not "
+        "on sequence shards (cp)",
+        "train those stages with fsdp and tp = cp = 1 (the DPO family takes tp)",
+        condition="tp above 1 with an objective other than the supervised one and the DPO family, or cp above 1 "
+        "with any but the supervised one",
     ),
     SupportRow(
         "scale.pipeline-loss",

@@ -136,13 +136,15 @@ class StepMetrics:
             if out.share:
                 self.shares.add(key)
 
-    def across_ranks(self) -> dict[str, float]:
-        """One all-reduce (none without metrics or on one process)."""
+    def across_ranks(self, group: Any = None, ranks: Optional[int] = None) -> dict[str, float]:
+        """One all-reduce over the ranks that hold different samples (none without metrics or on one
+        process): `group` of `ranks` processes, the run's data-parallel ranks (under tensor parallel the
+        ranks of a tensor-parallel group hold the same samples and would count them twice); None: all."""
         metrics = self.values
         if not metrics or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return dict(metrics)
         keys = sorted(metrics)
         values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        world = dist.get_world_size()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+        world = ranks if ranks is not None else dist.get_world_size(group)
         return {k: v if k in self.shares else v / world for k, v in zip(keys, values.tolist())}

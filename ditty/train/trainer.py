@@ -193,7 +193,7 @@ class Trainer(Builders, StepRecords, RunEnding):
         # One collective for both; every rank scaled by world_size, so the sum / world is the loss.
         totals = all_reduce_sum(torch.stack([loss_sum, tokens]), group)
         step_totals = torch.stack([totals[0] / world, totals[1], norm.global_tokens.to(totals.device)])
-        return self.optimizer_step(step_totals, metrics.across_ranks() | self.objective.step_metrics())
+        return self.optimizer_step(step_totals, metrics.across_ranks(group, world) | self.objective.step_metrics())
 
     def forward_backward(self, batch: Any, norm: LossNormaliser, ctx: dict) -> tuple[torch.Tensor, Any]:
         """Forward one micro-batch through the pipeline and backward its share of the global loss."""
