@@ -133,8 +133,10 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.post-training",
         "data.format",
-        lambda c: (_tp(c) and objective_name(c) not in ("supervised", *TP_PAIR_ROWS))
-        or (_cp(c) and objective_name(c) != "supervised"),
+        lambda c: (
+            (_tp(c) and objective_name(c) not in ("supervised", *TP_PAIR_ROWS))
+            or (_cp(c) and objective_name(c) != "supervised")
+        ),
         "the reward model, RL, online pairs and distillation read a scalar head, whole distributions of "
         "full-vocabulary logits or generate with the model, and ditty computes none of them on vocabulary or "
         "sequence shards; the DPO family's per-sequence log-probabilities run on vocabulary shards (tp), not "
