@@ -37,12 +37,16 @@ class EnvironmentStepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Environment(Protocol):
-    """The original's environment protocol."""
+class OriginalProtocol(Protocol):
+    """The original library's environment protocol (ditty's own is ditty.rl.Environment)."""
 
     def reset(self, task: Any) -> str: ...
 
     def step(self, action: dict[str, Any]) -> EnvironmentStepResult: ...
+
+
+Environment = OriginalProtocol
+"""The name the original library gave its protocol (`from ditty.environments import Environment`)."""
 
 
 class OriginalEnvironment:
