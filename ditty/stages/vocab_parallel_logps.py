@@ -85,23 +85,18 @@ def vocab_parallel_token_logps(
     (a plain tensor or a DTensor). `weight` [rows, H]: a DTensor sharded by rows on a one-dimensional
     mesh (group and offset from it), or this rank's plain rows with `group` and `vocab_start`.
     """
-    logps, _ = _run(
+    head = dict(bias=bias, vocab_start=vocab_start, temperature=temperature, scale=scale, softcap=softcap)
+    return _run(
         hidden,
         weight,
         targets,
         group,
-        bias,
-        vocab_start,
-        temperature,
-        scale,
-        softcap,
-        chunks,
-        ignore_index,
-        None,
         want_logps=True,
         want_entropy=False,
-    )
-    return logps
+        chunks=chunks,
+        ignore_index=ignore_index,
+        **head,
+    )[0]
 
 
 def vocab_parallel_entropy(
@@ -119,23 +114,8 @@ def vocab_parallel_entropy(
 ) -> "Tensor":
     """The entropy of each token's next-token distribution [N] (arguments as
     `vocab_parallel_token_logps`); 0 where `mask` (bool, like the tokens) is False."""
-    _, entropy = _run(
-        hidden,
-        weight,
-        None,
-        group,
-        bias,
-        vocab_start,
-        temperature,
-        scale,
-        softcap,
-        chunks,
-        IGNORE_INDEX,
-        mask,
-        want_logps=False,
-        want_entropy=True,
-    )
-    return entropy
+    head = dict(bias=bias, vocab_start=vocab_start, temperature=temperature, scale=scale, softcap=softcap)
+    return _run(hidden, weight, None, group, want_logps=False, want_entropy=True, chunks=chunks, mask=mask, **head)[1]
 
 
 def vocab_parallel_logps_and_entropy(
@@ -154,21 +134,17 @@ def vocab_parallel_logps_and_entropy(
 ) -> "tuple[Tensor, Tensor]":
     """(log-probabilities, entropies) [N] in one pass over the chunks (one matrix product each way);
     both 0 where the target is `ignore_index`."""
+    head = dict(bias=bias, vocab_start=vocab_start, temperature=temperature, scale=scale, softcap=softcap)
     return _run(
         hidden,
         weight,
         targets,
         group,
-        bias,
-        vocab_start,
-        temperature,
-        scale,
-        softcap,
-        chunks,
-        ignore_index,
-        None,
         want_logps=True,
         want_entropy=True,
+        chunks=chunks,
+        ignore_index=ignore_index,
+        **head,
     )
 
 
@@ -259,17 +235,13 @@ def sharded_token_logps(
             flat_hidden.index_select(0, rows),
             projection.weight,
             flat_target.index_select(0, rows),
-            None,
-            projection.bias,
-            None,
-            1.0,
-            projection.scale,
-            projection.softcap,
-            chunks,
-            ignore_index,
-            None,
             want_logps=True,
             want_entropy=entropy,
+            bias=projection.bias,
+            scale=projection.scale,
+            softcap=projection.softcap,
+            chunks=chunks,
+            ignore_index=ignore_index,
         )
         flat = flat.index_put((rows,), logps)
         if entropy:
@@ -296,19 +268,20 @@ def _run(
     hidden,
     weight,
     targets,
-    group,
-    bias,
-    vocab_start,
-    temperature,
-    scale,
-    softcap,
-    chunks,
-    ignore_index,
-    mask,
+    group=None,
     *,
     want_logps: bool,
     want_entropy: bool,
+    bias=None,
+    vocab_start=None,
+    temperature=1.0,
+    scale=1.0,
+    softcap=None,
+    chunks=8,
+    ignore_index=IGNORE_INDEX,
+    mask=None,
 ):
+    """The pass every entry point runs: (logps or None, entropies or None) as asked."""
     import torch
 
     from ditty.stages.vocab_parallel_kernel import ShardedLogProbs, accumulation_dtype
