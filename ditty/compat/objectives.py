@@ -269,6 +269,14 @@ def with_text_row_format(config: Any, data: Any, preprocessors: list, tokenizer:
     return dataclasses.replace(config, data=dataclasses.replace(config.data, format=found))
 
 
+def objective_loss(config: Any) -> str:
+    """The loss an objective's row trains, as its model-card line says it ("reinforcement learning:
+    GRPO (dapo loss, ...)"); the task's default loss for the supervised row."""
+    from ditty.objectives.table import objective_for
+
+    return objective_for(config).card(config).lstrip("; ") or "the default CausalLMLoss"
+
+
 def objective_row(config: Any) -> bool:
     """Whether the run trains an objective with its own loss (the keywords' or extra_config's section
     chose its row of ditty.objectives.table), not the model task's."""

@@ -52,6 +52,7 @@ import torch
 from ditty.compat.data import Data
 from ditty.compat.model_factory import FSDPConfig, ModelFactory, PeftConfig, QuantConfig, TokenizerFactory, load_weights
 from ditty.compat.objectives import (
+    objective_loss,
     objective_row,
     reward_function_list,
     reward_function_problems,
@@ -311,8 +312,6 @@ class Pipeline:
 
     def _default_loss(self) -> str:
         """What trains when no loss_calculator is given: the objective's own loss, else the task's."""
-        from ditty.objectives.table import objective_name
-
         try:
             config = self.config()
         except Exception:  # noqa: BLE001 - a description only: check() and run() report what is wrong
@@ -320,16 +319,7 @@ class Pipeline:
             if any(keyword is not None for keyword in chosen):
                 return "the objective's own; pipeline.check() says what the settings still miss"
             return "the default CausalLMLoss"
-        row = objective_name(config)
-        if row in ("grpo", "rloo"):
-            return f"{row.upper()}'s policy loss, rl.loss = {config.rl.loss!r}, advantages {config.rl.advantage!r}"
-        if row in ("gkd",):
-            return f"GKD's divergence from the teacher (distill.beta = {config.distill.beta})"
-        if row == "online-pairs":
-            return f"{config.preference.kind.upper()} on pairs the policy samples (preference.pairs = 'online')"
-        if row not in ("supervised", "reward-model"):
-            return f"{row.upper()} on the data's preference pairs (preference.kind)"
-        return "the default CausalLMLoss" if row == "supervised" else "the Bradley-Terry loss of the reward model"
+        return objective_loss(config)
 
     def __str__(self) -> str:
         return self.describe()

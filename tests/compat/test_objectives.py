@@ -337,9 +337,9 @@ def test_print_pipeline_names_the_loss_the_objective_trains(tmp_path, tiny_llama
     prompts = [{"prompt": "1+1="}, {"prompt": "2+2="}]
     reward = lambda task, text: 0.0  # noqa: E731
     grpo = Pipeline(model_factory=factory, dataset=prompts, reward_fn=reward, output_dir=str(tmp_path), steps=2)
-    assert "loss (GRPO's policy loss, rl.loss = 'dapo', advantages 'group')" in str(grpo), str(grpo)
+    assert "loss (reinforcement learning: GRPO (dapo loss, 8 completions per prompt" in str(grpo), str(grpo)
     dpo = Pipeline(model_factory=factory, dataset=PAIRS, preference={"kind": "dpo"}, output_dir=str(tmp_path))
-    assert "loss (DPO on the data's preference pairs" in str(dpo), str(dpo)
+    assert "loss (preference optimisation: DPO (beta" in str(dpo), str(dpo)
     plain = Pipeline(model_factory=factory, dataset=[{"text": "hello"}], output_dir=str(tmp_path))
     assert "loss (the default CausalLMLoss)" in str(plain), str(plain)
 
