@@ -255,7 +255,9 @@ def barrier() -> None:
 
 def write_shards(buckets: Any, directory: Optional[str]) -> None:
     """Each bucket of (name, tensor) as a safetensors shard of `directory`, with the index Hugging Face
-    and vLLM read (model.safetensors.index.json); `directory` None consumes them (the other ranks)."""
+    and vLLM read (model.safetensors.index.json); `directory` None consumes them (the other ranks).
+    Written here rather than by huggingface_hub's split_torch_state_dict_into_shards, which plans the
+    shards from a whole state dict: these weights arrive one gathered bucket at a time."""
     from safetensors.torch import save_file
 
     weight_map: dict[str, str] = {}
