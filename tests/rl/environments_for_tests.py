@@ -256,3 +256,43 @@ class GuessTheSum:
         if right:
             return StepResult(reward=1.0, done=True, metrics={"right": 1.0})
         return StepResult(observation=" wrong, again: ", metrics={"right": 0.0})
+
+
+class CodeLock:
+    """An addition problem whose answer opens a lock, offering a tool of its own: `peek` reads a digit
+    of the answer and counts the peeks in the episode's state (the environment's `peeks`)."""
+
+    def reset(self, row):
+        self.code, self.peeks = str(row["completion"]).strip(), 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def tools(self):
+        return {"peek": self.peek}
+
+    def peek(self, position: int) -> str:
+        """One digit of the lock's code.
+
+        Args:
+            position: the digit's index, from 0.
+        """
+        self.peeks += 1
+        return self.code[position]
+
+    def step(self, completion):
+        right = float(completion.strip() == self.code)
+        return StepResult(reward=right, done=True, metrics={"right": right, "peeks": float(self.peeks)})
+
+    def reward_columns(self):
+        return {"peeks": self.peeks}
+
+
+class OffersAnAsyncTool(CodeLock):
+    def tools(self):
+        return {"peek": self.peek, "fetch": fetch}
+
+
+class OffersTheCalculator(CodeLock):
+    def tools(self):
+        from ditty.objectives.environments.tools.builtin_tools import calculator
+
+        return {"peek": self.peek, "calculator": calculator}

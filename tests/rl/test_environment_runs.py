@@ -99,13 +99,16 @@ def test_a_malformed_tools_list_is_exit_2(tmp_path, capsys):
 def test_settings_only_episodes_read_warn_without_them(tmp_path, capsys):
     code, out = check(tmp_path, capsys, "--rl.max_turns", "3")
     assert code == 0 and "`rl.max_turns`" in out and "has no effect" in out, out
-    code, out = check(tmp_path, capsys, "--rl.environment", f"{ENVS}:CountingTurns", "--rl.rewards", "[]")
+    flags = ["--rl.environment", f"{ENVS}:CountingTurns", "--rl.rewards", "[]", "--rl.max_episode_tokens", "32"]
+    code, out = check(tmp_path, capsys, *flags)
     assert code == 0, out  # an environment that rewards its steps needs no reward function
 
 
 def run(tmp_path, capsys, train=None, **rl):
+    """`ditty run` of a tiny GRPO recipe with `rl` changed; an episode's budget fits the model's 64
+    positions after a 32-token prompt unless `rl` sets one."""
     config = grpo_config(tmp_path, train=dict(steps=4, **(train or {})), checkpoint=dict(every=2))
-    config = with_rl(config, **rl)
+    config = with_rl(config, **{"max_episode_tokens": 32, **rl})
     path = tmp_path / "grpo.toml"
     path.write_text(recipe_to_toml(config))
     code = main(["run", str(path)])
@@ -237,7 +240,7 @@ def test_a_tool_episode_trains_and_logs_its_metrics(tmp_path, capsys):
         tools=["ditty.objectives.environments.tools.builtin_tools:calculator", f"{ENVS}:echo"],
         max_new_tokens=6,
         max_turns=2,
-        max_episode_tokens=40,
+        max_episode_tokens=32,
     )
     assert code == 0, out
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -289,7 +292,9 @@ def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_
     rewards = '["ditty.objectives.rewards.builtin_rewards:exact_match","tests.rl.rewards_for_tests:text_hash_reward"]'
     functions = three_steps("functions", "--rl.rewards", rewards)
     environment = three_steps(
-        "environment", "--rl.environment", f"{ENVS}:ExactMatchAndHashOneTurn", "--rl.rewards", "[]"
+        "environment",
+        *("--rl.environment", f"{ENVS}:ExactMatchAndHashOneTurn", "--rl.rewards", "[]"),
+        *("--rl.max_episode_tokens", "4"),  # the one turn's 4 tokens, within the model's positions
     )
     assert len(functions) == 3 and len({row[2] for row in functions}) > 1 and functions[0][0] != 0
     for ours, today in zip(environment, functions):
@@ -471,10 +476,44 @@ def test_rows_without_answers_report_no_exact_match(tmp_path, capsys):
     rows.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(40)))
     config = grpo_config(tmp_path, train=dict(steps=2, eval_every=2, eval_samples=8), checkpoint=dict(every=0))
     data = replace(config.data, source="file", path=str(rows), name=None, num_samples=None, val_fraction=0.2)
-    config = with_rl(replace(config, data=data), environment=f"{ENVS}:CountingTurns", rewards=[])
+    config = with_rl(replace(config, data=data), environment=f"{ENVS}:CountingTurns", rewards=[], max_episode_tokens=32)
     path = tmp_path / "games.toml"
     path.write_text(recipe_to_toml(config))
     assert main(["run", str(path)]) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r for r in records if "val_reward" in r]
     assert evaluated and all("val_env/turns" in r and "val_exact_match" not in r for r in evaluated), evaluated
+
+
+def test_an_environment_offered_tools_trains_and_lists_them_in_the_prompt(tmp_path, capsys):
+    """rl.environment beside rl.tools: the environment (CodeLock, with a tool of its own) plays the
+    episodes, every tool is listed in the chat template's prompt, and both the tool counts and the
+    environment's own metrics are logged; a name both offer is exit 2 naming rl.tools."""
+    from types import SimpleNamespace
+
+    from ditty.data.tokenizer import byte_tokenizer
+    from ditty.objectives.rl.row import build_environment
+    from tests.rl.helpers import grpo_config
+
+    calculator = "ditty.objectives.environments.tools.builtin_tools:calculator"
+    settings = dict(environment=f"{ENVS}:CodeLock", tools=[calculator], rewards=[], max_turns=2)
+    code, out = run(tmp_path, capsys, max_new_tokens=6, max_episode_tokens=24, **settings)
+    assert code == 0, out
+    assert "has no effect" not in out, out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    for name in ("env/right", "env/peeks", "env/tool_calls", "env/tool_calls/peek", "env/tool_calls/calculator"):
+        assert all(name in r for r in steps), (name, sorted(steps[0]))
+
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = (
+        '{% for t in tools %}[{{ t["function"]["name"] }}]{% endfor %}{{ messages[0]["content"] }}'
+    )
+    config = with_rl(grpo_config(tmp_path), **settings)
+    episodes = build_environment(SimpleNamespace(config=config, tokenizer=tokenizer), [])
+    prompt_ids, _ = episodes.renderer.prompt([{"role": "user", "content": "1+1="}])
+    assert tokenizer.decode(prompt_ids, skip_special_tokens=True) == "[calculator][peek]1+1="
+
+    clash = with_rl(config, environment=f"{ENVS}:OffersTheCalculator")
+    with pytest.raises(Exception, match="names a tool 'calculator' that environment .*OffersTheCalculator's tools"):
+        build_environment(SimpleNamespace(config=clash, tokenizer=tokenizer), [])

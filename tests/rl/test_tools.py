@@ -173,12 +173,12 @@ def isolated(request):
     tools = {name: function for name, function in load_tools(list(TOOL_REFERENCES.values())[:-1]).items()}
     processes = []
 
-    def make(timeout_s=10.0):
+    def make(timeout_s=10.0, environment=None):
         process = None
         if request.param == "process":
             process = ToolProcess(TOOL_REFERENCES, timeout_s)
             processes.append(process)
-        return ToolEnvironment(tools, timeout_s=timeout_s, process=process)
+        return ToolEnvironment(tools, timeout_s=timeout_s, process=process, environment=environment)
 
     yield make
     for process in processes:
@@ -249,3 +249,50 @@ def test_an_async_tool_is_refused_naming_it():
 
     with pytest.raises(RecipeError, match=r"rl.tools\[0\].*fetch is async"):
         load_tools(["tests.rl.environments_for_tests:fetch"])
+
+
+def test_an_environment_offered_tools_sees_only_the_turns_without_a_call():
+    """rl.tools beside rl.environment, and the environment's own tools() (bound to its episode's state):
+    ditty answers every call, and the environment steps on the first turn that makes none, its reward,
+    done and metrics the turn's (the tool counts beside them)."""
+    lock = envs.CodeLock()
+    env = ToolEnvironment({"calculator": calculator}, environment=lock)
+    assert env.reset({"prompt": "12+30=", "completion": "42"}) == [{"role": "user", "content": "12+30="}]
+    assert sorted(env.tools) == ["calculator", "peek"]
+    peeked = env.step(call("peek", position=1))
+    assert peeked.observation == [{"role": "tool", "name": "peek", "content": "2"}] and not peeked.done
+    assert lock.peeks == 1 and peeked.metrics["tool_calls/peek"] == 1.0  # the episode's own state changed
+    computed = env.step(call("calculator", expression="12+30"))
+    assert computed.observation[0]["content"] == "42" and computed.metrics["tool_calls/calculator"] == 1.0
+    answered = env.step("42")
+    assert answered.done and answered.reward == 1.0 and answered.observation is None
+    assert answered.metrics["right"] == 1.0 and answered.metrics["peeks"] == 1.0 and answered.metrics["tool_calls"] == 0
+    assert env.reward_columns() == {
+        "peeks": 1,
+        "tool_calls": [
+            {"name": "peek", "arguments": {"position": 1}},
+            {"name": "calculator", "arguments": {"expression": "12+30"}},
+        ],
+    }
+
+
+def test_an_environments_own_tools_run_here_even_when_rl_tools_run_in_a_process(isolated):
+    """A bound method cannot go to the worker process (it holds the episode's state): the environment's
+    tools are called in the training process, rl.tools where rl.tools_isolation says."""
+    lock = envs.CodeLock()
+    env = isolated(environment=lock)
+    env.reset({"prompt": "1+1=", "completion": "2"})
+    result = env.step(call("peek", position=0) + call("echo", text="hi"))
+    assert [m["content"] for m in result.observation] == ["2", "hi"] and lock.peeks == 1
+
+
+@pytest.mark.parametrize(
+    "environment, words",
+    [
+        (envs.OffersAnAsyncTool, "its tool 'fetch' is async"),
+        (envs.OffersTheCalculator, "both name 'calculator'"),
+    ],
+)
+def test_an_environments_tools_that_cannot_be_offered_are_refused(environment, words):
+    with pytest.raises(ValueError, match=words):
+        ToolEnvironment({"calculator": calculator}, environment=environment())

@@ -252,13 +252,6 @@ def episodes(ctx) -> Iterator[Problem]:
             "builds the rl.environment class, and none is named",
             'name the class (rl.environment = "package.module:Name"), or remove rl.environment_args',
         )
-    if rl.environment:
-        if rl.tools:
-            yield warning(
-                "rl.tools",
-                f"has no effect with rl.environment = {rl.environment!r} (the built-in tool environment reads it)",
-                "call the tools from the environment's step, or remove rl.environment",
-            )
     names: dict[str, int] = {}
     for index, reference in enumerate(rl.tools):
         key = f"rl.tools[{index}]"

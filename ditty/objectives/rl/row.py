@@ -103,48 +103,72 @@ def environment_maker(environment: type, args: dict) -> Callable[[], Any]:
 
 def build_environment(run: Any, functions: list) -> Any:
     """The environment part: the reward functions alone (one turn), else episodes of several turns in
-    the `rl.environment` class or, with `rl.tools`, the built-in tool environment."""
+    the `rl.environment` class, the built-in tool environment of `rl.tools`, or both: the environment
+    offered those tools (and its own, from a `tools()` method), ditty answering every call."""
+    from ditty.config.errors import RecipeError
     from ditty.config.references import import_reference
     from ditty.objectives.environments.episodes import EpisodeEnvironment
     from ditty.objectives.environments.protocol import RewardEnvironment
     from ditty.objectives.environments.rendering import ObservationRenderer
     from ditty.objectives.environments.tools.calls import call_format_for
     from ditty.objectives.environments.tools.process import ToolProcess
-    from ditty.objectives.environments.tools.tool_environment import (
-        ToolEnvironment,
-        load_tools,
-        tool_name,
-        tool_schemas,
-    )
+    from ditty.objectives.environments.tools.tool_environment import ToolEnvironment, load_tools, tool_name
 
     rl, tokenizer = run.config.rl, run.tokenizer
     max_prompt = run.config.data.max_seq_len
-    if rl.environment:
-        environment = import_reference(rl.environment, key="rl.environment")
-        renderer = ObservationRenderer(tokenizer, max_prompt)
-        name = rl.environment.rsplit(":", 1)[-1]
-        return EpisodeEnvironment(
-            environment_maker(environment, rl.environment_args),
-            rl.environment,
-            functions,
-            renderer,
-            rl,
-            run.config.rollout,
-            reward_name=name,
-        )
-    if rl.tools:
-        tools = load_tools(rl.tools)
-        calls = call_format_for(getattr(tokenizer, "chat_template", None))
-        renderer = ObservationRenderer(tokenizer, max_prompt, tools=tool_schemas(tools))
-        process = None
-        if (
-            rl.tools_isolation == "process"
-        ):  # one worker for the run's episodes (ditty.objectives.environments.tools.process)
-            longest = rl.max_episode_tokens * renderer.chars_per_token  # the most text an episode holds
-            process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s, longest)
+    if not rl.environment and not rl.tools:
+        return RewardEnvironment(functions, rl.reward_timeout_s)
+    tools = load_tools(rl.tools) if rl.tools else {}
+    process = None
+    if tools and rl.tools_isolation == "process":  # one worker for the run's episodes (tools/process.py)
+        longest = rl.max_episode_tokens * ObservationRenderer(tokenizer, max_prompt).chars_per_token
+        process = ToolProcess({tool_name(r): r for r in rl.tools}, rl.tool_timeout_s, longest)
+    calls = call_format_for(getattr(tokenizer, "chat_template", None))
+    if not rl.environment:
         make = lambda: ToolEnvironment(tools, calls, rl.tool_timeout_s, process)  # noqa: E731
+        renderer = ObservationRenderer(tokenizer, max_prompt, tools=schemas_of(tools))
         return EpisodeEnvironment(make, "ToolEnvironment", functions, renderer, rl, run.config.rollout, key="rl.tools")
-    return RewardEnvironment(functions, rl.reward_timeout_s)
+    environment = import_reference(rl.environment, key="rl.environment")
+    make_environment = environment_maker(environment, rl.environment_args)
+    make = make_environment
+    offered = dict(tools)
+    if tools or callable(getattr(environment, "tools", None)):
+        own = offered_tools(make_environment, rl.environment)
+        clash = sorted(set(own) & set(tools))
+        if clash:
+            raise RecipeError.single(
+                f"names a tool {clash[0]!r} that environment {rl.environment}'s tools() offers too",
+                key="rl.tools",
+                fix="give every tool its own name (remove it from rl.tools, or rename the environment's)",
+            )
+        offered.update(own)
+
+        def make() -> Any:
+            return ToolEnvironment(tools, calls, rl.tool_timeout_s, process, environment=make_environment())
+
+    renderer = ObservationRenderer(tokenizer, max_prompt, tools=schemas_of(offered))
+    name = rl.environment.rsplit(":", 1)[-1]
+    return EpisodeEnvironment(make, rl.environment, functions, renderer, rl, run.config.rollout, reward_name=name)
+
+
+def schemas_of(tools: dict) -> Any:
+    from ditty.objectives.environments.tools.tool_environment import tool_schemas
+
+    return tool_schemas(tools) if tools else None
+
+
+def offered_tools(make_environment: Callable[[], Any], name: str) -> dict:
+    """The tools an environment offers of its own (its `tools()`), read from one instance built for
+    the purpose: the chat template lists them in every episode's prompt. What fails is exit 2."""
+    from ditty.config.errors import Problem, RecipeError
+    from ditty.objectives.environments.tools.tool_environment import environment_tools
+
+    try:
+        return environment_tools(make_environment())
+    except Exception as error:  # noqa: BLE001 - the user's constructor or tools(): reported, exit 2
+        what = f"environment {name} could not offer its tools: {type(error).__name__}: {error}"
+        fix = "tools() returns {name: function} of plain (def) functions or methods"
+        raise RecipeError([Problem("rl.environment", what, fix=fix)]) from error
 
 
 def reward_references(run: Any) -> list:

@@ -1,10 +1,18 @@
-"""The built-in tool environment (`[rl] tools = ["package.module:function", ...]`).
+"""The built-in tool environment (`[rl] tools = ["package.module:function", ...]`), alone or offering
+tools inside an environment of the user's (`[rl] environment` beside `tools`, or an environment with a
+`tools()` method).
 
 An episode starts from the prompt row's prompt (a string becomes the user's message; chat messages
-are taken as they are). Each model turn is parsed for tool calls in the chat template's format
-(ditty.objectives.environments.tools.calls); every call is answered with a `tool` message holding the
-function's result, in order, and the model writes its next turn. A turn without a call is the final
-answer: the episode is done, and the reward functions of `rl.rewards` score it.
+are taken as they are), or from the wrapped environment's `reset`. Each model turn is parsed for tool
+calls in the chat template's format (ditty.objectives.environments.tools.calls); every call is answered
+with a `tool` message holding the function's result, in order, and the model writes its next turn. A
+turn without a call is the final answer: alone, the episode is done, and the reward functions of
+`rl.rewards` score it; around an environment, that environment steps on it (its reward, observation,
+done and metrics are the turn's), so the environment sees only the turns that are not tool calls.
+
+An environment's `tools()` -> {name: function} gives tools of its own episode, bound methods that may
+read and change its state (a game's "look" or "move"); they run in the training process, in a thread
+bounded by `rl.tool_timeout_s` (a worker process could not share the episode's state).
 
 A malformed call, an unknown tool, a tool that raises and a tool still running after
 `rl.tool_timeout_s` are each answered with a `tool` message saying so (the episode goes on) and
@@ -37,7 +45,8 @@ ERRORS = ("malformed", "unknown", "raised", "timeout")
 
 
 class ToolEnvironment:
-    """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.environments.tools.calls)."""
+    """`tools`: {name: function}; `call_format`: how calls are written (ditty.objectives.environments.tools.calls);
+    `environment`: the episode's environment the tools are offered in (None: a turn without a call ends it)."""
 
     def __init__(
         self,
@@ -45,20 +54,35 @@ class ToolEnvironment:
         call_format: Any = None,
         timeout_s: float = 10.0,
         process: Optional[Callable[[str, Mapping[str, Any]], tuple[str, Optional[str]]]] = None,
+        environment: Any = None,
     ) -> None:
-        self.tools = dict(tools)
+        self.environment = environment
+        self.own_tools = environment_tools(environment)
+        """The environment's tools (bound to its state): answered here, never in the worker process."""
+        clash = sorted(set(self.own_tools) & set(tools))
+        if clash:
+            raise ValueError(f"the environment's tools() and rl.tools both name {', '.join(map(repr, clash))}")
+        self.tools = {**dict(tools), **self.own_tools}
         self.call_format = call_format or HermesCalls()
         self.timeout_s = timeout_s
         self.process = process
-        """Runs the calls elsewhere (a ToolProcess: rl.tools_isolation = "process"); None: in a thread here."""
+        """Runs the calls of rl.tools elsewhere (a ToolProcess: rl.tools_isolation = "process"); None: in a
+        thread here."""
         self.calls: list[dict[str, Any]] = []
         """The episode's well-formed calls so far, {"name", "arguments"}, in order."""
 
     def reward_columns(self) -> dict[str, Any]:
-        """What the reward functions get beside the data's columns: the episode's calls."""
-        return {"tool_calls": list(self.calls)}
+        """What the reward functions get beside the data's columns: the episode's calls, and the
+        wrapped environment's own columns (which may not take the name tool_calls)."""
+        own = getattr(self.environment, "reward_columns", None)
+        columns = dict(own()) if callable(own) else {}
+        if "tool_calls" in columns:
+            raise ValueError("its reward_columns names 'tool_calls', the episode's tool calls that ditty gives")
+        return {**columns, "tool_calls": list(self.calls)}
 
-    def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def reset(self, row: Mapping[str, Any]) -> Any:
+        if self.environment is not None:
+            return self.environment.reset(row)
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
 
@@ -69,6 +93,12 @@ class ToolEnvironment:
         metrics: dict[str, float] = {"tool_calls": float(len(calls)), "tool_errors": 0.0}
         metrics.update({f"tool_calls/{name}": 0.0 for name in self.tools})
         metrics.update({f"tool_errors/{kind}": 0.0 for kind in ERRORS})
+        if not calls and self.environment is not None:
+            result = self.environment.step(completion)
+            if not isinstance(getattr(result, "metrics", None), Mapping):
+                return result  # not a StepResult: the episode loop names the fault
+            result.metrics = {**metrics, **result.metrics}
+            return result
         if not calls:
             return StepResult(done=True, metrics=metrics)
         messages = []
@@ -90,12 +120,27 @@ class ToolEnvironment:
             return f"error: malformed tool call: {call.error}", "malformed"
         if call.name not in self.tools:
             return f"error: unknown tool {call.name!r} (the tools are {', '.join(sorted(self.tools))})", "unknown"
-        if self.process is not None:
+        if self.process is not None and call.name not in self.own_tools:
             return self.process(call.name, call.arguments)
         finished, answered = call_with_timeout(call.name, self.tools[call.name], call.arguments, self.timeout_s)
         if not finished:
             return f"error: {call.name} did not answer within {self.timeout_s:g} s", "timeout"
         return answered
+
+
+def environment_tools(environment: Any) -> dict[str, Callable[..., Any]]:
+    """{name: function} of an environment's `tools()` (none without the method), checked: a mapping
+    of names to synchronous functions."""
+    offer = getattr(environment, "tools", None)
+    if environment is None or not callable(offer):
+        return {}
+    tools = offer()
+    if not isinstance(tools, Mapping) or not all(isinstance(n, str) and callable(f) for n, f in tools.items()):
+        raise ValueError(f"its tools() returned {type(tools).__name__}, not a mapping of names to functions")
+    slow = [name for name, function in tools.items() if is_async(function)]
+    if slow:
+        raise ValueError(f"its tool {slow[0]!r} {ASYNC_TOOL}")
+    return dict(tools)
 
 
 def call_with_timeout(
