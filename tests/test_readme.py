@@ -273,13 +273,14 @@ def save_bert_base_shape(path: Path) -> None:
 
 
 def save_own_model(path: Path, **sizes) -> None:
-    """A tiny Llama in Hugging Face format whose tokenizer has a chat template, as a chat model has."""
+    """A tiny Llama in Hugging Face format whose tokenizer has a chat template and a chat model's
+    context (4096 positions: the docs' rollouts, prompt and completion, are sized for one)."""
     from transformers import AutoTokenizer
 
     from ditty.data.chat_templates import CHATML
     from tests.conftest import _save_tiny
 
-    _save_tiny(path, "llama", **sizes)
+    _save_tiny(path, "llama", **{"max_position_embeddings": 4096, **sizes})
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = CHATML
     tokenizer.save_pretrained(path)

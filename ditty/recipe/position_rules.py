@@ -5,8 +5,9 @@ A model with learned position embeddings (BERT, GPT-2, OPT, ...) fails in its fi
 longer sequence ("The size of tensor a (722) must match the size of tensor b (512)"), after the
 weights have loaded; read from config.json offline, the limit is known before anything is built.
 Rotary models (a `rope_theta` or `rope_scaling` in the config) compute positions on the fly and
-run past the limit, only with quality they were not trained for: a warning, except for rollouts on a
-vLLM engine, which refuses such a context (its max_model_len).
+run past the limit, only with quality they were not trained for: a warning for `data.max_seq_len`
+(a cap most rows stay far below), an error for a rollout, whose samples are meant to fill it and
+which a vLLM engine refuses (its max_model_len).
 """
 
 from __future__ import annotations
@@ -92,13 +93,13 @@ def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     """A rollout (a prompt of up to `data.max_seq_len` tokens and what sampling adds after it:
     `rollout.max_new_tokens`, or an episode's `rl.max_episode_tokens`) fits the model's positions, as
     `data.max_seq_len` alone must for the rows that do not sample."""
-    from ditty.objectives.table import objective_name
+    from ditty.objectives.table import OBJECTIVES, objective_name
 
     cfg = ctx.config
     row = objective_name(cfg)
-    if cfg.model.factory or row not in ("grpo", "rloo", "online-pairs"):
+    if cfg.model.factory or row not in OBJECTIVES or "rollout" not in OBJECTIVES[row].sections:
         return
-    episodes = row != "online-pairs" and cfg.rl.plays_episodes
+    episodes = row in ("grpo", "rloo") and cfg.rl.plays_episodes
     key, added = (
         ("rl.max_episode_tokens", cfg.rl.max_episode_tokens)
         if episodes
@@ -115,17 +116,14 @@ def rollouts_within_positions(ctx: Context) -> Iterator[Problem]:
     fix = f"set {key} to at most {max(positions - prompt, 1)} (or lower data.max_seq_len)"
     if cfg.model.resolved_init == "random":
         fix += f", or raise model.config.max_position_embeddings to {prompt + added} (random init only)"
-    # A vLLM engine refuses a context past the model's positions (its max_model_len) in its first
-    # request; generate runs a rotary model past them, at quality it was not trained for: a warning,
-    # since data.max_seq_len is a cap most prompts stay far below.
-    from ditty.objectives.sampling.rollout_rules import VLLM_BACKENDS, backend
-
-    if rotary and backend(cfg.rollout) in VLLM_BACKENDS:
-        yield error(key, f"{what}; the vLLM engine refuses a context past them (its max_model_len)", fix)
-    elif rotary:
-        yield warning(
+    # Every backend is refused alike, so that a recipe checked on generate also runs on vLLM: a vLLM
+    # engine refuses such a context (its max_model_len) in its first request, and generate would run a
+    # rotary model past its positions at quality it was not trained for (learned positions fail).
+    if rotary:
+        yield error(
             key,
-            f"{what}; generate runs past them, with quality the model was not trained for (a vLLM backend refuses it)",
+            f"{what}; a vLLM engine refuses such a context (its max_model_len), and generate would run "
+            "past the positions at quality the model was not trained for",
             fix,
         )
     else:

@@ -88,6 +88,7 @@ def test_a_part_of_ones_own_is_checked_before_any_weight_loads(tmp_path, capsys)
 
 def test_rloo_and_other_estimators_refuse_per_turn_credit(tmp_path, capsys):
     tools = ["--rl.tools", '["ditty.objectives.environments.tools.builtin_tools:calculator"]']
+    tools += ["--rl.max_episode_tokens", "32"]
     code, out = check(tmp_path, capsys, *tools, "--rl.advantage", "rloo", "--rl.credit", "turn")
     assert code == 2 and "`rl.credit`" in out and "do not compose" in out, out
     assert check(tmp_path, capsys, *tools, "--rl.credit", "turn")[0] == 0

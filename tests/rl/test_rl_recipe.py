@@ -317,16 +317,49 @@ def test_a_rollout_longer_than_the_models_positions_is_refused_as_sft_refuses_it
     tmp_path, capsys, tiny_llama_dir, flags, key, words
 ):
     """A prompt of data.max_seq_len tokens and what a rollout adds after it must fit the model's learned
-    positions (GPT-2's n_positions), as data.max_seq_len alone must for SFT; rotary positions warn on
-    generate and are refused on vLLM, whose engine refuses such a context."""
+    positions (GPT-2's n_positions), as data.max_seq_len alone must for SFT; rotary positions are refused
+    alike on every backend (a vLLM engine refuses such a context, generate would run past them)."""
     code, out = check(tmp_path, capsys, *GPT2, *flags)
     assert code == 2 and f"`{key}`" in out and words in out and "longer than the model's 64 positions" in out, out
     assert "Traceback" not in out
     code, out = check(tmp_path, capsys, *GPT2)  # 32 + 4 fit
     assert code == 0 and "model's 64 positions" not in out, out
-    # A saved Llama (256 rotary positions in its config.json): generate runs past them, with a warning.
+    # A saved Llama (rotary positions), on generate and on vLLM.
     llama = ["--model.path", tiny_llama_dir, "--model.init", "pretrained", "--data.max_seq_len", "224"]
-    code, out = check(tmp_path, capsys, *llama, *flags)
-    assert code == 0 and f"`{key}`" in out and "generate runs past them" in out, out
-    code, out = check(tmp_path, capsys, *llama, *flags, "--rollout.backend", "vllm")
-    assert code == 2 and f"`{key}`" in out and "the vLLM engine refuses a context past them" in out, out
+    for backend in ("generate", "vllm"):
+        code, out = check(tmp_path, capsys, *llama, *flags, "--rollout.backend", backend)
+        assert code == 2 and f"`{key}`" in out and "is longer than the model's" in out, out
+        assert "a vLLM engine refuses such a context" in out and "generate would run past" in out, out
+
+
+def test_the_bundled_tool_recipe_is_refused_an_episode_budget_past_its_models_positions(tmp_path, capsys):
+    """`ditty check tiny_tools` on a model of tiny_tools_sft's 192 positions: its own budget (32 + 160)
+    fits; 32 + 400 is exit 2 naming the lengths, the positions and the key to lower."""
+    from tests.conftest import _save_tiny
+
+    model = tmp_path / "tools_sft_final"
+    _save_tiny(model, "llama", max_position_embeddings=192)
+    code = main(["check", "tiny_tools", "--model.path", str(model), "--data.max_seq_len", "32"])
+    out = "".join(capsys.readouterr())
+    assert code == 0 and "positions" not in out, out
+    flags = ["--model.path", str(model), "--data.max_seq_len", "32", "--rl.max_episode_tokens", "400"]
+    code = main(["check", "tiny_tools", *flags])
+    out = "".join(capsys.readouterr())
+    assert code == 2 and "`rl.max_episode_tokens`" in out, out
+    assert "32 + 400 = 432 tokens is longer than the model's 192 positions" in out, out
+    assert "set rl.max_episode_tokens to at most 160" in out and "Traceback" not in out, out
+
+
+def test_vllm_on_cpu_is_refused_a_head_size_its_attention_has_no_kernel_for(tmp_path, capsys):
+    """vLLM's CPU attention has kernels for some head widths only (32, 64, ...): the recipe's 16-wide
+    heads are refused by check, naming the width and where it was read, instead of failing at the
+    engine's start; 32-wide heads pass this rule, and generate takes any width."""
+    narrow = ["--run.device", "cpu", "--rollout.backend", "vllm"]
+    code, out = check(tmp_path, capsys, *narrow)
+    assert code == 2 and "the model's attention heads are 16 wide (hidden_size 32 / 2 heads in model.config)" in out
+    assert "kernels for heads of 32, 64, 80" in out, out
+    wide = ["--model.config", "{hidden_size = 64, num_attention_heads = 2, num_key_value_heads = 2}"]
+    code, out = check(tmp_path, capsys, *narrow, *wide)
+    assert "heads are" not in out, out
+    code, out = check(tmp_path, capsys, "--run.device", "cpu")
+    assert code == 0 and "heads are" not in out, out

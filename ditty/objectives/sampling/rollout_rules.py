@@ -17,6 +17,12 @@ INSTALL_VLLM = (
 )
 
 
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The attention head sizes vLLM's CPU attention has kernels for (`CPUAttentionBackend.
+get_supported_head_sizes` in vllm/v1/attention/backends/cpu_attn.py, vllm-cpu 0.32): read here so
+that check needs no vLLM import; another size stops the engine at its start."""
+
+
 def backend(rollout) -> str:
     """The backend a recipe means: "transformers" is the old name of "generate"."""
     return rollout.engine
@@ -78,6 +84,50 @@ def rollout_rules(ctx, *, updates_per_rollout: int = 1, row: str = "") -> Iterat
         )
 
 
+def cpu_head_size(config) -> Iterator[Problem]:
+    """An in-process vLLM engine on CPU has attention kernels for some head sizes only
+    (VLLM_CPU_HEAD_SIZES): another is refused here, before vLLM's own error at the engine's start."""
+    if config.model.factory or config.run.device not in ("cpu", "auto"):
+        return
+    size, where = head_size(config.model)
+    if size is None or size in VLLM_CPU_HEAD_SIZES:
+        return
+    import torch
+
+    if config.run.device == "auto" and torch.cuda.is_available():
+        return
+    sizes = ", ".join(map(str, VLLM_CPU_HEAD_SIZES))
+    yield error(
+        "rollout.backend",
+        f"rollout.backend = \"vllm\" on CPU: the model's attention heads are {size} wide ({where}), and vLLM's "
+        f"CPU attention has kernels for heads of {sizes} only",
+        'use rollout.backend = "generate" on this machine, a GPU, or a model whose heads are one of those sizes',
+    )
+
+
+def head_size(model) -> tuple:
+    """(the width of one attention head, where it was read), or (None, "") when the config does not say."""
+    from ditty.models.source import read_model_config
+
+    overrides = dict(model.config)
+    values = {**(read_model_config(model) or {}), **overrides}
+    if not values and model.architecture:
+        try:
+            from transformers import AutoConfig
+
+            values = {**AutoConfig.for_model(model.architecture).to_dict(), **overrides}
+        except Exception:  # noqa: BLE001 - an unknown architecture is model.source's to report
+            return None, ""
+    source = "model.config" if overrides else f"the config of {model.path or model.architecture}"
+    if isinstance(values.get("head_dim"), int):
+        return values["head_dim"], f"head_dim in {source}"
+    width = values.get("hidden_size", values.get("n_embd"))
+    heads = values.get("num_attention_heads", values.get("n_head"))
+    if isinstance(width, int) and isinstance(heads, int) and heads > 0:
+        return width // heads, f"hidden_size {width} / {heads} heads in {source}"
+    return None, ""
+
+
 def backend_rules(ctx, *, updates_per_rollout: int = 1) -> Iterator[Problem]:
     rollout = ctx.config.rollout
     chosen = backend(rollout)
@@ -102,6 +152,8 @@ def backend_rules(ctx, *, updates_per_rollout: int = 1) -> Iterator[Problem]:
             f'not "{ctx.config.peft.kind}"',
             'use peft.kind = "lora", or rollout.backend = "generate"',
         )
+    if chosen == "vllm":
+        yield from cpu_head_size(ctx.config)
     if chosen == "vllm" and not 0 < rollout.vllm_memory < 1:
         yield error(
             "rollout.vllm_memory", f"must be in (0, 1), got {rollout.vllm_memory!r}", "use 0.3 (TRL's colocate default)"
