@@ -180,8 +180,9 @@ completions/mean_length | tokens | {RL_STEP}
     tokens after the prompt).
 completions/max_length | tokens | {RL_STEP}
     The longest completion of the step.
-completions/clipped_ratio | fraction | {RL_STEP}
-    Share of completions cut at `rollout.max_new_tokens` (or an episode's budget) before they ended.
+completions/clipped_ratio | fraction | {RL_STEP}; online pairs from prompts without reference answers
+    Share of completions cut at `rollout.max_new_tokens` (or an episode's budget) before they ended. Most of
+    them over the first three rollouts is a warning naming the budget to raise.
 clip_ratio/low_mean | fraction | {RL_STEP}
     Share of completion tokens (`rl.importance = "sequence"`: of completions) whose importance ratio fell below
     1 - `rl.clip_low` with a negative advantage: clipped from below.

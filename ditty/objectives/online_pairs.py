@@ -77,8 +77,12 @@ class OnlinePairStream:
         max_seq_len: int,
         rank: int,
         world_size: int,
+        budgets: Any = None,
     ) -> None:
         self.prompts, self.sampler, self.environment, self.collator = prompts, sampler, environment, collator
+        self.budgets = budgets
+        """A BudgetWatch (ditty.objectives.rl.budgets) warning when most samples hit rollout.max_new_tokens;
+        None: not watched."""
         self.group_size, self.refresh_every = group_size, refresh_every
         self.micro_batches_per_step = micro_batches_per_step
         self.micro_batch_size, self.max_seq_len = micro_batch_size, max_seq_len
@@ -134,13 +138,14 @@ class OnlinePairStream:
             if pair is not None:
                 steps[min(index // per_step, self.refresh_every - 1)].append(pair)
         # every rank judged its own prompts: the metrics count all of them
-        paired, tied, prompts, reward, samples = global_sums(
+        paired, tied, prompts, reward, samples, clipped = global_sums(
             [
                 sum(len(pairs) for pairs in steps),
                 tied,
                 len(batch["prompt_ids"]),
                 float(rollouts.rewards.sum()),
                 len(rollouts),
+                sum(rollouts.truncated),  # a reference answer is never cut
             ]
         )
         if not paired:
@@ -150,6 +155,13 @@ class OnlinePairStream:
             "online/tied_groups": tied / max(prompts, 1),
             "online/reward": reward / max(samples, 1),
         }
+        # Samples cut at a reference answer's length are wrong by design (above): only prompts without
+        # references are cut by the budget alone, which then says so when it cuts most of them.
+        if cap is None:
+            metrics["completions/clipped_ratio"] = clipped / max(samples, 1)
+            warning = self.budgets.observe(metrics) if self.budgets is not None else None
+            if warning is not None and self.rank == 0:
+                log.warning("online pairs: %s", warning)
         return steps, metrics
 
     def warn_no_pairs(self, tied: int, prompts: int) -> None:
@@ -259,6 +271,7 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
     from ditty.objectives.environments.protocol import RewardEnvironment
     from ditty.objectives.pairs import build_pairs
     from ditty.objectives.rewards.functions import load_reward_functions
+    from ditty.objectives.rl.budgets import BudgetWatch
     from ditty.objectives.rl.row import reward_references
     from ditty.objectives.sampling.policy_sampling import PolicySampling
     from ditty.objectives.sampling.sampler import build_sampler
@@ -295,6 +308,7 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
         max_seq_len=data.max_seq_len,
         rank=runtime.rank,
         world_size=runtime.world_size,
+        budgets=BudgetWatch(rl, run.config.rollout),
     )
     evaluation = None
     if data.format == "prompt":  # prompts have no pairs to validate on: the greedy reward, as RL's

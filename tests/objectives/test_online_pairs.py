@@ -59,13 +59,14 @@ progress = false
 class FixedSampler:
     """Completions given by hand, four per prompt, for the pairing rule."""
 
-    def __init__(self, completions):
-        self.completions = completions
+    def __init__(self, completions, cut=False):
+        self.completions, self.cut = completions, cut  # cut: every sample reached the budget
 
     def sample(self, prompt_ids, first, max_new_tokens=None):
         self.cap = max_new_tokens
         rows = [(p, c) for p in prompt_ids for c in self.completions[:4]]
-        return RolloutBatch([p for p, _ in rows], [c for _, c in rows], [str(c) for _, c in rows], [False] * len(rows))
+        texts = [str(c) for _, c in rows]
+        return RolloutBatch([p for p, _ in rows], [c for _, c in rows], texts, [self.cut] * len(rows))
 
 
 class LengthRewards:
@@ -93,13 +94,13 @@ class AnswerRewards:
         rollouts.rewards = torch.tensor([float(t == a) for t, a in zip(rollouts.texts, columns["answer"])])
 
 
-def stream_over(completions, answers=None, environment=None) -> OnlinePairStream:
+def stream_over(completions, answers=None, environment=None, cut=False, budgets=None) -> OnlinePairStream:
     """Two prompts, each answered by the same four `completions`, scored by their length."""
     from ditty.data.formats.preference_rows import PairCollator
 
     return OnlinePairStream(
         OnePromptBatch([[1, 2], [3]], answers),
-        sampler=FixedSampler(completions),
+        sampler=FixedSampler(completions, cut),
         environment=environment or LengthRewards(),
         collator=PairCollator(0),
         group_size=4,
@@ -109,6 +110,7 @@ def stream_over(completions, answers=None, environment=None) -> OnlinePairStream
         max_seq_len=32,
         rank=0,
         world_size=1,
+        budgets=budgets,
     )
 
 
@@ -220,3 +222,29 @@ def test_a_calls_cap_only_shortens_the_completions_rollout_max_new_tokens_allows
     prompts = [tokenizer("12+3=")["input_ids"], tokenizer("7+8=")["input_ids"]]
     longest = lambda cap: max(len(ids) for ids in sampler.sample(prompts, 0, cap).completion_ids)  # noqa: E731
     assert longest(None) == 3 and longest(50) == 3 and longest(2) == 2
+
+
+def test_samples_cut_at_the_budget_warn_once_but_not_those_cut_at_a_reference_answer(caplog):
+    """Prompts without references: most samples at rollout.max_new_tokens in the first three refreshes
+    is said once, naming the key, as GRPO says it. Preference prompts cut their samples at the chosen
+    answer's length on purpose (a longer one is wrong): nothing to say."""
+    from ditty.config.rl import RLConfig
+    from ditty.config.rollout import RolloutConfig
+    from ditty.objectives.rl.budgets import BudgetWatch
+
+    def warned(stream) -> list:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="ditty.objectives.online_pairs"):
+            for _ in range(4):
+                stream.refresh()
+        return [r.getMessage() for r in caplog.records if "were cut" in r.getMessage()]
+
+    def watch():
+        return BudgetWatch(RLConfig(kind="grpo"), RolloutConfig(max_new_tokens=3))
+
+    said = warned(stream_over([[5, 6, 7], [5], [5, 6], [9]], cut=True, budgets=watch()))
+    assert len(said) == 1 and "100% of the samples of the first 3 rollouts" in said[0], said
+    assert "rollout.max_new_tokens = 3" in said[0]
+    assert stream_over([[5]] * 4, cut=True).refresh()[1]["completions/clipped_ratio"] == 1.0
+    assert warned(stream_over([[5, 6, 7], [5], [5, 6], [9]], budgets=watch())) == []
+    assert warned(stream_over([[5, 6, 7], [5], [5, 6], [9]], answers=[[5], [6]], cut=True, budgets=watch())) == []
