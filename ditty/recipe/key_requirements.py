@@ -54,7 +54,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     ),
     Requirement(
         "rl.tools",
-        "Read without rl.environment (an environment of your own answers every turn itself).",
+        "Functions (package.module:name), one per name and none async; beside rl.environment they are offered in "
+        "it, and a name its tools() offers too is refused.",
     ),
     Requirement(
         "preference.pairs",

@@ -336,7 +336,15 @@ def test_print_pipeline_names_the_loss_the_objective_trains(tmp_path, tiny_llama
     factory = ModelFactory.from_huggingface(tiny_llama_dir)
     prompts = [{"prompt": "1+1="}, {"prompt": "2+2="}]
     reward = lambda task, text: 0.0  # noqa: E731
-    grpo = Pipeline(model_factory=factory, dataset=prompts, reward_fn=reward, output_dir=str(tmp_path), steps=2)
+    grpo = Pipeline(
+        model_factory=factory,
+        dataset=prompts,
+        reward_fn=reward,
+        rollout=RolloutConfig(max_new_tokens=8),
+        extra_config={"data": {"max_seq_len": 32}},  # 32 + 8 fit the tiny model's 256 positions
+        output_dir=str(tmp_path),
+        steps=2,
+    )
     assert "loss (reinforcement learning: GRPO (dapo loss, 8 completions per prompt" in str(grpo), str(grpo)
     dpo = Pipeline(model_factory=factory, dataset=PAIRS, preference={"kind": "dpo"}, output_dir=str(tmp_path))
     assert "loss (preference optimisation: DPO (beta" in str(dpo), str(dpo)

@@ -540,7 +540,13 @@ def test_an_objective_on_rows_without_its_columns_names_the_missing_one(
     tmp_path, tiny_llama_dir, rows, objective, words
 ):
     keywords = (
-        {"preference": {"kind": "dpo"}} if objective == "preference" else {"distill": {"teacher": tiny_llama_dir}}
+        {"preference": {"kind": "dpo"}}
+        if objective == "preference"
+        else {
+            "distill": {"teacher": tiny_llama_dir},
+            "rollout": {"max_new_tokens": 8},
+            "extra_config": {"data": {"max_seq_len": 32}},  # a rollout within the model's 256 positions
+        }
     )
     p = hugging_face_pipeline(tmp_path, tiny_llama_dir, rows, **keywords)
     with pytest.raises(RecipeError, match=re.escape(words)):

@@ -29,7 +29,12 @@ BROKEN = {
     "rl.group_size": ("tiny_grpo", ["--rl.group_size", "3"], "train.global_batch_size", 2),
     "rl.credit": ("tiny_tools", ["--rl.credit", "turn", "--rl.importance", "sequence"], "rl.credit", 2),
     "rl.kind": ("tiny_grpo", ["--data.format", "prompt_completion"], "data.format", 2),
-    "rl.tools": ("tiny_tools", ["--rl.environment", "tests.rl.environments_for_tests:CountingTurns"], "rl.tools", 0),
+    "rl.tools": (
+        "tiny_tools",
+        ["--rl.tools", '["tests.rl.environments_for_tests:echo", "tests.rl.environments_for_tests:echo"]'],
+        "rl.tools[1]",
+        2,
+    ),
     "preference.pairs": ("tiny_dpo", ["--preference.pairs", "online", "--data.format", "prompt"], "rl.rewards", 2),
     "preference.kind": ("tiny_dpo", ["--preference.kind", "kto"], "data.format", 2),
     "preference.reference": (

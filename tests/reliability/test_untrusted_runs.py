@@ -245,12 +245,12 @@ def test_a_run_s_environment_and_tool_modules_are_never_imported_by_its_readers(
     plant = f"import pathlib\npathlib.Path({str(marker)!r}).write_text(__name__)\n\n"
     (code_dir / f"{game}.py").write_text(
         plant + "from ditty.objectives.environments.protocol import StepResult\n\n\n"
-        "class Game:\n    def reset(self, row):\n        return row['prompt']\n\n"
+        "class Game:\n    def reset(self, row):\n        return [{'role': 'user', 'content': row['prompt']}]\n\n"
         "    def step(self, completion):\n        return StepResult(reward=float(len(completion)), done=True)\n"
     )
     (code_dir / f"{tools}.py").write_text(plant + "def shout(text: str) -> str:\n    return text.upper()\n")
     config = grpo_config(tmp_path, train=dict(steps=2), checkpoint=dict(every=2))
-    config = with_rl(config, rewards=[], environment=f"{game}:Game", tools=[f"{tools}:shout"])
+    config = with_rl(config, rewards=[], environment=f"{game}:Game", tools=[f"{tools}:shout"], max_episode_tokens=32)
     recipe = tmp_path / "grpo.toml"
     recipe.write_text(recipe_to_toml(config))
     monkeypatch.syspath_prepend(str(code_dir))

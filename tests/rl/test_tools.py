@@ -296,3 +296,11 @@ def test_an_environments_own_tools_run_here_even_when_rl_tools_run_in_a_process(
 def test_an_environments_tools_that_cannot_be_offered_are_refused(environment, words):
     with pytest.raises(ValueError, match=words):
         ToolEnvironment({"calculator": calculator}, environment=environment())
+
+
+def test_an_environment_whose_observations_are_text_cannot_be_offered_tools():
+    """A tool answers in a `tool` chat message, which text observations have no place for: refused at
+    reset (the episode loop makes it exit 2 naming the environment), never dropped silently."""
+    env = ToolEnvironment({"calculator": calculator}, environment=envs.GuessTheSum())
+    with pytest.raises(ValueError, match="its reset returned text, and tools answer in `tool` chat messages"):
+        env.reset({"prompt": "1+1=", "completion": "2"})

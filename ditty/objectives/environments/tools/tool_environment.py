@@ -82,7 +82,13 @@ class ToolEnvironment:
 
     def reset(self, row: Mapping[str, Any]) -> Any:
         if self.environment is not None:
-            return self.environment.reset(row)
+            observation = self.environment.reset(row)
+            if isinstance(observation, str):  # a tool's answer is a `tool` message: it needs a conversation
+                raise ValueError(
+                    "its reset returned text, and tools answer in `tool` chat messages: return the first "
+                    "observation as chat messages ([{'role': 'user', 'content': ...}])"
+                )
+            return observation
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
 
