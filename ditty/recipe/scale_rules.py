@@ -27,9 +27,11 @@ CP_ATTENTION = ("auto", "sdpa")
 """`model.attn_implementation` values Ulysses wraps (SDPA, and ditty's per-sample SDPA for packed rows)."""
 
 
-TP_PAIR_ROWS = ("dpo", "ipo", "simpo", "orpo", "kto")
-"""The DPO family on pairs from the data: their per-sequence log-probabilities run on the head's
-vocabulary shards (ditty.stages.vocab_parallel_logps), so they train under tensor parallel."""
+TP_ROWS = ("dpo", "ipo", "simpo", "orpo", "kto", "grpo", "rloo")
+"""The post-training rows that train under tensor parallel: the DPO family on pairs from the data and
+GRPO/RLOO sampling with generate (a tensor-parallel group shares its prompts and samples alike, the
+head's logits gathered for sampling); their per-token log-probabilities run on the head's vocabulary
+shards (ditty.stages.vocab_parallel_logps)."""
 
 
 def _tp(c: Any) -> bool:
@@ -134,16 +136,25 @@ SCALE_RULES: list[SupportRow] = [
         "scale.post-training",
         "data.format",
         lambda c: (
-            (_tp(c) and objective_name(c) not in ("supervised", *TP_PAIR_ROWS))
+            (_tp(c) and objective_name(c) not in ("supervised", *TP_ROWS))
             or (_cp(c) and objective_name(c) != "supervised")
         ),
-        "the reward model, RL, online pairs and distillation read a scalar head, whole distributions of "
-        "full-vocabulary logits or generate with the model, and ditty computes none of them on vocabulary or "
-        "sequence shards; the DPO family's per-sequence log-probabilities run on vocabulary shards (tp), not "
-        "on sequence shards (cp)",
-        "train those stages with fsdp and tp = cp = 1 (the DPO family takes tp)",
-        condition="tp above 1 with an objective other than the supervised one and the DPO family, or cp above 1 "
-        "with any but the supervised one",
+        "the reward model reads a scalar head, and online pairs and distillation whole distributions of "
+        "full-vocabulary logits or the teacher beside the student, which ditty computes on no vocabulary or "
+        "sequence shards; the DPO family and GRPO/RLOO run their log-probabilities on vocabulary shards (tp), "
+        "none on sequence shards (cp)",
+        "train those stages with fsdp and tp = cp = 1 (the DPO family, GRPO and RLOO take tp)",
+        condition="tp above 1 with the reward model, online pairs or distillation, or cp above 1 with any row "
+        "but the supervised one",
+    ),
+    SupportRow(
+        "scale.tp-rollout-engine",
+        "rollout.backend",
+        lambda c: _tp(c) and c.rollout.engine != "generate" and objective_name(c) in ("grpo", "rloo"),
+        "a vLLM engine takes whole weights from each rank, and under tp each rank holds its shard of every "
+        "layer: sampling under tp is generate on the sharded policy itself",
+        'use rollout.backend = "generate" with tp, or tp = 1 for vLLM',
+        condition='tp above 1 with GRPO/RLOO and rollout.backend "vllm" or "vllm-server"',
     ),
     SupportRow(
         "scale.pipeline-loss",

@@ -43,7 +43,11 @@ FAILING = {
     "scale.compile": ("[train]\ncompile = true\n", 4),
     "scale.task": ('[model]\ntask = "seq-classification"\n', 4),
     "scale.model-type": ('[model]\narchitecture = "gpt2"\nconfig = {}\n', 4),
-    "scale.post-training": ('[rl]\nkind = "grpo"\n[data]\nformat = "prompt"\n', 4),
+    "scale.post-training": ('[model]\ntask = "reward-model"\n[data]\nformat = "preference"\n', 4),
+    "scale.tp-rollout-engine": (
+        '[rl]\nkind = "grpo"\n[data]\nformat = "prompt"\n[rollout]\nbackend = "vllm-server"\n',
+        4,
+    ),
     "scale.pipeline-loss": ('[[pipeline.loss]]\nuse = "ditty.loss:MSELoss"\n', 4),
     "scale.tp-loss-kernel": ('[train]\nloss_chunks = 4\nloss_backend = "liger"\n', 4),
     "scale.cp-attention": ('[model]\nattn_implementation = "eager"\n[parallel]\ncp = 2\n', 8),

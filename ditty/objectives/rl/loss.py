@@ -55,7 +55,7 @@ class GRPOLoss(LossCalculator):
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
         batch, model = ctx["batch"], ctx["model"]
         projection = sampling_projection(
-            head_projection(output_head(model), model_config(model)), self.rollout.temperature
+            head_projection(output_head(model), model_config(model), keep_vocab_shards=True), self.rollout.temperature
         )
         logps, scored = token_logps(ctx[HEAD_INPUT], projection, batch["labels"], chunks=self.chunks)
         return self.from_logps(logps, scored, batch, ctx["global_units"])

@@ -60,9 +60,9 @@ def build_rl(run: Any) -> ObjectiveParts:
         run.data.bundle,
         config.data,
         global_batch_size=prompts_per_step,
-        micro_batch_size=prompts_per_step // runtime.world_size,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
+        micro_batch_size=prompts_per_step // runtime.data_world_size,
+        rank=runtime.data_rank,
+        world_size=runtime.data_world_size,
     )
     sampler = build_sampler(
         run, policy, group_size=rl.group_size, tokens_after_prompt=rl.tokens_after_prompt(config.rollout)
@@ -76,9 +76,10 @@ def build_rl(run: Any) -> ObjectiveParts:
         advantage=estimator_for(rl),
         assembler=assembler,
         rl=rl,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
+        rank=runtime.data_rank,
+        world_size=runtime.data_world_size,
         rollout=config.rollout,
+        group=runtime.batch_group,
     )
     return ObjectiveParts(
         loss=GRPOLoss(rl, config.rollout, chunks=chunks),

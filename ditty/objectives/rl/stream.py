@@ -58,13 +58,17 @@ class RolloutStream:
         rank: int,
         world_size: int,
         rollout: Any = None,
+        group: Any = None,
     ) -> None:
         """`sampling`: the policy's (ditty.objectives.sampling.policy_sampling.PolicySampling);
-        `rollout`: the recipe's RolloutConfig (its budgets, named in a warning; defaults when None)."""
+        `rollout`: the recipe's RolloutConfig (its budgets, named in a warning; defaults when None).
+        `rank`, `world_size`: this rank's place among the ranks that take different prompts (the
+        data-parallel ones: under tensor parallel a tp group shares its prompts and samples alike);
+        `group`: their process group (None: the whole world)."""
         self.prompts = prompts
         self.sampling, self.environment, self.advantage, self.assembler = sampling, environment, advantage, assembler
         self.rl = rl
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.group = rank, world_size, group
         self.budgets = BudgetWatch(rl, rollout if rollout is not None else RolloutConfig())
         self.buffer: Optional[list[dict]] = None
         self.metrics: dict[str, float] = {}
@@ -112,9 +116,11 @@ class RolloutStream:
         version = self.sampling.version
         state = {"prompts": self.prompts.state_dict(), "served": self.served, "version": version, "buffer": None}
         if self.buffer is not None and self.served < self.rl.updates_per_rollout:  # mid-reuse: keep them
-            state["buffer"] = encode_by_rank({"batches": self.buffer, "metrics": self.metrics}, self.world_size)
+            state["buffer"] = encode_by_rank(
+                {"batches": self.buffer, "metrics": self.metrics}, self.world_size, self.group
+            )
         if ahead is not None:  # the rollouts sampled ahead (waited for)
-            state["ahead"] = encode_by_rank(ahead.state(), self.world_size)
+            state["ahead"] = encode_by_rank(ahead.state(), self.world_size, self.group)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,11 +149,11 @@ class RolloutStream:
         batches = assembled.batches
         tokens = metrics["completions/mean_length"] * len(rollouts) * self.world_size
         metrics["rollout/generate_s"] = generate_s
-        metrics["rollout/tokens_per_s"] = tokens / max(_max_across(generate_s, self.world_size), 1e-9)
+        metrics["rollout/tokens_per_s"] = tokens / max(_max_across(generate_s, self.world_size, self.group), 1e-9)
         if self.sampling.holds_weights or self.sampling.ahead is not None:
             metrics["rollout/staleness"] = float(self.sampling.version - rollouts.policy_version)
         if assembled.mismatch is not None:
-            metrics.update(mismatch_metrics(assembled.mismatch, self.world_size))
+            metrics.update(mismatch_metrics(assembled.mismatch, self.world_size, self.group))
         return batches, metrics
 
     def next_prompts(self) -> tuple[dict, int]:
@@ -173,9 +179,9 @@ class RolloutStream:
     def estimate(self, rollouts: Any) -> dict[str, float]:
         """Set `rollouts.advantages` (this rank's rows) from the rewards of the whole global batch;
         the step's reward and completion metrics, over the whole global batch too."""
-        totals = _gather(rollouts.rewards.to(torch.float64), self.world_size)
+        totals = _gather(rollouts.rewards.to(torch.float64), self.world_size, self.group)
         lengths = torch.tensor([len(ids) for ids in rollouts.completion_ids], dtype=torch.float64)
-        all_lengths = _gather(lengths, self.world_size)
+        all_lengths = _gather(lengths, self.world_size, self.group)
         advantages = checked_advantages(self.advantage(totals, self.rl.group_size, all_lengths), totals)
         local = len(rollouts)
         rollouts.advantages = advantages[self.rank * local : (self.rank + 1) * local]
@@ -187,16 +193,18 @@ class RolloutStream:
                 self.rl.group_size,
                 self.rl.scale_rewards,
             )
-        gathered = {name: _gather(values, self.world_size) for name, values in rollouts.rewards_per_function.items()}
+        gathered = {
+            name: _gather(values, self.world_size, self.group) for name, values in rollouts.rewards_per_function.items()
+        }
         truncated = torch.tensor(rollouts.truncated, dtype=torch.float64)
-        all_truncated = _gather(truncated, self.world_size)
+        all_truncated = _gather(truncated, self.world_size, self.group)
         metrics = {name: float(value) for name, value in reward_statistics(totals, self.rl.group_size).items()}
         metrics.update(
             {name: float(value) for name, value in reward_metrics(gathered, rollouts.reward_details).items()}
         )
-        for name in names_across(rollouts.episode_metrics, self.world_size):  # every rank logs every name
+        for name in names_across(rollouts.episode_metrics, self.world_size, self.group):  # every rank logs every name
             values = rollouts.episode_metrics.get(name, torch.zeros(local, dtype=torch.float64))
-            metrics[name] = float(_gather(values, self.world_size).mean())
+            metrics[name] = float(_gather(values, self.world_size, self.group).mean())
         metrics.update(
             {
                 "completions/mean_length": float(all_lengths.mean()),
@@ -207,13 +215,13 @@ class RolloutStream:
         return metrics
 
 
-def mismatch_metrics(totals: torch.Tensor, world_size: int) -> dict[str, float]:
+def mismatch_metrics(totals: torch.Tensor, world_size: int, group: Any = None) -> dict[str, float]:
     """rollout/logprob_diff/mean and /max over every rank's [sum, tokens, max] (one collective each)."""
     summed, largest = totals[:2].clone(), totals[2:].clone()
     if _distributed(world_size):
         summed, largest = _comm(summed), _comm(largest)
-        dist.all_reduce(summed)
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(summed, group=group)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
     summed, largest = summed.cpu(), largest.cpu()
     return {
         "rollout/logprob_diff/mean": float(summed[0] / summed[1].clamp(min=1)),
@@ -230,31 +238,31 @@ def _comm(t: torch.Tensor) -> torch.Tensor:
     return t.cuda() if dist.get_backend() == "nccl" else t
 
 
-def _gather(values: torch.Tensor, world_size: int) -> torch.Tensor:
+def _gather(values: torch.Tensor, world_size: int, group: Any = None) -> torch.Tensor:
     """Every rank's `values` (equal lengths), concatenated in rank order (= global prompt order)."""
     if not _distributed(world_size):
         return values
     values = _comm(values.contiguous())
     parts = [torch.empty_like(values) for _ in range(world_size)]
-    dist.all_gather(parts, values)
+    dist.all_gather(parts, values, group=group)
     return torch.cat(parts).cpu()
 
 
-def names_across(values: dict, world_size: int) -> list[str]:
+def names_across(values: dict, world_size: int, group: Any = None) -> list[str]:
     """The sorted names of `values` on any rank (an environment may report a metric on one rank only)."""
     names = set(values)
     if _distributed(world_size):
         every: list = [None] * world_size
-        dist.all_gather_object(every, sorted(names))
+        dist.all_gather_object(every, sorted(names), group=group)
         names = set().union(*every)
     return sorted(names)
 
 
-def _max_across(value: float, world_size: int) -> float:
+def _max_across(value: float, world_size: int, group: Any = None) -> float:
     if not _distributed(world_size):
         return value
     t = _comm(torch.tensor([value], dtype=torch.float64))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.cpu())
 
 

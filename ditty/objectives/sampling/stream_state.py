@@ -33,17 +33,20 @@ def decode_state(text: str) -> Any:
     return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False)
 
 
-def encode_by_rank(value: Any, world_size: int) -> list[str]:
+def encode_by_rank(value: Any, world_size: int, group: Any = None) -> list[str]:
     """Rank 0: every rank's `value`, encoded, in rank order (a collective when there are several
     ranks). The other ranks get their own entry alone: only rank 0's sidecar is written, and
-    gathering to rank 0 keeps the other ranks from holding everyone's samples."""
+    gathering to rank 0 keeps the other ranks from holding everyone's samples. `group`: the ranks
+    that hold different samples (the data-parallel ones under tensor parallel; None: the world),
+    gathered to the first of them."""
     import torch.distributed as dist
 
     mine = encode_state(value)
     if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return [mine]
-    gathered: Optional[list] = [None] * world_size if dist.get_rank() == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
+    first = dist.get_rank(group) == 0 if group is not None else dist.get_rank() == 0
+    gathered: Optional[list] = [None] * world_size if first else None
+    dist.gather_object(mine, gathered, group=group, group_dst=0)
     return gathered if gathered is not None else [mine]
 
 
