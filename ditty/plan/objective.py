@@ -74,10 +74,12 @@ def objective_rows(shape: Any, s: Any, held: list, rank: int) -> list:
             rows.append(Row("reference model", size, f"{o.reference_name}, frozen, {where}"))
     if o.rollout_sequences:
         dtype = s.gather_dtype if s.parallel in SHARDED else (s.compute_dtype or s.weight_dtype)
-        kv = rollout_kv_bytes(shape, o.rollout_sequences, o.rollout_tokens, DTYPE_BYTES[dtype])
+        # Under tp a rank samples with its own attention heads: its share of the cache.
+        kv = rollout_kv_bytes(shape, o.rollout_sequences, o.rollout_tokens, DTYPE_BYTES[dtype]) // max(1, s.tp)
+        heads = f"{shape.num_kv_heads} kv heads" if s.tp <= 1 else f"{shape.num_kv_heads} / tp {s.tp} kv heads"
         note = (
             f"{o.rollout_sequences} completions in flight x {o.rollout_tokens} tokens x {shape.num_layers} layers"
-            f" x 2 x {shape.num_kv_heads} kv heads x {shape.head_dim} x {DTYPE_BYTES[dtype]} bytes"
+            f" x 2 x {heads} x {shape.head_dim} x {DTYPE_BYTES[dtype]} bytes"
         )
         rows.append(Row("rollouts' KV cache", kv, note, "transient"))
     return rows

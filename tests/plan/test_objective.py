@@ -84,6 +84,26 @@ def test_grpo_counts_the_rollouts_kv_cache_and_the_reference(tmp_path, tiny_llam
     assert "reference model" not in no_kl and "rollouts' KV cache" in no_kl
 
 
+def test_under_tp_a_rank_samples_its_data_parallel_share_with_its_own_heads(tmp_path, tiny_llama_dir):
+    """tp 2 x dp 2 on 4 GPUs: a tp group shares its prompts (1 of the step's 2 prompts per data-parallel
+    rank, 4 completions) and each rank caches the keys and values of its own kv heads (1 of 2)."""
+    config = _config(tmp_path, tiny_llama_dir, "dpo")
+    rl = RLConfig(kind="grpo", group_size=4, rewards=["x:y"])
+    config = replace(
+        config,
+        rl=rl,
+        rollout=replace(config.rollout, max_new_tokens=16),
+        data=replace(config.data, format="prompt"),
+        parallel=ParallelConfig(kind="fsdp", tp=2),
+    )
+    rows = {row.label: row for row in _plan(config, gpus=4).memory.kinds[0].rows}
+    assert rows["rollouts' KV cache"].bytes == 4 * 48 * 2 * 2 * 1 * 16 * 4
+    assert (
+        "4 completions in flight" in rows["rollouts' KV cache"].note
+        and "2 / tp 2 kv heads" in rows["rollouts' KV cache"].note
+    )
+
+
 def test_check_plan_prints_the_reference_line(capsys, tmp_path, tiny_llama_dir):
     from ditty.cli import main
     from tests.preference.recipes import preference_recipe, write_pairs

@@ -250,9 +250,11 @@ def describe_rl(config: Any) -> list[tuple[str, str]]:
 
 
 def rl_footprint(config: Any, world_size: int) -> Footprint:
-    """The rollouts' KV cache (completions in flight on a rank) and, with rl.beta > 0, the reference."""
+    """The rollouts' KV cache (completions in flight on a rank) and, with rl.beta > 0, the reference.
+    A tensor-parallel group shares its prompts: a rank samples its data-parallel share of them."""
     rl = config.rl
-    prompts = max(1, config.train.global_batch_size // max(1, rl.group_size) // max(1, world_size))
+    data_ranks = max(1, world_size // max(1, config.parallel.tp * config.parallel.cp))
+    prompts = max(1, config.train.global_batch_size // max(1, rl.group_size) // data_ranks)
     in_flight = min(config.rollout.generation_batch_size or prompts, prompts) * rl.group_size
     return reference_footprint(
         config,
