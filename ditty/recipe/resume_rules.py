@@ -37,7 +37,8 @@ def streaming_resume(ctx: Context) -> Iterator[Problem]:
 @rule("checkpoint.resume.samples")
 def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
     """Rollouts or preference pairs that each rank sampled and had not trained on yet continue only on
-    that rank: a checkpoint holding some resumes on its own number of processes."""
+    that rank: a checkpoint holding some resumes on its own number of data-parallel ranks (processes,
+    without tensor or context parallel)."""
     cfg = ctx.config
     if cfg.rl.kind == "none" and cfg.preference.pairs != "online":  # the streams that sample
         return
@@ -45,8 +46,9 @@ def sampled_state_resume(ctx: Context) -> Iterator[Problem]:
 
     found, state = _resumed_data_state(cfg)
     held = ranks_holding_samples(state)
-    if held is not None and not resumes_on(held[0], ctx.world_size):
-        message, fix = resume_refusal(*held, ctx.world_size)
+    # One entry per data-parallel rank: a tensor- or context-parallel group shares its samples.
+    if held is not None and not resumes_on(held[0], ctx.data_parallel_size):
+        message, fix = resume_refusal(*held, ctx.data_parallel_size)
         yield error("checkpoint.resume", f"checkpoint {found}: {message}", fix)
 
 

@@ -170,3 +170,31 @@ def test_a_killed_two_rank_run_resumes_each_ranks_samples_bitwise(tmp_path, tiny
     resumed = ditty("run", str(recipe), *two)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise
+
+
+@pytest.mark.xdist_group("parallel")
+def test_a_killed_grpo_run_under_tp_resumes_bitwise(tmp_path, tiny_llama_dir):
+    """GRPO at tp 2 x dp 2 (4 processes), its rollouts trained on three steps in a row: killed during
+    step 4, it resumes from step 2 mid-reuse (each data-parallel rank's rollouts, shared by its tp
+    group) with the uninterrupted run's every record, bitwise."""
+    four = ["--nproc-per-node", "4", "--parallel.kind", "fsdp", "--parallel.tp", "2"]
+
+    def write(name: str) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        path = out / "recipe.toml"
+        path.write_text(COMMON.format(out=out / "run") + REUSE.format(model=tiny_llama_dir))
+        return path
+
+    done = ditty("run", str(write("a")), *four)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = records(tmp_path / "a" / "run")
+    assert len([r for r in expected if "loss" in r]) == 5
+
+    recipe = write("b")
+    killed = ditty("run", str(recipe), *four, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})
+    assert killed.returncode != 0, killed.stderr[-2000:]
+    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    resumed = ditty("run", str(recipe), *four)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records(tmp_path / "b" / "run") == expected  # bitwise
