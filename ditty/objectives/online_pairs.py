@@ -78,7 +78,11 @@ class OnlinePairStream:
         rank: int,
         world_size: int,
         budgets: Any = None,
+        group: Any = None,
     ) -> None:
+        """`rank`, `world_size`: this rank's place among the ranks that take different prompts (the
+        data-parallel ones: a tensor-parallel group shares its prompts and samples alike); `group`:
+        their process group (None: the whole world)."""
         self.prompts, self.sampler, self.environment, self.collator = prompts, sampler, environment, collator
         self.budgets = budgets
         """A BudgetWatch (ditty.objectives.rl.budgets) warning when most samples hit rollout.max_new_tokens;
@@ -86,7 +90,7 @@ class OnlinePairStream:
         self.group_size, self.refresh_every = group_size, refresh_every
         self.micro_batches_per_step = micro_batches_per_step
         self.micro_batch_size, self.max_seq_len = micro_batch_size, max_seq_len
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.group = rank, world_size, group
         self.pending: list[list[dict]] = []  # the pair samples of the steps still to serve
         self.metrics: dict[str, float] = {}
         self.warned_no_pairs = False
@@ -146,7 +150,8 @@ class OnlinePairStream:
                 float(rollouts.rewards.sum()),
                 len(rollouts),
                 sum(rollouts.truncated),  # a reference answer is never cut
-            ]
+            ],
+            self.group,
         )
         if not paired:
             self.warn_no_pairs(int(tied), int(prompts))
@@ -214,7 +219,9 @@ class OnlinePairStream:
         """Collective with several ranks: each rank's pairs not yet trained on are its own."""
         return {
             "prompts": self.prompts.state_dict(),
-            "pending": encode_by_rank({"pairs": self.pending, "metrics": self.metrics}, self.world_size),
+            "pending": encode_by_rank(
+                {"pairs": self.pending, "metrics": self.metrics}, self.world_size, self.group
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,8 +230,9 @@ class OnlinePairStream:
         self.pending, self.metrics = saved["pairs"], saved["metrics"]
 
 
-def global_sums(values: list[float]) -> list[float]:
-    """Each value summed over the ranks (a no-op on one process; NCCL sums CUDA tensors only)."""
+def global_sums(values: list[float], group: Any = None) -> list[float]:
+    """Each value summed over the ranks of `group` (None: the world; a no-op on one process; NCCL sums
+    CUDA tensors only)."""
     import torch
     import torch.distributed as dist
 
@@ -233,7 +241,7 @@ def global_sums(values: list[float]) -> list[float]:
     sums = torch.tensor(values, dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         sums = sums.cuda()
-    return all_reduce_sum(sums).cpu().tolist()
+    return all_reduce_sum(sums, group).cpu().tolist()
 
 
 def with_references(rollouts: Any, batch: dict, group: int) -> Any:
@@ -288,9 +296,9 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
         bundle,
         data,
         global_batch_size=prompts_per_refresh,
-        micro_batch_size=prompts_per_refresh // runtime.world_size,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
+        micro_batch_size=prompts_per_refresh // runtime.data_world_size,
+        rank=runtime.data_rank,
+        world_size=runtime.data_world_size,
     )
     policy = lambda: run.engine.unwrap(run.model)  # noqa: E731
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
@@ -306,9 +314,10 @@ def build_online_pairs(run: Any) -> ObjectiveParts:
         micro_batches_per_step=run.plan.accumulation_steps,
         micro_batch_size=train.micro_batch_size,
         max_seq_len=data.max_seq_len,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
+        rank=runtime.data_rank,
+        world_size=runtime.data_world_size,
         budgets=BudgetWatch(rl, run.config.rollout),
+        group=runtime.batch_group,
     )
     evaluation = None
     if data.format == "prompt":  # prompts have no pairs to validate on: the greedy reward, as RL's
