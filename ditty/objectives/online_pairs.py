@@ -219,9 +219,7 @@ class OnlinePairStream:
         """Collective with several ranks: each rank's pairs not yet trained on are its own."""
         return {
             "prompts": self.prompts.state_dict(),
-            "pending": encode_by_rank(
-                {"pairs": self.pending, "metrics": self.metrics}, self.world_size, self.group
-            ),
+            "pending": encode_by_rank({"pairs": self.pending, "metrics": self.metrics}, self.world_size, self.group),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
