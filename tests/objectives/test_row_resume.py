@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,24 +112,36 @@ def records(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in drop and not k.startswith("rollout/generation")} for r in rows]
 
 
-@pytest.mark.parametrize("row", sorted(ROWS))
-def test_a_killed_run_of_the_row_resumes_bitwise(tmp_path, tiny_llama_dir, row):
+def uninterrupted_then_killed(
+    tmp_path: Path, text: str, model: str, launch: list, signal_at: str
+) -> tuple[list[dict], Path, Any]:
+    """(the records of run "a" trained through its 5 steps, the recipe of run "b", b's killed process):
+    the same recipe (`text` under COMMON) launched with `launch`, b killed where `signal_at` says
+    (tests.train.resume_hooks:SignalAt), after its checkpoint of step 2 and before another."""
+
     def write(name: str) -> Path:
         out = tmp_path / name
         out.mkdir()
         path = out / "recipe.toml"
-        path.write_text(COMMON.format(out=out / "run") + ROWS[row].format(model=tiny_llama_dir))
+        path.write_text(COMMON.format(out=out / "run") + text.format(model=model))
         return path
 
-    done = ditty("run", str(write("a")))
+    done = ditty("run", str(write("a")), *launch)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = records(tmp_path / "a" / "run")
     assert len([r for r in expected if "loss" in r]) == 5
-
     recipe = write("b")
-    killed = ditty("run", str(recipe), env={"DITTY_TEST_SIGNAL_AT": "3:1:KILL"})  # during step 4, after step-2
-    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    killed = ditty("run", str(recipe), *launch, env={"DITTY_TEST_SIGNAL_AT": signal_at})
+    assert killed.returncode != 0, killed.stderr[-2000:]
     assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    return expected, recipe, killed
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_a_killed_run_of_the_row_resumes_bitwise(tmp_path, tiny_llama_dir, row):
+    # killed during step 4, after step-2
+    expected, recipe, killed = uninterrupted_then_killed(tmp_path, ROWS[row], tiny_llama_dir, [], "3:1:KILL")
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
     resumed = ditty("run", str(recipe))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise
@@ -146,23 +159,8 @@ REUSE = (
 def test_a_killed_two_rank_run_resumes_each_ranks_samples_bitwise(tmp_path, tiny_llama_dir, row):
     text = REUSE if row == "grpo-reuse" else ROWS[row]
     two = ["--nproc-per-node", "2", "--parallel.kind", "ddp"]
-
-    def write(name: str) -> Path:
-        out = tmp_path / name
-        out.mkdir()
-        path = out / "recipe.toml"
-        path.write_text(COMMON.format(out=out / "run") + text.format(model=tiny_llama_dir))
-        return path
-
-    done = ditty("run", str(write("a")), *two)
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = records(tmp_path / "a" / "run")
-    assert len([r for r in expected if "loss" in r]) == 5
-
-    recipe = write("b")
-    killed = ditty("run", str(recipe), *two, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})  # one micro-batch per rank
-    assert killed.returncode != 0, killed.stderr[-2000:]
-    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    # one micro-batch per rank: killed during step 4
+    expected, recipe, _ = uninterrupted_then_killed(tmp_path, text, tiny_llama_dir, two, "3:0:KILL")
     for command in ("check", "run"):  # refused before any weights load
         one = ditty(command, str(recipe))
         assert one.returncode == 2, one.stderr[-3000:]
@@ -178,23 +176,7 @@ def test_a_killed_grpo_run_under_tp_resumes_bitwise(tmp_path, tiny_llama_dir):
     step 4, it resumes from step 2 mid-reuse (each data-parallel rank's rollouts, shared by its tp
     group) with the uninterrupted run's every record, bitwise."""
     four = ["--nproc-per-node", "4", "--parallel.kind", "fsdp", "--parallel.tp", "2"]
-
-    def write(name: str) -> Path:
-        out = tmp_path / name
-        out.mkdir()
-        path = out / "recipe.toml"
-        path.write_text(COMMON.format(out=out / "run") + REUSE.format(model=tiny_llama_dir))
-        return path
-
-    done = ditty("run", str(write("a")), *four)
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = records(tmp_path / "a" / "run")
-    assert len([r for r in expected if "loss" in r]) == 5
-
-    recipe = write("b")
-    killed = ditty("run", str(recipe), *four, env={"DITTY_TEST_SIGNAL_AT": "3:0:KILL"})
-    assert killed.returncode != 0, killed.stderr[-2000:]
-    assert complete_steps(tmp_path / "b" / "run") == ["step-2"]
+    expected, recipe, _ = uninterrupted_then_killed(tmp_path, REUSE, tiny_llama_dir, four, "3:0:KILL")
     resumed = ditty("run", str(recipe), *four)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise
