@@ -86,31 +86,46 @@ def rollout_rules(ctx, *, updates_per_rollout: int = 1, row: str = "") -> Iterat
 
 def cpu_head_size(config) -> Iterator[Problem]:
     """An in-process vLLM engine on CPU has attention kernels for some head sizes only
-    (VLLM_CPU_HEAD_SIZES): another is refused here, before vLLM's own error at the engine's start. The
-    width is the planner's reading of the model's config (ditty.plan.source, offline)."""
+    (VLLM_CPU_HEAD_SIZES): another is refused here, before vLLM's own error at the engine's start."""
     if config.model.factory or config.run.device not in ("cpu", "auto"):
         return
-    from ditty.config.errors import RecipeError
-    from ditty.plan.source import model_shape
-
-    try:
-        shape = model_shape(config)
-    except (RecipeError, KeyError, OSError, ValueError):  # a config not readable offline: model.source says so
-        return
-    if shape.head_dim in VLLM_CPU_HEAD_SIZES:
+    size, where = head_size(config.model)
+    if size is None or size in VLLM_CPU_HEAD_SIZES:
         return
     import torch
 
     if config.run.device == "auto" and torch.cuda.is_available():
         return
     sizes = ", ".join(map(str, VLLM_CPU_HEAD_SIZES))
-    read = shape.source + (", with model.config" if config.model.config else "")
     yield error(
         "rollout.backend",
-        f'rollout.backend = "vllm" on CPU: the model\'s attention heads are {shape.head_dim} wide ({shape.num_heads} '
-        f"heads; read from {read}), and vLLM's CPU attention has kernels for heads of {sizes} only",
+        f"rollout.backend = \"vllm\" on CPU: the model's attention heads are {size} wide ({where}), and vLLM's "
+        f"CPU attention has kernels for heads of {sizes} only",
         'use rollout.backend = "generate" on this machine, a GPU, or a model whose heads are one of those sizes',
     )
+
+
+def head_size(model) -> tuple:
+    """(the width of one attention head, where it was read), or (None, "") when the config does not say."""
+    from ditty.models.source import read_model_config
+
+    overrides = dict(model.config)
+    values = {**(read_model_config(model) or {}), **overrides}
+    if not values and model.architecture:
+        try:
+            from transformers import AutoConfig
+
+            values = {**AutoConfig.for_model(model.architecture).to_dict(), **overrides}
+        except Exception:  # noqa: BLE001 - an unknown architecture is model.source's to report
+            return None, ""
+    source = "model.config" if overrides else f"the config of {model.path or model.architecture}"
+    if isinstance(values.get("head_dim"), int):
+        return values["head_dim"], f"head_dim in {source}"
+    width = values.get("hidden_size", values.get("n_embd"))
+    heads = values.get("num_attention_heads", values.get("n_head"))
+    if isinstance(width, int) and isinstance(heads, int) and heads > 0:
+        return width // heads, f"hidden_size {width} / {heads} heads in {source}"
+    return None, ""
 
 
 def backend_rules(ctx, *, updates_per_rollout: int = 1) -> Iterator[Problem]:
