@@ -33,7 +33,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         "rollout.backend",
         '"vllm" needs the vllm package and parallel.kind "none", "ddp" or "fsdp"; both vLLM backends need'
-        ' peft.kind "none" or "lora"; episodes (rl.tools, rl.environment) take "generate" or "vllm".',
+        ' peft.kind "none" or "lora" and an unquantized base; episodes (rl.tools, rl.environment) take'
+        ' "generate" or "vllm".',
     ),
     Requirement(
         "rollout.vllm_server",

@@ -88,6 +88,11 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
             "rollout.max_staleness",
             "updates_per_rollout > 1",
         ),
+        (
+            ["--rollout.backend", "vllm-server", "--peft.kind", "lora", "--quant.kind", "bnb-4bit"],
+            "quant.kind",
+            "packed by bitsandbytes",
+        ),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
         (["--rollout.temperature", "0"], "rollout.temperature", "above 0"),
     ],

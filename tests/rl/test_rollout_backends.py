@@ -44,6 +44,47 @@ def test_lora_weights_are_sent_merged_under_the_base_models_names(tiny_llama_dir
     )  # the delta is in
 
 
+def test_which_adapters_the_engine_is_sent_alone(tiny_llama_dir):
+    """adapter_sync.adapter_plan: a LoRA adapter on the blocks' linear layers goes alone (vLLM serves it,
+    at the smallest engine rank at or above its own); DoRA, an adapter on the output head and
+    modules_to_save go merged. The base weights sent once are the base model's, not merged."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ditty.objectives.sampling.adapter_sync import adapter_plan, adapter_weights, base_weights
+
+    def adapted(**config):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+        settings = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], **config}
+        return get_peft_model(model, LoraConfig(**settings))
+
+    lora = adapted()
+    plan = adapter_plan(lora)
+    assert plan is not None and (plan.rank, plan.engine_rank) == (4, 8)
+    assert plan.config["r"] == 4 and sorted(plan.config["target_modules"]) == ["q_proj", "v_proj"]
+    assert adapter_plan(lora.get_base_model()) is None  # no adapter: the weights as they are
+    assert adapter_plan(adapted(use_dora=True)) is None
+    assert adapter_plan(adapted(target_modules=["q_proj", "lm_head"])) is None
+    assert adapter_plan(adapted(modules_to_save=["lm_head"])) is None
+    assert adapter_plan(adapted(r=600)) is None  # above vLLM's largest max_lora_rank
+
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    names = {name for name, _ in AutoModelForCausalLM.from_pretrained(tiny_llama_dir).named_parameters()}
+    base = dict(base_weights(lora))
+    assert set(base) == names
+    assert torch.equal(
+        base["model.layers.0.self_attn.q_proj.weight"],
+        lora.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight,
+    )  # not merged: the engine adds the adapter itself
+    adapter = dict(adapter_weights(lora))
+    assert len(adapter) == 2 * 2 * 2  # A and B of q_proj and v_proj in each of 2 layers
+    assert all(".lora_A." in n or ".lora_B." in n for n in adapter)
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in adapter  # as PEFT saves it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

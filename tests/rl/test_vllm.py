@@ -307,3 +307,60 @@ def test_the_vllm_page_quick_start_trains_as_written(tmp_path, tiny_llama_dir, m
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["rollout/staleness"] == 1 and "rollout/logprob_diff/mean" in rows[-1], rows
     assert "rewards/my_reward:correct/mean" in rows[-1]
+
+
+# ------------------------------------------------------------------ a LoRA policy: the adapter alone
+
+
+def test_a_lora_policys_engine_is_sent_the_adapter_alone_once_it_holds_the_base(tiny_llama_dir):
+    """The engine of a LoRA policy serves its adapter (ditty.objectives.sampling.adapter_sync): the first
+    sync sends the base weights and the adapter; once the policy moves, only the adapter's matrices go,
+    and the engine samples what the policy would, to 1e-4 in each token's log-probability."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ditty.objectives.sampling.vllm_sampler import VLLMSampler
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    base_names = {name for name, _ in base.named_parameters()}
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    sampler = VLLMSampler(lambda: policy, rollout(), GROUP, tokenizer, seed=0, max_model_len=36, completions_per_step=8)
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def sampled_as_the_policy() -> float:
+        rollouts = sampler.sample(prompts, first_position=3)
+        return max(
+            max(abs(a - b) for a, b in zip(logps, policy_logps(policy, prompt, completion)))
+            for prompt, completion, logps in zip(rollouts.prompt_ids, rollouts.completion_ids, rollouts.sampler_logps)
+        )
+
+    sync_weights(sampler, 0)
+    adapter = [n for n in sampler.sent if ".lora_A." in n or ".lora_B." in n]
+    assert set(sampler.sent) - set(adapter) == base_names and len(adapter) == 2 * 7 * 2
+    assert sampled_as_the_policy() < 1e-4
+
+    with torch.no_grad():  # a trained adapter: the engine must follow it
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    assert sampled_as_the_policy() > 1e-2  # still the old adapter
+    sync_weights(sampler, 1)
+    assert sorted(sampler.sent) == sorted(adapter)  # the adapter alone
+    assert sampled_as_the_policy() < 1e-4
+    sampler.close()
+
+
+def test_grpo_with_a_lora_adapter_trains_on_vllm_sending_the_adapter(tmp_path, tiny_llama_dir):
+    """The run (in this process) samples on an engine that serves LoRA adapters (its key's last entry is
+    its max_lora_rank), with the sampler/trainer mismatch of a merged engine's."""
+    from ditty.objectives.sampling.vllm_sampler import ENGINES
+
+    recipe = write_recipe(tmp_path / "a", tiny_llama_dir, steps=3)
+    done = ditty("run", str(recipe), "--rollout.backend", "vllm", "--peft.kind", "lora", "--peft.r", "8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [key[-1] for key in ENGINES] == [8]
+    rows = records(tmp_path / "a" / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/logprob_diff/mean"] < 1e-4 and r["rollout/logprob_diff/max"] < 1e-3 for r in rows), rows

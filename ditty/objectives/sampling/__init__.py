@@ -7,7 +7,8 @@ sampler behind the `Sampler` ABC, kept at the policy's version by `PolicySamplin
   model's or an engine's generate for on-policy sampling;
 - `policy_sampling`: the policy version counted in optimizer updates, weight sync, sampling ahead
   (`ahead`: up to `rollout.max_staleness` batches on a sampler thread);
-- `policy_weights`: the policy's weights as a sampler loads them;
+- `policy_weights`: the policy's weights as a sampler loads them; `adapter_sync`: a LoRA policy's
+  adapter alone, for an engine that serves it;
 - `correction`: TIS/MIS for what a sampler of its own numerics drew;
 - `batch`: `RolloutBatch`, what every part passes on;
 - `stream_state`: what a stream keeps in a checkpoint beside the prompt cursor;

@@ -152,6 +152,13 @@ def backend_rules(ctx, *, updates_per_rollout: int = 1) -> Iterator[Problem]:
             f'not "{ctx.config.peft.kind}"',
             'use peft.kind = "lora", or rollout.backend = "generate"',
         )
+    if chosen in VLLM_BACKENDS and ctx.config.quant.kind != "none":
+        yield error(
+            "quant.kind",
+            f'rollout.backend = "{chosen}" sends the engine the policy\'s weights in its dtype, and a '
+            f'"{ctx.config.quant.kind}" base holds them packed by bitsandbytes (ditty does not dequantize them for it)',
+            'train the adapter on an unquantized base (quant.kind = "none"), or use rollout.backend = "generate"',
+        )
     if chosen == "vllm":
         yield from cpu_head_size(ctx.config)
     if chosen == "vllm" and not 0 < rollout.vllm_memory < 1:

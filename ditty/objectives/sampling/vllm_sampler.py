@@ -4,8 +4,10 @@ Each rank builds its own engine (`vllm.LLM`, in-process: VLLM_ENABLE_V1_MULTIPRO
 prompts it samples. The engine starts from the policy's config with placeholder weights
 (load_format "dummy": nothing is read twice) and is sent the live weights before its first sample and
 whenever an optimizer step moved the policy (`capture`/`load`, ditty.objectives.sampling.sampler): vLLM's
-`reload_weights` through `collective_rpc`, in place. Weights go whole (gathered from FSDP shards) and
-merged under LoRA (ditty.objectives.sampling.policy_weights).
+`reload_weights` through `collective_rpc`, in place. Weights go whole (gathered from FSDP shards,
+ditty.objectives.sampling.policy_weights); a LoRA policy's engine serves its adapter, sent alone after
+the base weights' first load (ditty.objectives.sampling.adapter_sync), and any other adapter goes
+merged into the weights.
 
 Sampling settings map one to one (temperature, top_p, max_new_tokens, the end-of-sequence token). A
 prompt's group is one request with n = group_size and the seed of the prompt's global position
@@ -40,6 +42,13 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ditty.objectives.sampling.adapter_sync import (
+    AdapterFiles,
+    adapter_plan,
+    adapter_weights,
+    base_weights,
+    engine_kwargs,
+)
 from ditty.objectives.sampling.batch import RolloutBatch
 from ditty.objectives.sampling.sampler import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
 
@@ -116,6 +125,11 @@ class VLLMSampler(Sampler):
         self.tokenizer, self.seed = tokenizer, seed
         self.version: Optional[int] = None  # the policy version the engine holds (None: placeholder weights)
         self.captured: Optional[int] = None  # the last version captured for it (loads follow in that order)
+        self.base_sent = False  # under adapter sync: the engine holds this run's base weights
+        self.adapter = adapter_plan(self.policy())
+        self.adapter_files = AdapterFiles(self.adapter) if self.adapter is not None else None
+        self.sent: list[str] = []
+        """The tensor names the last load sent the engine."""
         self.llm = self.engine(max_model_len, completions_per_step)
 
     def engine(self, max_model_len: int, sequences: int) -> Any:
@@ -124,7 +138,8 @@ class VLLMSampler(Sampler):
         model = self.policy()
         base = getattr(model, "get_base_model", lambda: model)()
         dtype = next(model.parameters()).dtype
-        key = (engine_shape(base.config), str(dtype), max_model_len, sequences, self.rollout.vllm_memory)
+        lora = self.adapter.engine_rank if self.adapter is not None else None
+        key = (engine_shape(base.config), str(dtype), max_model_len, sequences, self.rollout.vllm_memory, lora)
         if key not in ENGINES:
             for old in list(ENGINES):
                 shut_down(ENGINES.pop(old))
@@ -147,6 +162,8 @@ class VLLMSampler(Sampler):
             kwargs["kv_cache_memory_bytes"] = cpu_kv_bytes(config, sequences, max_model_len, dtype, self.rollout)
         else:
             kwargs["gpu_memory_utilization"] = self.rollout.vllm_memory
+        if self.adapter is not None:
+            kwargs.update(engine_kwargs(self.adapter))
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; the trainer keeps its own
         started = time.perf_counter()
         try:
@@ -176,27 +193,53 @@ class VLLMSampler(Sampler):
         """(version, the policy's weights), or None when the engine holds `version` already. `copy`
         (rollout.max_staleness > 0): all of them, copied, since a step running meanwhile would change
         them before the sampler thread loads them. Otherwise the weights are gathered one parameter at
-        a time while the engine loads them (`load` runs at once, on this thread, on every rank)."""
+        a time while the engine loads them (`load` runs at once, on this thread, on every rank).
+        Under adapter sync, (version, (the base weights or None once sent, the adapter's tensors))."""
         if version == self.captured:
             return None
         from ditty.objectives.sampling.policy_weights import policy_weights, stream_policy_weights
 
         self.captured = version
+        policy = self.policy()
+        if self.adapter is not None:
+            base = None if self.base_sent else base_weights(policy)
+            self.base_sent = True
+            adapter = adapter_weights(policy)
+            if copy:
+                base = [(n, t.clone()) for n, t in base] if base is not None else None
+                adapter = [(n, t.clone()) for n, t in adapter]
+            return version, (base, adapter)
         if copy:
-            return version, policy_weights(self.policy(), copy=True)
-        return version, stream_policy_weights(self.policy())
+            return version, policy_weights(policy, copy=True)
+        return version, stream_policy_weights(policy)
 
     def load(self, captured: tuple[int, Any]) -> None:
         version, weights = captured
+        self.sent = []
+        if self.adapter is not None:
+            base, adapter = weights
+            if base is not None:
+                self.reload_weights(self.named(base))
+            self.sent += self.adapter_files.write(adapter)
+        else:
+            self.reload_weights(self.named(weights))
+        # The prefix cache holds keys and values the old weights computed: a prompt seen before would
+        # be continued from them (as TRL does, drop it with every new version).
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def named(self, weights: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        """`weights` as they stream, each name noted in `sent`."""
+        for name, tensor in weights:
+            self.sent.append(name)
+            yield name, tensor
+
+    def reload_weights(self, weights: Any) -> None:
         with thread_count(ENGINE_THREADS.get(id(self.llm))):  # the trainer's may have changed since (see there)
             # The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): it consumes the
             # iterator as it loads, so a stream is gathered one parameter at a time.
             with engine_errors("loading the policy's weights"):
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        # The prefix cache holds keys and values the old weights computed: a prompt seen before would
-        # be continued from them (as TRL does, drop it with every new version).
-        self.llm.reset_prefix_cache()
-        self.version = version
 
     # -------------------------------------------------------------- sampling
 
@@ -223,7 +266,10 @@ class VLLMSampler(Sampler):
         ]
         with engine_errors("sampling"):
             outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
+                params,
+                use_tqdm=False,
+                lora_request=self.lora_request(),
             )
         prompts, completions, logps = [], [], []
         for prompt, output in zip(prompt_ids, outputs):
@@ -265,7 +311,7 @@ class VLLMSampler(Sampler):
             for p, history in zip(turn.prompt_of, turn.histories)
         ]
         with engine_errors("sampling a turn of the episodes"):
-            outputs = self.llm.generate(contexts, params, use_tqdm=False)
+            outputs = self.llm.generate(contexts, params, use_tqdm=False, lora_request=self.lora_request())
         tokens, logps = [], []
         for output in outputs:
             row = list(output.outputs[0].token_ids)
@@ -274,8 +320,14 @@ class VLLMSampler(Sampler):
             logps.append(sampled_logps(row, output.outputs[0].logprobs))
         return TurnOutput(tokens, logps)
 
+    def lora_request(self) -> Any:
+        """The adapter the engine samples with (None: the weights it holds are the policy's)."""
+        return self.adapter_files.request() if self.adapter_files is not None else None
+
     def close(self) -> None:
-        """Nothing to free: the engine stays for a later run of this process (see the module doc)."""
+        """The adapter's files; the engine stays for a later run of this process (see the module doc)."""
+        if self.adapter_files is not None:
+            self.adapter_files.close()
 
 
 @contextmanager
