@@ -52,6 +52,11 @@ class RLConfig:
     rewards: list[str] = field(default_factory=list)
     """Reward functions as "package.module:function", each fn(prompts, completions, **columns) ->
     list[float] (TRL's signature); e.g. "ditty.objectives.rewards.builtin_rewards:exact_match"."""
+    guidance_column: str = ""
+    """A prompt column holding each prompt's right answer (the built-in datasets' "completion"): a group
+    whose completions all score below that answer gets it in place of its last completion, scored by
+    the same reward functions, so a policy that samples no right answer still has one to learn from
+    (off-policy guidance, LUFFY; ditty.objectives.rl.guidance). Unset: every completion is sampled."""
     reward_weights: Optional[list[float]] = None
     """One weight per reward function; unset: every weight 1.0."""
     reward_timeout_s: float = 600.0

@@ -41,6 +41,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         'Read with rollout.backend = "vllm-server": an http(s) address of `ditty rollout-server RECIPE`.',
     ),
     Requirement(
+        "rl.guidance_column",
+        "Needs rl.rewards (they score the answers) and one-turn rollouts (not rl.tools or rl.environment);"
+        ' a built-in dataset\'s prompt rows hold "completion".',
+    ),
+    Requirement(
         "rl.group_size",
         "At least 2; train.global_batch_size is a multiple of it, and the prompts of a step "
         "(global_batch_size / group_size) split evenly over the data-parallel ranks.",

@@ -27,6 +27,7 @@ BROKEN = {
         2,
     ),
     "rl.group_size": ("tiny_grpo", ["--rl.group_size", "3"], "train.global_batch_size", 2),
+    "rl.guidance_column": ("tiny_grpo", ["--rl.guidance_column", "answer"], "rl.guidance_column", 2),
     "rl.credit": ("tiny_tools", ["--rl.credit", "turn", "--rl.importance", "sequence"], "rl.credit", 2),
     "rl.kind": ("tiny_grpo", ["--data.format", "prompt_completion"], "data.format", 2),
     "rl.tools": (

@@ -21,6 +21,7 @@ def rl_rules(ctx) -> Iterator[Problem]:
     yield from rl_values(ctx)
     yield from parts_resolve(ctx)
     yield from rewards_resolve(ctx)
+    yield from guidance(ctx)
     yield from vllm_backend(ctx)
     yield from episodes(ctx)
 
@@ -157,6 +158,30 @@ def rewards_resolve(ctx) -> Iterator[Problem]:
     columns = BUILTIN_COLUMNS if builtin else None
     _, problems = resolve_reward_functions(cfg.rl.rewards, cfg.rl.reward_weights, columns=columns)
     yield from problems
+
+
+def guidance(ctx) -> Iterator[Problem]:
+    """`rl.guidance_column` puts the data's answer in one-turn groups, scored by the reward functions:
+    a built-in dataset's rows keep only BUILTIN_COLUMNS (another dataset's columns are read at the
+    first step, where a missing one is exit 2 too)."""
+    rl, data = ctx.config.rl, ctx.config.data
+    if not rl.guidance_column:
+        return
+    if rl.plays_episodes:
+        yield error(
+            "rl.guidance_column",
+            "puts the data's answer in place of a one-turn completion, and these rollouts are episodes "
+            "(rl.environment or rl.tools), whose turns depend on the environment's answers",
+            "leave rl.guidance_column unset with episodes",
+        )
+    elif not rl.rewards:
+        yield error("rl.guidance_column", "the answers are scored by rl.rewards, and none is named", "name them")
+    elif data.source == "builtin" and not data.sources and rl.guidance_column not in BUILTIN_COLUMNS:
+        yield error(
+            "rl.guidance_column",
+            f"the built-in dataset's prompt rows have no column {rl.guidance_column!r}",
+            f"use {BUILTIN_COLUMNS[0]!r}",
+        )
 
 
 def vllm_backend(ctx) -> Iterator[Problem]:

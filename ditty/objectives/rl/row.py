@@ -69,6 +69,13 @@ def build_rl(run: Any) -> ObjectiveParts:
     )
     sampling = PolicySampling(sampler, max_staleness=config.rollout.max_staleness)
     environment = build_environment(run, functions)
+    guidance = None
+    if rl.guidance_column:
+        from ditty.objectives.rl.guidance import Guidance
+
+        guidance = Guidance(
+            rl.guidance_column, functions, run.tokenizer, config.rollout.max_new_tokens, rl.reward_timeout_s
+        )
     stream = RolloutStream(
         prompts,
         sampling=sampling,
@@ -80,6 +87,7 @@ def build_rl(run: Any) -> ObjectiveParts:
         world_size=runtime.data_world_size,
         rollout=config.rollout,
         group=runtime.batch_group,
+        guidance=guidance,
     )
     return ObjectiveParts(
         loss=GRPOLoss(rl, config.rollout, chunks=chunks),

@@ -59,16 +59,19 @@ class RolloutStream:
         world_size: int,
         rollout: Any = None,
         group: Any = None,
+        guidance: Any = None,
     ) -> None:
         """`sampling`: the policy's (ditty.objectives.sampling.policy_sampling.PolicySampling);
         `rollout`: the recipe's RolloutConfig (its budgets, named in a warning; defaults when None).
         `rank`, `world_size`: this rank's place among the ranks that take different prompts (the
         data-parallel ones: under tensor parallel a tp group shares its prompts and samples alike);
-        `group`: their process group (None: the whole world)."""
+        `group`: their process group (None: the whole world); `guidance`: the data's answers put in
+        groups that sampled none as good (ditty.objectives.rl.guidance.Guidance; None: off)."""
         self.prompts = prompts
         self.sampling, self.environment, self.advantage, self.assembler = sampling, environment, advantage, assembler
         self.rl = rl
         self.rank, self.world_size, self.group = rank, world_size, group
+        self.guidance = guidance
         self.budgets = BudgetWatch(rl, rollout if rollout is not None else RolloutConfig())
         self.buffer: Optional[list[dict]] = None
         self.metrics: dict[str, float] = {}
@@ -169,12 +172,15 @@ class RolloutStream:
         if self.sampling.ahead is not None:
             drawn = self.sampling.draw_ahead()
             self.environment.score_drawn(drawn.rollouts, drawn.prompts, group)
-            return drawn
-        prompt_batch, first = self.next_prompts()
-        started = time.perf_counter()
-        rollouts = self.environment.run(self.sampling, prompt_batch, first, group)
-        rollouts.policy_version = self.sampling.version
-        return Drawn(prompt_batch, rollouts, time.perf_counter() - started)
+        else:
+            prompt_batch, first = self.next_prompts()
+            started = time.perf_counter()
+            rollouts = self.environment.run(self.sampling, prompt_batch, first, group)
+            rollouts.policy_version = self.sampling.version
+            drawn = Drawn(prompt_batch, rollouts, time.perf_counter() - started)
+        if self.guidance is not None:
+            self.guidance.apply(drawn.rollouts, drawn.prompts, group)
+        return drawn
 
     def estimate(self, rollouts: Any) -> dict[str, float]:
         """Set `rollouts.advantages` (this rank's rows) from the rewards of the whole global batch;
@@ -205,6 +211,10 @@ class RolloutStream:
         for name in names_across(rollouts.episode_metrics, self.world_size, self.group):  # every rank logs every name
             values = rollouts.episode_metrics.get(name, torch.zeros(local, dtype=torch.float64))
             metrics[name] = float(_gather(values, self.world_size, self.group).mean())
+        if rollouts.guided is not None:
+            guided = _gather(torch.tensor(rollouts.guided, dtype=torch.float64), self.world_size, self.group)
+            metrics["rollout/guided_share"] = float(guided.sum()) / (len(guided) // self.rl.group_size)
+            metrics["rollout/sampled_reward"] = float(totals[guided == 0].mean())
         metrics.update(
             {
                 "completions/mean_length": float(all_lengths.mean()),

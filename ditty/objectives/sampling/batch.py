@@ -46,6 +46,9 @@ class RolloutBatch:
     """Episodes of several turns: [start, end) of each model turn in the row's completion_ids."""
     turn_rewards: Optional[list[list[float]]] = None
     """Episodes of several turns: each model turn's reward (the final answer's score in the last)."""
+    guided: Optional[list[bool]] = None
+    """Rows holding the data's answer in place of a sampled completion (ditty.objectives.rl.guidance);
+    None: every row was sampled."""
     episode_metrics: dict[str, Tensor] = field(default_factory=dict)
     """Per row ([rows] float64 each): env/turns, env/episode_tokens, env/truncated,
     env/observations_cut and the environment's own metrics (env/NAME); empty for one-turn rollouts."""
