@@ -41,6 +41,10 @@ class RLConfig:
     """Importance ratio per token, or GSPO's per sequence (TRL: importance_sampling_level)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide the centred rewards by the std of their group, of the whole batch, or not at all (Dr. GRPO)."""
+    negative_advantage_scale: float = 1.0
+    """Multiplies every negative advantage: 1 is the estimator's own; 0 trains on the completions that
+    scored above their group's mean alone (positive-sample reinforcement, Zhu et al. 2025), so a policy
+    that samples mostly wrong answers is pulled towards its right ones without being pushed off them."""
     beta: float = 0.0
     """Weight of the k3 KL estimate to the reference model; 0 loads no reference. With an adapter the
     reference is the base model with the adapter disabled, otherwise a frozen copy of the start."""

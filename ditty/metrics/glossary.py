@@ -198,6 +198,11 @@ rollout/tokens_per_s | tokens/s | {RL_STEP}
     Completion tokens sampled per second of sampling, all ranks together (timed by the slowest rank).
 rollout/generation_share | fraction | {RL_STEP} (from the second step)
     Sampling's share of the wall time between two steps: near 1, the step waits on the sampler.
+rollout/guided_share | fraction | `rl.guidance_column`, {RL_STEP}
+    Share of the step's groups that sampled nothing as good as the data's answer and trained on that answer in
+    place of their last completion (ditty.objectives.rl.guidance).
+rollout/sampled_reward | reward | `rl.guidance_column`, {RL_STEP}
+    The mean total reward of the completions the policy sampled: `reward` without the answers put in.
 rollout/staleness | updates | vLLM backends and `rollout.max_staleness` > 0, {LOGGED}
     How many optimizer updates behind the policy the sampler's weights were when it sampled the step's
     completions (0: on-policy; 1 under `rollout.max_staleness = 1`).

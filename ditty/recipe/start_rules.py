@@ -9,7 +9,10 @@ policy gradient learns from went with it (docs/benchmarks/2026-12-07-grpo-starts
 start is a ditty run's final/, its last learning rate is read (the run's metrics.jsonl, else its
 recipe's schedule) and a stage that starts above it is warned, before any weight loads.
 
-Full finetuning only: an adapter starts at zero and trains parameters of its own.
+Full finetuning with an Adam whose first steps are whole-rate steps only: an adapter starts at zero
+and trains parameters of its own, and RAdam's first steps are momentum-SGD steps the size of the
+gradient, its adaptive steps growing from a fraction of the rate as its variance estimate firms up
+(tiny_grpo at RAdam 6x the rate its finished start ended at: 0.97, lowest 0.88, 0.97 after 100 steps).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any, Iterator, Optional
 from ditty.config.errors import Problem
 from ditty.recipe.rules import Context, rule, warning
 
+RECTIFIED = ("radam",)
+"""Optimizers whose first steps are not whole-rate steps (see the module doc): not warned."""
 TOLERANCE = 1.05
 """A stage up to this factor above the start's last rate is not warned (rounding of logged rates)."""
 
@@ -34,6 +39,8 @@ def start_learning_rate(ctx: Context) -> Iterator[Problem]:
 
     cfg = ctx.config
     if not cfg.model.path or cfg.peft.kind != "none" or not objective_for(cfg).post_training:
+        return
+    if cfg.optimizer.kind in RECTIFIED:
         return
     ended = finished_learning_rate(cfg.model.path)
     if ended is None:

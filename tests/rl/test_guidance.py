@@ -107,3 +107,37 @@ def test_guidance_off_leaves_every_row_sampled(tokenizer):
     prompt_batch = {"prompts": ["1+2="], "columns": {"completion": ["3"]}}
     rollouts = scored_rollouts(functions, prompt_batch, ["4", "5"], tokenizer)
     assert rollouts.guided is None and torch.equal(rollouts.rewards, torch.zeros(2, dtype=torch.float64))
+
+
+def test_negative_advantages_are_scaled_by_rl_negative_advantage_scale():
+    """0 keeps only the completions above their group's mean (their advantages as the estimator gave
+    them); 0.5 halves the others'; 1 leaves GRPO's advantages as they are."""
+    from types import SimpleNamespace
+
+    from ditty.config.rl import RLConfig
+    from ditty.objectives.rl.estimators import estimator_for
+    from ditty.objectives.rl.stream import RolloutStream
+
+    def advantages(scale: float) -> torch.Tensor:
+        rl = RLConfig(kind="grpo", group_size=4, negative_advantage_scale=scale)
+        stream = RolloutStream(
+            None,
+            sampling=SimpleNamespace(max_staleness=0),
+            environment=None,
+            advantage=estimator_for(rl),
+            assembler=None,
+            rl=rl,
+            rank=0,
+            world_size=1,
+        )
+        rollouts = RolloutBatch(
+            prompt_ids=[[1]] * 4, completion_ids=[[5, 2]] * 4, texts=[""] * 4, truncated=[False] * 4
+        )
+        rollouts.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        stream.estimate(rollouts)
+        return rollouts.advantages
+
+    grpo = advantages(1.0)
+    assert grpo[0] > 0 and (grpo[1:] < 0).all()
+    assert torch.equal(advantages(0.0), torch.cat([grpo[:1], torch.zeros(3, dtype=grpo.dtype)]))
+    assert torch.allclose(advantages(0.5), torch.cat([grpo[:1], grpo[1:] / 2]))

@@ -94,6 +94,7 @@ def test_a_grpo_recipe_checks(tmp_path, capsys):
             "packed by bitsandbytes",
         ),
         (["--rl.group_size", "1"], "rl.group_size", "at least 2"),
+        (["--rl.negative_advantage_scale", "-1"], "rl.negative_advantage_scale", "0 or more"),
         (["--rollout.temperature", "0"], "rollout.temperature", "above 0"),
     ],
 )

@@ -141,6 +141,9 @@ def test_check_warns_of_a_rate_above_the_one_the_start_finished_at(tmp_path, sta
     # An adapter starts at zero and trains parameters of its own: not warned.
     lora = run_ditty("check", str(recipe), "--peft.kind", "lora", "--peft.target_modules", '["q_proj","v_proj"]')
     assert lora.returncode == 0 and "learning rate its start" not in lora.stderr
+    # RAdam's first steps are not whole-rate steps: not warned.
+    radam = run_ditty("check", str(recipe), "--optimizer.kind", "radam")
+    assert radam.returncode == 0 and "learning rate its start" not in radam.stderr
 
 
 def test_the_schedule_end_is_read_when_the_run_left_no_metrics(tmp_path, start):

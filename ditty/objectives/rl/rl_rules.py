@@ -53,6 +53,7 @@ def rl_values(ctx) -> Iterator[Problem]:
         ("clip_low", 0 < rl.clip_low < 1, "in (0, 1)"),
         ("clip_high", rl.clip_high is None or rl.clip_high > 0, "above 0 (or unset: clip_low)"),
         ("beta", rl.beta >= 0, "0 or more"),
+        ("negative_advantage_scale", rl.negative_advantage_scale >= 0, "0 or more (1: the estimator's own)"),
         ("updates_per_rollout", rl.updates_per_rollout >= 1, "at least 1"),
     ]
     yield from _ranges(rl, checks)

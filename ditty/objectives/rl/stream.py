@@ -199,6 +199,9 @@ class RolloutStream:
                 self.rl.group_size,
                 self.rl.scale_rewards,
             )
+        scale = self.rl.negative_advantage_scale
+        if scale != 1.0:
+            rollouts.advantages = torch.where(rollouts.advantages < 0, rollouts.advantages * scale, rollouts.advantages)
         gathered = {
             name: _gather(values, self.world_size, self.group) for name, values in rollouts.rewards_per_function.items()
         }
