@@ -10,15 +10,18 @@ from pathlib import Path
 
 # Each run: a bundled recipe and the flags that make it a few steps long. Everything else is the recipe.
 COMMON = ["--logging.progress", "false", "--train.log_every", "1", "--checkpoint.every", "0"]
+SAMPLED_ONLY = ("--rl.guidance_column", "", "--rl.negative_advantage_scale", "1.0")
 RUNS = {
     # The GRPO pins were recorded at the recipe's earlier optimizer and schedule (AdamW at lr 1.5e-4, no
-    # warmup, wsd); they pin the loss, not the recipe: both runs pass them. The exact-match reward is named
+    # warmup, wsd), with every completion sampled and GRPO's own advantages; they pin the loss, not the
+    # recipe: both runs pass them. The exact-match reward is named
     # by its module's former name, which still imports (ditty.MOVED_MODULES) and names the pinned metrics.
     "grpo": [
         "tiny_grpo",
         *("--optimizer.kind", "adamw", "--optimizer.lr", "1.5e-4"),
         *("--scheduler.kind", "wsd", "--scheduler.warmup_steps", "0"),
         *("--scheduler.decay_fraction", "0.25"),
+        *SAMPLED_ONLY,
         "--train.steps",
         "3",
         "--train.eval_samples",
@@ -31,6 +34,7 @@ RUNS = {
         *("--optimizer.kind", "adamw", "--optimizer.lr", "1.5e-4"),
         *("--scheduler.kind", "wsd", "--scheduler.warmup_steps", "0"),
         *("--scheduler.decay_fraction", "0.25"),
+        *SAMPLED_ONLY,
         "--train.steps",
         "3",
         "--train.eval_samples",
