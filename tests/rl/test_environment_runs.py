@@ -283,7 +283,7 @@ def test_a_one_turn_environment_gives_todays_losses_on_tiny_grpo(tmp_path, tiny_
     def three_steps(name, *flags):
         out = tmp_path / name
         common = ["--model.path", tiny_llama_dir, "--run.output_dir", str(out), *COMMON, "--train.steps", "3"]
-        common += ["--scheduler.warmup_steps", "1"]
+        common += ["--scheduler.warmup_steps", "1", "--rl.guidance_column", ""]  # every completion sampled
         assert main(["run", "tiny_grpo", *common, "--train.eval_samples", "0", *flags]) == 0
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         keys = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean")
