@@ -126,7 +126,7 @@ def _cpu_kv_bytes(config) -> int:
     import torch
     from transformers import AutoConfig
 
-    from ditty.objectives.sampling.vllm_sampler import cpu_kv_bytes
+    from ditty.objectives.sampling.vllm_cpu import cpu_kv_bytes
 
     model_config = AutoConfig.from_pretrained(config.model.path)
     sequences = config.train.global_batch_size

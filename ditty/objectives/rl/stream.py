@@ -7,7 +7,9 @@ One `next_step()` on each rank:
    (ditty.objectives.sampling.policy_sampling: the sampler at the policy's version): one completion scored by
    the reward functions, or episodes of several turns (ditty.objectives.environments.protocol; a failing
    reward function or environment stops the run, exit 2, before any update);
-3. (rollout/generate_s times both);
+   with `rl.guidance_column`, a group that sampled nothing as good as the prompt row's answer gets that
+   answer in place of its last completion (ditty.objectives.rl.guidance);
+3. (rollout/generate_s times the sampling);
 4. every rank's rewards are gathered in global prompt order and the advantage estimator turns them
    into advantages (ditty.objectives.rl.turn_credit), of which the rank keeps its own;
 5. the assembler cuts the rollouts into micro-batches (ditty.objectives.rl.assembler).

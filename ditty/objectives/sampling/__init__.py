@@ -9,6 +9,7 @@ sampler behind the `Sampler` ABC, kept at the policy's version by `PolicySamplin
   (`ahead`: up to `rollout.max_staleness` batches on a sampler thread);
 - `policy_weights`: the policy's weights as a sampler loads them; `adapter_sync`: a LoRA policy's
   adapter alone, for an engine that serves it;
+- `vllm_cpu`: what vLLM's CPU engine needs before it starts (its KV cache size, a head size it has kernels for);
 - `correction`: TIS/MIS for what a sampler of its own numerics drew;
 - `batch`: `RolloutBatch`, what every part passes on;
 - `stream_state`: what a stream keeps in a checkpoint beside the prompt cursor;

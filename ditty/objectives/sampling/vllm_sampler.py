@@ -32,7 +32,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -51,6 +50,7 @@ from ditty.objectives.sampling.adapter_sync import (
 )
 from ditty.objectives.sampling.batch import RolloutBatch
 from ditty.objectives.sampling.sampler import Sampler, TurnOutput, new_tokens, prompt_seed, rollouts_from_tokens
+from ditty.objectives.sampling.vllm_cpu import cpu_kv_bytes, refuse_unsupported_head_size
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,6 @@ ENGINES: dict[tuple, Any] = {}
 ENGINE_THREADS: dict[int, int] = {}
 """torch's thread count when each engine (by id) started: vLLM's CPU engine reloads weights correctly
 only at that count (at another, the reload leaves its packed weights as they were, silently)."""
-BLOCK_TOKENS = 128
-"""Rounding of each sequence's KV cache when sizing it on a CPU (vLLM allocates it in blocks)."""
 
 
 @contextmanager
@@ -389,44 +387,3 @@ def shut_down(llm: Any) -> None:
     ENGINE_THREADS.pop(id(llm), None)
     del llm
     gc.collect()
-
-
-def attention_shape(config: Any) -> tuple[int, int, int]:
-    """(layers, key/value heads, head size) of a Hugging Face config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return text.num_hidden_layers, heads, head_dim
-
-
-def refuse_unsupported_head_size(config: Any) -> None:
-    """vLLM's CPU attention has kernels for some head sizes only; another fails at the first sample,
-    deep inside the engine: say so before it starts (exit 2)."""
-    from ditty.config.errors import RecipeError
-
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
-    except (ImportError, AttributeError):  # another vLLM: let the engine decide
-        return
-    head_dim = attention_shape(config)[2]
-    if head_dim not in sizes:
-        raise RecipeError.single(
-            key="rollout.backend",
-            message=f"vLLM's CPU attention has no kernel for this model's head size {head_dim} (it has {sizes})",
-            fix='use rollout.backend = "generate" for this model, or a model whose hidden_size / '
-            "num_attention_heads is one of those",
-        )
-
-
-def cpu_kv_bytes(config: Any, sequences: int, max_model_len: int, dtype: torch.dtype, rollout: Any) -> int:
-    """The KV cache one step's rollouts need on a CPU (keys and values of every layer for `sequences`
-    sequences of `max_model_len` tokens, each rounded up to whole blocks, twice over for vLLM's own
-    scheduling slack), at most rollout.vllm_memory of the machine's memory."""
-    import psutil
-
-    layers, heads, head_dim = attention_shape(config)
-    tokens = math.ceil(max_model_len / BLOCK_TOKENS) * BLOCK_TOKENS
-    needed = 2 * sequences * tokens * layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
-    return int(min(max(needed, 16 * 2**20), rollout.vllm_memory * psutil.virtual_memory().total))
