@@ -357,6 +357,10 @@ def first_stage(args: list[str], results: dict, capsys, where: str) -> None:
     start = loaded.config.model.path
     if not start or Path(start).is_dir() or f"first stage {start}" in results:
         return
+    shared = SHARED_RUNS.get(str(Path(start).parent))
+    if shared is not None and Path(start).name == "final":  # the demo run (tiny_reward's and tiny_distill's start)
+        shared(Path.cwd(), results, capsys)
+        return
     command = first_stage_command(Path(loaded.source).read_text(), start)
     if command is not None:
         run_ditty(shortened(shlex.split(command)[1:]), capsys, f"{where} (its first stage)")

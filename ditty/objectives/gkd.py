@@ -63,7 +63,7 @@ class GKDLoss(LossCalculator):
         with torch.no_grad(), self.teacher.scoring() as teacher:
             with emit_head_input(teacher) as head:  # the student's inputs as they are (packed rows included)
                 teacher(**model_inputs(teacher, batch))
-            teacher_head = head_projection(output_head(teacher), model_config(teacher))
+            teacher_head = head_projection(output_head(teacher), model_config(teacher), keep_vocab_shards=True)
         weight = self.distill.sft_weight
         # Held out, the student's cross-entropy on the data's completions is reported beside the
         # divergence (val_distill/cross_entropy), so a distilled student reads against plain SFT's val_loss.
@@ -72,7 +72,7 @@ class GKDLoss(LossCalculator):
         sampled = batch.get(SAMPLED)
         sums = chunked_jsd(
             ctx[HEAD_INPUT],
-            head_projection(output_head(model), model_config(model)),
+            head_projection(output_head(model), model_config(model), keep_vocab_shards=True),
             head.hidden,
             teacher_head,
             batch["labels"],

@@ -30,7 +30,7 @@ from ditty.data.formats.preference_rows import scored_rows
 from ditty.objectives import dpo_family as objectives
 from ditty.objectives.logprobs import sequence_logps, split_pairs, token_logps
 from ditty.objectives.output import share
-from ditty.stages.fused_loss import HEAD_INPUT, head_projection, model_config, output_head
+from ditty.stages.fused_loss import HEAD_INPUT, head_projection, model_config, output_head, replicated
 from ditty.stages.loss import LossCalculator, LossOutput
 
 ReferenceFn = Callable[[Mapping[str, Tensor]], Tensor]
@@ -90,7 +90,7 @@ class PreferenceLoss(LossCalculator):
         pick = lambda values: tuple(half[valid] for half in split_pairs(values))  # noqa: E731
         (pc, pr), (lc, lr) = pick(policy), pick(lengths)
         if not bool(valid.any()):
-            return LossOutput(loss=policy.sum() * 0.0 + hidden.sum() * 0.0, share=True)
+            return LossOutput(loss=policy.sum() * 0.0 + replicated(hidden).sum() * 0.0, share=True)
         rc, rr = pick(reference) if reference is not None else (None, None)
         if cfg.kind == "dpo":
             out = objectives.dpo_loss(
@@ -120,7 +120,7 @@ class PreferenceLoss(LossCalculator):
         valid = lengths > 0
         examples = int(valid.sum())
         if examples == 0:
-            return LossOutput(loss=policy.sum() * 0.0 + hidden.sum() * 0.0, share=True)
+            return LossOutput(loss=policy.sum() * 0.0 + replicated(hidden).sum() * 0.0, share=True)
         policy, reference, desirable = policy[valid], reference[valid], label[valid].bool()
         kl = objectives.kto_kl(objectives.kto_kl_share(policy, reference, examples))
         out = objectives.kto_loss(

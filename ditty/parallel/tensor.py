@@ -13,6 +13,9 @@ torchtitan's layout (torchtitan/models/llama3/infra/parallelize.py, `apply_tp`):
 - Qwen3's per-head q_norm/k_norm see each rank's heads, with the weight replicated;
 - the output head is split by vocabulary rows and, in training, its logits stay sharded: the loss
   runs on the shards (ditty.stages.vocab_parallel); in evaluation and generation they are gathered.
+  A sequence classifier's `score` head (the reward model's one output per token) is replicated and
+  runs sequence parallel like the norms, its scores gathered along the sequence: transformers reads
+  each row at its last token that is not padding, which may lie on any rank's slice;
 - the vocabulary need not divide by tp: DTensor cuts the rows as `torch.chunk` does (259 tokens over
   2 ranks: 130 and 129), the collectives pad the short shard themselves, and the parameters keep the
   model's own shape, so checkpoints, `final/` and `ditty export` hold the original vocabulary and a
@@ -109,7 +112,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: "DeviceMesh") -> nn.Module:
             if _is_norm(child):
                 styles[f"{layer}.{child_name}"] = SequenceParallel(use_local_output=False)
     embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head.weight is embeddings.weight
+    tied = head is not None and head.weight is embeddings.weight
     names = {id(module): name for name, module in base.named_modules()}
     styles[names[id(embeddings)]] = RowwiseParallel(
         input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
@@ -118,6 +121,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: "DeviceMesh") -> nn.Module:
     if final_norm is not None:
         styles[names[id(final_norm)]] = SequenceParallel(use_local_output=False)
     parallelize_module(base, tp_mesh, styles)
+    if head is None:  # a sequence classifier (the reward model): its score head reads every token
+        score = sequence_score_head(model)
+        parallelize_module(score, tp_mesh, SequenceParallel(use_local_output=False))
+        score.register_forward_hook(_whole_scores)
+        return model
     parallelize_module(
         head, tp_mesh, ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     )
@@ -139,15 +147,34 @@ def _whole_logits_outside_training(module: nn.Module, inputs: Any, output: Any) 
     return output.full_tensor() if isinstance(output, DTensor) else output
 
 
+def _whole_scores(module: nn.Module, inputs: Any, output: Any) -> Any:
+    """A sequence classifier's scores, every token's, as a plain tensor on every rank: transformers then
+    reads each row at its last token that is not padding, wherever it lies in the sequence."""
+    from torch.distributed.tensor import DTensor
+
+    return output.full_tensor() if isinstance(output, DTensor) else output
+
+
+def sequence_score_head(model: nn.Module) -> "nn.Module | None":
+    """The `score` Linear of a transformers sequence classifier (LlamaForSequenceClassification and its
+    kin: a few outputs per token, read at each row's last token), else None."""
+    score = getattr(model, "score", None)
+    return score if isinstance(score, nn.Linear) else None
+
+
 def check_tensor_parallel_model(model: nn.Module) -> Any:
     """The model's transformers config when ditty can split it (a causal LM of TP_MODEL_TYPES, tied or
-    untied); else the RecipeError the compiler raises for recipes it can read offline."""
+    untied, or a sequence classifier of those families); else the RecipeError the compiler raises for
+    recipes it can read offline."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in TP_MODEL_TYPES or not callable(getattr(model, "get_output_embeddings", None)):
+    heads = callable(getattr(model, "get_output_embeddings", None)) and (
+        model.get_output_embeddings() is not None or sequence_score_head(model) is not None
+    )
+    if model_type not in TP_MODEL_TYPES or not heads:
         raise RecipeError.single(
-            f"ditty has tensor- and context-parallel plans for {', '.join(TP_MODEL_TYPES)} causal LMs, and this "
-            f"model is {model_type or type(model).__name__}",
+            f"ditty has tensor- and context-parallel plans for {', '.join(TP_MODEL_TYPES)} causal LMs (and their "
+            f"sequence classifiers under tp), and this model is {model_type or type(model).__name__}",
             key="parallel.tp",
             fix="use a model of those families, or tp = cp = 1 (fsdp shards any model)",
         )

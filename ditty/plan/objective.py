@@ -53,7 +53,9 @@ def objective_rows(shape: Any, s: Any, held: list, rank: int) -> list:
 
     o: Footprint = s.objective
     rows: list = []
-    where = f"sharded over {s.shard_size} ranks like the policy" if o.reference_sharded else "whole on every rank"
+    # A reference or teacher sharded like the policy is also split by tensor parallel (the same plan).
+    split = s.shard_size * s.tp if s.parallel in SHARDED else 1
+    where = f"sharded over {split} ranks like the policy" if o.reference_sharded else "whole on every rank"
     if o.reference == "adapter":
         rows.append(Row("reference model", 0, "the base with the adapter disabled: no second copy"))
     elif o.reference == "precompute":
@@ -69,7 +71,7 @@ def objective_rows(shape: Any, s: Any, held: list, rank: int) -> list:
         if numel is None:
             rows.append(Row("reference model", 0, f"{o.reference_name}: its config cannot be read offline"))
         else:
-            shards = s.shard_size if o.reference_sharded and s.parallel in SHARDED else 1
+            shards = split if o.reference_sharded else 1
             size = math.ceil(numel / shards) * DTYPE_BYTES[s.weight_dtype]
             rows.append(Row("reference model", size, f"{o.reference_name}, frozen, {where}"))
     if o.rollout_sequences:

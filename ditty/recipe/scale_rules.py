@@ -27,11 +27,15 @@ CP_ATTENTION = ("auto", "sdpa")
 """`model.attn_implementation` values Ulysses wraps (SDPA, and ditty's per-sample SDPA for packed rows)."""
 
 
-TP_ROWS = ("dpo", "ipo", "simpo", "orpo", "kto", "grpo", "rloo")
-"""The post-training rows that train under tensor parallel: the DPO family on pairs from the data and
-GRPO/RLOO sampling with generate (a tensor-parallel group shares its prompts and samples alike, the
-head's logits gathered for sampling); their per-token log-probabilities run on the head's vocabulary
-shards (ditty.stages.vocab_parallel_logps)."""
+SAMPLING_ROWS = ("grpo", "rloo", "online-pairs", "gkd")
+"""The rows that sample from the policy while they train (rollout.backend applies to them)."""
+
+TP_TASKS = ("causal-lm", "reward-model")
+"""The model tasks ditty splits under tensor parallel: causal LMs and their sequence classifiers with one
+score (ditty.parallel.tensor replicates the score head and runs it sequence parallel). Every objective
+row trains under tensor parallel: per-token log-probabilities run on the head's vocabulary shards
+(ditty.stages.vocab_parallel_logps), distillation's divergence too (ditty.objectives.jsd_shards), and a
+tensor-parallel group shares its prompts and samples them alike with generate."""
 
 
 def _tp(c: Any) -> bool:
@@ -118,11 +122,17 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.task",
         "model.task",
-        lambda c: _either(c) and (c.model.task != "causal-lm" or bool(c.model.factory)),
-        "the tensor-parallel plans and the Ulysses attention are written for causal language models of the "
-        f"families {', '.join(TP_MODEL_TYPES)}; classifier heads, encoders and custom models have none",
-        'use model.task = "causal-lm" with one of those families, or tp = cp = 1',
-        condition='tp or cp above 1 with a model.task other than "causal-lm", or a model.factory',
+        lambda c: (
+            (_tp(c) and c.model.task not in TP_TASKS)
+            or (_cp(c) and c.model.task != "causal-lm")
+            or (_either(c) and bool(c.model.factory))
+        ),
+        "the tensor-parallel plans are written for causal language models of the families "
+        f"{', '.join(TP_MODEL_TYPES)} and their reward models (a score head on every token), the Ulysses "
+        "attention for the causal language models; other classifier heads, encoders and custom models have none",
+        'use model.task = "causal-lm" (or "reward-model" with tp) with one of those families, or tp = cp = 1',
+        condition='tp above 1 with a model.task other than "causal-lm" or "reward-model", cp above 1 with one '
+        'other than "causal-lm", or either with a model.factory',
     ),
     SupportRow(
         "scale.model-type",
@@ -135,26 +145,23 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.post-training",
         "data.format",
-        lambda c: (
-            (_tp(c) and objective_name(c) not in ("supervised", *TP_ROWS))
-            or (_cp(c) and objective_name(c) != "supervised")
-        ),
-        "the reward model reads a scalar head, and online pairs and distillation whole distributions of "
-        "full-vocabulary logits or the teacher beside the student, which ditty computes on no vocabulary or "
-        "sequence shards; the DPO family and GRPO/RLOO run their log-probabilities on vocabulary shards (tp), "
-        "none on sequence shards (cp)",
-        "train those stages with fsdp and tp = cp = 1 (the DPO family, GRPO and RLOO take tp)",
-        condition="tp above 1 with the reward model, online pairs or distillation, or cp above 1 with any row "
-        "but the supervised one",
+        lambda c: _cp(c) and objective_name(c) != "supervised",
+        "context parallel cuts each row into pieces along the sequence, and the post-training rows read whole "
+        "rows: a pair's or a completion's log-probability summed over all its tokens, the reward model's score at "
+        "a row's last token, and the samples of RL, online pairs and distillation; ditty sums none of them over "
+        "sequence pieces",
+        "train those stages with tp (every post-training row takes it) or fsdp alone, and cp = 1",
+        condition="cp above 1 with any row but the supervised one",
     ),
     SupportRow(
         "scale.tp-rollout-engine",
         "rollout.backend",
-        lambda c: _tp(c) and c.rollout.engine != "generate" and objective_name(c) in ("grpo", "rloo"),
+        lambda c: _tp(c) and c.rollout.engine != "generate" and objective_name(c) in SAMPLING_ROWS,
         "a vLLM engine takes whole weights from each rank, and under tp each rank holds its shard of every "
         "layer: sampling under tp is generate on the sharded policy itself",
         'use rollout.backend = "generate" with tp, or tp = 1 for vLLM',
-        condition='tp above 1 with GRPO/RLOO and rollout.backend "vllm" or "vllm-server"',
+        condition='tp above 1 with a row that samples (GRPO, RLOO, online pairs, GKD) and rollout.backend "vllm" '
+        'or "vllm-server"',
     ),
     SupportRow(
         "scale.pipeline-loss",

@@ -247,7 +247,9 @@ def sharded_token_logps(
         if entropy:
             flat_entropy = flat_entropy.index_put((rows,), entropies)
     else:  # nothing scored: zeros that still reach the parameters, so every rank runs the same backward
-        flat = flat + (flat_hidden.sum() * 0.0 + _plain(projection.weight).sum() * 0.0).to(dtype)
+        # This rank's own rows of the head: gathering them (as _plain would) leaves a DTensor in the backward.
+        local_weight = local_vocab_rows(projection.weight)[0]
+        flat = flat + (flat_hidden.sum() * 0.0 + local_weight.sum() * 0.0).to(dtype)
 
     def aligned(values: "Tensor") -> "Tensor":
         # Hidden position t scored label t + 1: move one place right to align with the labels.
@@ -336,6 +338,12 @@ def _run(
 
 
 # --------------------------------------------------------------------------- shards and DTensors
+
+
+def local_vocab_rows(tensor: "Tensor") -> "tuple[Tensor, VocabShard]":
+    """This rank's plain rows of a vocabulary-sharded DTensor (a head's weight or bias split by rows on
+    the "tp" mesh), and where they start."""
+    return _local_rows(tensor, None, None, dim=0)
 
 
 def _local_rows(tensor: "Tensor", group: "Optional[ProcessGroup]", start: Optional[int], *, dim: int):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 
-def row_steps(rank: int, world_size: int, recipe: str, kind: str, output_dir: str, steps: int) -> dict:
-    """`steps` optimizer steps of the recipe at `recipe` under `parallel.kind = kind`: each step's loss,
-    stream metrics and loss metrics, and rank 0's weights after them (gathered under FSDP)."""
+def row_steps(
+    rank: int, world_size: int, recipe: str, kind: str, output_dir: str, steps: int, tp: int = 1, cp: int = 1
+) -> dict:
+    """`steps` optimizer steps of the recipe at `recipe` under `parallel.kind = kind` (and `tp`, `cp`): each
+    step's loss, stream metrics and loss metrics, and rank 0's weights after them (gathered under FSDP)."""
     from dataclasses import replace
 
     from ditty.config.loader import load_recipe
@@ -13,7 +15,9 @@ def row_steps(rank: int, world_size: int, recipe: str, kind: str, output_dir: st
     from ditty.train import Trainer
 
     config = load_recipe(recipe).config
-    config = replace(config, parallel=ParallelConfig(kind=kind), run=replace(config.run, output_dir=output_dir))
+    config = replace(
+        config, parallel=ParallelConfig(kind=kind, tp=tp, cp=cp), run=replace(config.run, output_dir=output_dir)
+    )
     trainer = Trainer(config)
     losses, metrics, loss_metrics = [], [], []
     for _ in range(steps):

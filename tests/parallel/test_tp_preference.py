@@ -5,8 +5,8 @@ losses, gradient norms and DPO metrics (the metrics are averaged over the data-p
 counted once per tensor-parallel rank). `tiny_grpo` at tp 2 x dp 2 (4 processes; each tp group shares
 its prompts and samples them alike with generate on the sharded policy, logits gathered) and RLOO at
 tp = 2 against one process: the same rewards, losses and gradient norms, and the held-out evaluation.
-The rows that read a scalar head or whole distributions stay refused under tp, GRPO's vLLM backends
-too, and every post-training row under cp.
+Online pairs, GKD and the reward model under tp: tests/parallel/test_tp_rows.py. The vLLM backends stay
+refused under tp, and every post-training row under cp.
 """
 
 from __future__ import annotations
@@ -111,13 +111,13 @@ def test_grpo_and_rloo_under_tp_match_one_process(tmp_path, flags, processes):
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["tiny_reward", "--parallel.tp", "2"], "scalar head"),
-        (["tiny_dpo", "--preference.pairs", "online", "--parallel.tp", "2", "--peft.kind", "none"], "online pairs"),
         (["tiny_grpo", "--parallel.tp", "2", "--rollout.backend", "vllm-server"], "takes whole weights"),
-        (["tiny_dpo", "--parallel.cp", "2", "--peft.kind", "none"], "none on sequence shards (cp)"),
+        (["tiny_distill", "--parallel.tp", "2", "--rollout.backend", "vllm"], "takes whole weights"),
+        (["tiny_dpo", "--parallel.cp", "2", "--peft.kind", "none"], "sums none of them over sequence pieces"),
+        (["tiny_reward", "--parallel.cp", "2"], "sums none of them over sequence pieces"),
     ],
 )
-def test_the_other_post_training_rows_stay_refused_under_tp_or_cp(tmp_path, tiny_llama_dir, flags, words):
+def test_sampling_on_vllm_under_tp_and_post_training_under_cp_stay_refused(tmp_path, tiny_llama_dir, flags, words):
     done = ditty(
         "check", *flags, "--model.path", tiny_llama_dir, "--parallel.kind", "fsdp", "--run.output_dir", str(tmp_path),
         processes=2,

@@ -43,7 +43,10 @@ FAILING = {
     "scale.compile": ("[train]\ncompile = true\n", 4),
     "scale.task": ('[model]\ntask = "seq-classification"\n', 4),
     "scale.model-type": ('[model]\narchitecture = "gpt2"\nconfig = {}\n', 4),
-    "scale.post-training": ('[model]\ntask = "reward-model"\n[data]\nformat = "preference"\n', 4),
+    "scale.post-training": (
+        '[model]\ntask = "reward-model"\n[data]\nformat = "preference"\n[parallel]\ntp = 1\ncp = 2\n',
+        4,
+    ),
     "scale.tp-rollout-engine": (
         '[rl]\nkind = "grpo"\n[data]\nformat = "prompt"\n[rollout]\nbackend = "vllm-server"\n',
         4,
