@@ -354,7 +354,7 @@ def first_stage(args: list[str], results: dict, capsys, where: str) -> None:
     from ditty.recipe.first_stage import first_stage_command
 
     loaded = load_recipe(args[1])
-    start = loaded.config.model.path
+    start = loaded.config.model.path or loaded.config.distill.teacher  # tiny_distill's start is its teacher
     if not start or Path(start).is_dir() or f"first stage {start}" in results:
         return
     shared = SHARED_RUNS.get(str(Path(start).parent))

@@ -11,7 +11,10 @@ sample). A packed batch keeps its cumulative sample lengths over the WHOLE rows 
 padded width): the attention gathers whole rows and keeps the samples apart with them.
 
 Counting (`supervised_count`, `input_count`, the loss's `count_tokens`) then sees each rank's own
-tokens, and the sum over the context ranks is the count of the uncut batch.
+tokens, and the sum over the context ranks is the count of the uncut batch. A loss over whole rows
+(the DPO family's pairs) counts SCORED_ROWS on the first piece only, and sums each row's pieces over
+the context ranks itself (ditty.objectives.context_rows). Rows without position ids (preference
+pairs) get them before the cut.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 
 PER_TOKEN = ("input_ids", SHIFTED_LABELS, "position_ids", "attention_mask")
 PACKED_LENGTHS = ("cu_seq_lens_q", "cu_seq_lens_k")
+SCORED_ROWS = "context_scored_rows"
+"""[B] bool: which WHOLE rows have a scored label (a row's piece may hold none); what a loss over rows
+(pairs) counts, and counts on the first piece only (`FIRST_PIECE`), so a row is one unit."""
+FIRST_PIECE = "context_first_piece"
+"""A bool scalar: this slice is piece 0 of its rows."""
 
 
 def shard_batch(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dict[str, Any]:
@@ -38,6 +46,11 @@ def shard_batch(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) 
         )
     labels = batch["labels"]
     out = {key: value for key, value in batch.items() if key != "labels"}
+    if "position_ids" not in out:  # a collator that gives none (preference pairs): each token's place in its row
+        rows, width = labels.shape
+        out["position_ids"] = torch.arange(width, device=labels.device).expand(rows, width).clone()
+    out[SCORED_ROWS] = (labels[:, 1:] != IGNORE_INDEX).any(dim=1)
+    out[FIRST_PIECE] = torch.tensor(rank == 0)
     out[SHIFTED_LABELS] = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
     rows, width = batch["input_ids"].shape
     padded = -(-width // size) * size

@@ -54,6 +54,11 @@ def context_parallel_active() -> bool:
     return _ACTIVE["group"] is not None
 
 
+def context_parallel_group() -> Any:
+    """The context-parallel ranks' ProcessGroup inside `context_parallel`, else None."""
+    return _ACTIVE["group"]
+
+
 def register_ulysses_attention() -> None:
     """Register ULYSSES with transformers (idempotent): the attention function, and a mask function that
     builds no mask under context parallel (causality and packed samples are the attention's own) and

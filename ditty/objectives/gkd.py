@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor
 
-from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 from ditty.config.errors import Problem, RecipeError, error, warning
 from ditty.models.inputs import model_inputs
 from ditty.objectives.footprint import Footprint, reference_footprint
@@ -56,6 +56,8 @@ class GKDLoss(LossCalculator):
         self.distill, self.teacher = distill, teacher
 
     def count_tokens(self, batch: Mapping) -> Tensor:
+        if "labels" not in batch and SHIFTED_LABELS in batch:  # a context-parallel piece of the rows
+            return (batch[SHIFTED_LABELS] != IGNORE_INDEX).sum()
         return (batch["labels"][..., 1:] != IGNORE_INDEX).sum()
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
@@ -70,18 +72,20 @@ class GKDLoss(LossCalculator):
         evaluating = not ctx.get("training", True)
         correct_mistakes = self.distill.teacher_mistakes == "data"
         sampled = batch.get(SAMPLED)
+        piece = "labels" not in batch and SHIFTED_LABELS in batch  # context parallel: labels already shifted
         sums = chunked_jsd(
             ctx[HEAD_INPUT],
             head_projection(output_head(model), model_config(model), keep_vocab_shards=True),
             head.hidden,
             teacher_head,
-            batch["labels"],
+            batch[SHIFTED_LABELS] if piece else batch["labels"],
             beta=self.distill.beta,
             temperature=self.distill.temperature,
             chunks=self.distill.chunks,
             data_rows=None if sampled is None else ~sampled,
             cross_entropy=bool(weight) or evaluating,
             follow_teacher_mistakes=not correct_mistakes,
+            aligned=piece,
         )
         per_token = 1.0 / max(int(sums.tokens), 1)  # the metrics are this micro-batch's means
         metrics = {}

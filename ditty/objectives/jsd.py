@@ -82,6 +82,7 @@ def chunked_jsd(
     data_rows: Optional[Tensor] = None,
     cross_entropy: bool = False,
     follow_teacher_mistakes: bool = True,
+    aligned: bool = False,
 ) -> DistillSums:
     """The divergence of the student from the teacher, summed over the scored tokens. `labels` [B, T]
     follow Hugging Face's convention (position t's hidden state predicts label t + 1); hidden states
@@ -89,7 +90,8 @@ def chunked_jsd(
     the data's (None: every row); on those, `cross_entropy` also sums the student's cross-entropy, and
     without `follow_teacher_mistakes` a token where the teacher's likeliest token is not the label
     scores the student's cross-entropy instead of the divergence. Gradients reach the student's
-    hidden states and head only.
+    hidden states and head only. With `aligned`, `labels` are already shifted (position t's label is
+    the token at t + 1: a context-parallel rank's piece of the rows, ditty.data.context_shard).
 
     Under tensor parallel (the student's head split by vocabulary rows, ditty.parallel.tensor) each
     rank computes its rows' columns of both models' logits and the group sums what each token needs
@@ -99,7 +101,7 @@ def chunked_jsd(
         student_head, teacher_head, shard = _vocabulary_rows(student_head, teacher_head)
         student_hidden = copy_to_group(_whole(student_hidden), shard)
         teacher_hidden = _whole(teacher_hidden)
-    target = shifted(labels.to(student_hidden.device))
+    target = labels.to(student_hidden.device) if aligned else shifted(labels.to(student_hidden.device))
     data_token = (
         torch.ones_like(target, dtype=torch.bool) if data_rows is None else data_rows.to(target.device)[:, None]
     )

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from ditty._utils.labels import IGNORE_INDEX
+from ditty._utils.labels import IGNORE_INDEX, SHIFTED_LABELS
 from ditty.stages.fused_loss import Projection, emit_head_input, head_projection, output_head, shifted
 from ditty.stages.fused_loss.head import model_config
 
@@ -57,6 +57,29 @@ def token_logps(
         return sharded_token_logps(hidden, projection, labels, chunks=chunks, ignore_index=ignore_index)
     batch, width = labels.shape
     target = shifted(labels.to(hidden.device), ignore_index)  # aligned with the hidden states
+    aligned_target = _position_logps(hidden, projection, target, chunks, ignore_index)
+    # Hidden position t scored label t + 1: move both one place right to align them with the labels.
+    logps = torch.cat([aligned_target.new_zeros(batch, 1), aligned_target[:, :-1]], dim=1)
+    scored = torch.cat([torch.zeros_like(target[:, :1], dtype=torch.bool), (target != ignore_index)[:, :-1]], dim=1)
+    return logps, scored
+
+
+def batch_token_logps(
+    hidden: Tensor, projection: Projection, batch: Mapping[str, Tensor], *, chunks: int = 8
+) -> tuple[Tensor, Tensor]:
+    """`token_logps` of a batch's `labels`; on a context-parallel rank's piece of the rows, whose labels
+    travel already shifted (SHIFTED_LABELS, ditty.data.context_shard), (logps, scored) aligned with the
+    piece's positions instead: position t's log-probability of the token at t + 1. Either way a row's
+    sum is its piece's share of the row's (`ditty.objectives.context_rows.whole_row_sums` adds them)."""
+    if "labels" in batch or SHIFTED_LABELS not in batch:
+        return token_logps(hidden, projection, batch["labels"], chunks=chunks)
+    target = batch[SHIFTED_LABELS].to(hidden.device)
+    return _position_logps(hidden, projection, target, chunks, IGNORE_INDEX), target != IGNORE_INDEX
+
+
+def _position_logps(hidden: Tensor, projection: Projection, target: Tensor, chunks: int, ignore_index: int) -> Tensor:
+    """[B, T]: log p(target[b, t] | hidden[b, t]) where the target is not `ignore_index`, else 0."""
+    batch, width = target.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_target = target.reshape(-1)
     rows = (flat_target != ignore_index).nonzero().squeeze(1)  # one host sync, as the fused loss
@@ -78,11 +101,7 @@ def token_logps(
         flat = flat.index_put((rows,), values)
     else:  # nothing scored: zeros that still reach the parameters, so every rank runs the same backward
         flat = flat + (hidden.sum() * 0.0 + projection.weight.sum() * 0.0).to(dtype)
-    aligned_target = flat.reshape(batch, width)
-    # Hidden position t scored label t + 1: move both one place right to align them with the labels.
-    logps = torch.cat([aligned_target.new_zeros(batch, 1), aligned_target[:, :-1]], dim=1)
-    scored = torch.cat([torch.zeros_like(target[:, :1], dtype=torch.bool), (target != ignore_index)[:, :-1]], dim=1)
-    return logps, scored
+    return flat.reshape(batch, width)
 
 
 def sequence_logps(logps: Tensor, scored: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,11 +123,16 @@ def model_token_logps(
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}
     if batch.get("attention_mask") is not None:
         kwargs["attention_mask"] = batch["attention_mask"]
+    piece = "labels" not in batch and SHIFTED_LABELS in batch  # a context-parallel rank's piece of the rows
+    if piece:
+        kwargs["position_ids"] = batch["position_ids"]  # its tokens' places in their rows
     with emit_head_input(model) as head:
         model(**kwargs)
     projection = sampling_projection(
         head_projection(output_head(model), model_config(model), keep_vocab_shards=True), temperature
     )
+    if piece:
+        return batch_token_logps(head.hidden, projection, batch, chunks=chunks)
     return token_logps(head.hidden, projection, batch["labels"], chunks=chunks, ignore_index=ignore_index)
 
 

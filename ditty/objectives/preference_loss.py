@@ -26,9 +26,11 @@ import torch
 from torch import Tensor
 
 from ditty.config.preference import REFERENCE_FREE, PreferenceConfig
+from ditty.data.context_shard import FIRST_PIECE, SCORED_ROWS
 from ditty.data.formats.preference_rows import scored_rows
 from ditty.objectives import dpo_family as objectives
-from ditty.objectives.logprobs import sequence_logps, split_pairs, token_logps
+from ditty.objectives.context_rows import piece_share, whole_row_sums
+from ditty.objectives.logprobs import batch_token_logps, sequence_logps, split_pairs
 from ditty.objectives.output import share
 from ditty.stages.fused_loss import HEAD_INPUT, head_projection, model_config, output_head, replicated
 from ditty.stages.loss import LossCalculator, LossOutput
@@ -55,6 +57,9 @@ class PreferenceLoss(LossCalculator):
     def count_units(self, batch: Mapping) -> dict[str, Tensor]:
         """The global counts the loss is a mean over (the first is its denominator): pairs with a
         scored completion; for KTO the examples, and how many of them are desirable or not."""
+        if SCORED_ROWS in batch:  # a context-parallel piece: the whole rows, counted on the first piece only
+            scored = batch[SCORED_ROWS] & batch[FIRST_PIECE]
+            return {"pairs": scored.chunk(2, dim=0)[0].sum()}
         labels = batch["labels"]
         if self.config.kind != "kto":
             return {"pairs": scored_rows(labels.chunk(2, dim=0)[0]).sum()}
@@ -71,8 +76,9 @@ class PreferenceLoss(LossCalculator):
         if hidden is None:
             raise KeyError("PreferenceLoss: no hidden states in the context; the model must run under emit_head_input")
         projection = head_projection(output_head(model), model_config(model), keep_vocab_shards=True)
-        logps, scored = token_logps(hidden, projection, batch["labels"], chunks=self.config.chunks)
-        policy, lengths = sequence_logps(logps, scored)
+        logps, scored = batch_token_logps(hidden, projection, batch, chunks=self.config.chunks)
+        # Under context parallel each rank holds pieces of the rows: the rows' sums are the group's.
+        policy, lengths = (whole_row_sums(values) for values in sequence_logps(logps, scored))
         reference = None
         if self.reference is not None:
             with torch.no_grad():
@@ -111,7 +117,13 @@ class PreferenceLoss(LossCalculator):
             nll = share(-(pc / lc.clamp(min=1)), pairs)
             loss = loss + cfg.sft_weight * nll
             metrics["nll_loss"] = nll.detach()
-        return LossOutput(loss=loss, metrics={name: float(value) for name, value in metrics.items()}, share=True)
+        # A context-parallel rank returns its share of the loss its group computes alike (context_rows).
+        part = piece_share()
+        return LossOutput(
+            loss=loss * part if part != 1.0 else loss,
+            metrics={name: float(value) * part for name, value in metrics.items()},
+            share=True,
+        )
 
     def _kto(
         self, policy: Tensor, reference: Tensor, lengths: Tensor, label: Tensor, hidden: Tensor, units: dict

@@ -186,10 +186,13 @@ class Reference:
             return model_token_logps(model, batch, chunks=self.chunks, temperature=temperature)[0]
 
     def sequence_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
-        """Per-row sums of the completion log-probabilities [B]."""
+        """Per-row sums of the completion log-probabilities [B] (a context-parallel rank's pieces summed
+        over its group: every rank gets the whole rows')."""
+        from ditty.objectives.context_rows import whole_row_sums
+
         with torch.no_grad(), self.scoring() as model:
             logps, scored = model_token_logps(model, batch, chunks=self.chunks)
-        return sequence_logps(logps, scored)[0]
+        return whole_row_sums(sequence_logps(logps, scored)[0])
 
     def __call__(self, batch: Mapping[str, Tensor]) -> Tensor:  # PreferenceLoss's ReferenceFn
         return self.sequence_logps(batch)

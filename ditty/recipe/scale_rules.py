@@ -27,6 +27,11 @@ CP_ATTENTION = ("auto", "sdpa")
 """`model.attn_implementation` values Ulysses wraps (SDPA, and ditty's per-sample SDPA for packed rows)."""
 
 
+CP_ROWS = ("dpo", "ipo", "simpo", "orpo")
+"""The preference rows that train under context parallel: the DPO family on pairs from the data (each
+completion's log-probability summed over its pieces, ditty.objectives.context_rows). GKD does too on
+the data's completions alone (distill.lmbda = 0): its loss is a sum over tokens, as SFT's."""
+
 SAMPLING_ROWS = ("grpo", "rloo", "online-pairs", "gkd")
 """The rows that sample from the policy while they train (rollout.backend applies to them)."""
 
@@ -44,6 +49,12 @@ def _tp(c: Any) -> bool:
 
 def _cp(c: Any) -> bool:
     return c.parallel.cp > 1
+
+
+def _cp_row(c: Any) -> bool:
+    """The row trains on pieces of rows: supervised, the DPO family on data pairs, GKD on the data alone."""
+    name = objective_name(c)
+    return name in ("supervised", *CP_ROWS) or (name == "gkd" and c.distill.lmbda == 0)
 
 
 def _either(c: Any) -> bool:
@@ -145,13 +156,24 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.post-training",
         "data.format",
-        lambda c: _cp(c) and objective_name(c) != "supervised",
-        "context parallel cuts each row into pieces along the sequence, and the post-training rows read whole "
-        "rows: a pair's or a completion's log-probability summed over all its tokens, the reward model's score at "
-        "a row's last token, and the samples of RL, online pairs and distillation; ditty sums none of them over "
-        "sequence pieces",
-        "train those stages with tp (every post-training row takes it) or fsdp alone, and cp = 1",
-        condition="cp above 1 with any row but the supervised one",
+        lambda c: _cp(c) and not _cp_row(c),
+        "context parallel cuts each row into pieces along the sequence; the DPO family on pairs from the data "
+        "sums each completion's pieces over the context ranks and distillation on the data's completions scores "
+        "each piece's tokens, but KTO's baseline, the reward model's score at a row's last token and the samples "
+        "of RL, online pairs and on-policy distillation read whole rows, which ditty does not assemble from pieces",
+        "train those stages with tp (every post-training row takes it) or fsdp alone, and cp = 1 (distillation: "
+        "distill.lmbda = 0 takes cp)",
+        condition="cp above 1 with a row other than supervised, DPO, IPO, SimPO, ORPO or GKD with distill.lmbda = 0",
+    ),
+    SupportRow(
+        "scale.cp-pairs",
+        "preference.reference",
+        lambda c: _cp(c) and objective_name(c) in CP_ROWS and (c.preference.reference == "precompute" or _tp(c)),
+        "under cp a reference table keyed by whole rows has nothing to look up on a rank's piece, and the "
+        "vocabulary-sharded scoring of tp does not read a piece's shifted labels",
+        'use preference.reference = "auto" (the reference scores each piece beside the policy), and tp or cp, '
+        "not both, for the DPO family",
+        condition='cp above 1 with the DPO family and preference.reference = "precompute" or tp above 1',
     ),
     SupportRow(
         "scale.tp-rollout-engine",

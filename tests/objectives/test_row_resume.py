@@ -4,7 +4,7 @@ and, mid-refresh, the pairs not yet trained on). The kill comes from a test-only
 fixed step (tests.train.resume_hooks:SignalAt) after the checkpoint of step 2. On 2 ranks, what each
 rank sampled and had not trained on yet (online pairs mid-refresh, GRPO's rollouts mid-reuse) resumes
 on that rank, and another world size is refused while a rank holds some; under tensor parallel
-(tp 2 x dp 2) GRPO and GKD resume bitwise too."""
+GRPO (tp 2 x dp 2) and GKD (tp 2) resume bitwise too."""
 
 from __future__ import annotations
 
@@ -172,15 +172,15 @@ def test_a_killed_two_rank_run_resumes_each_ranks_samples_bitwise(tmp_path, tiny
 
 
 @pytest.mark.xdist_group("parallel")
-@pytest.mark.parametrize("row", ["grpo-reuse", "gkd"])
-def test_a_killed_run_under_tp_resumes_bitwise(tmp_path, tiny_llama_dir, row):
-    """At tp 2 x dp 2 (4 processes), killed during step 4, the run resumes from step 2 with the
-    uninterrupted run's every record, bitwise: GRPO mid-reuse of its rollouts (each data-parallel rank's,
-    shared by its tp group; online pairs mid-refresh keep theirs the same way), GKD with its teacher split
-    like the student and its on-policy coin and samples."""
+@pytest.mark.parametrize("row, processes", [("grpo-reuse", 4), ("gkd", 2)])
+def test_a_killed_run_under_tp_resumes_bitwise(tmp_path, tiny_llama_dir, row, processes):
+    """Killed during step 4, the run resumes from step 2 with the uninterrupted run's every record,
+    bitwise: GRPO at tp 2 x dp 2 (4 processes) mid-reuse of its rollouts (each data-parallel rank's,
+    shared by its tp group; online pairs mid-refresh keep theirs the same way), GKD at tp 2 with its
+    teacher split like the student and its on-policy coin and samples."""
     text = REUSE if row == "grpo-reuse" else ROWS[row]
-    four = ["--nproc-per-node", "4", "--parallel.kind", "fsdp", "--parallel.tp", "2"]
-    expected, recipe, _ = uninterrupted_then_killed(tmp_path, text, tiny_llama_dir, four, "3:0:KILL")
-    resumed = ditty("run", str(recipe), *four)
+    launch = ["--nproc-per-node", str(processes), "--parallel.kind", "fsdp", "--parallel.tp", "2"]
+    expected, recipe, _ = uninterrupted_then_killed(tmp_path, text, tiny_llama_dir, launch, "3:0:KILL")
+    resumed = ditty("run", str(recipe), *launch)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(tmp_path / "b" / "run") == expected  # bitwise

@@ -47,6 +47,11 @@ FAILING = {
         '[model]\ntask = "reward-model"\n[data]\nformat = "preference"\n[parallel]\ntp = 1\ncp = 2\n',
         4,
     ),
+    "scale.cp-pairs": (
+        '[data]\nformat = "preference"\n[preference]\nkind = "dpo"\nreference = "precompute"\n'
+        "[parallel]\ntp = 1\ncp = 2\n",
+        4,
+    ),
     "scale.tp-rollout-engine": (
         '[rl]\nkind = "grpo"\n[data]\nformat = "prompt"\n[rollout]\nbackend = "vllm-server"\n',
         4,

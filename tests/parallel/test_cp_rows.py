@@ -1,0 +1,101 @@
+"""Post-training rows under context parallel, each rank holding a piece of every row (ditty.data.
+context_shard). The DPO family: each completion's log-probability is the sum of its pieces over the
+context ranks (ditty.objectives.context_rows), the reference's too. GKD on the data's completions: the
+teacher runs on the same pieces (Ulysses attention, split like the student) and the divergence is a
+sum over each piece's tokens. Against one process over 3 steps, the losses, the loss's metrics and
+the weights after them agree within 1e-5:
+
+- DPO as a full finetune (the reference a frozen copy split like the policy) at dp 2 x cp 2, 4 real
+  gloo processes;
+- DPO with LoRA (the reference: the base with the adapter disabled) at cp 2;
+- ORPO (no reference; the completions' lengths summed over the pieces too) at cp 2;
+- GKD (distill.lmbda = 0, the teacher's mistakes corrected from the data) at dp 2 x cp 2.
+
+KTO, the reward model, precomputed references and the rows that sample stay refused under cp
+(tests/parallel/test_tp_preference.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.objectives import test_distill
+from tests.objectives.row_workers import row_steps
+from tests.parallel.harness import run_ranks
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
+
+STEPS = 3
+
+
+def recipe(tmp_path, model, kind: str, peft: str):
+    path = tmp_path / f"{kind}.toml"
+    path.write_text(
+        f"""
+[run]
+output_dir = "{tmp_path / "run"}"
+device = "cpu"
+seed = 0
+[model]
+path = "{model}"
+[data]
+source = "builtin"
+name = "addition"
+format = "preference"
+max_seq_len = 32
+num_samples = 200
+[train]
+steps = {STEPS}
+global_batch_size = 8
+micro_batch_size = 2
+log_every = 1
+eval_samples = 0
+precision = "fp32"
+[optimizer]
+lr = 1e-3
+[peft]
+kind = "{peft}"
+r = 4
+alpha = 8
+[preference]
+kind = "{kind}"
+sft_weight = {0.5 if kind == "dpo" else 0.0}
+[logging]
+progress = false
+"""
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, peft, processes",
+    [("dpo", "none", 4), ("dpo", "lora", 2), ("orpo", "none", 2)],
+    ids=["dpo-full-dp2-cp2", "dpo-lora-cp2", "orpo-cp2"],
+)
+def test_the_dpo_family_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir, kind, peft, processes):
+    path = str(recipe(tmp_path, tiny_llama_dir, kind, peft))
+    (one,) = run_ranks(row_steps, 1, path, "none", str(tmp_path / "one"), STEPS, timeout=400)
+    split = run_ranks(row_steps, processes, path, "fsdp", str(tmp_path / "cp"), STEPS, 1, 2, timeout=400)
+    assert len(set(one["losses"])) == STEPS  # it trains
+    assert all(rank["losses"] == split[0]["losses"] for rank in split)
+    for a, b in zip(one["losses"], split[0]["losses"]):
+        assert abs(a - b) < 1e-5, (one["losses"], split[0]["losses"])
+    for alone, pieces in zip(one["loss_metrics"], split[0]["loss_metrics"]):
+        assert alone.keys() == pieces.keys() and "rewards/margins" in alone
+        for key, value in alone.items():
+            assert pieces[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (key, pieces[key], value)
+    worst = max(float((one["state"][k] - split[0]["state"][k]).abs().max()) for k in one["state"])
+    assert worst < 1e-5, worst
+
+
+def test_gkd_on_the_data_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir):
+    path = test_distill.distill_recipe(tmp_path, tiny_llama_dir, 'teacher_mistakes = "data"\nsft_weight = 0.5')
+    path.write_text(path.read_text().replace("lmbda = 0.5", "lmbda = 0.0"))
+    (one,) = run_ranks(row_steps, 1, str(path), "none", str(tmp_path / "one"), STEPS, timeout=400)
+    split = run_ranks(row_steps, 4, str(path), "fsdp", str(tmp_path / "cp"), STEPS, 1, 2, timeout=400)
+    assert len(set(one["losses"])) == STEPS
+    for a, b in zip(one["losses"], split[0]["losses"]):
+        assert abs(a - b) < 1e-5, (one["losses"], split[0]["losses"])
+    assert max(m["distill/corrected"] for m in one["loss_metrics"]) > 0  # some tokens learn the data's
+    worst = max(float((one["state"][k] - split[0]["state"][k]).abs().max()) for k in one["state"])
+    assert worst < 1e-5, worst
