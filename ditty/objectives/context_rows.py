@@ -2,6 +2,9 @@
 (ditty.data.context_shard), and a loss over whole rows (the DPO family: a completion's log-probability
 is the sum over all its tokens) needs each row's sum on every rank of the group.
 
+The reward model reads a row's score at its last token, which one rank's piece holds:
+`read_scores_at_whole_rows` gives every rank each row's score (below).
+
 `whole_row_sums(values)` all-reduces the pieces' sums over the context-parallel group that the engine
 has active for the micro-batch (ditty.models.ulysses.context_parallel); outside one (one process,
 evaluation of whole rows) it returns them as they are. Every rank of the group then computes the same
@@ -61,3 +64,43 @@ def piece_share() -> float:
     """The share of a whole-row loss this context-parallel rank returns: 1 / cp (1 outside)."""
     group = context_group()
     return 1.0 if group is None else 1.0 / dist.get_world_size(group)
+
+
+# --------------------------------------------------------------------------- a sequence classifier's score
+
+
+def read_scores_at_whole_rows(model: torch.nn.Module, score: torch.nn.Module) -> None:
+    """Under context parallel, a transformers sequence classifier (the reward model) gives each row the
+    score of its last token that is not padding, wherever that token lies: transformers reads a row's
+    score at its last non-padding position within the rank's piece, so the `score` head's output is
+    replaced, inside `context_parallel`, by each row's whole-row score at every position of the piece
+    (that token's score from the rank whose piece holds it, summed over the group as `whole_row_sums`).
+    The model's inputs are noted by a hook before its forward (the piece's ids and their positions)."""
+    inputs: dict[str, Any] = {}
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+
+    def note_inputs(module: Any, args: tuple, kwargs: dict) -> None:
+        inputs["input_ids"] = kwargs.get("input_ids", args[0] if args else None)
+        inputs["position_ids"] = kwargs.get("position_ids")
+
+    def whole_rows(module: Any, args: Any, output: Tensor) -> Tensor:
+        if context_group() is None or inputs.get("input_ids") is None or inputs.get("position_ids") is None:
+            return output
+        return _row_scores(output, inputs["input_ids"], inputs["position_ids"], pad)
+
+    model.register_forward_pre_hook(note_inputs, with_kwargs=True)
+    score.register_forward_hook(whole_rows)
+
+
+def _row_scores(scores: Tensor, input_ids: Tensor, position_ids: Tensor, pad: Optional[int]) -> Tensor:
+    """[B, piece, labels]: each row's score at its last token that is not `pad` (transformers' rule: the
+    rightmost one), over the whole row, repeated along the piece."""
+    group = context_group()
+    real = input_ids != pad if pad is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions = position_ids.to(input_ids.device)
+    last = torch.where(real, positions, torch.full_like(positions, -1)).amax(dim=1)
+    dist.all_reduce(last, op=dist.ReduceOp.MAX, group=group)
+    here = real & (positions == last[:, None])  # that token, on the one rank whose piece holds it
+    mine = (scores * here[..., None].to(scores.dtype)).sum(dim=1)
+    row = _SumOverPieces.apply(mine, group)
+    return row[:, None, :].expand_as(scores)

@@ -26,8 +26,7 @@ import torch
 from torch import Tensor
 
 from ditty.config.preference import REFERENCE_FREE, PreferenceConfig
-from ditty.data.context_shard import FIRST_PIECE, SCORED_ROWS
-from ditty.data.formats.preference_rows import scored_rows
+from ditty.data.formats.preference_rows import counted_rows
 from ditty.objectives import dpo_family as objectives
 from ditty.objectives.context_rows import piece_share, whole_row_sums
 from ditty.objectives.logprobs import batch_token_logps, sequence_logps, split_pairs
@@ -57,13 +56,10 @@ class PreferenceLoss(LossCalculator):
     def count_units(self, batch: Mapping) -> dict[str, Tensor]:
         """The global counts the loss is a mean over (the first is its denominator): pairs with a
         scored completion; for KTO the examples, and how many of them are desirable or not."""
-        if SCORED_ROWS in batch:  # a context-parallel piece: the whole rows, counted on the first piece only
-            scored = batch[SCORED_ROWS] & batch[FIRST_PIECE]
-            return {"pairs": scored.chunk(2, dim=0)[0].sum()}
-        labels = batch["labels"]
+        scored = counted_rows(batch)  # under context parallel: on the first piece of each row only
         if self.config.kind != "kto":
-            return {"pairs": scored_rows(labels.chunk(2, dim=0)[0]).sum()}
-        valid, desirable = scored_rows(labels), batch["label"].bool()
+            return {"pairs": scored.chunk(2, dim=0)[0].sum()}
+        valid, desirable = scored, batch["label"].bool()
         return {
             "examples": valid.sum(),
             "desirable": (valid & desirable).sum(),
@@ -147,6 +143,9 @@ class PreferenceLoss(LossCalculator):
             desirable_weight=cfg.desirable_weight,
             undesirable_weight=cfg.undesirable_weight,
         )
+        part = piece_share()  # as in _paired
         return LossOutput(
-            loss=out.loss, metrics={name: float(value) for name, value in out.metrics.items()}, share=True
+            loss=out.loss * part if part != 1.0 else out.loss,
+            metrics={name: float(value) * part for name, value in out.metrics.items()},
+            share=True,
         )

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ditty._utils.labels import IGNORE_INDEX
+from ditty.data.context_shard import SCORED_ROWS
 from ditty.metrics.task_metrics import TaskMetric, logits_of
 from ditty.stages.loss import LossCalculator, LossOutput
 
@@ -52,6 +53,7 @@ class BradleyTerryLoss(LossCalculator):
         self.center_rewards_coefficient = center_rewards_coefficient
 
     def compute(self, model_output: Any, ctx: Mapping) -> LossOutput:
+        from ditty.objectives.context_rows import piece_share
         from ditty.objectives.reward_model import bradley_terry_loss
 
         batch = ctx.get("batch") or ctx.get("original_batch") or {}
@@ -62,6 +64,8 @@ class BradleyTerryLoss(LossCalculator):
         out = bradley_terry_loss(
             chosen, rejected, global_pairs=1, center_rewards_coefficient=self.center_rewards_coefficient
         )
+        # Under context parallel every rank of the group scores the whole rows: each returns its share.
+        part = piece_share()
         count = max(pairs, 1)
         metrics = {
             "rewards/chosen": out.metrics["rewards/chosen"] / count,
@@ -69,7 +73,7 @@ class BradleyTerryLoss(LossCalculator):
             "rewards/margins": out.metrics["margin"] / count,
             "rewards/accuracies": out.metrics["accuracy"] / count,
         }
-        return LossOutput(loss=out.loss, metrics=metrics if pairs else {}, num_tokens=pairs)
+        return LossOutput(loss=out.loss * part, metrics=metrics if pairs else {}, num_tokens=pairs)
 
 
 class PairAccuracyMetric(TaskMetric):
@@ -109,7 +113,9 @@ def pair_scores(prediction: "Tensor", batch: Mapping) -> "tuple[Tensor, Tensor, 
         )
     chosen, rejected = split_pairs(scores.squeeze(1))
     labels = batch.get("labels")
-    if labels is None:
+    if SCORED_ROWS in batch:  # a context-parallel piece: the whole rows' flags
+        real = split_pairs(batch[SCORED_ROWS])[0].to(chosen.device)
+    elif labels is None:
         real = torch.ones(chosen.shape, dtype=torch.bool, device=chosen.device)
     else:
         real = (split_pairs(labels)[0][:, 1:] != IGNORE_INDEX).any(dim=1).to(chosen.device)

@@ -27,17 +27,18 @@ CP_ATTENTION = ("auto", "sdpa")
 """`model.attn_implementation` values Ulysses wraps (SDPA, and ditty's per-sample SDPA for packed rows)."""
 
 
-CP_ROWS = ("dpo", "ipo", "simpo", "orpo")
-"""The preference rows that train under context parallel: the DPO family on pairs from the data (each
-completion's log-probability summed over its pieces, ditty.objectives.context_rows). GKD does too on
+CP_ROWS = ("dpo", "ipo", "simpo", "orpo", "kto")
+"""The preference rows that train under context parallel: the DPO family on the data's pairs (KTO: its
+examples), each completion's log-probability summed over its pieces (ditty.objectives.context_rows). GKD does too on
 the data's completions alone (distill.lmbda = 0): its loss is a sum over tokens, as SFT's."""
 
 SAMPLING_ROWS = ("grpo", "rloo", "online-pairs", "gkd")
 """The rows that sample from the policy while they train (rollout.backend applies to them)."""
 
 TP_TASKS = ("causal-lm", "reward-model")
-"""The model tasks ditty splits under tensor parallel: causal LMs and their sequence classifiers with one
-score (ditty.parallel.tensor replicates the score head and runs it sequence parallel). Every objective
+"""The model tasks ditty splits under tensor and context parallel: causal LMs and their sequence classifiers
+with one score (ditty.parallel.tensor replicates the score head and runs it sequence parallel; under cp
+each row's score is read from the piece that holds its last token, ditty.objectives.context_rows). Every objective
 row trains under tensor parallel: per-token log-probabilities run on the head's vocabulary shards
 (ditty.stages.vocab_parallel_logps), distillation's divergence too (ditty.objectives.jsd_shards), and a
 tensor-parallel group shares its prompts and samples them alike with generate."""
@@ -54,7 +55,7 @@ def _cp(c: Any) -> bool:
 def _cp_row(c: Any) -> bool:
     """The row trains on pieces of rows: supervised, the DPO family on data pairs, GKD on the data alone."""
     name = objective_name(c)
-    return name in ("supervised", *CP_ROWS) or (name == "gkd" and c.distill.lmbda == 0)
+    return name in ("supervised", "reward-model", *CP_ROWS) or (name == "gkd" and c.distill.lmbda == 0)
 
 
 def _either(c: Any) -> bool:
@@ -133,17 +134,12 @@ SCALE_RULES: list[SupportRow] = [
     SupportRow(
         "scale.task",
         "model.task",
-        lambda c: (
-            (_tp(c) and c.model.task not in TP_TASKS)
-            or (_cp(c) and c.model.task != "causal-lm")
-            or (_either(c) and bool(c.model.factory))
-        ),
-        "the tensor-parallel plans are written for causal language models of the families "
-        f"{', '.join(TP_MODEL_TYPES)} and their reward models (a score head on every token), the Ulysses "
-        "attention for the causal language models; other classifier heads, encoders and custom models have none",
-        'use model.task = "causal-lm" (or "reward-model" with tp) with one of those families, or tp = cp = 1',
-        condition='tp above 1 with a model.task other than "causal-lm" or "reward-model", cp above 1 with one '
-        'other than "causal-lm", or either with a model.factory',
+        lambda c: (_either(c) and c.model.task not in TP_TASKS) or (_either(c) and bool(c.model.factory)),
+        "the tensor-parallel plans and the Ulysses attention are written for causal language models of the "
+        f"families {', '.join(TP_MODEL_TYPES)} and their reward models (a score head on every token); other "
+        "classifier heads, encoders and custom models have none",
+        'use model.task = "causal-lm" or "reward-model" with one of those families, or tp = cp = 1',
+        condition='tp or cp above 1 with a model.task other than "causal-lm" or "reward-model", or a model.factory',
     ),
     SupportRow(
         "scale.model-type",
@@ -157,13 +153,14 @@ SCALE_RULES: list[SupportRow] = [
         "scale.post-training",
         "data.format",
         lambda c: _cp(c) and not _cp_row(c),
-        "context parallel cuts each row into pieces along the sequence; the DPO family on pairs from the data "
-        "sums each completion's pieces over the context ranks and distillation on the data's completions scores "
-        "each piece's tokens, but KTO's baseline, the reward model's score at a row's last token and the samples "
-        "of RL, online pairs and on-policy distillation read whole rows, which ditty does not assemble from pieces",
+        "context parallel cuts each row into pieces along the sequence; the DPO family on the data's pairs or "
+        "examples sums each completion's pieces over the context ranks, the reward model reads each row's last "
+        "token from the piece that holds it, and distillation on the data's completions scores each piece's "
+        "tokens, but the samples of RL, online pairs and on-policy distillation are whole rows a rank makes alone",
         "train those stages with tp (every post-training row takes it) or fsdp alone, and cp = 1 (distillation: "
         "distill.lmbda = 0 takes cp)",
-        condition="cp above 1 with a row other than supervised, DPO, IPO, SimPO, ORPO or GKD with distill.lmbda = 0",
+        condition="cp above 1 with a row other than supervised, the reward model, the DPO family (DPO, IPO, SimPO, "
+        "ORPO, KTO) on the data, or GKD with distill.lmbda = 0",
     ),
     SupportRow(
         "scale.cp-pairs",

@@ -9,9 +9,12 @@ the weights after them agree within 1e-5:
   gloo processes;
 - DPO with LoRA (the reference: the base with the adapter disabled) at cp 2;
 - ORPO (no reference; the completions' lengths summed over the pieces too) at cp 2;
+- KTO with LoRA on unpaired examples (examples counted once per row, its KL baseline from whole rows)
+  at cp 2;
+- the reward model at dp 2 x cp 2 (each row's score read from the piece that holds its last token);
 - GKD (distill.lmbda = 0, the teacher's mistakes corrected from the data) at dp 2 x cp 2.
 
-KTO, the reward model, precomputed references and the rows that sample stay refused under cp
+Precomputed references and the rows that sample stay refused under cp
 (tests/parallel/test_tp_preference.py).
 """
 
@@ -28,8 +31,38 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
 STEPS = 3
 
 
+def kto_rows(path):
+    """Unpaired examples of the addition task: a right sum is desirable, a wrong one is not."""
+    import json
+
+    rows = []
+    for i in range(64):
+        a, b = 17 * i % 89, 31 * i % 97
+        right = i % 2 == 0
+        rows.append({"prompt": f"{a}+{b}=", "completion": str(a + b if right else a + b + 1 + i % 7), "label": right})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def uneven_pairs(path):
+    """Pairs whose chosen completion is short and rejected one long: the chosen rows end in the first
+    piece of a row cut in two, the rejected ones in the second."""
+    import json
+
+    rows = []
+    for i in range(64):
+        a, b = 17 * i % 89, 31 * i % 97
+        wrong = f"{a + b + 1 + i % 7}, since {a} and {b} make that many when added together"
+        rows.append({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": wrong})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
 def recipe(tmp_path, model, kind: str, peft: str):
     path = tmp_path / f"{kind}.toml"
+    data = 'source = "builtin"\nname = "addition"\nformat = "preference"\nnum_samples = 200'
+    if kind == "kto":
+        data = f'source = "file"\npath = "{kto_rows(tmp_path / "kto.jsonl")}"\nformat = "unpaired_preference"'
     path.write_text(
         f"""
 [run]
@@ -39,11 +72,9 @@ seed = 0
 [model]
 path = "{model}"
 [data]
-source = "builtin"
-name = "addition"
-format = "preference"
+{data}
 max_seq_len = 32
-num_samples = 200
+val_fraction = 0
 [train]
 steps = {STEPS}
 global_batch_size = 8
@@ -69,8 +100,8 @@ progress = false
 
 @pytest.mark.parametrize(
     "kind, peft, processes",
-    [("dpo", "none", 4), ("dpo", "lora", 2), ("orpo", "none", 2)],
-    ids=["dpo-full-dp2-cp2", "dpo-lora-cp2", "orpo-cp2"],
+    [("dpo", "none", 4), ("dpo", "lora", 2), ("orpo", "none", 2), ("kto", "lora", 2)],
+    ids=["dpo-full-dp2-cp2", "dpo-lora-cp2", "orpo-cp2", "kto-lora-cp2"],
 )
 def test_the_dpo_family_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir, kind, peft, processes):
     path = str(recipe(tmp_path, tiny_llama_dir, kind, peft))
@@ -78,6 +109,27 @@ def test_the_dpo_family_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir,
     split = run_ranks(row_steps, processes, path, "fsdp", str(tmp_path / "cp"), STEPS, 1, 2, timeout=400)
     assert len(set(one["losses"])) == STEPS  # it trains
     assert all(rank["losses"] == split[0]["losses"] for rank in split)
+    for a, b in zip(one["losses"], split[0]["losses"]):
+        assert abs(a - b) < 1e-5, (one["losses"], split[0]["losses"])
+    for alone, pieces in zip(one["loss_metrics"], split[0]["loss_metrics"]):
+        assert alone.keys() == pieces.keys() and "rewards/margins" in alone
+        for key, value in alone.items():
+            assert pieces[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (key, pieces[key], value)
+    worst = max(float((one["state"][k] - split[0]["state"][k]).abs().max()) for k in one["state"])
+    assert worst < 1e-5, worst
+
+
+def test_the_reward_model_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir):
+    """Each row's score is its last token's, read from whichever piece holds it: the chosen rows end in
+    the first piece, the rejected ones in the second."""
+    path = recipe(tmp_path, tiny_llama_dir, "dpo", "none")
+    text = path.read_text().replace(f'path = "{tiny_llama_dir}"', f'path = "{tiny_llama_dir}"\ntask = "reward-model"')
+    data = f'source = "file"\npath = "{uneven_pairs(tmp_path / "pairs.jsonl")}"\nformat = "preference"'
+    text = text.replace('source = "builtin"\nname = "addition"\nformat = "preference"\nnum_samples = 200', data)
+    path.write_text(text[: text.index("[preference]")] + "[logging]\nprogress = false\n")
+    (one,) = run_ranks(row_steps, 1, str(path), "none", str(tmp_path / "one"), STEPS, timeout=400)
+    split = run_ranks(row_steps, 4, str(path), "fsdp", str(tmp_path / "cp"), STEPS, 1, 2, timeout=400)
+    assert len(set(one["losses"])) == STEPS
     for a, b in zip(one["losses"], split[0]["losses"]):
         assert abs(a - b) < 1e-5, (one["losses"], split[0]["losses"])
     for alone, pieces in zip(one["loss_metrics"], split[0]["loss_metrics"]):

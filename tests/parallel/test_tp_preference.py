@@ -5,9 +5,9 @@ losses, gradient norms and DPO metrics (the metrics are averaged over the data-p
 counted once per tensor-parallel rank). `tiny_grpo` at tp 2 x dp 2 (4 processes; each tp group shares
 its prompts and samples them alike with generate on the sharded policy, logits gathered) and RLOO at
 tp = 2 against one process: the same rewards, losses and gradient norms, and the held-out evaluation.
-Online pairs, GKD and the reward model under tp: tests/parallel/test_tp_rows.py; the DPO family and GKD under cp:
-tests/parallel/test_cp_rows.py. The vLLM backends stay refused under tp, and under cp every row
-but the DPO family's and GKD's on the data (and those with a precomputed reference).
+Online pairs, GKD and the reward model under tp: tests/parallel/test_tp_rows.py; the DPO family, the
+reward model and GKD on the data under cp: tests/parallel/test_cp_rows.py. The vLLM backends stay
+refused under tp, and under cp the rows that sample and a precomputed reference.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def test_grpo_and_rloo_under_tp_match_one_process(tmp_path, flags, processes):
     [
         (["tiny_grpo", "--parallel.tp", "2", "--rollout.backend", "vllm-server"], "takes whole weights"),
         (["tiny_distill", "--parallel.tp", "2", "--rollout.backend", "vllm"], "takes whole weights"),
-        (["tiny_grpo", "--parallel.cp", "2"], "does not assemble from pieces"),
-        (["tiny_reward", "--parallel.cp", "2"], "does not assemble from pieces"),
+        (["tiny_grpo", "--parallel.cp", "2"], "whole rows a rank makes alone"),
+        (["tiny_distill", "--parallel.cp", "2"], "whole rows a rank makes alone"),
         (["tiny_dpo", "--parallel.cp", "2", "--preference.reference", "precompute"], "nothing to look up"),
     ],
 )

@@ -44,7 +44,7 @@ FAILING = {
     "scale.task": ('[model]\ntask = "seq-classification"\n', 4),
     "scale.model-type": ('[model]\narchitecture = "gpt2"\nconfig = {}\n', 4),
     "scale.post-training": (
-        '[model]\ntask = "reward-model"\n[data]\nformat = "preference"\n[parallel]\ntp = 1\ncp = 2\n',
+        '[rl]\nkind = "grpo"\n[data]\nformat = "prompt"\n[parallel]\ntp = 1\ncp = 2\n',
         4,
     ),
     "scale.cp-pairs": (

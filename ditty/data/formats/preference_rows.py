@@ -347,6 +347,16 @@ def scored_rows(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).any(dim=1)
 
 
+def counted_rows(batch: dict) -> torch.Tensor:
+    """The batch's `scored_rows`, each row counted once: on a context-parallel rank's piece of the rows
+    (ditty.data.context_shard), the whole rows' flags on the first piece and none on the others."""
+    from ditty.data.context_shard import FIRST_PIECE, SCORED_ROWS
+
+    if SCORED_ROWS in batch:
+        return batch[SCORED_ROWS] & batch[FIRST_PIECE]
+    return scored_rows(batch["labels"])
+
+
 class PairCollator(Collator):
     """Preference samples -> one batch of 2N rows (chosen rows, then rejected), right-padded together."""
 
@@ -362,8 +372,8 @@ class PairCollator(Collator):
 
     def supervised_count(self, batch: dict) -> torch.Tensor:
         """Pairs of the batch (a filler pair of evaluation, with nothing scored, counts none)."""
-        chosen, _ = batch["labels"].chunk(2, dim=0)
-        return scored_rows(chosen).sum()
+        chosen, _ = counted_rows(batch).chunk(2, dim=0)
+        return chosen.sum()
 
 
 class UnpairedCollator(Collator):
@@ -380,7 +390,7 @@ class UnpairedCollator(Collator):
         return batch
 
     def supervised_count(self, batch: dict) -> torch.Tensor:
-        return scored_rows(batch["labels"]).sum()
+        return counted_rows(batch).sum()
 
 
 _WARNED: list = []

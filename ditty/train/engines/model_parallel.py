@@ -35,8 +35,14 @@ class ModelParallelEngine(FSDPEngine):
             apply_tensor_parallel(model, tp_mesh)
         if sub_mesh(mesh, "cp") is not None:
             from ditty.models.ulysses import use_ulysses_attention
+            from ditty.parallel.tensor import sequence_score_head
 
             use_ulysses_attention(model)
+            score = sequence_score_head(model)
+            if score is not None:  # a reward model reads each row at its last token, on whichever piece
+                from ditty.objectives.context_rows import read_scores_at_whole_rows
+
+                read_scores_at_whole_rows(model, score)
         data = self.runtime.batch_mesh
         if data.size() > 1:
             model = shard_fsdp(model, self.config.parallel, data, precision=self.config.train.precision)
