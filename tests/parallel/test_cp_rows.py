@@ -11,7 +11,8 @@ the weights after them agree within 1e-5:
 - ORPO (no reference; the completions' lengths summed over the pieces too) at cp 2;
 - KTO with LoRA on unpaired examples (examples counted once per row, its KL baseline from whole rows)
   at cp 2;
-- the reward model at dp 2 x cp 2 (each row's score read from the piece that holds its last token);
+- the reward model at dp 2 x cp 2 and at tp 2 x cp 2 (each row's score read from the piece that holds
+  its last token);
 - GKD (distill.lmbda = 0, the teacher's mistakes corrected from the data) at dp 2 x cp 2.
 
 Precomputed references and the rows that sample stay refused under cp
@@ -119,16 +120,18 @@ def test_the_dpo_family_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir,
     assert worst < 1e-5, worst
 
 
-def test_the_reward_model_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir):
+@pytest.mark.parametrize("tp", [1, 2], ids=["dp2-cp2", "tp2-cp2"])
+def test_the_reward_model_under_cp_trains_as_one_process(tmp_path, tiny_llama_dir, tp):
     """Each row's score is its last token's, read from whichever piece holds it: the chosen rows end in
-    the first piece, the rejected ones in the second."""
+    the first piece, the rejected ones in the second. With tp too, the score head's scores are gathered
+    over the tensor-parallel ranks first."""
     path = recipe(tmp_path, tiny_llama_dir, "dpo", "none")
     text = path.read_text().replace(f'path = "{tiny_llama_dir}"', f'path = "{tiny_llama_dir}"\ntask = "reward-model"')
     data = f'source = "file"\npath = "{uneven_pairs(tmp_path / "pairs.jsonl")}"\nformat = "preference"'
     text = text.replace('source = "builtin"\nname = "addition"\nformat = "preference"\nnum_samples = 200', data)
     path.write_text(text[: text.index("[preference]")] + "[logging]\nprogress = false\n")
     (one,) = run_ranks(row_steps, 1, str(path), "none", str(tmp_path / "one"), STEPS, timeout=400)
-    split = run_ranks(row_steps, 4, str(path), "fsdp", str(tmp_path / "cp"), STEPS, 1, 2, timeout=400)
+    split = run_ranks(row_steps, 4, str(path), "fsdp", str(tmp_path / "cp"), STEPS, tp, 2, timeout=400)
     assert len(set(one["losses"])) == STEPS
     for a, b in zip(one["losses"], split[0]["losses"]):
         assert abs(a - b) < 1e-5, (one["losses"], split[0]["losses"])

@@ -1,6 +1,6 @@
 """Post-training under tensor parallel: per-token log-probabilities on the head's vocabulary shards
 (ditty.stages.vocab_parallel_logps). `tiny_dpo` as a full finetune (the reference a sharded copy of the
-starting weights) at tp = 2 through the real launcher against one process: 3 steps with the same
+starting weights) at tp 2 x dp 2 through the real launcher against one process: 4 steps with the same
 losses, gradient norms and DPO metrics (the metrics are averaged over the data-parallel ranks, not
 counted once per tensor-parallel rank). `tiny_grpo` at tp 2 x dp 2 (4 processes; each tp group shares
 its prompts and samples them alike with generate on the sharded policy, logits gathered) and RLOO at
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = [
-    "--peft.kind", "none", "--train.steps", "3", "--train.global_batch_size", "8", "--train.micro_batch_size", "2",
+    "--peft.kind", "none", "--train.steps", "4", "--train.global_batch_size", "8", "--train.micro_batch_size", "2",
     "--train.log_every", "1", "--train.eval_every", "0", "--train.eval_samples", "0", "--scheduler.warmup_steps",
     "0", "--optimizer.lr", "1e-5", "--logging.progress", "false", "--checkpoint.every", "0", "--run.device", "cpu",
 ]  # fmt: skip
@@ -54,17 +54,18 @@ def steps(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in NOT_COMPARED} for r in rows if "loss" in r]
 
 
-def test_dpo_at_tp_2_matches_one_process(tmp_path, tiny_llama_dir):
+def test_dpo_at_tp_2_by_dp_2_matches_one_process(tmp_path, tiny_llama_dir):
+    # the issue's acceptance: 4 processes (tp 2 x dp 2), 4 steps of 8 pairs
     flags = ["tiny_dpo", "--model.path", tiny_llama_dir, *SHORT]
     one = ditty("run", *flags, "--run.output_dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     tp = ditty(
         "run", *flags, "--run.output_dir", str(tmp_path / "tp"), "--parallel.kind", "fsdp", "--parallel.tp", "2",
-        processes=2,
+        processes=4,
     )  # fmt: skip
     assert tp.returncode == 0, tp.stderr[-3000:]
     want, got = steps(tmp_path / "one"), steps(tmp_path / "tp")
-    assert [r["step"] for r in got] == [1, 2, 3] and want[0].keys() == got[0].keys()
+    assert [r["step"] for r in got] == [1, 2, 3, 4] and want[0].keys() == got[0].keys()
     assert "rewards/margins" in got[0] and "logps/chosen" in got[0]
     for expected, actual in zip(want, got):
         for key, value in expected.items():
