@@ -6,7 +6,7 @@ gloo processes) against one process:
 - GKD, the teacher split like the student and the divergence summed on vocabulary shards
   (ditty.objectives.jsd_shards): data-only steps, on-policy steps with the hard-label term, and the
   teacher's mistakes corrected from the data;
-- IPO and KTO at tp 2 (DPO's tests are in test_tp_preference.py);
+- IPO, SimPO, ORPO and KTO at tp 2 (DPO's tests are in test_tp_preference.py);
 - the reward model (a sequence classifier: its score head replicated and run sequence parallel), whose
   gathered weights load into AutoModelForSequenceClassification and score as the one-process model's
   (docs/scale/parallel.md's `ditty run tiny_reward ... --parallel.tp 2` runs in the docs test).
@@ -75,11 +75,11 @@ def test_the_row_at_tp_2_by_dp_2_trains_as_one_process(tmp_path, tiny_llama_dir,
     assert worst < 1e-5, worst
 
 
-@pytest.mark.parametrize("kind", ["ipo", "kto"])
+@pytest.mark.parametrize("kind", ["ipo", "simpo", "orpo", "kto"])
 def test_the_rest_of_the_dpo_family_at_tp_2_trains_as_one_process(tmp_path, tiny_llama_dir, kind):
-    """IPO (the completions' lengths) and KTO (unpaired examples, its KL baseline), full finetunes whose
-    reference is a frozen copy split like the policy, at tp 2, beside DPO's tests in
-    test_tp_preference.py; SimPO and ORPO score as DPO does, without a reference."""
+    """IPO (the completions' lengths), SimPO and ORPO (no reference) and KTO (unpaired examples, its KL
+    baseline), full finetunes (IPO's and KTO's reference a frozen copy split like the policy), at tp 2,
+    beside DPO's tests in test_tp_preference.py."""
     from tests.parallel.test_cp_rows import recipe
 
     written = recipe(tmp_path, tiny_llama_dir, kind, "none")
