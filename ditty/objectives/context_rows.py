@@ -23,20 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-class _SumOverPieces(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values: Tensor, group: Any) -> Tensor:
-        ctx.group = group
-        total = values.clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+from ditty.objectives.jsd_shards import sum_both_ways
 
 
 def context_group() -> Optional[Any]:
@@ -57,7 +44,7 @@ def whole_row_sums(values: Tensor) -> Tensor:
         total = values.clone()
         dist.all_reduce(total, group=group)
         return total
-    return _SumOverPieces.apply(values, group)
+    return sum_both_ways(values, group)
 
 
 def piece_share() -> float:
@@ -102,5 +89,5 @@ def _row_scores(scores: Tensor, input_ids: Tensor, position_ids: Tensor, pad: Op
     dist.all_reduce(last, op=dist.ReduceOp.MAX, group=group)
     here = real & (positions == last[:, None])  # that token, on the one rank whose piece holds it
     mine = (scores * here[..., None].to(scores.dtype)).sum(dim=1)
-    row = _SumOverPieces.apply(mine, group)
+    row = sum_both_ways(mine, group)
     return row[:, None, :].expand_as(scores)

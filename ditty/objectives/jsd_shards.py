@@ -43,7 +43,7 @@ class _SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
-class _SumUsedByColumns(torch.autograd.Function):
+class _SumBothWays(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: Tensor, group: "dist.ProcessGroup") -> Tensor:
         ctx.group = group
@@ -76,6 +76,13 @@ def sum_over_group(tensor: Tensor, shard: Optional[VocabGroup]) -> Tensor:
     return tensor if shard is None else _SumOverGroup.apply(tensor, shard.group)
 
 
+def sum_both_ways(tensor: Tensor, group: "dist.ProcessGroup") -> Tensor:
+    """The sum of `tensor` over `group`, whose gradient is summed over the group too: for a sum that each
+    rank then uses on its own part only (its columns, its piece of the rows), so each rank's gradient of
+    it is a partial one (ditty.objectives.context_rows uses it for the rows' sums over context pieces)."""
+    return _SumBothWays.apply(tensor, group)
+
+
 def copy_to_group(tensor: Tensor, shard: Optional[VocabGroup]) -> Tensor:
     """`tensor` itself; its gradient summed over the group's ranks on the way back."""
     return tensor if shard is None else _CopyToGroup.apply(tensor, shard.group)
@@ -95,7 +102,7 @@ def log_softmax(logits: Tensor, shard: Optional[VocabGroup]) -> Tensor:
         return torch.log_softmax(logits, dim=-1)
     peak = max_over_group(logits.amax(dim=-1), shard)
     # The normaliser's gradient on each rank comes from that rank's columns only: summed on the way back.
-    total = _SumUsedByColumns.apply((logits - peak[:, None]).exp().sum(dim=-1), shard.group)
+    total = sum_both_ways((logits - peak[:, None]).exp().sum(dim=-1), shard.group)
     return logits - (peak + total.log())[:, None]
 
 

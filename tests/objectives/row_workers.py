@@ -32,3 +32,18 @@ def row_steps(
     state = {k: v.detach().clone() for k, v in (full if full is not None else module.state_dict()).items()}
     trainer.run_lock.release()
     return {"losses": losses, "metrics": metrics, "loss_metrics": loss_metrics, "state": state if rank == 0 else {}}
+
+
+def assert_trains_alike(one: dict, other: dict, metric: str = "", tolerance: float = 1e-5) -> None:
+    """Two `row_steps` results trained alike: every step's loss and the loss's metrics within
+    `tolerance` (metrics: relative, 1e-6 absolute), `metric` among them, the weights after them too."""
+    import pytest
+
+    for a, b in zip(one["losses"], other["losses"]):
+        assert abs(a - b) < tolerance, (one["losses"], other["losses"])
+    for alone, split in zip(one["loss_metrics"], other["loss_metrics"]):
+        assert alone.keys() == split.keys() and (not metric or metric in alone)
+        for key, value in alone.items():
+            assert split[key] == pytest.approx(value, rel=tolerance, abs=1e-6), (key, split[key], value)
+    worst = max(float((one["state"][k] - other["state"][k]).abs().max()) for k in one["state"])
+    assert worst < tolerance, worst

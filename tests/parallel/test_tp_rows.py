@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from tests.objectives import test_distill, test_online_pairs
-from tests.objectives.row_workers import row_steps
+from tests.objectives.row_workers import assert_trains_alike, row_steps
 from tests.parallel.harness import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("parallel")]
@@ -90,14 +90,7 @@ def test_the_rest_of_the_dpo_family_at_tp_2_trains_as_one_process(tmp_path, tiny
     (one,) = run_ranks(row_steps, 1, path, "none", str(tmp_path / "one"), STEPS, timeout=400)
     two = run_ranks(row_steps, 2, path, "fsdp", str(tmp_path / "two"), STEPS, 2, timeout=400)
     assert len(set(one["losses"])) == STEPS
-    for a, b in zip(one["losses"], two[0]["losses"]):
-        assert abs(a - b) < 1e-5, (one["losses"], two[0]["losses"])
-    for alone, split in zip(one["loss_metrics"], two[0]["loss_metrics"]):
-        assert alone.keys() == split.keys()
-        for key, value in alone.items():
-            assert split[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (key, split[key], value)
-    worst = max(float((one["state"][k] - two[0]["state"][k]).abs().max()) for k in one["state"])
-    assert worst < 1e-5, worst
+    assert_trains_alike(one, two[0])
 
 
 def test_the_reward_model_at_tp_2_by_dp_2_trains_as_one_process(tmp_path, tiny_llama_dir):
@@ -113,12 +106,7 @@ def test_the_reward_model_at_tp_2_by_dp_2_trains_as_one_process(tmp_path, tiny_l
     (one,) = run_ranks(row_steps, 1, str(path), "none", str(tmp_path / "one"), STEPS, timeout=400)
     four = run_ranks(row_steps, 4, str(path), "fsdp", str(tmp_path / "four"), STEPS, 2, timeout=400)
     assert len(set(one["losses"])) == STEPS
-    for a, b in zip(one["losses"], four[0]["losses"]):
-        assert abs(a - b) < 1e-5, (one["losses"], four[0]["losses"])
-    for alone, split in zip(one["loss_metrics"], four[0]["loss_metrics"]):
-        assert alone.keys() == split.keys() and "rewards/margins" in alone
-        for key, value in alone.items():
-            assert split[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (key, split[key], value)
+    assert_trains_alike(one, four[0], metric="rewards/margins")
     config = AutoConfig.from_pretrained(tiny_llama_dir, num_labels=1)
     scores = []
     for state in (one["state"], four[0]["state"]):
